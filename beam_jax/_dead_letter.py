@@ -1,0 +1,91 @@
+"""The dead-letter record: one per failed element, never one per batch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import traceback as tb
+from typing import Any
+
+import numpy as np
+
+VALIDATION = "validation"
+COMPILE = "compile"
+KERNEL = "kernel"
+OUTPUT = "output"
+STAGES = (VALIDATION, COMPILE, KERNEL, OUTPUT)
+
+MAX_ECHO_CHARS = 1000
+MAX_TRACEBACK_CHARS = 8000
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 20] + f"... [{len(text)} chars]"
+
+
+def summarize(value: Any, limit: int = MAX_ECHO_CHARS) -> str:
+    """A bounded, never-failing description of ``value`` for a dead-letter record."""
+    try:
+        with np.printoptions(threshold=16, edgeitems=3, precision=6):
+            text = repr(value)
+    except Exception as e:  # noqa: BLE001 - a broken __repr__ must not lose the record
+        text = f"<{type(value).__name__} whose repr raised {type(e).__name__}>"
+    return _truncate(text, limit)
+
+
+def encodable_key(key: Any) -> Any:
+    """``key`` itself if JSON and Parquet can hold it, else its bounded repr."""
+    if key is None or isinstance(key, bool | int | float | str):
+        if isinstance(key, str):
+            return _truncate(key, MAX_ECHO_CHARS)
+        return key
+    if isinstance(key, np.generic) and key.dtype.kind in "biuf":
+        return key.item()
+    if isinstance(key, bytes):
+        return _truncate(key.decode("utf-8", errors="backslashreplace"), MAX_ECHO_CHARS)
+    return summarize(key)
+
+
+@dataclasses.dataclass(frozen=True)
+class FailedElement:
+    """Why one element produced no result.
+
+    Every field is a plain ``str`` (or a JSON scalar for ``key``), so records can be written
+    to JSON lines or Parquet without pickling; echoes of the element are bounded in size.
+
+    Attributes:
+        key: the element's key for keyed input (``None`` otherwise).
+        element: a truncated description of the failed element.
+        stage: where it failed: ``"validation"``, ``"compile"``, ``"kernel"`` or ``"output"``.
+        error_type: the exception's class name.
+        message: the exception's message.
+        traceback: the formatted traceback, truncated.
+    """
+
+    key: Any
+    element: str
+    stage: str
+    error_type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def from_exception(
+        cls, error: BaseException, *, stage: str, element: Any, key: Any = None
+    ) -> FailedElement:
+        cause = error.__cause__ if error.__cause__ is not None else error
+        trace = "".join(tb.format_exception(type(error), error, error.__traceback__))
+        return cls(
+            key=encodable_key(key),
+            element=summarize(element),
+            stage=stage,
+            error_type=type(cause).__name__,
+            message=_truncate(str(cause), MAX_TRACEBACK_CHARS),
+            traceback=_truncate(trace, MAX_TRACEBACK_CHARS),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)

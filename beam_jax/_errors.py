@@ -1,0 +1,48 @@
+"""The exceptions beam_jax raises; each says how to fix what went wrong."""
+
+from __future__ import annotations
+
+
+class BeamJaxError(Exception):
+    """Base class of every error raised by beam_jax."""
+
+
+class SpecError(BeamJaxError, ValueError):
+    """A configuration object (spec, bucketing, kernel options) is inconsistent.
+
+    Raised at construction, before a pipeline runs. The message names the field, the value
+    received and what would be accepted.
+    """
+
+
+class InvalidElementError(BeamJaxError, ValueError):
+    """An input element does not match the declared element spec.
+
+    With ``.with_exception_handling()`` the element goes to the dead letters with stage
+    ``"validation"``; without it the bundle fails. Fix the data, or widen the spec (dtype,
+    casting, bucket boundaries, ``oversize="truncate"``).
+    """
+
+
+class ElementTooLargeError(InvalidElementError):
+    """A ragged axis is longer than the largest bucket boundary.
+
+    Add a larger boundary, or set ``Bucketing(oversize="truncate")`` to cut such elements to
+    the largest bucket.
+    """
+
+
+class KernelError(BeamJaxError, RuntimeError):
+    """The user's kernel failed on an element, or returned something unusable.
+
+    The message carries the original error. Bisection has already isolated the element, so
+    the rest of its batch produced results.
+    """
+
+
+class DeadLetterThresholdError(BeamJaxError, RuntimeError):
+    """More elements failed than ``with_exception_handling(threshold=...)`` allows.
+
+    Inspect the dead letters of a smaller run, fix the data or the kernel, or raise the
+    threshold.
+    """

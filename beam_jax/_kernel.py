@@ -1,0 +1,187 @@
+"""The compiled kernel: a per-element function vmapped, jitted and sharded (pure jax)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from beam_jax._errors import SpecError
+from beam_jax._plan import PaddedBatch
+
+_OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM when allocating")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an accelerator out-of-memory error (XLA ``RESOURCE_EXHAUSTED``)."""
+    text = f"{type(error).__name__}: {error}"
+    return any(m in text for m in _OOM_MARKERS)
+
+
+class CompileError(Exception):
+    """Raised by ``Kernel.run`` when a batch shape failed to trace or compile.
+
+    ``__cause__`` holds the original error; the failure is cached per shape.
+    """
+
+
+def length_mask(length: Any, size: int) -> jax.Array:
+    """``bool[size]``, True on the first ``length`` positions: the mask of a ragged axis.
+
+    Example:
+        >>> length_mask(2, 4).tolist()
+        [True, True, False, False]
+    """
+    return jax.numpy.arange(size) < length
+
+
+def select_devices(devices: Sequence[jax.Device] | str | None = None) -> tuple[jax.Device, ...]:
+    """The devices a worker process runs on.
+
+    Args:
+        devices: ``None`` for all local devices of the default backend, a platform name
+            (``"cpu"``, ``"gpu"``, ``"tpu"``) for all local devices of that platform, or an
+            explicit sequence of devices.
+    """
+    if devices is None:
+        return tuple(jax.local_devices())
+    if isinstance(devices, str):
+        try:
+            return tuple(jax.local_devices(backend=devices))
+        except RuntimeError as e:
+            raise SpecError(
+                f"no local devices for platform {devices!r}; this process has "
+                f"{[d.platform for d in jax.local_devices()]}."
+            ) from e
+    out = tuple(devices)
+    if not out:
+        raise SpecError("devices must not be empty.")
+    return out
+
+
+class Kernel:
+    """A user function compiled once per batch shape on a process's local devices.
+
+    The function is vmapped over the leading axis of the element leaves and the lengths,
+    unless ``batched=True`` says it already takes whole batches. Each distinct batch shape is
+    lowered and compiled ahead of time exactly once (so compiles can be counted and timed),
+    and batches are sharded along their leading axis over all ``devices``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> k = Kernel(lambda p, x, lengths: p * jnp.sum(x))
+        >>> float(k.call(2.0, [np.ones((4, 3), np.float32)], {}, treedef=None)[0])
+        6.0
+
+    Args:
+        fn: ``fn(params, element, lengths) -> outputs`` per element, where ``element`` is
+            shaped like the spec (padded to the bucket) and ``lengths`` maps each ragged-axis
+            name to the element's true length.
+        batched: ``fn`` already takes a batch (leading axis on every leaf and length).
+        devices: see ``select_devices``.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        batched: bool = False,
+        devices: Sequence[jax.Device] | str | None = None,
+    ):
+        self.fn = fn
+        self.batched = batched
+        self.devices = select_devices(devices)
+        self.mesh = Mesh(np.asarray(self.devices), ("batch",))
+        self._shard = NamedSharding(self.mesh, PartitionSpec("batch"))
+        self._replicate = NamedSharding(self.mesh, PartitionSpec())
+        batched_fn = fn if batched else jax.vmap(fn, in_axes=(None, 0, 0))
+        self._jitted = jax.jit(batched_fn)
+        self._compiled: dict[Any, Any] = {}
+        self._failed: dict[Any, BaseException] = {}
+        self._lock = threading.Lock()
+        self.compiles = 0
+        self.compile_seconds = 0.0
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    def put_params(self, params: Any) -> Any:
+        """Place ``params`` on every device (replicated); do this once per process."""
+        return jax.device_put(params, self._replicate)
+
+    def _sharding(self, size: int):
+        return self._shard if size % self.num_devices == 0 else self._replicate
+
+    def _executable(self, params, leaf_shapes, names, treedef):
+        key = (treedef, tuple((tuple(s), str(np.dtype(d))) for s, d in leaf_shapes), names)
+        exe = self._compiled.get(key)
+        if exe is not None:
+            return exe
+        with self._lock:
+            exe = self._compiled.get(key)
+            if exe is not None:
+                return exe
+            if key in self._failed:
+                raise CompileError(str(self._failed[key])) from self._failed[key]
+            size = leaf_shapes[0][0][0]
+            sharding = self._sharding(size)
+            element = _unflatten(
+                treedef,
+                [jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in leaf_shapes],
+            )
+            lengths = {n: jax.ShapeDtypeStruct((size,), np.int32, sharding=sharding) for n in names}
+            start = time.perf_counter()
+            try:
+                exe = self._jitted.lower(params, element, lengths).compile()
+            except Exception as e:  # noqa: BLE001 - any trace/compile failure is per shape
+                self._failed[key] = e
+                raise CompileError(f"{type(e).__name__}: {e}") from e
+            self.compile_seconds += time.perf_counter() - start
+            self.compiles += 1
+            self._compiled[key] = exe
+            return exe
+
+    def call(self, params: Any, leaves: Sequence[np.ndarray], lengths: dict, *, treedef) -> Any:
+        """Run on one padded batch given as flat leaves; returns numpy outputs.
+
+        Raises:
+            CompileError: the batch's shape failed to trace or compile.
+        """
+        names = tuple(sorted(lengths))
+        exe = self._executable(params, [(x.shape, x.dtype) for x in leaves], names, treedef)
+        sharding = self._sharding(leaves[0].shape[0])
+        element = _unflatten(treedef, [jax.device_put(x, sharding) for x in leaves])
+        lengths = {k: jax.device_put(lengths[k], sharding) for k in names}
+        out = exe(params, element, lengths)
+        return jax.device_get(out)
+
+    def run(self, params: Any, batch: PaddedBatch, treedef) -> Any:
+        """Run on a ``PaddedBatch``; returns the batched outputs as numpy arrays."""
+        return self.call(params, batch.leaves, batch.lengths, treedef=treedef)
+
+    def precompile(self, params: Any, shapes, treedef) -> int:
+        """Compile the given batch shapes now, without data; returns how many were new.
+
+        Args:
+            params: the parameters, already placed.
+            shapes: iterable of ``(leaf_shapes, length_names)``, where ``leaf_shapes`` is a
+                list of ``(shape, dtype)`` with the batch as the leading axis.
+            treedef: the element's tree structure.
+        """
+        before = self.compiles
+        for leaf_shapes, names in shapes:
+            try:
+                self._executable(params, leaf_shapes, tuple(sorted(names)), treedef)
+            except CompileError:
+                pass  # cached; that shape's elements are dead-lettered with the message
+        return self.compiles - before
+
+
+def _unflatten(treedef, leaves):
+    return leaves[0] if treedef is None else treedef.unflatten(leaves)

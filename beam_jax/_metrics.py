@@ -1,0 +1,101 @@
+"""Beam metrics for RunKernel, and a summary read back from a finished pipeline."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
+
+from beam_jax._dead_letter import STAGES
+
+NAMESPACE = "beam_jax"
+
+
+class KernelMetrics:
+    """The counters one RunKernel DoFn updates (all under one namespace)."""
+
+    def __init__(self, namespace: str = NAMESPACE):
+        c = lambda name: Metrics.counter(namespace, name)  # noqa: E731
+        self.elements_in = c("elements_in")
+        self.results = c("results")
+        self.dead_letters = c("dead_letters")
+        self.dead_letters_by_stage = {s: c(f"dead_letters_{s}") for s in STAGES}
+        self.batches = c("batches")
+        self.padded_size = c("padded_size")
+        self.real_size = c("real_size")
+        self.compiles = c("compiles")
+        self.compile_ms = c("compile_ms")
+        self.kernel_retries = c("kernel_retries")
+        self.out_of_memory = c("out_of_memory")
+        self.batch_limit_lowered = c("batch_limit_lowered")
+        self.batch_latency_ms = Metrics.distribution(namespace, "batch_latency_ms")
+
+    def dead_letter(self, stage: str) -> None:
+        self.dead_letters.inc()
+        self.dead_letters_by_stage[stage].inc()
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """Totals of a finished pipeline's RunKernel metrics.
+
+    Attributes:
+        elements: elements that entered RunKernel.
+        results: results emitted.
+        dead_letters: dead-letter records emitted, total and per stage.
+        batches: kernel calls that succeeded.
+        padding_ratio: padded / real size, along ragged axes and counting padded batch rows.
+        compiles: distinct shapes compiled, summed over worker processes.
+        compile_seconds: time spent compiling.
+        out_of_memory: kernel calls that ran out of memory.
+    """
+
+    elements: int
+    results: int
+    dead_letters: int
+    dead_letters_by_stage: dict[str, int]
+    batches: int
+    padding_ratio: float
+    compiles: int
+    compile_seconds: float
+    out_of_memory: int
+    mean_batch_latency_ms: float
+
+    @property
+    def conserved(self) -> bool:
+        """Whether every element ended as exactly one result or one dead letter."""
+        return self.elements == self.results + self.dead_letters
+
+
+def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
+    """Read the RunKernel metrics of a finished ``PipelineResult``.
+
+    Example:
+        >>> summary = summarize(pipeline.run().wait_until_finish() and result)  # doctest: +SKIP
+    """
+    metrics = result.metrics().query(MetricsFilter().with_namespace(namespace))
+    totals: dict[str, int] = {}
+    for c in metrics["counters"]:
+        value = c.committed if c.committed is not None else c.attempted
+        totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + (value or 0)
+    latency_sum, latency_count = 0, 0
+    for d in metrics["distributions"]:
+        v = d.committed if d.committed is not None else d.attempted
+        if v is not None and d.key.metric.name == "batch_latency_ms":
+            latency_sum += v.sum
+            latency_count += v.count
+    real = totals.get("real_size", 0)
+    return Summary(
+        elements=totals.get("elements_in", 0),
+        results=totals.get("results", 0),
+        dead_letters=totals.get("dead_letters", 0),
+        dead_letters_by_stage={s: totals.get(f"dead_letters_{s}", 0) for s in STAGES},
+        batches=totals.get("batches", 0),
+        padding_ratio=totals.get("padded_size", 0) / real if real else float("nan"),
+        compiles=totals.get("compiles", 0),
+        compile_seconds=totals.get("compile_ms", 0) / 1000.0,
+        out_of_memory=totals.get("out_of_memory", 0),
+        mean_batch_latency_ms=latency_sum / latency_count if latency_count else float("nan"),
+    )

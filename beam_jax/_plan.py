@@ -1,0 +1,222 @@
+"""The batching plan: buckets, batch sizes, padding and unpadding (pure numpy)."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from beam_jax._buckets import Bucket, Bucketing, default_batch_sizes, round_up
+from beam_jax._errors import KernelError, SpecError
+from beam_jax._spec import Layout, as_layout
+from beam_jax._validate import Validated, Validation, validate
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedBatch:
+    """One padded batch, ready for the kernel.
+
+    Attributes:
+        bucket: one boundary per ragged axis.
+        leaves: the padded leaves, each with a leading batch dimension of ``size``.
+        lengths: per ragged-axis name, ``int32[size]`` true lengths (0 on padded rows).
+        num_real: how many leading rows are real elements.
+        size: the padded batch dimension.
+    """
+
+    bucket: Bucket
+    leaves: tuple[np.ndarray, ...]
+    lengths: dict[str, np.ndarray]
+    num_real: int
+    size: int
+
+    @property
+    def padded_volume(self) -> int:
+        return self.size * math.prod(self.bucket)
+
+
+class Plan:
+    """Everything about batching that can be decided before the job starts.
+
+    Example:
+        >>> import numpy as np
+        >>> from beam_jax import ArraySpec, Bucketing
+        >>> plan = Plan(ArraySpec(("L",)), Bucketing(boundaries={"L": (4, 8)}, batch_size=2))
+        >>> plan.bucket_for((5,)), len(plan.shapes())
+        ((8,), 4)
+
+    Args:
+        spec: the element spec (an ``ArraySpec`` or a pytree of them).
+        bucketing: bucket boundaries and batch sizes.
+        validation: input checks.
+        output_spec: optional pytree of ``ArraySpec`` matching the kernel's per-element
+            output; its named axes are cut back to each element's own length.
+        num_devices: batch sizes are rounded up to a multiple of this, so batches shard
+            evenly over the worker's devices.
+    """
+
+    def __init__(
+        self,
+        spec: Any,
+        bucketing: Bucketing | None = None,
+        *,
+        validation: Validation | None = None,
+        output_spec: Any = None,
+        num_devices: int = 1,
+    ):
+        self.layout: Layout = as_layout(spec)
+        self.bucketing = bucketing or Bucketing()
+        self.validation = validation or Validation()
+        self.output_layout = None if output_spec is None else as_layout(output_spec)
+        self.num_devices = int(num_devices)
+        names = self.layout.axis_names
+        missing = [n for n in names if n not in self.bucketing.boundaries]
+        if missing:
+            raise SpecError(
+                f"ragged axes {missing} have no bucket boundaries; give them, e.g. "
+                f"Bucketing(boundaries={{{missing[0]!r}: 512}}) for the default powers of two "
+                "up to 512, or plan them from a sample with plan_boundaries()."
+            )
+        unknown = [n for n in self.bucketing.boundaries if n not in names]
+        if unknown:
+            raise SpecError(
+                f"Bucketing names axes {unknown} that no leaf of the spec uses; the spec's "
+                f"ragged axes are {list(names)}."
+            )
+        if self.output_layout is not None:
+            out_unknown = [n for n in self.output_layout.axis_names if n not in names]
+            if out_unknown:
+                raise SpecError(
+                    f"output_spec names axes {out_unknown} that are not ragged input axes "
+                    f"{list(names)}."
+                )
+        self.boundaries = tuple(self.bucketing.boundaries[n] for n in names)
+        self.max_sizes = {n: b[-1] for n, b in zip(names, self.boundaries, strict=True)}
+        self.buckets: tuple[Bucket, ...] = tuple(itertools.product(*self.boundaries))
+        self._sizes = {b: self._batch_sizes_for(b) for b in self.buckets}
+
+    def _batch_sizes_for(self, bucket: Bucket) -> tuple[int, ...]:
+        top = self.bucketing.max_batch_size(bucket)
+        base = self.bucketing.batch_sizes or default_batch_sizes(top)
+        sizes = sorted({round_up(s, self.num_devices) for s in base if s <= top})
+        if not sizes:
+            sizes = [round_up(base[0], self.num_devices)]
+        if self.bucketing.max_padded_size is not None:
+            volume = math.prod(bucket)
+            fit = [s for s in sizes if s * volume <= self.bucketing.max_padded_size]
+            sizes = fit or sizes[:1]
+        return tuple(sizes)
+
+    def batch_sizes(self, bucket: Bucket) -> tuple[int, ...]:
+        """The padded batch sizes ``bucket`` can use, smallest first."""
+        return self._sizes[bucket]
+
+    def max_batch(self, bucket: Bucket) -> int:
+        """How many real elements fill a batch of ``bucket``."""
+        return self._sizes[bucket][-1]
+
+    def padded_batch_size(self, bucket: Bucket, n: int) -> int:
+        """The smallest allowed batch dimension holding ``n`` elements."""
+        sizes = self._sizes[bucket]
+        i = bisect.bisect_left(sizes, n)
+        if i == len(sizes):
+            raise SpecError(f"{n} elements exceed the largest batch size {sizes[-1]}.")
+        return sizes[i]
+
+    def shapes(self) -> list[tuple[Bucket, int]]:
+        """Every ``(bucket, batch size)`` the kernel can see: the complete compile set."""
+        return [(b, s) for b in self.buckets for s in self._sizes[b]]
+
+    def leaf_shapes(self, bucket: Bucket, size: int) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """The padded shape and dtype of every leaf for one batch shape."""
+        sizes = dict(zip(self.layout.axis_names, bucket, strict=True))
+        return [((size, *s.resolve(sizes)), s.dtype) for s in self.layout.specs]
+
+    def validate(self, element: Any) -> Validated:
+        """Validate one element; see ``beam_jax.Validation``."""
+        return validate(
+            self.layout,
+            element,
+            validation=self.validation,
+            max_sizes=self.max_sizes,
+            truncate=self.bucketing.oversize == "truncate",
+        )
+
+    def bucket_for(self, lengths: Sequence[int]) -> Bucket:
+        """The smallest bucket that fits ``lengths`` (one per ragged axis)."""
+        return tuple(
+            b[bisect.bisect_left(b, n)] for b, n in zip(self.boundaries, lengths, strict=True)
+        )
+
+    def pad(self, bucket: Bucket, items: Sequence[Validated]) -> PaddedBatch:
+        """Pad ``items`` (all of ``bucket``) into one batch of an allowed size."""
+        n = len(items)
+        size = self.padded_batch_size(bucket, n)
+        sizes = dict(zip(self.layout.axis_names, bucket, strict=True))
+        leaves = []
+        for j, spec in enumerate(self.layout.specs):
+            shape = (size, *spec.resolve(sizes))
+            if not spec.ragged_axes and size == n:
+                leaves.append(np.stack([it.leaves[j] for it in items]))
+                continue
+            out = np.full(shape, spec.pad_value, dtype=spec.dtype)
+            for i, it in enumerate(items):
+                leaf = it.leaves[j]
+                out[(i, *(slice(0, d) for d in leaf.shape))] = leaf
+            leaves.append(out)
+        lengths = {}
+        for k, name in enumerate(self.layout.axis_names):
+            col = np.zeros((size,), np.int32)
+            col[:n] = [it.lengths[k] for it in items]
+            lengths[name] = col
+        return PaddedBatch(bucket, tuple(leaves), lengths, n, size)
+
+    def unbatch(self, outputs: Any, batch: PaddedBatch, items: Sequence[Validated]) -> list[Any]:
+        """Split batched kernel outputs into one pytree per real element.
+
+        Output axes named in ``output_spec`` are cut to each element's own length.
+
+        Raises:
+            KernelError: the outputs do not have the batch dimension or the declared
+                structure.
+        """
+        leaves, treedef = jax.tree_util.tree_flatten(outputs)
+        for leaf in leaves:
+            if np.ndim(leaf) == 0 or np.shape(leaf)[0] != batch.size:
+                raise KernelError(
+                    f"the kernel returned a leaf of shape {np.shape(leaf)} for a batch of "
+                    f"{batch.size}; every output needs the batch as its leading axis. A kernel "
+                    "declared batched=True must keep it; a per-element kernel gets it from vmap."
+                )
+        cuts: list[tuple[tuple[int, int], ...]] = [() for _ in leaves]
+        if self.output_layout is not None:
+            out_def = self.output_layout.treedef
+            if out_def != treedef:
+                raise KernelError(
+                    f"the kernel's output structure {treedef} does not match output_spec "
+                    f"{out_def}."
+                )
+            axis_index = {n: k for k, n in enumerate(self.layout.axis_names)}
+            cuts = [
+                tuple((a, axis_index[name]) for a, name in spec.ragged_axes)
+                for spec in self.output_layout.specs
+            ]
+        result = []
+        for i, item in enumerate(items):
+            per = []
+            for leaf, cut in zip(leaves, cuts, strict=True):
+                row = leaf[i]
+                if cut:
+                    index = [slice(None)] * row.ndim
+                    for axis, k in cut:
+                        index[axis] = slice(0, item.lengths[k])
+                    row = row[tuple(index)]
+                per.append(np.array(row))
+            result.append(treedef.unflatten(per))
+        return result

@@ -1,0 +1,247 @@
+"""Checking one element against its spec before it is batched (pure numpy)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+
+from beam_jax._errors import ElementTooLargeError, InvalidElementError, SpecError
+from beam_jax._spec import ArraySpec, Layout, path_str
+
+Casting = Literal["no", "equiv", "safe", "same_kind"]
+_CASTINGS = ("no", "equiv", "safe", "same_kind")
+
+
+@dataclasses.dataclass(frozen=True)
+class Validation:
+    """What an element must satisfy to reach the kernel.
+
+    Example:
+        >>> Validation(nonfinite="reject", max_element_bytes=1 << 20).casting
+        'same_kind'
+
+    Args:
+        casting: numpy casting rule from the element's dtype to the spec's dtype. The default
+            ``"same_kind"`` accepts float64 for a float32 spec but rejects strings, objects
+            and complex numbers for a real spec.
+        nonfinite: ``"pass"`` lets NaN/Inf inputs through; ``"reject"`` dead-letters them.
+        allow_empty: whether a ragged axis may have length 0.
+        max_element_bytes: reject elements larger than this many bytes (after casting).
+        check_outputs_finite: dead-letter elements whose kernel outputs hold NaN or Inf.
+    """
+
+    casting: Casting = "same_kind"
+    nonfinite: Literal["pass", "reject"] = "pass"
+    allow_empty: bool = False
+    max_element_bytes: int | None = None
+    check_outputs_finite: bool = False
+
+    def __post_init__(self):
+        if self.casting not in _CASTINGS:
+            raise SpecError(f"casting must be one of {_CASTINGS}, got {self.casting!r}.")
+        if self.nonfinite not in ("pass", "reject"):
+            raise SpecError(f"nonfinite must be 'pass' or 'reject', got {self.nonfinite!r}.")
+        if self.max_element_bytes is not None and self.max_element_bytes <= 0:
+            raise SpecError(
+                f"max_element_bytes must be positive or None, got {self.max_element_bytes!r}."
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Validated:
+    """An element that passed validation: cast leaves and the length of each ragged axis."""
+
+    leaves: tuple[np.ndarray, ...]
+    lengths: tuple[int, ...]
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray | np.generic):
+        return f"array of shape {value.shape} and dtype {value.dtype}"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _expected(spec: ArraySpec) -> str:
+    return f"an array of shape {spec.shape} and dtype {spec.dtype}"
+
+
+def _check_structure(spec: Any, value: Any, path: tuple) -> None:
+    if isinstance(spec, ArraySpec):
+        return
+    where = path_str(path)
+    if isinstance(spec, Mapping):
+        if not isinstance(value, Mapping):
+            raise InvalidElementError(
+                f"at {where}: expected a dict with keys {sorted(spec)}, received "
+                f"{_describe(value)}."
+            )
+        missing = sorted(set(spec) - set(value), key=str)
+        extra = sorted(set(value) - set(spec), key=str)
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing keys {missing}")
+            if extra:
+                parts.append(f"unexpected keys {extra}")
+            raise InvalidElementError(
+                f"at {where}: {' and '.join(parts)}; expected exactly the keys "
+                f"{sorted(spec, key=str)}, received keys {sorted(value, key=str)}."
+            )
+        for k in spec:
+            _check_structure(spec[k], value[k], (*path, _DictKey(k)))
+        return
+    if isinstance(spec, list | tuple):
+        if not isinstance(value, list | tuple) or len(value) != len(spec):
+            raise InvalidElementError(
+                f"at {where}: expected a {type(spec).__name__} of {len(spec)} entries, "
+                f"received {_describe(value)}."
+            )
+        for i, (s, v) in enumerate(zip(spec, value, strict=True)):
+            _check_structure(s, v, (*path, _SeqKey(i)))
+        return
+    raise SpecError(f"unsupported container {type(spec).__name__} in the element spec.")
+
+
+class _DictKey:
+    # Mirrors jax.tree_util.DictKey for path_str without importing jax internals.
+    def __init__(self, key):
+        self.key = key
+
+    def __str__(self):
+        return f"[{self.key!r}]"
+
+
+class _SeqKey:
+    def __init__(self, idx):
+        self.idx = idx
+
+    def __str__(self):
+        return f"[{self.idx}]"
+
+
+def _get(value: Any, path: tuple) -> Any:
+    for entry in path:
+        if hasattr(entry, "key"):
+            value = value[entry.key]
+        else:
+            value = value[entry.idx]
+    return value
+
+
+def validate(
+    layout: Layout,
+    element: Any,
+    *,
+    validation: Validation,
+    max_sizes: Mapping[str, int],
+    truncate: bool,
+) -> Validated:
+    """Check ``element`` against ``layout`` and return its cast leaves and ragged lengths.
+
+    Args:
+        layout: the element spec.
+        element: one record, a pytree of arrays shaped like the spec.
+        validation: the checks to apply.
+        max_sizes: the largest bucket boundary of each ragged axis.
+        truncate: cut ragged axes longer than ``max_sizes`` instead of rejecting them.
+
+    Returns:
+        The validated element.
+
+    Raises:
+        InvalidElementError: the element does not match; the message says what was received
+            and what was expected.
+    """
+    _check_structure(layout.tree, element, ())
+    lengths: dict[str, int] = {}
+    first_seen: dict[str, str] = {}
+    raw = []
+    for i, (path, spec) in enumerate(zip(layout.paths, layout.specs, strict=True)):
+        where = layout.leaf_name(i)
+        value = _get(element, path) if path else element
+        if value is None or not (
+            isinstance(value, np.ndarray | np.generic)
+            or (hasattr(value, "__array__") and hasattr(value, "shape") and hasattr(value, "dtype"))
+        ):
+            raise InvalidElementError(
+                f"at {where}: expected {_expected(spec)}, received {_describe(value)}; "
+                "pass numpy (or jax) arrays, e.g. np.asarray(x, np.float32)."
+            )
+        value = np.asarray(value)
+        if value.dtype.kind in "OUSV" or not np.can_cast(
+            value.dtype, spec.dtype, casting=validation.casting
+        ):
+            raise InvalidElementError(
+                f"at {where}: dtype {value.dtype} cannot be cast to {spec.dtype} under "
+                f"casting={validation.casting!r}; expected {_expected(spec)}. Convert the data, "
+                "or loosen Validation(casting=...)."
+            )
+        if value.ndim != len(spec.shape):
+            raise InvalidElementError(
+                f"at {where}: expected rank {len(spec.shape)} (shape {spec.shape}), received "
+                f"rank {value.ndim} with shape {value.shape}."
+            )
+        for axis, (dim, got) in enumerate(zip(spec.shape, value.shape, strict=True)):
+            if isinstance(dim, str):
+                if dim in lengths and lengths[dim] != got:
+                    raise InvalidElementError(
+                        f"ragged axis {dim!r} has length {lengths[dim]} at {first_seen[dim]} "
+                        f"but {got} at {where} axis {axis}; leaves that share an axis name must "
+                        "share its length."
+                    )
+                lengths.setdefault(dim, got)
+                first_seen.setdefault(dim, f"{where} axis {axis}")
+            elif dim != got:
+                raise InvalidElementError(
+                    f"at {where}: axis {axis} must have size {dim}, received shape "
+                    f"{value.shape}; expected {_expected(spec)}."
+                )
+        raw.append(value)
+
+    for name, n in lengths.items():
+        if n == 0 and not validation.allow_empty:
+            raise InvalidElementError(
+                f"ragged axis {name!r} has length 0 at {first_seen[name]}; empty elements are "
+                "rejected. Filter them out, or set Validation(allow_empty=True)."
+            )
+        if n > max_sizes[name] and not truncate:
+            raise ElementTooLargeError(
+                f"ragged axis {name!r} has length {n} at {first_seen[name]}, which exceeds the "
+                f"largest bucket ({max_sizes[name]}); add a larger boundary or set "
+                "Bucketing(oversize='truncate')."
+            )
+    if truncate:
+        lengths = {k: min(v, max_sizes[k]) for k, v in lengths.items()}
+
+    leaves = []
+    nbytes = 0
+    for i, (spec, value) in enumerate(zip(layout.specs, raw, strict=True)):
+        if truncate:
+            index = tuple(
+                slice(0, lengths[d]) if isinstance(d, str) else slice(None) for d in spec.shape
+            )
+            value = value[index]
+        cast = value.astype(spec.dtype, copy=False)
+        if validation.nonfinite == "reject" and cast.dtype.kind in "fc":
+            if not np.isfinite(cast).all():
+                raise InvalidElementError(
+                    f"at {layout.leaf_name(i)}: received NaN or Inf values; expected finite "
+                    "inputs because Validation(nonfinite='reject'). Clean the data or set "
+                    "nonfinite='pass'."
+                )
+        nbytes += cast.nbytes
+        leaves.append(cast)
+    if validation.max_element_bytes is not None and nbytes > validation.max_element_bytes:
+        raise InvalidElementError(
+            f"element is {nbytes} bytes, more than max_element_bytes="
+            f"{validation.max_element_bytes}; split the record or raise the limit."
+        )
+    return Validated(tuple(leaves), tuple(lengths[n] for n in layout.axis_names))

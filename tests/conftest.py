@@ -1,0 +1,21 @@
+"""Test set-up: several CPU devices and strict JAX promotion, as the house style asks."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+def pytest_collection_modifyitems(config, items):
+    if any(d.platform != "cpu" for d in jax.devices()):
+        return
+    skip = pytest.mark.skip(reason="needs an accelerator")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
