@@ -46,7 +46,8 @@ def select_devices(devices: Sequence[jax.Device] | str | None = None) -> tuple[j
     Args:
         devices: ``None`` for all local devices of the default backend, a platform name
             (``"cpu"``, ``"gpu"``, ``"tpu"``) for all local devices of that platform, or an
-            explicit sequence of devices.
+            explicit sequence of devices or of indices into ``jax.local_devices()`` (indices
+            are what a pipeline ships to its workers: device objects cannot be pickled).
     """
     if devices is None:
         return tuple(jax.local_devices())
@@ -61,7 +62,41 @@ def select_devices(devices: Sequence[jax.Device] | str | None = None) -> tuple[j
     out = tuple(devices)
     if not out:
         raise SpecError("devices must not be empty.")
+    if any(_is_index(d) for d in out):
+        local = jax.local_devices()
+        for d in out:
+            if _is_index(d) and not 0 <= d < len(local):
+                raise SpecError(
+                    f"device index {d} is out of range: this process has {len(local)} local "
+                    f"devices {local}; pass indices below {len(local)} or devices=None for all."
+                )
+        out = tuple(local[d] if _is_index(d) else d for d in out)
     return out
+
+
+def _is_index(d: Any) -> bool:
+    return isinstance(d, int | np.integer) and not isinstance(d, bool)
+
+
+def device_indices(devices: Sequence[Any]) -> tuple[int, ...]:
+    """``devices`` as indices into ``jax.local_devices()``, so a pipeline can ship them.
+
+    Raises:
+        SpecError: a device is not one of this process's local devices of the default backend.
+    """
+    local = jax.local_devices()
+    out = []
+    for d in devices:
+        if _is_index(d):
+            out.append(int(d))
+        elif d in local:
+            out.append(local.index(d))
+        else:
+            raise SpecError(
+                f"device {d!r} is not a local device of the default backend {local}; pass an "
+                "index into jax.local_devices(), or a platform name such as devices='cpu'."
+            )
+    return tuple(out)
 
 
 class Kernel:
@@ -99,7 +134,22 @@ class Kernel:
         self.mesh = Mesh(np.asarray(self.devices), ("batch",))
         self._shard = NamedSharding(self.mesh, PartitionSpec("batch"))
         self._replicate = NamedSharding(self.mesh, PartitionSpec())
-        batched_fn = fn if batched else jax.vmap(fn, in_axes=(None, 0, 0))
+        if batched:
+            batched_fn = fn
+        else:
+            batched_fn = jax.vmap(fn, in_axes=(None, 0, 0))
+            if len(self.devices) > 1:
+                # Elements are independent, so each device runs its own shard of the batch
+                # with no cross-device communication (and no collective to hang on if one
+                # shard's computation fails).
+                batched_fn = jax.shard_map(
+                    batched_fn,
+                    mesh=self.mesh,
+                    in_specs=(PartitionSpec(), PartitionSpec("batch"), PartitionSpec("batch")),
+                    out_specs=PartitionSpec("batch"),
+                    check_vma=False,
+                )
+        self._sharded_fn = batched_fn
         self._jitted = jax.jit(batched_fn)
         self._compiled: dict[Any, Any] = {}
         self._failed: dict[Any, BaseException] = {}

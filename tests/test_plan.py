@@ -1,0 +1,145 @@
+"""Bucketing and padding: pure numpy, no Beam."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import beam_jax as bj
+from beam_jax import ArraySpec, Bucketing, Plan
+
+
+def test_default_boundaries_and_batch_sizes():
+    assert bj.default_boundaries(512) == (16, 32, 64, 128, 256, 512)
+    assert bj.default_boundaries(10) == (10,)
+    assert bj.default_batch_sizes(1) == (1,)
+    assert bj.default_batch_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
+
+
+def test_bucketing_rejects_bad_configuration():
+    with pytest.raises(bj.SpecError, match="strictly increasing, got \\(8, 4\\)"):
+        Bucketing(boundaries={"L": (8, 4)})
+    with pytest.raises(bj.SpecError, match="positive int, got 0"):
+        Bucketing(batch_size=0)
+    with pytest.raises(bj.SpecError, match="oversize"):
+        Bucketing(oversize="drop")
+    with pytest.raises(bj.SpecError, match="no bucket boundaries"):
+        Plan(ArraySpec(("L",)), Bucketing())
+    with pytest.raises(bj.SpecError, match="no leaf of the spec uses"):
+        Plan(ArraySpec(("L",)), Bucketing(boundaries={"L": 8, "T": 8}))
+    with pytest.raises(bj.SpecError, match="ArraySpec.shape entries"):
+        ArraySpec((-1, 3))
+    with pytest.raises(bj.SpecError, match="numeric or bool"):
+        ArraySpec((3,), np.str_)
+
+
+def test_smallest_bucket_that_fits_on_every_axis():
+    plan = Plan(
+        {"img": ArraySpec(("H", "W", 3))},
+        Bucketing(boundaries={"H": (8, 16), "W": (4, 32)}, batch_size=4),
+    )
+    assert plan.buckets == ((8, 4), (8, 32), (16, 4), (16, 32))
+    assert plan.bucket_for((8, 5)) == (8, 32)
+    assert plan.bucket_for((9, 1)) == (16, 4)
+
+
+def test_budget_gives_long_buckets_smaller_batches():
+    plan = Plan(
+        ArraySpec(("L", 4)),
+        Bucketing(boundaries={"L": (16, 128, 512)}, batch_size=64, max_padded_size=4096),
+    )
+    assert plan.max_batch((16,)) == 64
+    assert plan.max_batch((128,)) == 32
+    assert plan.max_batch((512,)) == 8
+    assert all(b * s <= 4096 for (b,), s in plan.shapes())
+
+
+def test_per_bucket_batch_size_and_device_rounding():
+    plan = Plan(
+        ArraySpec(("L",)),
+        Bucketing(boundaries={"L": (8, 16)}, batch_size={(8,): 10, (16,): 3}),
+        num_devices=4,
+    )
+    assert plan.batch_sizes((8,)) == (4, 8, 12)
+    assert plan.batch_sizes((16,)) == (4,)
+    assert all(s % 4 == 0 for _, s in plan.shapes())
+
+
+def test_shape_set_is_listed_before_the_job():
+    plan = Plan(ArraySpec(("L", 2)), Bucketing(boundaries={"L": (4, 8)}, batch_size=4))
+    assert plan.shapes() == [((4,), 1), ((4,), 2), ((4,), 4), ((8,), 1), ((8,), 2), ((8,), 4)]
+    assert plan.leaf_shapes((8,), 2) == [((2, 8, 2), np.dtype(np.float32))]
+
+
+@st.composite
+def ragged_batches(draw):
+    """A spec with 1-2 ragged axes over 1-3 leaves, plus a batch of elements for one bucket."""
+    names = ["A", "B"][: draw(st.integers(1, 2))]
+    bounds = {n: tuple(sorted(draw(st.sets(st.integers(1, 9), min_size=1, max_size=3))))
+              for n in names}
+    leaves = {}
+    for i in range(draw(st.integers(1, 3))):
+        shape = tuple(draw(st.lists(st.sampled_from([*names, 1, 2, 3]), min_size=0, max_size=3)))
+        dtype = draw(st.sampled_from([np.float32, np.int32, np.bool_]))
+        leaves[f"leaf{i}"] = ArraySpec(shape, dtype, pad_value=draw(st.sampled_from([0, 1])))
+    used = {d for s in leaves.values() for d in s.shape if isinstance(d, str)}
+    bucketing = Bucketing(
+        boundaries={n: b for n, b in bounds.items() if n in used},
+        batch_size=draw(st.integers(1, 5)),
+    )
+    plan = Plan(leaves, bucketing)
+    bucket = draw(st.sampled_from(plan.buckets))
+    sizes = dict(zip(plan.layout.axis_names, bucket, strict=True))
+    elements = []
+    for _ in range(draw(st.integers(1, plan.max_batch(bucket)))):
+        lengths = {n: draw(st.integers(1, sizes[n])) for n in plan.layout.axis_names}
+        el = {}
+        for k, spec in leaves.items():
+            shape = spec.resolve(lengths)
+            el[k] = np.asarray(
+                draw(st.lists(st.integers(-5, 5), min_size=int(np.prod(shape)),
+                              max_size=int(np.prod(shape))))
+            ).reshape(shape).astype(spec.dtype)
+        elements.append(el)
+    return plan, elements
+
+
+@settings(max_examples=150, deadline=None)
+@given(ragged_batches())
+def test_pad_then_unpad_round_trips(case):
+    plan, elements = case
+    out_spec = {k: ArraySpec(s.shape, None) for k, s in plan.layout.tree.items()}
+    plan = Plan(plan.layout, plan.bucketing, output_spec=out_spec)
+    items = [plan.validate(e) for e in elements]
+    buckets = {plan.bucket_for(it.lengths) for it in items}
+    for bucket in buckets:
+        idx = [i for i, it in enumerate(items) if plan.bucket_for(it.lengths) == bucket]
+        group = [items[i] for i in idx]
+        batch = plan.pad(bucket, group)
+        # The padded shape is one of the listed shapes.
+        assert (bucket, batch.size) in plan.shapes()
+        assert batch.num_real == len(group) and batch.size >= len(group)
+        for leaf, (shape, dtype) in zip(batch.leaves, plan.leaf_shapes(bucket, batch.size),
+                                        strict=True):
+            assert leaf.shape == shape and leaf.dtype == dtype
+        # The identity kernel's outputs, cut back, are the inputs.
+        outputs = plan.layout.unflatten(batch.leaves)
+        back = plan.unbatch(outputs, batch, group)
+        for got, want in zip(back, [elements[i] for i in idx], strict=True):
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k])
+                assert got[k].dtype == want[k].dtype
+
+
+def test_padding_uses_each_leafs_pad_value_and_zero_lengths_on_padded_rows():
+    plan = Plan(
+        {"ids": ArraySpec(("L",), np.int32, pad_value=-1), "w": ArraySpec(("L",), np.float32)},
+        Bucketing(boundaries={"L": (4,)}, batch_size=4),
+    )
+    items = [plan.validate({"ids": np.array([1, 2]), "w": np.ones(2, np.float32)})] * 3
+    batch = plan.pad((4,), items)
+    assert batch.size == 4
+    np.testing.assert_array_equal(batch.leaves[0][0], [1, 2, -1, -1])
+    np.testing.assert_array_equal(batch.leaves[0][3], [-1, -1, -1, -1])
+    np.testing.assert_array_equal(batch.lengths["L"], [2, 2, 2, 0])
+    assert batch.padded_volume == 16

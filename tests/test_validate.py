@@ -1,0 +1,93 @@
+"""Validation of single elements: every rejection says what was received and expected."""
+
+import numpy as np
+import pytest
+
+import beam_jax as bj
+from beam_jax import ArraySpec, Bucketing, Plan, Validation
+
+SPEC = {"x": ArraySpec(("L", 3), np.float32), "ids": ArraySpec(("L",), np.int32)}
+
+
+def plan(**kw):
+    oversize = kw.pop("oversize", "dead_letter")
+    return Plan(SPEC, Bucketing(boundaries={"L": (4, 8)}, oversize=oversize),
+                validation=Validation(**kw))
+
+
+def good(n=3):
+    return {"x": np.ones((n, 3), np.float32), "ids": np.arange(n, dtype=np.int32)}
+
+
+INVALID = [
+    ("not a dict", [1, 2], "expected a dict with keys \\['ids', 'x'\\], received list"),
+    ("None", None, "received NoneType None"),
+    ("missing leaf", {"x": np.ones((2, 3))}, "missing keys \\['ids'\\]"),
+    ("extra leaf", {**good(), "y": np.ones(2)}, "unexpected keys \\['y'\\]"),
+    ("not an array", {"x": [[1.0, 2.0, 3.0]], "ids": np.arange(1)},
+     "at \\['x'\\]: expected an array of shape \\('L', 3\\) and dtype float32, received list"),
+    ("string dtype", {"x": np.array([["a", "b", "c"]]), "ids": np.arange(1)},
+     "dtype <U1 cannot be cast to float32"),
+    ("complex dtype", {"x": np.ones((2, 3), np.complex64), "ids": np.arange(2)},
+     "dtype complex64 cannot be cast to float32"),
+    ("wrong rank", {"x": np.ones((2, 3, 1)), "ids": np.arange(2)},
+     "expected rank 2 \\(shape \\('L', 3\\)\\), received rank 3 with shape \\(2, 3, 1\\)"),
+    ("wrong fixed dim", {"x": np.ones((2, 4)), "ids": np.arange(2)},
+     "axis 1 must have size 3, received shape \\(2, 4\\)"),
+    ("lengths disagree", {"x": np.ones((2, 3)), "ids": np.arange(5)},
+     "ragged axis 'L' has length 5 at \\['ids'\\] axis 0 but 2 at \\['x'\\] axis 0"),
+    ("empty", good(0), "ragged axis 'L' has length 0 .* Validation\\(allow_empty=True\\)"),
+    ("too long", good(9), "has length 9 .* exceeds the largest bucket \\(8\\); add a larger "
+     "boundary or set Bucketing\\(oversize='truncate'\\)"),
+]
+
+
+@pytest.mark.parametrize("name,element,message", INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_elements_are_rejected_with_a_clear_message(name, element, message):
+    with pytest.raises(bj.InvalidElementError, match=message):
+        plan().validate(element)
+
+
+def test_oversize_raises_the_specific_error_type():
+    with pytest.raises(bj.ElementTooLargeError):
+        plan().validate(good(9))
+
+
+def test_truncate_cuts_every_leaf_sharing_the_axis():
+    item = plan(oversize="truncate").validate(good(11))
+    assert item.lengths == (8,)
+    assert item.leaves[0].shape == (8,) and item.leaves[1].shape == (8, 3)
+
+
+def test_casting_rules():
+    item = plan().validate({"x": np.ones((2, 3), np.float64), "ids": np.arange(2)})
+    assert item.leaves[1].dtype == np.float32  # leaves are in jax's sorted-key order
+    with pytest.raises(bj.InvalidElementError, match="casting='safe'"):
+        plan(casting="safe").validate({"x": np.ones((2, 3), np.float64), "ids": np.arange(2)})
+
+
+def test_nonfinite_inputs_pass_or_are_rejected():
+    bad = good()
+    bad["x"][1, 2] = np.nan
+    assert plan().validate(bad).lengths == (3,)
+    with pytest.raises(bj.InvalidElementError, match="NaN or Inf"):
+        plan(nonfinite="reject").validate(bad)
+
+
+def test_big_endian_and_non_contiguous_arrays_are_accepted():
+    x = np.arange(24, dtype=">f8").reshape(4, 6)[:, ::2]
+    item = plan().validate({"x": x, "ids": np.arange(4, dtype=">i4")})
+    assert item.leaves[1].dtype == np.dtype(np.float32)
+    np.testing.assert_array_equal(item.leaves[1], x.astype(np.float32))
+
+
+def test_byte_limit():
+    with pytest.raises(bj.InvalidElementError, match="more than max_element_bytes=16"):
+        plan(max_element_bytes=16).validate(good(3))
+
+
+def test_jax_arrays_are_accepted():
+    import jax.numpy as jnp
+
+    item = plan().validate({"x": jnp.ones((2, 3)), "ids": jnp.arange(2)})
+    assert item.lengths == (2,)
