@@ -16,6 +16,8 @@ from beam_jax._kernel import length_mask as length_mask
 from beam_jax._kernel import select_devices as select_devices
 from beam_jax._metrics import Summary as Summary
 from beam_jax._metrics import summarize as summarize
+from beam_jax._params import load_params as load_params
+from beam_jax._params import save_params as save_params
 from beam_jax._plan import PaddedBatch as PaddedBatch
 from beam_jax._plan import Plan as Plan
 from beam_jax._spec import ArraySpec as ArraySpec

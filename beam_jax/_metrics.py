@@ -27,6 +27,7 @@ class KernelMetrics:
         self.real_size = c("real_size")
         self.compiles = c("compiles")
         self.compile_ms = c("compile_ms")
+        self.kernel_calls = c("kernel_calls")
         self.kernel_retries = c("kernel_retries")
         self.out_of_memory = c("out_of_memory")
         self.batch_limit_lowered = c("batch_limit_lowered")
@@ -50,6 +51,8 @@ class Summary:
         compiles: distinct shapes compiled, summed over worker processes.
         compile_seconds: time spent compiling.
         out_of_memory: kernel calls that ran out of memory.
+        batch_limit_lowered: times a bucket's batch limit was lowered after out of memory.
+        kernel_calls: kernel calls, including failed ones and bisection retries.
     """
 
     elements: int
@@ -61,6 +64,8 @@ class Summary:
     compiles: int
     compile_seconds: float
     out_of_memory: int
+    batch_limit_lowered: int
+    kernel_calls: int
     mean_batch_latency_ms: float
 
     @property
@@ -97,5 +102,7 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
         compiles=totals.get("compiles", 0),
         compile_seconds=totals.get("compile_ms", 0) / 1000.0,
         out_of_memory=totals.get("out_of_memory", 0),
+        batch_limit_lowered=totals.get("batch_limit_lowered", 0),
+        kernel_calls=totals.get("kernel_calls", 0),
         mean_batch_latency_ms=latency_sum / latency_count if latency_count else float("nan"),
     )

@@ -32,11 +32,15 @@ class ArraySpec:
         dtype: the dtype the kernel receives; inputs are cast to it (see ``casting``).
             ``None`` is allowed only in output specs, where it means "any".
         pad_value: the value written into padding.
+        valid_range: optional ``(low, high)``; every value must satisfy ``low <= v < high``
+            (e.g. ``(0, vocab_size)`` for token ids that index an embedding table, where an
+            out-of-range id would silently gather garbage on an accelerator).
     """
 
     shape: tuple[Dim, ...]
     dtype: Any = np.float32
     pad_value: Any = 0
+    valid_range: tuple[float, float] | None = None
 
     def __post_init__(self):
         if not isinstance(self.shape, Sequence) or isinstance(self.shape, str):
@@ -71,6 +75,18 @@ class ArraySpec:
                 raise SpecError(
                     f"pad_value {self.pad_value!r} cannot be represented as {dtype}."
                 ) from e
+
+        if self.valid_range is not None:
+            ok = (
+                isinstance(self.valid_range, tuple)
+                and len(self.valid_range) == 2
+                and self.valid_range[0] < self.valid_range[1]
+            )
+            if not ok:
+                raise SpecError(
+                    f"valid_range must be a (low, high) tuple with low < high, got "
+                    f"{self.valid_range!r}."
+                )
 
     @property
     def ragged_axes(self) -> tuple[tuple[int, str], ...]:

@@ -22,7 +22,7 @@ from beam_jax._errors import DeadLetterThresholdError, InvalidElementError, Kern
 from beam_jax._kernel import CompileError, is_out_of_memory
 from beam_jax._metrics import NAMESPACE, KernelMetrics
 from beam_jax._plan import Plan
-from beam_jax._validate import Validated, Validation
+from beam_jax._validate import Validated, Validation, check_key
 from beam_jax._worker import KernelConfig, Worker
 
 DEAD_LETTERS = "dead_letters"
@@ -79,6 +79,7 @@ class _RunKernelDoFn(beam.DoFn):
                         f"keyed=True expects (key, value) pairs, received {dl.summarize(element)}."
                     )
                 key, value = element
+                check_key(key)
             item = self._worker.plan.validate(value)
         except Exception as e:
             if not self._handle_errors:
@@ -106,35 +107,54 @@ class _RunKernelDoFn(beam.DoFn):
         )
 
     def _run(self, bucket: Bucket, pending: Sequence[_Pending]) -> Iterator[Any]:
-        limit = self._worker.limit(bucket)
-        for start in range(0, len(pending), limit):
-            yield from self._attempt(bucket, pending[start : start + limit])
+        """Run ``pending`` in chunks of the bucket's current limit.
+
+        Returns (as the generator's value) whether every chunk ran out of memory as a whole.
+        """
+        all_oom = True
+        start = 0
+        while start < len(pending):
+            limit = self._worker.limit(bucket)
+            oom = yield from self._attempt(bucket, pending[start : start + limit])
+            all_oom = all_oom and oom
+            start += limit
+        return all_oom
 
     def _attempt(self, bucket: Bucket, chunk: Sequence[_Pending]) -> Iterator[Any]:
+        """Run one chunk, bisecting it on failure so only failing elements become dead letters.
+
+        A chunk holding k failing elements out of n costs at most ``1 + 2 k ceil(log2 n)``
+        kernel calls. Out of memory lowers the bucket's batch limit only when both halves then
+        fit, i.e. when the batch size, not one element, was too big.
+
+        Returns (as the generator's value) whether this chunk's own call ran out of memory.
+        """
         worker, plan = self._worker, self._worker.plan
         items = [p.item for p in chunk]
         start = time.perf_counter()
         try:
             batch = plan.pad(bucket, items)
+            self._metrics.kernel_calls.inc()
             outputs = worker.kernel.run(worker.params, batch, plan.layout.treedef)
         except Exception as e:
             self._report_compiles()
             if not self._handle_errors:
                 raise
-            if is_out_of_memory(e):
+            oom = is_out_of_memory(e)
+            if oom:
                 self._metrics.out_of_memory.inc()
-                if worker.lower_limit(bucket, len(chunk)):
-                    self._metrics.batch_limit_lowered.inc()
             if len(chunk) == 1:
                 stage = dl.COMPILE if isinstance(e, CompileError) else dl.KERNEL
                 p = chunk[0]
                 yield self._dead(e, stage, p.key, p.value, p.timestamp, p.window)
-                return
+                return oom
             self._metrics.kernel_retries.inc()
-            mid = len(chunk) // 2
-            yield from self._run(bucket, chunk[:mid])
-            yield from self._run(bucket, chunk[mid:])
-            return
+            mid = (len(chunk) + 1) // 2
+            left_oom = yield from self._run(bucket, chunk[:mid])
+            right_oom = yield from self._run(bucket, chunk[mid:])
+            if oom and not left_oom and not right_oom and worker.lower_limit(bucket, mid):
+                self._metrics.batch_limit_lowered.inc()
+            return oom
         self._report_compiles()
         self._metrics.batch_latency_ms.update(int((time.perf_counter() - start) * 1000))
         self._metrics.batches.inc()
@@ -147,7 +167,7 @@ class _RunKernelDoFn(beam.DoFn):
                 raise
             for p in chunk:
                 yield self._dead(e, dl.OUTPUT, p.key, p.value, p.timestamp, p.window)
-            return
+            return False
         check = plan.validation.check_outputs_finite
         for p, result in zip(chunk, results, strict=True):
             if check and not _all_finite(result):
@@ -159,6 +179,7 @@ class _RunKernelDoFn(beam.DoFn):
             self._metrics.results.inc()
             out = (p.key, result) if self._keyed else result
             yield WindowedValue(out, p.timestamp, (p.window,))
+        return False
 
     def _report_compiles(self):
         n, seconds = self._worker.take_compile_stats()

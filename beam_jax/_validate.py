@@ -58,6 +58,28 @@ class Validated:
     lengths: tuple[int, ...]
 
 
+_KEY_SCALARS = (str, bytes, int, float, bool, type(None), np.integer, np.floating, np.bool_)
+
+
+def check_key(key: Any) -> None:
+    """Reject keys that cannot be encoded deterministically (as GroupByKey and sinks need).
+
+    Raises:
+        InvalidElementError: ``key`` is not a str, bytes, number, bool, None, or a tuple of
+            those.
+    """
+    if isinstance(key, _KEY_SCALARS):
+        return
+    if isinstance(key, tuple):
+        for k in key:
+            check_key(k)
+        return
+    raise InvalidElementError(
+        f"the key of a keyed element must be a str, bytes, number, bool, None or a tuple of "
+        f"those, received {type(key).__name__}; convert it (e.g. str(key)) before RunKernel."
+    )
+
+
 def _describe(value: Any) -> str:
     if isinstance(value, np.ndarray | np.generic):
         return f"array of shape {value.shape} and dtype {value.dtype}"
@@ -236,6 +258,15 @@ def validate(
                     f"at {layout.leaf_name(i)}: received NaN or Inf values; expected finite "
                     "inputs because Validation(nonfinite='reject'). Clean the data or set "
                     "nonfinite='pass'."
+                )
+        if spec.valid_range is not None and cast.size:
+            low, high = spec.valid_range
+            lo, hi = cast.min(), cast.max()
+            if lo < low or hi >= high or (cast.dtype.kind == "f" and np.isnan(cast).any()):
+                raise InvalidElementError(
+                    f"at {layout.leaf_name(i)}: values must lie in [{low}, {high}), received "
+                    f"values from {lo} to {hi}; clip or fix them (e.g. map unknown token ids to "
+                    "the [UNK] id) before the kernel."
                 )
         nbytes += cast.nbytes
         leaves.append(cast)

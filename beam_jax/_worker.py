@@ -92,15 +92,14 @@ class Worker:
         """How many elements a batch of ``bucket`` may hold now (lowered after OOM)."""
         return self._limits[bucket]
 
-    def lower_limit(self, bucket: Bucket, failed_size: int) -> bool:
-        """Lower ``bucket``'s limit below ``failed_size`` for this worker's life.
+    def lower_limit(self, bucket: Bucket, new_limit: int) -> bool:
+        """Lower ``bucket``'s batch limit to ``new_limit`` for the rest of this worker's life.
 
         Returns whether the limit changed.
         """
         with self._lock:
-            new = max(1, failed_size // 2)
-            if new < self._limits[bucket]:
-                self._limits[bucket] = new
+            if 1 <= new_limit < self._limits[bucket]:
+                self._limits[bucket] = new_limit
                 return True
             return False
 

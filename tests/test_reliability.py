@@ -1,0 +1,372 @@
+"""Nothing lost: bad input, kernel faults, out of memory, worker crashes, fuzzed input."""
+
+import json
+import math
+import os
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import beam_jax as bj
+from beam_jax import ArraySpec, Bucketing, RunKernel, Validation
+from beam_jax.testing import assert_conserved
+from tests import kernels
+from tests import reliability_kernels as rk
+
+VOCAB, D = rk.VOCAB, rk.D
+
+
+def pipeline(*args):
+    return TestPipeline(options=PipelineOptions(["--runner=FnApiRunner", *args]))
+
+
+def run(p):
+    result = p.run()
+    result.wait_until_finish()
+    return result
+
+
+SPEC = {
+    "ids": ArraySpec(("L",), np.int32, valid_range=(0, VOCAB)),
+    "dense": {"x": ArraySpec(("L", D), np.float32), "scale": ArraySpec((), np.float32)},
+}
+
+
+def good(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "ids": rng.integers(0, VOCAB, n).astype(np.int32),
+        "dense": {"x": rng.standard_normal((n, D)).astype(np.float32),
+                  "scale": np.float32(seed % 5 + 1)},
+    }
+
+
+def expected(element):
+    table = rk.embed_params()["table"]
+    ids = np.asarray(element["ids"]).astype(np.int64)
+    x = np.asarray(element["dense"]["x"], np.float32)
+    return {"embedding": table[ids].mean(0),
+            "dense": x.sum(0) * np.float32(element["dense"]["scale"])}
+
+
+def with_(n, path, value):
+    e = good(n)
+    if len(path) == 1:
+        e[path[0]] = value
+    else:
+        e[path[0]][path[1]] = value
+    return e
+
+
+def without(n, *path):
+    e = good(n)
+    (e if len(path) == 1 else e[path[0]]).pop(path[-1])
+    return e
+
+
+def bad_inputs():
+    """(key, element, substring the dead letter's message must contain)."""
+    nan_x = good(3)
+    nan_x["dense"]["x"][1, 1] = np.nan
+    inf_x = good(3)
+    inf_x["dense"]["x"][0, 0] = -np.inf
+    lengths = good(3)
+    lengths["ids"] = np.arange(4, dtype=np.int32)
+    return [
+        ("none", None, "received NoneType None"),
+        ("object", object(), "expected a dict with keys ['dense', 'ids'], received object"),
+        ("string", "hello", "received str 'hello'"),
+        ("list", [1, 2], "received list"),
+        ("missing_leaf", without(3, "dense"), "missing keys ['dense']"),
+        ("extra_leaf", {**good(3), "mask": np.ones(3)}, "unexpected keys ['mask']"),
+        ("nested_missing", without(3, "dense", "scale"), "at ['dense']: missing keys ['scale']"),
+        ("nested_wrong_structure", with_(3, ["dense"], (np.ones((3, D)), np.float32(1))),
+         "at ['dense']: expected a dict with keys ['scale', 'x'], received tuple"),
+        ("not_array", with_(3, ["ids"], [1, 2, 3]),
+         "at ['ids']: expected an array of shape ('L',) and dtype int32, received list"),
+        ("string_dtype", with_(2, ["ids"], np.array(["a", "b"])),
+         "dtype <U1 cannot be cast to int32"),
+        ("object_dtype", with_(2, ["ids"], np.array([1, "a"], dtype=object)),
+         "dtype object cannot be cast to int32"),
+        ("float_ids", with_(3, ["ids"], np.ones(3)), "dtype float64 cannot be cast to int32"),
+        ("complex_x", with_(3, ["dense", "x"], np.ones((3, D), np.complex64)),
+         "dtype complex64 cannot be cast to float32"),
+        ("wrong_rank", with_(3, ["dense", "x"], np.ones(3, np.float32)),
+         "expected rank 2 (shape ('L', 4)), received rank 1 with shape (3,)"),
+        ("wrong_fixed_dim", with_(3, ["dense", "x"], np.ones((3, D + 1), np.float32)),
+         "axis 1 must have size 4, received shape (3, 5)"),
+        ("scale_not_scalar", with_(3, ["dense", "scale"], np.ones(1, np.float32)),
+         "expected rank 0 (shape ()), received rank 1 with shape (1,)"),
+        ("lengths_disagree", lengths, "ragged axis 'L' has length 3 at ['dense']['x'] axis 0 "
+         "but 4 at ['ids'] axis 0"),
+        ("empty", good(0), "ragged axis 'L' has length 0"),
+        ("too_long", good(17), "has length 17 at ['dense']['x'] axis 0, which exceeds the "
+         "largest bucket (16)"),
+        ("nan_input", nan_x, "received NaN or Inf values"),
+        ("inf_input", inf_x, "received NaN or Inf values"),
+        ("id_out_of_range", with_(3, ["ids"], np.array([1, VOCAB, 2], np.int32)),
+         f"values must lie in [0, {VOCAB}), received values from 1 to {VOCAB}"),
+        ("negative_id", with_(3, ["ids"], np.array([-1, 0, 2], np.int32)),
+         "received values from -1 to 2"),
+        ("too_many_bytes", good(16), "element is 324 bytes, more than max_element_bytes=300"),
+        ("huge_bad", with_(4, ["dense", "x"], np.zeros((4, 250_000), np.float32)),
+         "axis 1 must have size 4"),
+    ]
+
+
+def matrix_transform(**kw):
+    return RunKernel(
+        rk.embed_mean,
+        spec=SPEC,
+        bucketing=Bucketing(boundaries={"L": (4, 8, 16)}, batch_size=8),
+        validation=Validation(nonfinite="reject", max_element_bytes=300),
+        load_params=rk.embed_params,
+        keyed=True,
+        **kw,
+    )
+
+
+def close_to(expected_pairs):
+    def check(actual):
+        got = dict(actual)
+        assert len(got) == len(actual) and sorted(got) == sorted(k for k, _ in expected_pairs)
+        for key, want in expected_pairs:
+            for name in want:
+                np.testing.assert_allclose(got[key][name], want[name], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{key} {name}")
+
+    return check
+
+
+def test_bad_input_matrix_each_kind_gives_exactly_one_dead_letter():
+    bad = bad_inputs()
+    assert len(bad) >= 20
+    valid = [(f"good{i}", good(n, seed=i)) for i, n in enumerate([1, 3, 5, 8, 9, 12, 2, 7])]
+    big_endian = good(5, seed=40)
+    big_endian["dense"]["x"] = big_endian["dense"]["x"].astype(">f4")
+    big_endian["ids"] = big_endian["ids"].astype(">i8")
+    strided = good(6, seed=41)
+    strided["dense"]["x"] = np.asfortranarray(np.repeat(strided["dense"]["x"], 2, axis=1)[:, ::2])
+    strided["ids"] = np.repeat(strided["ids"], 2)[::2]
+    assert not strided["ids"].flags.c_contiguous or not strided["dense"]["x"].flags.c_contiguous
+    valid += [("big_endian", big_endian), ("strided", strided)]
+    # Interleave so bad elements share bundles and batches with good ones.
+    elements = []
+    for i in range(max(len(bad), len(valid))):
+        if i < len(valid):
+            elements.append(valid[i])
+        if i < len(bad):
+            elements.append(bad[i][:2])
+    elements.append(({1, 2}, good(3)))  # a key that cannot be encoded deterministically
+    elements.append("not a pair")
+
+    p = pipeline()
+    results, dead = p | beam.Create(elements) | matrix_transform().with_exception_handling()
+    assert_that(results, close_to([(k, expected(v)) for k, v in valid]))
+    messages = {k: m for k, _, m in bad}
+
+    def check_dead(records):
+        keys = [r.key for r in records if isinstance(r.key, str) and r.key in messages]
+        assert sorted(keys) == sorted(messages), sorted(set(messages) ^ set(keys))
+        for r in records:
+            assert r.stage == "validation", r
+            assert len(r.element) <= 1000 and len(r.to_json()) < 20_000
+            if r.key in messages:
+                assert messages[r.key] in r.message, (r.key, r.message)
+        others = [r for r in records if r.key not in messages]
+        assert len(others) == 2
+        assert any("key of a keyed element must be a str" in r.message for r in others)
+        assert any("keyed=True expects (key, value) pairs" in r.message for r in others)
+
+    assert_that(dead, check_dead, label="Dead")
+    summary = assert_conserved(run(p))
+    assert summary.results == len(valid)
+    assert summary.dead_letters == summary.dead_letters_by_stage["validation"] == len(bad) + 2
+
+
+def test_truncate_instead_of_dead_letter():
+    p = pipeline()
+    long = good(20, seed=3)
+    results = p | beam.Create([("long", long)]) | RunKernel(
+        rk.embed_mean, spec=SPEC, load_params=rk.embed_params, keyed=True,
+        bucketing=Bucketing(boundaries={"L": (4, 8, 16)}, batch_size=8, oversize="truncate"))
+    cut = {"ids": long["ids"][:16],
+           "dense": {"x": long["dense"]["x"][:16], "scale": long["dense"]["scale"]}}
+    assert_that(results, close_to([("long", expected(cut))]))
+    assert_conserved(run(p))
+
+
+def test_bisection_isolates_failures_within_the_stated_bound():
+    rng = np.random.default_rng(7)
+    n, failing = 32, {3, 17, 30}
+    elements = []
+    for i in range(n):
+        x = rng.standard_normal((4, kernels.D)).astype(np.float32)
+        if i in failing:
+            x[1, 2] = kernels.SENTINEL
+        elements.append((i, {"x": x}))
+    p = pipeline()
+    results, dead = (
+        p
+        | beam.Create(elements)
+        | RunKernel(kernels.failing_mean, spec={"x": ArraySpec(("L", kernels.D))}, keyed=True,
+                    bucketing=Bucketing(boundaries={"L": (4,)}, batch_size=n),
+                    load_params=lambda: np.float32(1.0))
+        .with_exception_handling()
+    )
+    assert_that(results | beam.Keys(), equal_to(sorted(set(range(n)) - failing)))
+    assert_that(dead | beam.Map(lambda r: (r.key, r.stage)),
+                equal_to([(i, "kernel") for i in failing]), label="Dead")
+    summary = assert_conserved(run(p))
+    # One batch of n with k failing elements costs at most 1 + 2 k ceil(log2 n) calls.
+    bound = 1 + 2 * len(failing) * math.ceil(math.log2(n))
+    assert 1 + len(failing) < summary.kernel_calls <= bound, summary.kernel_calls
+
+
+def test_non_finite_outputs_go_to_dead_letters_when_checked():
+    elements = [(i, {"x": np.full((2, 1), v, np.float32)}) for i, v in enumerate([1, 0, 2, 0])]
+    for check, want_dead in [(True, [1, 3]), (False, [])]:
+        p = pipeline()
+        results, dead = (
+            p
+            | beam.Create(elements)
+            | RunKernel(rk.divide_by_value, spec={"x": ArraySpec(("L", 1))}, keyed=True,
+                        bucketing=Bucketing(boundaries={"L": (4,)}),
+                        validation=Validation(check_outputs_finite=check))
+            .with_exception_handling()
+        )
+        assert_that(dead | beam.Map(lambda r: (r.key, r.stage)),
+                    equal_to([(k, "output") for k in want_dead]), label="Dead")
+        assert_that(results | beam.Keys(), equal_to([k for k in range(4) if k not in want_dead]))
+        assert_conserved(run(p))
+
+
+def test_out_of_memory_splits_lowers_the_batch_limit_and_isolates_a_poison_element():
+    rng = np.random.default_rng(8)
+    elements = [(i, {"x": rng.random((3, 2), dtype=np.float32)}) for i in range(40)]
+    elements[21] = (21, {"x": np.full((3, 2), rk.POISON, np.float32)})
+    p = pipeline()
+    results, dead = (
+        p
+        | beam.Create(elements)
+        | RunKernel(rk.memory_hungry, spec={"x": ArraySpec(("L", 2))}, keyed=True,
+                    bucketing=Bucketing(boundaries={"L": (4,)}, batch_size=8), devices=[0])
+        .with_exception_handling()
+    )
+    assert_that(results | beam.Keys(), equal_to([i for i in range(40) if i != 21]))
+    assert_that(dead | beam.Map(lambda r: (r.key, r.stage, "RESOURCE_EXHAUSTED" in r.message)),
+                equal_to([(21, "kernel", True)]), label="Dead")
+    summary = assert_conserved(run(p))
+    # The first batch of 8 did not fit and both halves of 4 did: the limit dropped to 4 once,
+    # and the poison element alone did not drag it lower.
+    assert summary.batch_limit_lowered == 1
+    # 1 for the first batch of 8, and at most 3 on the way down to the poison element (4, 2, 1)
+    # per bundle it lands in; never one per later batch.
+    assert 2 <= summary.out_of_memory <= 1 + 3 * 2, summary.out_of_memory
+
+
+def test_worker_crash_fails_the_job_loudly_and_a_rerun_is_complete(tmp_path):
+    marker = str(tmp_path / "crashed")
+    rng = np.random.default_rng(9)
+    elements = [(i, {"x": rng.random((2, 2), dtype=np.float32)}) for i in range(30)]
+    elements[11] = (11, {"x": np.full((2, 2), rk.CRASH, np.float32)})
+    out = tmp_path / "out.txt"
+
+    def build():
+        p = pipeline("--direct_running_mode=multi_processing", "--direct_num_workers=2")
+        _ = (
+            p
+            | beam.Create(elements, reshuffle=True)
+            | RunKernel(rk.Crasher(marker), spec={"x": ArraySpec(("L", 2))}, keyed=True,
+                        bucketing=Bucketing(boundaries={"L": (2,)}, batch_size=4))
+            | beam.Map(lambda kv: str(kv[0]))
+            | beam.io.WriteToText(str(out), shard_name_template="")
+        )
+        return p
+
+    with pytest.raises(Exception):  # noqa: B017 - the runner's own error type varies
+        run(build())
+    assert os.path.exists(marker), "the crash never happened"
+    assert not out.exists(), "a failed job must not leave a finished output behind"
+    run(build())
+    assert sorted(int(k) for k in out.read_text().split()) == list(range(30))
+
+
+def test_parameters_load_only_from_formats_that_cannot_run_code(tmp_path):
+    params = {"enc": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, "b": np.ones(2)}
+    for suffix in (".safetensors", ".npz"):
+        path = str(tmp_path / f"p{suffix}")
+        bj.save_params(params, path)
+        back = bj.load_params(path)
+        np.testing.assert_array_equal(back["enc"]["w"], params["enc"]["w"])
+        assert sorted(bj.load_params(path, sep=None)) == ["b", "enc.w"]
+    evil = str(tmp_path / "evil.npz")
+    np.savez(evil, x=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(bj.SpecError, match="pickled objects"):
+        bj.load_params(evil)
+    with pytest.raises(bj.SpecError, match="Pickle and other formats"):
+        bj.load_params(str(tmp_path / "model.pkl"))
+    with pytest.raises(bj.SpecError, match="without pickling"):
+        bj.save_params({"x": np.array([object()])}, str(tmp_path / "bad.npz"))
+
+
+def test_dead_letters_are_plain_json_with_bounded_echo():
+    huge = "x" * 5_000_000
+
+    class BrokenRepr:
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    record = bj.FailedElement.from_exception(
+        ValueError("boom"), stage="validation", element={"text": huge}, key=huge)
+    data = json.loads(record.to_json())
+    assert set(data) == {"key", "element", "stage", "error_type", "message", "traceback"}
+    assert len(record.to_json()) < 20_000
+    odd = bj.FailedElement.from_exception(ValueError("x"), stage="kernel", element=BrokenRepr(),
+                                          key=BrokenRepr())
+    assert "repr raised RuntimeError" in odd.element and "repr raised" in odd.key
+
+
+# Random pytrees: arrays of random dtype, rank and shape (NaN, empty), wrong containers.
+_arrays = hnp.arrays(
+    dtype=st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.bool_, np.complex64,
+                           np.uint8, np.float16]),
+    shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=20),
+    elements=None,
+)
+_leaves = st.one_of(_arrays, st.none(), st.integers(), st.text(max_size=5),
+                    st.just(np.array(["a", "b"])), st.floats())
+_trees = st.recursive(
+    _leaves,
+    lambda children: st.one_of(
+        st.dictionaries(st.sampled_from(["ids", "dense", "x", "scale", "zz"]), children,
+                        max_size=3),
+        st.lists(children, max_size=3),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.one_of(_trees, st.integers(1, 16).map(lambda n: good(n, n))), min_size=1,
+                max_size=25))
+def test_fuzzed_elements_never_escape_and_are_conserved(elements):
+    keyed = list(enumerate(elements))
+    p = pipeline()
+    results, dead = p | beam.Create(keyed) | matrix_transform().with_exception_handling()
+    counts = (
+        (results | "R" >> beam.Map(lambda _: "r"), dead | "D" >> beam.Map(lambda _: "d"))
+        | beam.Flatten()
+        | beam.combiners.Count.Globally()
+    )
+    assert_that(counts, equal_to([len(keyed)]))
+    keys = ((results | beam.Keys()), (dead | beam.Map(lambda r: r.key))) | "K" >> beam.Flatten()
+    assert_that(keys, equal_to(list(range(len(keyed)))), label="EachOnce")
+    assert_conserved(run(p))
