@@ -19,6 +19,7 @@ run: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/hadolint docker/Dockerfile docker/Dockerfile.cpu
 
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)

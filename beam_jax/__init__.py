@@ -20,6 +20,8 @@ from beam_jax._params import load_params as load_params
 from beam_jax._params import save_params as save_params
 from beam_jax._plan import PaddedBatch as PaddedBatch
 from beam_jax._plan import Plan as Plan
+from beam_jax._reduce import ReduceKernel as ReduceKernel
+from beam_jax._reduce import Reduction as Reduction
 from beam_jax._spec import ArraySpec as ArraySpec
 from beam_jax._transform import RunKernel as RunKernel
 from beam_jax._transform import RunKernelResult as RunKernelResult

@@ -119,6 +119,8 @@ class Kernel:
             name to the element's true length.
         batched: ``fn`` already takes a batch (leading axis on every leaf and length).
         devices: see ``select_devices``.
+        reduce: return the sum of the outputs over the batch's real rows instead of per-row
+            outputs (padded rows are masked out on the device, before the sum).
     """
 
     def __init__(
@@ -127,17 +129,19 @@ class Kernel:
         *,
         batched: bool = False,
         devices: Sequence[jax.Device] | str | None = None,
+        reduce: bool = False,
     ):
         self.fn = fn
         self.batched = batched
+        self.reduce = reduce
         self.devices = select_devices(devices)
         self.mesh = Mesh(np.asarray(self.devices), ("batch",))
         self._shard = NamedSharding(self.mesh, PartitionSpec("batch"))
         self._replicate = NamedSharding(self.mesh, PartitionSpec())
-        if batched:
-            batched_fn = fn
-        else:
-            batched_fn = jax.vmap(fn, in_axes=(None, 0, 0))
+        batched_fn = fn if batched else jax.vmap(fn, in_axes=(None, 0, 0))
+        if reduce:
+            batched_fn = _summing(batched_fn)
+        if not batched:
             if len(self.devices) > 1:
                 # Elements are independent, so each device runs its own shard of the batch
                 # with no cross-device communication (and no collective to hang on if one
@@ -185,7 +189,12 @@ class Kernel:
                 treedef,
                 [jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in leaf_shapes],
             )
-            lengths = {n: jax.ShapeDtypeStruct((size,), np.int32, sharding=sharding) for n in names}
+            lengths = {
+                n: jax.ShapeDtypeStruct(
+                    (size,), np.bool_ if n == ROW_VALID else np.int32, sharding=sharding
+                )
+                for n in names
+            }
             start = time.perf_counter()
             try:
                 exe = self._jitted.lower(params, element, lengths).compile()
@@ -212,8 +221,16 @@ class Kernel:
         return jax.device_get(out)
 
     def run(self, params: Any, batch: PaddedBatch, treedef) -> Any:
-        """Run on a ``PaddedBatch``; returns the batched outputs as numpy arrays."""
-        return self.call(params, batch.leaves, batch.lengths, treedef=treedef)
+        """Run on a ``PaddedBatch``; returns the batched outputs as numpy arrays.
+
+        With ``reduce=True``, returns the outputs summed over the real rows instead.
+        """
+        if not self.reduce:
+            return self.call(params, batch.leaves, batch.lengths, treedef=treedef)
+        lengths = {**batch.lengths, ROW_VALID: np.arange(batch.size) < batch.num_real}
+        partial = self.call(params, batch.leaves, lengths, treedef=treedef)
+        # One partial sum per device shard: add them up on the host.
+        return jax.tree_util.tree_map(lambda x: np.sum(x, axis=0), partial)
 
     def precompile(self, params: Any, shapes, treedef) -> int:
         """Compile the given batch shapes now, without data; returns how many were new.
@@ -231,6 +248,32 @@ class Kernel:
             except CompileError:
                 pass  # cached; that shape's elements are dead-lettered with the message
         return self.compiles - before
+
+
+ROW_VALID = "__row_valid__"
+
+
+def _summing(batched_fn):
+    """Wrap a batched function so it returns its outputs summed over the valid rows.
+
+    The sum keeps a leading axis of 1, so under ``shard_map`` each device returns its own
+    partial sum (no cross-device collective) and the host adds them.
+    """
+
+    def summed(params, element, lengths):
+        lengths = dict(lengths)
+        valid = lengths.pop(ROW_VALID)
+        out = batched_fn(params, element, lengths)
+
+        def row_sum(o):
+            keep = valid.reshape((-1,) + (1,) * (o.ndim - 1))
+            return jax.numpy.sum(
+                jax.numpy.where(keep, o, jax.numpy.zeros((), o.dtype)), axis=0, keepdims=True
+            )
+
+        return jax.tree_util.tree_map(row_sum, out)
+
+    return summed
 
 
 def _unflatten(treedef, leaves):

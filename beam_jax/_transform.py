@@ -65,7 +65,7 @@ class _RunKernelDoFn(beam.DoFn):
         self._metrics = KernelMetrics(self._namespace)
 
     def start_bundle(self):
-        self._buffers: dict[Bucket, list[_Pending]] = defaultdict(list)
+        self._buffers: dict[tuple[Bucket, Any], list[_Pending]] = defaultdict(list)
 
     def process(
         self, element, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam
@@ -87,15 +87,20 @@ class _RunKernelDoFn(beam.DoFn):
             yield self._dead(e, dl.VALIDATION, key, value, timestamp, window)
             return
         bucket = self._worker.plan.bucket_for(item.lengths)
-        buffer = self._buffers[bucket]
+        slot = (bucket, window if self._batch_per_window else None)
+        buffer = self._buffers[slot]
         buffer.append(_Pending(key, value, item, timestamp, window))
         if len(buffer) >= self._worker.limit(bucket):
-            self._buffers[bucket] = []
+            self._buffers[slot] = []
             yield from self._run(bucket, buffer)
+
+    # Batches may mix windows: each result is emitted in its own element's window. A subclass
+    # whose outputs combine a whole batch sets this to keep windows apart.
+    _batch_per_window = False
 
     def finish_bundle(self) -> Iterator[Any]:
         buffers, self._buffers = self._buffers, defaultdict(list)
-        for bucket, buffer in buffers.items():
+        for (bucket, _), buffer in buffers.items():
             if buffer:
                 yield from self._run(bucket, buffer)
 
@@ -160,6 +165,13 @@ class _RunKernelDoFn(beam.DoFn):
         self._metrics.batches.inc()
         self._metrics.padded_size.inc(batch.padded_volume)
         self._metrics.real_size.inc(sum(math.prod(it.lengths) for it in items))
+        yield from self._emit(chunk, batch, outputs)
+        return False
+
+    def _emit(self, chunk: Sequence[_Pending], batch, outputs) -> Iterator[Any]:
+        """Turn one successful batch's outputs into per-element results or dead letters."""
+        plan = self._worker.plan
+        items = [p.item for p in chunk]
         try:
             results = plan.unbatch(outputs, batch, items)
         except Exception as e:
@@ -167,7 +179,7 @@ class _RunKernelDoFn(beam.DoFn):
                 raise
             for p in chunk:
                 yield self._dead(e, dl.OUTPUT, p.key, p.value, p.timestamp, p.window)
-            return False
+            return
         check = plan.validation.check_outputs_finite
         for p, result in zip(chunk, results, strict=True):
             if check and not _all_finite(result):
@@ -179,7 +191,6 @@ class _RunKernelDoFn(beam.DoFn):
             self._metrics.results.inc()
             out = (p.key, result) if self._keyed else result
             yield WindowedValue(out, p.timestamp, (p.window,))
-        return False
 
     def _report_compiles(self):
         n, seconds = self._worker.take_compile_stats()

@@ -31,6 +31,7 @@ class KernelConfig:
     devices: Sequence[Any] | str | None = None
     precompile: bool = False
     compilation_cache_dir: str | None = None
+    reduce: bool = False
 
     def __post_init__(self):
         if not callable(self.fn):
@@ -66,7 +67,9 @@ class Worker:
         if config.compilation_cache_dir:
             enable_compilation_cache(config.compilation_cache_dir)
         self.config = config
-        self.kernel = Kernel(config.fn, batched=config.batched, devices=config.devices)
+        self.kernel = Kernel(
+            config.fn, batched=config.batched, devices=config.devices, reduce=config.reduce
+        )
         self.plan = Plan(
             config.spec,
             config.bucketing,

@@ -67,3 +67,18 @@ def image_stats(params, element, lengths):
     area = (lengths["H"] * lengths["W"]).astype(jnp.float32)
     mean = jnp.sum(img * m[:, :, None], axis=(0, 1)) / area
     return {"mean": mean + element["bias"], "scaled": img * params}
+
+
+def regression_params(d: int = D) -> dict[str, np.ndarray]:
+    return {"w": np.linspace(-1, 1, d, dtype=np.float32)}
+
+
+def squared_error_grad(params, element, lengths):
+    """Gradient of the squared error over the real positions of one ragged sequence."""
+
+    def loss(p):
+        mask = bj.length_mask(lengths["L"], element["x"].shape[0]).astype(jnp.float32)
+        err = element["x"] @ p["w"] - element["y"]
+        return jnp.sum(mask * err * err)
+
+    return {"grad": jax.grad(loss)(params), "loss": loss(params)}

