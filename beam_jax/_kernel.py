@@ -161,6 +161,10 @@ class Kernel:
         self.compiles = 0
         self.compile_seconds = 0.0
 
+    def compiled_shapes(self) -> set[tuple[tuple[tuple[int, ...], str], ...]]:
+        """The ``((shape, dtype), ...)`` leaf signatures compiled so far in this process."""
+        return {key[1] for key in self._compiled}
+
     @property
     def num_devices(self) -> int:
         return len(self.devices)
