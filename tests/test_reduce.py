@@ -2,8 +2,6 @@
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
@@ -11,19 +9,11 @@ import beam_jax as bj
 from beam_jax import ArraySpec, Bucketing, ReduceKernel, Validation
 from beam_jax.testing import assert_conserved
 from tests import kernels
+from tests.beam_helpers import pipeline, run
 
 D = kernels.D
 SPEC = {"x": ArraySpec(("L", D)), "y": ArraySpec(("L",))}
 
-
-def pipeline():
-    return TestPipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
-
-
-def run(p):
-    result = p.run()
-    result.wait_until_finish()
-    return result
 
 
 def examples(n, seed=0):

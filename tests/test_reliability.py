@@ -7,8 +7,6 @@ import os
 import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,18 +17,10 @@ from beam_jax import ArraySpec, Bucketing, RunKernel, Validation
 from beam_jax.testing import assert_conserved
 from tests import kernels
 from tests import reliability_kernels as rk
+from tests.beam_helpers import pipeline, run
 
 VOCAB, D = rk.VOCAB, rk.D
 
-
-def pipeline(*args):
-    return TestPipeline(options=PipelineOptions(["--runner=FnApiRunner", *args]))
-
-
-def run(p):
-    result = p.run()
-    result.wait_until_finish()
-    return result
 
 
 SPEC = {

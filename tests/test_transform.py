@@ -3,8 +3,6 @@
 import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
@@ -12,18 +10,10 @@ import beam_jax as bj
 from beam_jax import ArraySpec, Bucketing, RunKernel, Validation
 from beam_jax.testing import CountingLoader, assert_conserved
 from tests import kernels
+from tests.beam_helpers import pipeline, run
 
 D = kernels.D
 
-
-def pipeline(*args):
-    return TestPipeline(options=PipelineOptions(["--runner=FnApiRunner", *args]))
-
-
-def run(p):
-    result = p.run()
-    result.wait_until_finish()
-    return result
 
 
 def mean_spec():
