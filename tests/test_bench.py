@@ -1,0 +1,40 @@
+"""bench/run.py runs end to end on a tiny dataset, checks outputs agree and writes its JSON."""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_runs_every_variant_and_writes_json(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    out = tmp_path / "bench.json"
+    results = run.main(
+        [
+            "--elements", "120",
+            "--num-buckets", "3",
+            "--in-process",
+            "--workdir", str(tmp_path / "data"),
+            "--batch-size", "16",
+            "--max-padded-size", "8192",
+            "--json", str(out),
+        ]
+    )  # fmt: skip
+    written = json.loads(out.read_text())
+    assert written == json.loads(json.dumps(results))
+    assert set(written) == {"heavy", "light"}
+    for kernel, rows in written.items():
+        assert set(rows) == set(run.VARIANT_NAMES), kernel
+        for variant, row in rows.items():
+            for field in run.FIELDS:
+                assert isinstance(row[field], int | float), (kernel, variant, field)
+            assert row["elements_per_s"] > 0
+        assert rows["limit"]["ratio_to_limit"] == 1.0
+        # beam_jax compiles only listed shapes: one batch size per bucket here.
+        assert rows["beam_jax"]["compiles"] <= 3
+        assert rows["beam_jax_arrow"]["compiles"] == rows["beam_jax"]["compiles"]
