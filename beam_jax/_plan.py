@@ -226,16 +226,18 @@ class Plan:
                 tuple((a, axis_index[name]) for a, name in spec.ragged_axes)
                 for spec in self.output_layout.specs
             ]
+        # One writable host copy of each leaf's real rows; elements get views into it.
+        blocks = [np.array(leaf[: len(items)]) for leaf in leaves]
         result = []
         for i, item in enumerate(items):
             per = []
-            for leaf, cut in zip(leaves, cuts, strict=True):
-                row = leaf[i]
+            for block, cut in zip(blocks, cuts, strict=True):
+                row = block[i, ...]
                 if cut:
                     index = [slice(None)] * row.ndim
                     for axis, k in cut:
                         index[axis] = slice(0, item.lengths[k])
                     row = row[tuple(index)]
-                per.append(np.array(row))
+                per.append(row)
             result.append(treedef.unflatten(per))
         return result

@@ -132,6 +132,7 @@ class Layout:
         object.__setattr__(self, "paths", tuple(p for p, _ in leaves_with_path))
         object.__setattr__(self, "specs", tuple(s for _, s in leaves_with_path))
         object.__setattr__(self, "treedef", treedef)
+        object.__setattr__(self, "names", tuple(path_str(p) for p in self.paths))
         names: list[str] = []
         for spec in self.specs:
             for _, name in spec.ragged_axes:
@@ -142,10 +143,11 @@ class Layout:
     paths: tuple = dataclasses.field(init=False, repr=False, compare=False)
     specs: tuple[ArraySpec, ...] = dataclasses.field(init=False, repr=False, compare=False)
     treedef: Any = dataclasses.field(init=False, repr=False, compare=False)
+    names: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False)
     axis_names: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def leaf_name(self, i: int) -> str:
-        return path_str(self.paths[i])
+        return self.names[i]
 
     def unflatten(self, leaves: Sequence[Any]) -> Any:
         return self.treedef.unflatten(list(leaves))

@@ -98,32 +98,32 @@ def _expected(spec: ArraySpec) -> str:
 def _check_structure(spec: Any, value: Any, path: tuple) -> None:
     if isinstance(spec, ArraySpec):
         return
-    where = path_str(path)
     if isinstance(spec, Mapping):
         if not isinstance(value, Mapping):
             raise InvalidElementError(
-                f"at {where}: expected a dict with keys {sorted(spec)}, received "
+                f"at {path_str(path)}: expected a dict with keys {sorted(spec)}, received "
                 f"{_describe(value)}."
             )
-        missing = sorted(set(spec) - set(value), key=str)
-        extra = sorted(set(value) - set(spec), key=str)
-        if missing or extra:
+        if value.keys() != spec.keys():
+            missing = sorted(set(spec) - set(value), key=str)
+            extra = sorted(set(value) - set(spec), key=str)
             parts = []
             if missing:
                 parts.append(f"missing keys {missing}")
             if extra:
                 parts.append(f"unexpected keys {extra}")
             raise InvalidElementError(
-                f"at {where}: {' and '.join(parts)}; expected exactly the keys "
+                f"at {path_str(path)}: {' and '.join(parts)}; expected exactly the keys "
                 f"{sorted(spec, key=str)}, received keys {sorted(value, key=str)}."
             )
-        for k in spec:
-            _check_structure(spec[k], value[k], (*path, _DictKey(k)))
+        for k, sub in spec.items():
+            if not isinstance(sub, ArraySpec):
+                _check_structure(sub, value[k], (*path, _DictKey(k)))
         return
     if isinstance(spec, list | tuple):
         if not isinstance(value, list | tuple) or len(value) != len(spec):
             raise InvalidElementError(
-                f"at {where}: expected a {type(spec).__name__} of {len(spec)} entries, "
+                f"at {path_str(path)}: expected a {type(spec).__name__} of {len(spec)} entries, "
                 f"received {_describe(value)}."
             )
         for i, (s, v) in enumerate(zip(spec, value, strict=True)):
@@ -187,7 +187,7 @@ def validate(
     first_seen: dict[str, str] = {}
     raw = []
     for i, (path, spec) in enumerate(zip(layout.paths, layout.specs, strict=True)):
-        where = layout.leaf_name(i)
+        where = layout.names[i]
         value = _get(element, path) if path else element
         if value is None or not (
             isinstance(value, np.ndarray | np.generic)
@@ -255,7 +255,7 @@ def validate(
         if validation.nonfinite == "reject" and cast.dtype.kind in "fc":
             if not np.isfinite(cast).all():
                 raise InvalidElementError(
-                    f"at {layout.leaf_name(i)}: received NaN or Inf values; expected finite "
+                    f"at {layout.names[i]}: received NaN or Inf values; expected finite "
                     "inputs because Validation(nonfinite='reject'). Clean the data or set "
                     "nonfinite='pass'."
                 )
@@ -264,7 +264,7 @@ def validate(
             lo, hi = cast.min(), cast.max()
             if lo < low or hi >= high or (cast.dtype.kind == "f" and np.isnan(cast).any()):
                 raise InvalidElementError(
-                    f"at {layout.leaf_name(i)}: values must lie in [{low}, {high}), received "
+                    f"at {layout.names[i]}: values must lie in [{low}, {high}), received "
                     f"values from {lo} to {hi}; clip or fix them (e.g. map unknown token ids to "
                     "the [UNK] id) before the kernel."
                 )
