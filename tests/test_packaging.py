@@ -102,7 +102,10 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = str(venv / "bin" / "python")
-    _run([*pip, "--python", python, "install", "--no-deps", wheel])
+    # pip --python runs from this venv's pip, which sees this venv's packages: where the repo
+    # is installed there (editable, as `make` does), it would call the wheel "already
+    # satisfied" and skip it without --ignore-installed.
+    _run([*pip, "--python", python, "install", "--no-deps", "--ignore-installed", wheel])
     site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
     # The dependencies come from this venv; a path line in a .pth file adds the directory
     # but not the .pth files inside it, so an editable install of the repo stays invisible.
