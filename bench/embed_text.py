@@ -1,0 +1,403 @@
+"""Sentence embeddings per second: this pipeline against sentence-transformers and stock Beam.
+
+    python bench/embed_text.py                   # 2,000 built-in texts, 3 rounds (~8 min)
+    python bench/embed_text.py --quick           # 300 texts, 1 round (~1 min)
+    python bench/embed_text.py --texts 4000 --json out.json
+
+Three variants embed the same texts with all-MiniLM-L6-v2 on the same CPUs:
+
+* ``pipeline``: ``pipelines.embed_text`` on the FnApiRunner, end to end: a Parquet file of
+  ``id, text`` in, Parquet of ``id, embedding`` out. Timed from ``run()`` called to the job
+  finished, so it includes Beam's start-up, reading, tokenizing, every compile and writing.
+* ``sentence_transformers``: ``SentenceTransformer.encode(texts, batch_size=64)`` (it sorts
+  by length and pads each batch to its longest text), in a separate interpreter that has
+  torch (``--st-python``). Only ``encode`` is timed: not the imports, nor loading the model.
+* ``runinference``: the same JAX model under stock ``RunInference``, with a minimal
+  ``ModelHandler`` that tokenizes each batch of 64 texts and pads it to its longest text,
+  so ``jax.jit`` compiles once per new padded length. Same Parquet in and out as
+  ``pipeline``.
+
+Each variant runs in a fresh process pinned to the same ``--threads`` CPUs (CPU affinity,
+torch's and the tokenizer's thread counts). The CPUs here may be shared with other work, so
+the variants take turns over ``--rounds`` rounds (order rotated each round) and the table
+shows each variant's median time; ``pipeline``'s embeddings are checked against
+sentence-transformers' (cosine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT)]
+
+VARIANTS = ("pipeline", "sentence_transformers", "runinference")
+DEFAULT_ST_PYTHON = "/tmp/refvenv/bin/python"
+BATCH_SIZE = 64
+
+# Runs in the interpreter that has sentence-transformers (and torch); needs no jax.
+_ST_SCRIPT = r"""
+import json, sys, time
+import numpy as np, torch
+cfg = json.load(open(sys.argv[1]))
+torch.set_num_threads(cfg["threads"])
+from sentence_transformers import SentenceTransformer
+texts = json.load(open(cfg["texts"]))
+model = SentenceTransformer(cfg["model_dir"], device="cpu")
+start = time.perf_counter()
+vectors = model.encode(texts, batch_size=cfg["batch_size"], convert_to_numpy=True)
+seconds = time.perf_counter() - start
+np.save(cfg["out"], vectors.astype(np.float32))
+print("RESULT " + json.dumps({"seconds": seconds, "torch": torch.__version__}), flush=True)
+"""
+
+
+def _pin(threads: int) -> None:
+    cpus = sorted(os.sched_getaffinity(0))[:threads]
+    os.sched_setaffinity(0, cpus)
+
+
+def _env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
+        env[name] = str(threads)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    return env
+
+
+def _write_data(workdir: Path, n: int) -> dict:
+    """The first ``n`` built-in texts (cycled if more) as Parquet and as a JSON list."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines import corpus, minilm
+
+    texts = [t for _, t in corpus.builtin_corpus()]
+    texts = [texts[i % len(texts)] for i in range(n)]
+    table = pa.table({"id": pa.array(range(n), pa.int64()), "text": pa.array(texts)})
+    pq.write_table(table, workdir / "texts.parquet", row_group_size=1024)
+    (workdir / "texts.json").write_text(json.dumps(texts))
+    tokens = sum(len(ids) for ids in minilm.Tokenizer().encode_batch(texts))
+    return {
+        "parquet": str(workdir / "texts.parquet"),
+        "texts": str(workdir / "texts.json"),
+        "model_dir": str(minilm.model_dir()),
+        "n": n,
+        "tokens": tokens,
+    }
+
+
+# ---- variants, each run in its own child process --------------------------------------
+
+
+def _pipeline(cfg: dict) -> dict:
+    from pipelines import embed_text
+
+    out = Path(cfg["out"])
+    start = time.perf_counter()
+    summary = embed_text.run(
+        ["--input", cfg["parquet"], "--output", str(out), "--runner=FnApiRunner"]
+        + cfg["pipeline_args"]
+    )
+    seconds = time.perf_counter() - start
+    if not summary.conserved or summary.results != cfg["n"]:
+        raise AssertionError(f"pipeline lost rows: {summary}")
+    return {
+        "seconds": seconds,
+        "compiles": summary.compiles,
+        "compile_seconds": summary.compile_seconds,
+        "padding_ratio": summary.padding_ratio,
+    }
+
+
+def _runinference(cfg: dict) -> dict:
+    import apache_beam as beam
+    import jax
+    import numpy as np
+    from apache_beam.io.parquetio import ReadFromParquetBatched, WriteToParquetBatched
+    from apache_beam.metrics import Metrics
+    from apache_beam.metrics.metric import MetricsFilter
+    from apache_beam.ml.inference.base import (
+        KeyedModelHandler,
+        ModelHandler,
+        PredictionResult,
+        RunInference,
+    )
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines import minilm
+    from pipelines import text_rows as tr
+
+    class Model:
+        """The parameters, tokenizer and jitted function (a class: Beam keeps a weakref)."""
+
+        def __init__(self):
+            self.params = jax.device_put(minilm.load_params())
+            self.tokenizer = minilm.Tokenizer()
+            self.fn = jax.jit(jax.vmap(minilm.embed_element, in_axes=(None, 0, 0)))
+            self.shapes = set()
+
+    class PadToLongest(ModelHandler):
+        """Tokenize a batch, pad it to its longest text, run the jitted model."""
+
+        def load_model(self):
+            return Model()
+
+        def run_inference(self, batch, model, inference_args=None):
+            ids = model.tokenizer.encode_batch(batch)
+            lengths = np.array([len(x) for x in ids], np.int32)
+            padded = np.zeros((len(ids), lengths.max()), np.int32)
+            for row, x in enumerate(ids):
+                padded[row, : len(x)] = x
+            if padded.shape not in model.shapes:  # jax.jit traces and compiles it now
+                model.shapes.add(padded.shape)
+                Metrics.counter("bench", "compiles").inc()
+            Metrics.counter("bench", "padded_tokens").inc(padded.size)
+            out = np.asarray(model.fn(model.params, {"input_ids": padded}, {"L": lengths}))
+            return [PredictionResult(t, v) for t, v in zip(batch, out, strict=True)]
+
+        def batch_elements_kwargs(self):
+            return {"min_batch_size": BATCH_SIZE, "max_batch_size": BATCH_SIZE}
+
+    def rows(table):
+        return zip(table.column("id").to_pylist(), table.column("text").to_pylist(), strict=True)
+
+    schema = tr.output_schema(tr.IdType.from_name("int"))
+    start = time.perf_counter()
+    p = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
+    _ = (
+        p
+        | ReadFromParquetBatched(cfg["parquet"], columns=["id", "text"])
+        | beam.FlatMap(rows)
+        | RunInference(KeyedModelHandler(PadToLongest()))
+        | beam.MapTuple(lambda key, result: (key, result.inference))
+        | beam.BatchElements(min_batch_size=1024, max_batch_size=1024)
+        | beam.Map(tr.embeddings_table, schema)
+        | WriteToParquetBatched(
+            str(Path(cfg["out"]) / "embeddings"), schema, file_name_suffix=".parquet"
+        )
+    )
+    result = p.run()
+    result.wait_until_finish()
+    seconds = time.perf_counter() - start
+    counters = {
+        c.key.metric.name: c.committed
+        for c in result.metrics().query(MetricsFilter().with_namespace("bench"))["counters"]
+    }
+    return {
+        "seconds": seconds,
+        "compiles": counters.get("compiles", 0),
+        "padding_ratio": counters.get("padded_tokens", 0) / cfg["tokens"],
+    }
+
+
+def _child(variant: str, cfg_path: str) -> None:
+    cfg = json.loads(Path(cfg_path).read_text())
+    _pin(cfg["threads"])
+    out = {"pipeline": _pipeline, "runinference": _runinference}[variant](cfg)
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+# ---- driver ----------------------------------------------------------------------------
+
+
+def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
+    out = tmp / f"{variant}-{round_}"
+    out.mkdir()
+    cfg = dict(
+        data,
+        threads=args.threads,
+        batch_size=BATCH_SIZE,
+        out=str(out),
+        pipeline_args=shlex.split(args.pipeline_args),
+    )
+    if variant == "sentence_transformers":
+        cfg["out"] = str(out / "vectors.npy")
+    cfg_path = tmp / f"{variant}-{round_}.json"
+    cfg_path.write_text(json.dumps(cfg))
+    if variant == "sentence_transformers":
+        command = [
+            "taskset", "-c", ",".join(map(str, sorted(os.sched_getaffinity(0))[: args.threads])),
+            args.st_python, "-c", _ST_SCRIPT, str(cfg_path),
+        ]  # fmt: skip
+    else:
+        command = [sys.executable, __file__, "--child", variant, str(cfg_path)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(
+        command, capture_output=True, text=True, env=_env(args.threads), timeout=args.timeout
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{variant} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    result = json.loads(lines[-1][len("RESULT ") :])
+    result["out"] = str(out)
+    # CPU seconds of the whole child process, start-up included: less sensitive than wall
+    # time to other work on shared CPUs.
+    result["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return result
+
+
+def _min_cosine(pipeline_out: str, st_vectors: str) -> float:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(pipeline_out).glob("embeddings-*.parquet"))
+    table = pa.concat_tables(pq.read_table(f, columns=["id", "embedding"]) for f in files)
+    ids = table.column("id").to_numpy()
+    ours = np.stack(table.column("embedding").to_numpy(zero_copy_only=False)).astype(np.float64)
+    ref = np.load(st_vectors).astype(np.float64)[ids]
+    cos = (ours * ref).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(ref, axis=1))
+    return float(cos.min())
+
+
+def _has_st(python: str) -> bool:
+    if not Path(python).exists():
+        return False
+    probe = subprocess.run([python, "-c", "import sentence_transformers"], capture_output=True)
+    return probe.returncode == 0
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--texts", type=int, default=2000, help="texts (default 2,000)")
+    parser.add_argument("--quick", action="store_true", help="300 texts, one round")
+    parser.add_argument("--rounds", type=int, default=3, help="turns per variant (median)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="CPUs every variant is pinned to (default: all this process may use)",
+    )
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--st-python",
+        default=sys.executable if _has_st(sys.executable) else DEFAULT_ST_PYTHON,
+        help="a Python with sentence-transformers and torch (default: this one if it has "
+        f"them, else {DEFAULT_ST_PYTHON})",
+    )
+    parser.add_argument(
+        "--pipeline-args",
+        default="",
+        help="extra flags for the pipeline variant, e.g. '--buckets 16,32,64,128,256'",
+    )
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(*args.child)
+        return {}
+    if args.quick:
+        args.texts, args.rounds = 300, 1
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            parser.error(f"unknown variant {v!r}; choose from {VARIANTS}")
+    if "sentence_transformers" in variants and not _has_st(args.st_python):
+        print(f"note: {args.st_python} has no sentence-transformers; skipping that variant")
+        variants.remove("sentence_transformers")
+
+    started = time.perf_counter()
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    cosine = None
+    with tempfile.TemporaryDirectory(prefix="bench_embed_text_") as tmp:
+        tmp = Path(tmp)
+        data = _write_data(tmp, args.texts)
+        print(
+            f"data: {data['n']} built-in texts, {data['tokens']} tokens after truncation "
+            f"(mean {data['tokens'] / data['n']:.1f}); {args.threads} threads; "
+            f"{args.rounds} rounds",
+            flush=True,
+        )
+        for round_ in range(args.rounds):
+            order = variants[round_ % len(variants) :] + variants[: round_ % len(variants)]
+            for variant in order:
+                r = _run(variant, data, args, tmp, round_)
+                runs[variant].append(r)
+                print(
+                    f"  round {round_ + 1} {variant}: {data['n'] / r['seconds']:.1f} "
+                    f"sentences/s ({r['seconds']:.1f} s)",
+                    flush=True,
+                )
+        if "pipeline" in runs and "sentence_transformers" in runs:
+            cosine = _min_cosine(
+                runs["pipeline"][-1]["out"],
+                str(Path(runs["sentence_transformers"][-1]["out"]) / "vectors.npy"),
+            )
+
+    results = {}
+    for variant, rs in runs.items():
+        seconds = statistics.median(r["seconds"] for r in rs)
+        results[variant] = {
+            "sentences_per_s": data["n"] / seconds,
+            "seconds_median": seconds,
+            "seconds_all": [round(r["seconds"], 2) for r in rs],
+            "seconds_best": min(r["seconds"] for r in rs),
+            "cpu_s_median": statistics.median(r["cpu_s"] for r in rs),
+            "cpu_s_all": [round(r["cpu_s"], 1) for r in rs],
+            **{k: v for k, v in rs[-1].items() if k not in ("seconds", "out", "cpu_s")},
+        }
+    ratios, ratios_best = {}, {}
+    if "pipeline" in results:
+        ours = results["pipeline"]
+        for other in ("sentence_transformers", "runinference"):
+            if other in results:
+                ratios[f"pipeline_vs_{other}"] = (
+                    results[other]["seconds_median"] / ours["seconds_median"]
+                )
+                ratios_best[f"pipeline_vs_{other}"] = (
+                    results[other]["seconds_best"] / ours["seconds_best"]
+                )
+    print()
+    print(
+        f"{'variant':22} {'sentences/s':>11} {'median s':>9} {'best s':>7} {'CPU s':>7} "
+        f"{'compiles':>11} {'padding':>7}  runs (s)"
+    )
+    for variant, r in results.items():
+        compiles = r.get("compiles", "-")
+        if "compile_seconds" in r:
+            compiles = f"{compiles} ({r['compile_seconds']:.1f}s)"
+        padding = f"{r['padding_ratio']:.2f}" if "padding_ratio" in r else "-"
+        print(
+            f"{variant:22} {r['sentences_per_s']:11.1f} {r['seconds_median']:9.1f} "
+            f"{r['seconds_best']:7.1f} {r['cpu_s_median']:7.1f} {compiles:>11} {padding:>7}  "
+            f"{r['seconds_all']}"
+        )
+    for name, value in ratios.items():
+        print(f"{name}: {value:.2f}x (medians), {ratios_best[name]:.2f}x (best runs)")
+    if cosine is not None:
+        print(f"min cosine, pipeline vs sentence-transformers: {cosine:.6f}")
+    print(f"total {time.perf_counter() - started:.0f} s")
+    report = {
+        "texts": data["n"],
+        "tokens": data["tokens"],
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "variants": results,
+        "ratios": ratios,
+        "ratios_best": ratios_best,
+        "min_cosine_pipeline_vs_sentence_transformers": cosine,
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""End-to-end tests of pipelines/embed_text.py: the real pipeline, model and files.
+
+The texts and their sentence-transformers embeddings come from tests/fixtures/ (see
+tests/test_minilm.py); each run writes a Parquet or JSON-lines file in tmp_path, calls
+``embed_text.run([...])`` on the FnApiRunner and reads the output files back.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import pathlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.options.pipeline_options import GoogleCloudOptions, SetupOptions, StandardOptions
+
+from beam_jax.testing import assert_conserved
+from pipelines import embed_text
+from pipelines import text_rows as tr
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+MIN_COSINE = 0.9999
+DIM = 384
+
+
+@pytest.fixture(scope="module")
+def reference():
+    texts = json.loads((FIXTURES / "minilm_reference.json").read_text(encoding="utf-8"))["texts"]
+    with np.load(FIXTURES / "minilm_reference.npz", allow_pickle=False) as npz:
+        return texts, npz["embeddings"], npz["full_lengths"], npz["token_lengths"]
+
+
+def _read_outputs(out: pathlib.Path) -> tuple[pa.Table, list[dict]]:
+    files = sorted(glob.glob(str(out / "embeddings-*.parquet")))
+    assert files, f"no embeddings written under {out}"
+    table = pa.concat_tables(pq.read_table(f) for f in files)
+    failed = []
+    for path in sorted(glob.glob(str(out / "failed" / "*.jsonl"))):
+        failed += [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
+    return table, failed
+
+
+def _check_embeddings(table: pa.Table, expected: dict) -> None:
+    """Every id once, each embedding 384 float32 values with cosine >= 0.9999 to its reference."""
+    ids = table.column("id").to_pylist()
+    assert sorted(ids, key=repr) == sorted(expected, key=repr)
+    vectors = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+    assert vectors.shape == (len(ids), DIM) and vectors.dtype == np.float32
+    ref = np.stack([expected[i] for i in ids]).astype(np.float64)
+    cos = (vectors * ref).sum(1) / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(ref, axis=1))
+    worst = int(np.argmin(cos))
+    assert cos.min() >= MIN_COSINE, f"id {ids[worst]}: cosine {cos[worst]:.6f}"
+
+
+def test_parquet_int32_ids_embeddings_and_dead_letters(tmp_path, reference):
+    texts, embeddings, full_lengths, token_lengths = reference
+    assert (full_lengths > 256).sum() >= 20  # long texts, truncated like sentence-transformers
+    ids = [1000 + 7 * i for i in range(len(texts))]
+    # The fixture's "" and "   " have only [CLS] and [SEP]: the pipeline dead-letters them.
+    empty = {ids[i] for i in np.flatnonzero(token_lengths <= 2)}
+    assert len(empty) == 2
+    expected = {i: e for i, e in zip(ids, embeddings, strict=True) if i not in empty}
+    bad = {  # id -> (text, stage)
+        1: (None, "validation"),
+        2: ("", "tokenize"),
+        3: ("  \n\t  ", "tokenize"),
+        4: ("\u200b\u200b", "tokenize"),  # zero-width spaces: the tokenizer drops them
+    }
+    table = pa.table(
+        {
+            "id": pa.array([*ids, *bad, None], pa.int32()),
+            "text": pa.array([*texts, *(t for t, _ in bad.values()), "a text without an id"]),
+        }
+    )
+    path = tmp_path / "in.parquet"
+    pq.write_table(table, path, row_group_size=100)  # several row groups
+    out = tmp_path / "out"
+
+    summary = embed_text.run(["--input", str(path), "--output", str(out), "--runner=FnApiRunner"])
+
+    result, failed = _read_outputs(out)
+    assert result.schema == pa.schema([("id", pa.int32()), ("embedding", pa.list_(pa.float32()))])
+    _check_embeddings(result, expected)
+    got = {d["id"]: d["stage"] for d in failed}
+    assert got == {
+        **{k: stage for k, (_, stage) in bad.items()},
+        **{k: "tokenize" for k in empty},
+        None: "validation",
+    }
+    assert len(failed) == len(bad) + len(empty) + 1
+    for d in failed:
+        assert d["error"] and d["error_type"] in ("InvalidElementError", "EmptyTextError")
+    assert "no id" in next(d for d in failed if d["id"] is None)["error"]
+
+    assert summary.rows == len(table) and summary.results == len(expected)
+    assert summary.dead_letters_by_stage["validation"] == 2
+    assert summary.dead_letters_by_stage["tokenize"] == 3 + len(empty)
+    assert_conserved(summary.totals())
+    assert_conserved(summary.kernel)  # nothing was lost inside RunKernel either
+    assert summary.kernel.elements == len(expected)
+    assert 1.0 <= summary.padding_ratio < 2.0 and summary.compiles >= 1
+
+
+def test_json_lines_string_ids_and_bad_rows(tmp_path, reference):
+    texts, embeddings, _, _ = reference
+    chosen = list(range(0, len(texts), 20))  # a dozen texts of assorted lengths
+    good = {f"doc-{i}": (texts[i], embeddings[i]) for i in chosen}
+    lines = [json.dumps({"id": k, "text": t}) for k, (t, _) in good.items()]
+    lines += [
+        json.dumps({"id": "n42", "text": 42}),
+        json.dumps({"id": "list", "text": ["not", "a", "string"]}),
+        json.dumps({"id": "null", "text": None}),
+        json.dumps({"id": "missing"}),
+        json.dumps({"text": "a row without an id"}),
+        json.dumps({"id": 5, "text": "an integer id among string ids"}),
+        json.dumps({"id": "ws", "text": " \t "}),
+        "this line is not JSON",
+        "",  # blank lines are not rows
+    ]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+
+    summary = embed_text.run(["--input", str(path), "--output", str(out), "--runner=FnApiRunner"])
+
+    result, failed = _read_outputs(out)
+    assert result.schema.field("id").type == pa.string()
+    _check_embeddings(result, {k: e for k, (_, e) in good.items()})
+    stages = sorted((repr(d["id"]), d["stage"]) for d in failed)
+    assert stages == sorted(
+        [
+            ("'n42'", "validation"),
+            ("'list'", "validation"),
+            ("'null'", "validation"),
+            ("'missing'", "validation"),
+            ("None", "validation"),  # no id
+            ("5", "validation"),  # wrong id type
+            ("'ws'", "tokenize"),
+            ("None", "validation"),  # not JSON
+        ]
+    )
+    assert summary.rows == len(lines) - 1
+    assert_conserved(summary.totals())
+
+
+def test_flags_defaults_and_passthrough():
+    args, options = embed_text.parse_args([])
+    assert args.input is None and args.output == embed_text.DEFAULT_OUTPUT
+    assert args.buckets == embed_text.DEFAULT_BUCKETS and max(args.buckets) == 256
+    assert options.view_as(StandardOptions).runner == "FnApiRunner"
+    assert options.view_as(SetupOptions).save_main_session is False
+
+    argv = [
+        "--input=gs://b/in/*.parquet", "--output=gs://b/out", "--buckets", "32,128,256",
+        "--batch_size", "16", "--max_tokens_per_batch", "4096",
+        "--runner", "DataflowRunner", "--project", "p", "--region", "r",
+        "--temp_location", "gs://b/tmp", "--setup_file", "./setup.py",
+        "--sdk_container_image", "image:1",
+    ]  # fmt: skip
+    args, options = embed_text.parse_args(argv)
+    assert (args.buckets, args.batch_size, args.max_tokens_per_batch) == ((32, 128, 256), 16, 4096)
+    assert options.view_as(StandardOptions).runner == "DataflowRunner"
+    gcp = options.view_as(GoogleCloudOptions)
+    assert (gcp.project, gcp.region, gcp.temp_location) == ("p", "r", "gs://b/tmp")
+    assert options.view_as(SetupOptions).setup_file == "./setup.py"
+    assert options.get_all_options()["sdk_container_image"] == "image:1"
+
+    with pytest.raises(SystemExit):
+        embed_text.parse_args(["--buckets", "16,32,128"])  # would drop tokens 129..256
+
+
+def test_input_format_and_id_types():
+    assert tr.input_format("a/*.parquet") == "parquet"
+    assert tr.input_format("gs://b/x.JSONL.gz") == "jsonl"
+    with pytest.raises(ValueError, match="cannot tell the format"):
+        tr.input_format("data.csv")
+    int32 = tr.IdType(pa.int32())
+    assert int32.accepts(7) and not int32.accepts(2**31) and not int32.accepts(True)
+    assert not int32.accepts("7") and tr.IdType.from_name("string").accepts("7")
+    with pytest.raises(ValueError, match="integer or string"):
+        tr.IdType(pa.float64())
+
+
+def test_missing_column_is_reported_before_running(tmp_path):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"key": [1], "text": ["x"]}), path)
+    with pytest.raises(ValueError, match="no column"):
+        embed_text.run(["--input", str(path), "--output", str(tmp_path / "out")])
+
+
+def test_builtin_corpus_is_the_default_input(tmp_path):
+    out = tmp_path / "out"
+    summary = embed_text.run(["--builtin_texts", "12", "--output", str(out)])  # default runner
+    result, failed = _read_outputs(out)
+    assert result.schema.field("id").type == pa.int64()
+    assert sorted(result.column("id").to_pylist()) == list(range(12)) and not failed
+    assert summary.rows == summary.results == 12 and summary.sentences_per_second > 0
