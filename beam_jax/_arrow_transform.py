@@ -13,7 +13,6 @@ import apache_beam as beam
 import jax
 import numpy as np
 import pyarrow as pa
-from apache_beam.transforms import window as beam_window
 from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
@@ -25,12 +24,9 @@ from beam_jax._columns import ArrowColumns
 from beam_jax._errors import InvalidElementError, KernelError, SpecError
 from beam_jax._kernel import CompileError, is_out_of_memory
 from beam_jax._metrics import NAMESPACE, KernelMetrics
-from beam_jax._plan import Plan
-from beam_jax._transform import RunKernelResult, _check_threshold
+from beam_jax._transform import DEAD_LETTERS, KernelTransform
 from beam_jax._validate import Validation
 from beam_jax._worker import KernelConfig, Worker
-
-DEAD_LETTERS = "dead_letters"
 
 
 @dataclasses.dataclass
@@ -342,7 +338,7 @@ class _RunKernelOnArrowDoFn(beam.DoFn):
             self._metrics.compile_ms.inc(int(seconds * 1000))
 
 
-class RunKernelOnArrow(beam.PTransform):
+class RunKernelOnArrow(KernelTransform):
     """``RunKernel`` for columnar data: Arrow record batches in, Arrow record batches out.
 
     Each input ``pyarrow.Table`` or ``RecordBatch`` is validated, bucketed and copied into
@@ -384,18 +380,18 @@ class RunKernelOnArrow(beam.PTransform):
         compilation_cache_dir: str | None = None,
         metrics_namespace: str = NAMESPACE,
     ):
-        super().__init__()
-        self.config = KernelConfig(
-            fn=fn,
+        super().__init__(
+            fn,
             spec=spec,
-            bucketing=bucketing or Bucketing(),
-            validation=validation or Validation(),
-            output_spec=output_spec,
+            bucketing=bucketing,
             load_params=load_params,
+            validation=validation,
+            output_spec=output_spec,
             batched=batched,
             devices=devices,
             precompile=precompile,
             compilation_cache_dir=compilation_cache_dir,
+            metrics_namespace=metrics_namespace,
         )
         self.columns = columns or ArrowColumns()
         if not isinstance(self.columns, ArrowColumns):
@@ -409,37 +405,6 @@ class RunKernelOnArrow(beam.PTransform):
                         f"output_spec leaf of shape {spec.shape}: Arrow outputs carry a "
                         "ragged axis only as a leaf's first axis."
                     )
-        self.metrics_namespace = metrics_namespace
-        self._handle_errors = False
-        self._threshold = 1.0
-        self._threshold_windowing = None
-
-    def with_exception_handling(
-        self, *, threshold: float = 1.0, threshold_windowing: Any = None
-    ) -> RunKernelOnArrow:
-        """Send failed rows to a dead-letter output; see ``RunKernel.with_exception_handling``.
-
-        The threshold is the ratio of failed rows to input rows.
-        """
-        if not 0.0 <= threshold <= 1.0:
-            raise SpecError(f"threshold must be within [0, 1], got {threshold}.")
-        clone = RunKernelOnArrow.__new__(RunKernelOnArrow)
-        clone.__dict__.update(self.__dict__)
-        clone._handle_errors = True
-        clone._threshold = threshold
-        clone._threshold_windowing = threshold_windowing
-        return clone
-
-    def plan(self, num_devices: int = 1) -> Plan:
-        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""
-        c = self.config
-        return Plan(
-            c.spec,
-            c.bucketing,
-            validation=c.validation,
-            output_spec=c.output_spec,
-            num_devices=num_devices,
-        )
 
     def expand(self, pcoll):
         dofn = _RunKernelOnArrowDoFn(
@@ -448,24 +413,9 @@ class RunKernelOnArrow(beam.PTransform):
         outputs = pcoll | "RunKernelOnArrow" >> beam.ParDo(dofn).with_output_types(
             pa.RecordBatch
         ).with_outputs(DEAD_LETTERS, main="results")
-        if not self._handle_errors:
-            return outputs.results
-        if self._threshold < 1.0:
-            windowing = self._threshold_windowing or beam_window.GlobalWindows()
-            total = (
-                pcoll
-                | "WindowTotal" >> beam.WindowInto(windowing)
-                | "RowsEach" >> beam.Map(_num_rows)
-                | "CountTotal" >> beam.CombineGlobally(sum).as_singleton_view()
-            )
-            _ = (
-                outputs[DEAD_LETTERS]
-                | "WindowBad" >> beam.WindowInto(windowing)
-                | "OneEachBad" >> beam.Map(lambda _: 1)
-                | "CountBad" >> beam.CombineGlobally(sum).without_defaults()
-                | "CheckThreshold" >> beam.Map(_check_threshold, total, self._threshold)
-            )
-        return RunKernelResult(outputs.results, outputs[DEAD_LETTERS])
+        return self._outputs(
+            pcoll, outputs.results, outputs[DEAD_LETTERS], count_inputs=_num_rows
+        )
 
 
 def _num_rows(element) -> int:

@@ -13,11 +13,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jax import _dead_letter as dl
 from beam_jax._buckets import Bucketing
-from beam_jax._errors import KernelError, SpecError
+from beam_jax._errors import KernelError
 from beam_jax._metrics import NAMESPACE
-from beam_jax._transform import DEAD_LETTERS, RunKernelResult, _Pending, _RunKernelDoFn
+from beam_jax._transform import DEAD_LETTERS, KernelTransform, _Pending, _RunKernelDoFn
 from beam_jax._validate import Validation
-from beam_jax._worker import KernelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +122,7 @@ class _ReduceDoFn(_RunKernelDoFn):
             yield WindowedValue(partial, window.max_timestamp(), (window,))
 
 
-class ReduceKernel(beam.PTransform):
+class ReduceKernel(KernelTransform):
     """Sum a per-element JAX function over a whole PCollection, in bucketed padded batches.
 
     The full-dataset counterpart of ``RunKernel``, e.g. a full-batch gradient: each batch is
@@ -142,7 +141,12 @@ class ReduceKernel(beam.PTransform):
             compilation_cache_dir, metrics_namespace: as for ``RunKernel``. A ``batched``
             function returns per-row outputs; they are summed over the real rows.
         keyed: elements are ``(key, value)``; keys only label dead letters.
+
+    ``.with_exception_handling(threshold=...)`` works as for ``RunKernel``; ``results`` then
+    holds the ``Reduction``.
     """
+
+    _reduce = True
 
     def __init__(
         self,
@@ -159,37 +163,21 @@ class ReduceKernel(beam.PTransform):
         compilation_cache_dir: str | None = None,
         metrics_namespace: str = NAMESPACE,
     ):
-        super().__init__()
-        self.config = KernelConfig(
-            fn=fn,
+        super().__init__(
+            fn,
             spec=spec,
-            bucketing=bucketing or Bucketing(),
-            validation=validation or Validation(),
+            bucketing=bucketing,
             load_params=load_params,
+            validation=validation,
             batched=batched,
             devices=devices,
             precompile=precompile,
             compilation_cache_dir=compilation_cache_dir,
-            reduce=True,
+            metrics_namespace=metrics_namespace,
         )
         self.keyed = keyed
-        self.metrics_namespace = metrics_namespace
-        self._handle_errors = False
-
-    def with_exception_handling(self) -> ReduceKernel:
-        """Leave failed elements out of the sum and send them to dead letters instead.
-
-        The transform then returns ``RunKernelResult(results, dead_letters)``, where
-        ``results`` holds the ``Reduction``.
-        """
-        clone = ReduceKernel.__new__(ReduceKernel)
-        clone.__dict__.update(self.__dict__)
-        clone._handle_errors = True
-        return clone
 
     def expand(self, pcoll):
-        if self.config.output_spec is not None:
-            raise SpecError("ReduceKernel sums whole outputs; output_spec does not apply.")
         dofn = _ReduceDoFn(self.config, self.keyed, self._handle_errors, self.metrics_namespace)
         outputs = pcoll | "SumBatches" >> beam.ParDo(dofn).with_outputs(
             DEAD_LETTERS, main="partials"
@@ -198,6 +186,4 @@ class ReduceKernel(beam.PTransform):
         if not pcoll.windowing.is_default():
             combine = combine.without_defaults()
         total = outputs.partials | "SumPartials" >> combine
-        if not self._handle_errors:
-            return total
-        return RunKernelResult(total, outputs[DEAD_LETTERS])
+        return self._outputs(pcoll, total, outputs[DEAD_LETTERS])

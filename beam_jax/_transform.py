@@ -218,7 +218,107 @@ def _check_threshold(bad: int, total: int, threshold: float):
         )
 
 
-class RunKernel(beam.PTransform):
+class KernelTransform(beam.PTransform):
+    """What RunKernel, RunKernelOnArrow and ReduceKernel share: the kernel's configuration,
+    Beam-style exception handling with a failure threshold, and the batching plan.
+
+    Subclasses build their DoFn in ``expand`` and call ``_outputs`` on its tagged outputs.
+    """
+
+    _reduce = False
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        spec: Any,
+        bucketing: Bucketing | None = None,
+        load_params: Callable[[], Any] | None = None,
+        validation: Validation | None = None,
+        output_spec: Any = None,
+        batched: bool = False,
+        devices: Sequence[Any] | str | None = None,
+        precompile: bool = False,
+        compilation_cache_dir: str | None = None,
+        metrics_namespace: str = NAMESPACE,
+    ):
+        super().__init__()
+        self.config = KernelConfig(
+            fn=fn,
+            spec=spec,
+            bucketing=bucketing or Bucketing(),
+            validation=validation or Validation(),
+            output_spec=output_spec,
+            load_params=load_params,
+            batched=batched,
+            devices=devices,
+            precompile=precompile,
+            compilation_cache_dir=compilation_cache_dir,
+            reduce=self._reduce,
+        )
+        self.metrics_namespace = metrics_namespace
+        self._handle_errors = False
+        self._threshold = 1.0
+        self._threshold_windowing = None
+
+    def with_exception_handling(self, *, threshold: float = 1.0, threshold_windowing: Any = None):
+        """Send failed elements to a dead-letter output instead of failing the bundle.
+
+        The transform then returns ``RunKernelResult(results, dead_letters)``, whose dead
+        letters are ``FailedElement`` records, one per failed element.
+
+        Args:
+            threshold: the largest tolerated ratio of dead letters to inputs; above it the
+                pipeline fails with ``DeadLetterThresholdError``. ``1.0`` never fails.
+            threshold_windowing: windowing in which the ratio is computed; default global.
+        """
+        if not 0.0 <= threshold <= 1.0:
+            raise SpecError(f"threshold must be within [0, 1], got {threshold}.")
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone._handle_errors = True
+        clone._threshold = threshold
+        clone._threshold_windowing = threshold_windowing
+        return clone
+
+    def plan(self, num_devices: int = 1) -> Plan:
+        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""
+        c = self.config
+        return Plan(
+            c.spec,
+            c.bucketing,
+            validation=c.validation,
+            output_spec=c.output_spec,
+            num_devices=num_devices,
+        )
+
+    def _outputs(self, pcoll, results, dead_letters, count_inputs=lambda _: 1):
+        """The transform's result; with a threshold, also the check that enforces it.
+
+        Args:
+            count_inputs: how many elements one input holds (rows of an Arrow batch).
+        """
+        if not self._handle_errors:
+            return results
+        if self._threshold < 1.0:
+            windowing = self._threshold_windowing or beam_window.GlobalWindows()
+            total = (
+                pcoll
+                | "WindowTotal" >> beam.WindowInto(windowing)
+                | "CountEach" >> beam.Map(count_inputs)
+                | "CountTotal" >> beam.CombineGlobally(sum).as_singleton_view()
+            )
+            _ = (
+                dead_letters
+                | "WindowBad" >> beam.WindowInto(windowing)
+                | "OneEachBad" >> beam.Map(lambda _: 1)
+                | "CountBad" >> beam.CombineGlobally(sum).without_defaults()
+                | "CheckThreshold" >> beam.Map(_check_threshold, total, self._threshold)
+            )
+        return RunKernelResult(results, dead_letters)
+
+
+class RunKernel(KernelTransform):
     """Apply a JAX function to every element, in shape-bucketed, padded, masked batches.
 
     Elements are validated against ``spec``, grouped per bucket within a bundle, padded to the
@@ -266,77 +366,22 @@ class RunKernel(beam.PTransform):
         compilation_cache_dir: str | None = None,
         metrics_namespace: str = NAMESPACE,
     ):
-        super().__init__()
-        self.config = KernelConfig(
-            fn=fn,
+        super().__init__(
+            fn,
             spec=spec,
-            bucketing=bucketing or Bucketing(),
-            validation=validation or Validation(),
-            output_spec=output_spec,
+            bucketing=bucketing,
             load_params=load_params,
+            validation=validation,
+            output_spec=output_spec,
             batched=batched,
             devices=devices,
             precompile=precompile,
             compilation_cache_dir=compilation_cache_dir,
+            metrics_namespace=metrics_namespace,
         )
         self.keyed = keyed
-        self.metrics_namespace = metrics_namespace
-        self._handle_errors = False
-        self._threshold = 1.0
-        self._threshold_windowing = None
-
-    def with_exception_handling(
-        self, *, threshold: float = 1.0, threshold_windowing: Any = None
-    ) -> RunKernel:
-        """Send failed elements to a dead-letter output instead of failing the bundle.
-
-        The transform then returns ``RunKernelResult(results, dead_letters)``, whose dead
-        letters are ``FailedElement`` records, one per failed element.
-
-        Args:
-            threshold: the largest tolerated ratio of dead letters to inputs; above it the
-                pipeline fails with ``DeadLetterThresholdError``. ``1.0`` never fails.
-            threshold_windowing: windowing in which the ratio is computed; default global.
-        """
-        if not 0.0 <= threshold <= 1.0:
-            raise SpecError(f"threshold must be within [0, 1], got {threshold}.")
-        clone = RunKernel.__new__(RunKernel)
-        clone.__dict__.update(self.__dict__)
-        clone._handle_errors = True
-        clone._threshold = threshold
-        clone._threshold_windowing = threshold_windowing
-        return clone
-
-    def plan(self, num_devices: int = 1) -> Plan:
-        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""
-        c = self.config
-        return Plan(
-            c.spec,
-            c.bucketing,
-            validation=c.validation,
-            output_spec=c.output_spec,
-            num_devices=num_devices,
-        )
 
     def expand(self, pcoll):
         dofn = _RunKernelDoFn(self.config, self.keyed, self._handle_errors, self.metrics_namespace)
         outputs = pcoll | "RunKernel" >> beam.ParDo(dofn).with_outputs(DEAD_LETTERS, main="results")
-        if not self._handle_errors:
-            return outputs.results
-        if self._threshold < 1.0:
-            windowing = self._threshold_windowing or beam_window.GlobalWindows()
-            total = (
-                pcoll
-                | "WindowTotal" >> beam.WindowInto(windowing)
-                | "OneEach" >> beam.Map(lambda _: 1)
-                | "CountTotal" >> beam.CombineGlobally(sum).as_singleton_view()
-            )
-            _ = (
-                outputs[DEAD_LETTERS]
-                | "WindowBad" >> beam.WindowInto(windowing)
-                | "OneEachBad" >> beam.Map(lambda _: 1)
-                | "CountBad" >> beam.CombineGlobally(sum).without_defaults()
-                | "CheckThreshold"
-                >> beam.Map(_check_threshold, total, self._threshold)
-            )
-        return RunKernelResult(outputs.results, outputs[DEAD_LETTERS])
+        return self._outputs(pcoll, outputs.results, outputs[DEAD_LETTERS])
