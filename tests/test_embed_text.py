@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -198,3 +199,18 @@ def test_builtin_corpus_is_the_default_input(tmp_path):
     assert result.schema.field("id").type == pa.int64()
     assert sorted(result.column("id").to_pylist()) == list(range(12)) and not failed
     assert summary.rows == summary.results == 12 and summary.sentences_per_second > 0
+
+
+def test_local_runs_keep_a_compilation_cache_and_remote_runs_do_not(monkeypatch, tmp_path):
+    from pipelines import embed_text
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args, _ = embed_text.parse_args([])
+    assert args.compilation_cache_dir == os.path.expanduser(embed_text.DEFAULT_CACHE)
+    args, _ = embed_text.parse_args(["--compilation_cache_dir", "none"])
+    assert args.compilation_cache_dir is None
+    args, _ = embed_text.parse_args(["--runner", "DataflowRunner"])
+    assert args.compilation_cache_dir is None
+    args, _ = embed_text.parse_args(["--runner", "DataflowRunner", "--compilation_cache_dir",
+                                     "gs://b/cache"])
+    assert args.compilation_cache_dir == "gs://b/cache"
