@@ -51,6 +51,11 @@ def enable_compilation_cache(directory: str) -> None:
     """Turn on JAX's persistent compilation cache in ``directory`` for this process."""
     if "://" not in directory:
         os.makedirs(directory, exist_ok=True)
+    if jax.config.jax_compilation_cache_dir != directory:
+        # JAX opens its cache once per process; a new directory needs it reopened.
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.reset_cache()
     jax.config.update("jax_compilation_cache_dir", directory)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
