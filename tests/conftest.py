@@ -1,9 +1,13 @@
 """Test set-up: several CPU devices and strict JAX promotion, as the house style asks."""
 
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Caches that jobs keep under ~/.cache (embed_text's compilation cache) go to a scratch
+# directory, so tests neither read nor leave anything in the user's home.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="beam_jax_test_cache_")
 # Worker processes (multi-process and portable runners) import test kernels from here.
 _here = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(
