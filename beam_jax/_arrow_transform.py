@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -13,7 +12,6 @@ import apache_beam as beam
 import jax
 import numpy as np
 import pyarrow as pa
-from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jax import _dead_letter as dl
@@ -23,10 +21,10 @@ from beam_jax._columnar_batch import BucketFill, outputs_to_arrow
 from beam_jax._columns import ArrowColumns
 from beam_jax._errors import InvalidElementError, KernelError, SpecError
 from beam_jax._kernel import CompileError, is_out_of_memory
-from beam_jax._metrics import NAMESPACE, KernelMetrics
-from beam_jax._transform import DEAD_LETTERS, KernelTransform
+from beam_jax._metrics import NAMESPACE
+from beam_jax._transform import DEAD_LETTERS, KernelTransform, WorkerDoFn
 from beam_jax._validate import Validation
-from beam_jax._worker import KernelConfig, Worker
+from beam_jax._worker import KernelConfig
 
 
 @dataclasses.dataclass
@@ -41,29 +39,17 @@ class _InFlight:
     started: float
 
 
-class _Holder:
-    # apache_beam.utils.shared needs a weak-referenceable object.
-    def __init__(self, worker: Worker):
-        self.worker = worker
-
-
-class _RunKernelOnArrowDoFn(beam.DoFn):
+class _RunKernelOnArrowDoFn(WorkerDoFn):
     def __init__(
         self, config: KernelConfig, columns: ArrowColumns, handle_errors: bool, namespace: str
     ):
-        self._config = config
+        super().__init__(config, handle_errors, namespace)
         self._columns = columns
-        self._handle_errors = handle_errors
-        self._namespace = namespace
-        self._shared = shared.Shared()
-        self._tag = uuid.uuid4().hex
 
     def setup(self):
-        self._holder = self._shared.acquire(lambda: _Holder(Worker(self._config)), tag=self._tag)
-        self._worker = self._holder.worker
+        super().setup()
         plan = self._worker.plan
         self._column_names = self._columns.resolve(plan.layout)
-        self._metrics = KernelMetrics(self._namespace)
         self._bounds = [np.asarray(b, np.int64) for b in plan.boundaries]
         # Batch buffers are reused across batches and bundles: spares per bucket.
         self._spare: dict[Any, list[BucketFill]] = defaultdict(list)
@@ -330,12 +316,6 @@ class _RunKernelOnArrowDoFn(beam.DoFn):
         if out.num_rows:
             self._metrics.results.inc(out.num_rows)
             yield WindowedValue(out, window.max_timestamp(), (window,))
-
-    def _report_compiles(self):
-        n, seconds = self._worker.take_compile_stats()
-        if n:
-            self._metrics.compiles.inc(n)
-            self._metrics.compile_ms.inc(int(seconds * 1000))
 
 
 class RunKernelOnArrow(KernelTransform):

@@ -50,10 +50,14 @@ class _Holder:
         self.worker = worker
 
 
-class _RunKernelDoFn(beam.DoFn):
-    def __init__(self, config: KernelConfig, keyed: bool, handle_errors: bool, namespace: str):
+class WorkerDoFn(beam.DoFn):
+    """A DoFn whose instances in one process share one ``Worker`` (params, compiled shapes).
+
+    The base of every beam_jax DoFn: ``setup`` acquires the worker and the metrics.
+    """
+
+    def __init__(self, config: KernelConfig, handle_errors: bool, namespace: str):
         self._config = config
-        self._keyed = keyed
         self._handle_errors = handle_errors
         self._namespace = namespace
         self._shared = shared.Shared()
@@ -63,6 +67,18 @@ class _RunKernelDoFn(beam.DoFn):
         self._holder = self._shared.acquire(lambda: _Holder(Worker(self._config)), tag=self._tag)
         self._worker = self._holder.worker
         self._metrics = KernelMetrics(self._namespace)
+
+    def _report_compiles(self):
+        n, seconds = self._worker.take_compile_stats()
+        if n:
+            self._metrics.compiles.inc(n)
+            self._metrics.compile_ms.inc(int(seconds * 1000))
+
+
+class _RunKernelDoFn(WorkerDoFn):
+    def __init__(self, config: KernelConfig, keyed: bool, handle_errors: bool, namespace: str):
+        super().__init__(config, handle_errors, namespace)
+        self._keyed = keyed
 
     def start_bundle(self):
         self._buffers: dict[tuple[Bucket, Any], list[_Pending]] = defaultdict(list)
@@ -192,11 +208,6 @@ class _RunKernelDoFn(beam.DoFn):
             out = (p.key, result) if self._keyed else result
             yield WindowedValue(out, p.timestamp, (p.window,))
 
-    def _report_compiles(self):
-        n, seconds = self._worker.take_compile_stats()
-        if n:
-            self._metrics.compiles.inc(n)
-            self._metrics.compile_ms.inc(int(seconds * 1000))
 
 
 def _all_finite(tree) -> bool:
