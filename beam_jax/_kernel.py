@@ -153,7 +153,6 @@ class Kernel:
                     out_specs=PartitionSpec("batch"),
                     check_vma=False,
                 )
-        self._sharded_fn = batched_fn
         self._jitted = jax.jit(batched_fn)
         self._compiled: dict[Any, Any] = {}
         self._failed: dict[Any, BaseException] = {}

@@ -15,7 +15,14 @@ from beam_jax import _dead_letter as dl
 from beam_jax._buckets import Bucketing
 from beam_jax._errors import KernelError
 from beam_jax._metrics import NAMESPACE
-from beam_jax._transform import DEAD_LETTERS, KernelTransform, _Pending, _RunKernelDoFn
+from beam_jax._transform import (
+    DEAD_LETTERS,
+    NONFINITE_OUTPUT,
+    KernelTransform,
+    _Pending,
+    _RunKernelDoFn,
+    all_finite,
+)
 from beam_jax._validate import Validation
 
 
@@ -93,15 +100,12 @@ class _ReduceDoFn(_RunKernelDoFn):
         self._sums: dict[Any, tuple[Any, int]] = {}
 
     def _emit(self, chunk: Sequence[_Pending], batch, outputs) -> Iterator[Any]:
-        if self._worker.plan.validation.check_outputs_finite and not all(
-            np.isfinite(x).all() for x in jax.tree_util.tree_leaves(outputs)
-            if np.asarray(x).dtype.kind in "fc"
-        ):
+        if self._worker.plan.validation.check_outputs_finite and not all_finite(outputs):
             # The sum is not finite: find the elements responsible, sum the rest.
-            if len(chunk) == 1 or not self._handle_errors:
-                error = KernelError("the kernel returned NaN or Inf for this element.")
-                if not self._handle_errors:
-                    raise error
+            error = KernelError(NONFINITE_OUTPUT)
+            if not self._handle_errors:
+                raise error
+            if len(chunk) == 1:
                 p = chunk[0]
                 yield self._dead(error, dl.OUTPUT, p.key, p.value, p.timestamp, p.window)
                 return

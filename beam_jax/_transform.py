@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+import jax
 import numpy as np
 from apache_beam.transforms import window as beam_window
 from apache_beam.utils import shared
@@ -26,6 +27,7 @@ from beam_jax._validate import Validated, Validation, check_key
 from beam_jax._worker import KernelConfig, Worker
 
 DEAD_LETTERS = "dead_letters"
+NONFINITE_OUTPUT = "the kernel returned NaN or Inf for this element."
 
 
 class RunKernelResult(NamedTuple):
@@ -198,8 +200,8 @@ class _RunKernelDoFn(WorkerDoFn):
             return
         check = plan.validation.check_outputs_finite
         for p, result in zip(chunk, results, strict=True):
-            if check and not _all_finite(result):
-                error = KernelError("the kernel returned NaN or Inf for this element.")
+            if check and not all_finite(result):
+                error = KernelError(NONFINITE_OUTPUT)
                 if not self._handle_errors:
                     raise error
                 yield self._dead(error, dl.OUTPUT, p.key, p.value, p.timestamp, p.window)
@@ -209,10 +211,8 @@ class _RunKernelDoFn(WorkerDoFn):
             yield WindowedValue(out, p.timestamp, (p.window,))
 
 
-
-def _all_finite(tree) -> bool:
-    import jax
-
+def all_finite(tree) -> bool:
+    """Whether every floating or complex leaf of ``tree`` holds only finite values."""
     return all(
         np.isfinite(leaf).all()
         for leaf in jax.tree_util.tree_leaves(tree)
