@@ -17,6 +17,7 @@ from beam_jax._kernel import is_out_of_memory as is_out_of_memory
 from beam_jax._kernel import length_mask as length_mask
 from beam_jax._kernel import select_devices as select_devices
 from beam_jax._metrics import Summary as Summary
+from beam_jax._metrics import metric_totals as metric_totals
 from beam_jax._metrics import summarize as summarize
 from beam_jax._params import load_params as load_params
 from beam_jax._params import save_params as save_params

@@ -74,6 +74,23 @@ class Summary:
         return self.elements == self.results + self.dead_letters
 
 
+def _counter_totals(metrics: dict) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for c in metrics["counters"]:
+        # Committed values where the runner reports them (they exclude retried attempts).
+        value = c.committed if c.committed is not None else c.attempted
+        totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + (value or 0)
+    return totals
+
+
+def metric_totals(result: Any, namespace: str) -> dict[str, int]:
+    """``{counter name: total over all steps and workers}`` for one metrics namespace.
+
+    Use it for a pipeline's own counters next to ``summarize``'s beam_jax ones.
+    """
+    return _counter_totals(result.metrics().query(MetricsFilter().with_namespace(namespace)))
+
+
 def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
     """Read the RunKernel metrics of a finished ``PipelineResult``.
 
@@ -81,10 +98,7 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
         >>> summary = summarize(pipeline.run().wait_until_finish() and result)  # doctest: +SKIP
     """
     metrics = result.metrics().query(MetricsFilter().with_namespace(namespace))
-    totals: dict[str, int] = {}
-    for c in metrics["counters"]:
-        value = c.committed if c.committed is not None else c.attempted
-        totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + (value or 0)
+    totals = _counter_totals(metrics)
     latency_sum, latency_count = 0, 0
     for d in metrics["distributions"]:
         v = d.committed if d.committed is not None else d.attempted

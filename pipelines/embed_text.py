@@ -35,7 +35,6 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.parquetio import ReadFromParquetBatched, WriteToParquetBatched
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
 import beam_jax as bj
@@ -356,11 +355,7 @@ def _write(results, dead, output: str, schema) -> None:
 
 def _summarize(result, wall_seconds: float) -> EmbedTextSummary:
     kernel = bj.summarize(result)
-    ours: dict[str, int] = {}
-    query = result.metrics().query(MetricsFilter().with_namespace(tr.METRICS_NAMESPACE))
-    for c in query["counters"]:
-        value = c.committed if c.committed is not None else c.attempted
-        ours[c.key.metric.name] = ours.get(c.key.metric.name, 0) + (value or 0)
+    ours = bj.metric_totals(result, tr.METRICS_NAMESPACE)
     by_stage = {
         tr.VALIDATION: ours.get(f"dead_letters_{tr.VALIDATION}", 0)
         + kernel.dead_letters_by_stage.get(tr.VALIDATION, 0),

@@ -263,7 +263,7 @@ def test_public_names():
         "ElementTooLargeError", "FailedElement", "InvalidElementError", "Kernel", "KernelError",
         "PaddedBatch", "Plan", "RunKernel", "RunKernelResult", "SpecError", "Summary",
         "Validation", "default_batch_sizes", "default_boundaries", "is_out_of_memory",
-        "length_mask", "select_devices", "summarize",
+        "length_mask", "metric_totals", "select_devices", "summarize",
     }
     public = {n for n in dir(bj) if not n.startswith("_")}
     missing = expected - public
