@@ -4,7 +4,11 @@ from __future__ import annotations
 
 
 class BeamJaxError(Exception):
-    """Base class of every error raised by beam_jax."""
+    """Base class of every error raised by beam_jax.
+
+    Catch it to handle any beam_jax failure; each subclass's documentation says how to fix
+    the cause, and its message says what was received and what was expected.
+    """
 
 
 class SpecError(BeamJaxError, ValueError):
@@ -46,3 +50,14 @@ class DeadLetterThresholdError(BeamJaxError, RuntimeError):
     Inspect the dead letters of a smaller run, fix the data or the kernel, or raise the
     threshold.
     """
+
+
+class CompileError(KernelError):
+    """A batch shape failed to trace or compile.
+
+    The failure is cached per shape, so every element of that shape is dead-lettered with
+    stage ``"compile"`` and this message, without compiling again. ``__cause__`` holds
+    JAX's original error. Fix the kernel for that shape (often a shape-dependent branch or
+    an axis the kernel assumed), or drop the bucket that triggers it.
+    """
+

@@ -27,6 +27,7 @@ from data import DIM, RecordReader
 from kernels import KERNELS, load_params
 
 import beam_jax as bj
+from beam_jax.internal import Plan
 
 SPEC = {"x": bj.ArraySpec(("L", DIM), np.float32)}
 _JITTED: dict[str, Any] = {}  # stock variants' jitted functions, to count their compiles
@@ -119,7 +120,7 @@ def _bucketing(cfg) -> bj.Bucketing:
 
 def run_limit(kernel: str, cfg: dict) -> dict:
     """The same jitted kernel over pre-bucketed, pre-padded, pre-stacked numpy batches."""
-    plan = bj.Plan(SPEC, _bucketing(cfg))
+    plan = Plan(SPEC, _bucketing(cfg))
     reader = RecordReader(cfg["workdir"])
     lengths = np.load(os.path.join(cfg["workdir"], "lengths.npy"))
     groups: dict[tuple, list[int]] = {}

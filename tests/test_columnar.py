@@ -11,10 +11,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
 from beam_jax import ArraySpec, ArrowColumns, Bucketing, Validation
-from beam_jax._columnar import decode_batch
-from beam_jax._columnar_batch import BucketFill
-from beam_jax._spec import Layout
-from beam_jax.io import ArrowCoder
+from beam_jax.internal import ArrowCoder, BucketFill, Layout, Plan, decode_batch
 from beam_jax.testing import assert_conserved
 from tests import kernels
 
@@ -144,11 +141,11 @@ def _decode(batch, spec=SPEC, columns=("x",), validation=None, truncate=False, t
 
 
 def _fill(decoded, bucket=(16,), spec=SPEC):
-    plan = bj.Plan(spec, Bucketing(boundaries={"L": (bucket[0],)}, batch_size=8))
+    plan = Plan(spec, Bucketing(boundaries={"L": (bucket[0],)}, batch_size=8))
     fill = BucketFill(plan, bucket, 8)
     fill.add(decoded, np.flatnonzero(~decoded.failed))
-    leaves, lengths, n, size = fill.batch()
-    return leaves[0][:n], lengths["L"][:n]
+    batch = fill.padded()
+    return batch.leaves[0][: batch.num_real], batch.lengths["L"][: batch.num_real]
 
 
 @pytest.mark.parametrize("layout", ["nested", "fixed", "flat", "binary", "large_flat"])
@@ -224,7 +221,7 @@ def test_shared_axes_ranges_and_wrong_types():
     )
     messages = _messages(_decode(batch, spec=spec, columns=("ids", "mask")))
     assert sorted(messages) == [1, 2]
-    assert "outside [0, 10)" in messages[1] and "shared" not in messages[1]
+    assert "must lie in [0, 10)" in messages[1] and "shared" not in messages[1]
     assert "share its length" in messages[2]
     strings = pa.record_batch({"id": pa.array([0, 1]), "x": pa.array([["a"], ["b"]])})
     messages = _messages(_decode(strings))
@@ -242,20 +239,22 @@ def test_truncate_keeps_the_first_steps():
 
 
 def test_reused_buffers_are_re_padded():
-    plan = bj.Plan(SPEC, Bucketing(boundaries={"L": (16,)}, batch_size=4))
+    plan = Plan(SPEC, Bucketing(boundaries={"L": (16,)}, batch_size=4))
     fill = BucketFill(plan, (16,), 4)
     long_rows = _decode(pa.record_batch({"id": pa.array(range(3)), "x": nested(records(3))}))
     fill.add(long_rows, np.arange(3))
     fill.reset()
     short = [np.ones((1, D), np.float32)]
     fill.add(_decode(pa.record_batch({"id": pa.array([9]), "x": nested(short)})), np.array([0]))
-    leaves, lengths, n, size = fill.batch()
+    batch = fill.padded()
+    leaves, n, size = batch.leaves, batch.num_real, batch.size
     assert (n, size) == (1, 1)
     assert (leaves[0][0, 1:] == 0).all() and (leaves[0][0, 0] == 1).all()
     fill.reset()
     fill.add(long_rows, np.arange(2))
     fill.add(_decode(pa.record_batch({"id": pa.array([9]), "x": nested(short)})), np.array([0]))
-    leaves, lengths, n, size = fill.batch()
+    batch = fill.padded()
+    leaves, lengths, n, size = batch.leaves, batch.lengths, batch.num_real, batch.size
     assert (n, size) == (3, 4)  # padded to the next allowed batch size: row 3 is all pad
     assert (leaves[0][3] == 0).all() and lengths["L"][3] == 0
     assert (leaves[0][2, 1:] == 0).all()

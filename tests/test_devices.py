@@ -17,17 +17,18 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from jax.sharding import NamedSharding, PartitionSpec
 
 import beam_jax as bj
-from beam_jax import _worker
+from beam_jax.engine import worker as _worker
+from beam_jax.internal import Kernel, select_devices
 from tests import _runner_job as job
 from tests import kernels
 
 
 @pytest.fixture
-def kernels_built(monkeypatch) -> list[bj.Kernel]:
+def kernels_built(monkeypatch) -> list[Kernel]:
     """Every ``Kernel`` the workers of an in-process pipeline build, for inspection."""
-    built: list[bj.Kernel] = []
+    built: list[Kernel] = []
 
-    class Recording(bj.Kernel):
+    class Recording(Kernel):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             built.append(self)
@@ -36,7 +37,7 @@ def kernels_built(monkeypatch) -> list[bj.Kernel]:
     return built
 
 
-def _executables(kernel: bj.Kernel) -> dict:
+def _executables(kernel: Kernel) -> dict:
     """``{batch size: compiled executable}`` (the kernel compiles once per shape)."""
     return {key[1][0][0][0]: exe for key, exe in kernel._compiled.items()}
 
@@ -56,7 +57,7 @@ def _assert_sharded_over(exe, n_devices: int, batch: int) -> None:
 
 
 def test_the_compiled_program_splits_the_batch_over_four_devices():
-    kernel = bj.Kernel(lambda p, x, lengths: (x * p).sum(-1))
+    kernel = Kernel(lambda p, x, lengths: (x * p).sum(-1))
     x = np.arange(8 * 5 * 3, dtype=np.float32).reshape(8, 5, 3)
     out = kernel.call(np.float32(2), [x], {}, treedef=None)
     np.testing.assert_array_equal(out, (x * 2).sum(-1))
@@ -74,11 +75,11 @@ def test_the_compiled_program_splits_the_batch_over_four_devices():
 def test_devices_given_as_objects_are_shipped_as_indices():
     first = jax.local_devices()[0]
     run = bj.RunKernel(job.kernel, spec=job.SPEC, bucketing=job.BUCKETING, devices=[first])
-    assert run.config.devices == (0,)
-    assert bj.select_devices((0,)) == (first,)
-    assert bj.select_devices(run.config.devices) == (first,)
+    assert run.options.devices == (0,)
+    assert select_devices((0,)) == (first,)
+    assert select_devices(run.options.devices) == (first,)
     with pytest.raises(bj.SpecError, match="out of range"):
-        bj.select_devices([4])
+        select_devices([4])
 
 
 @pytest.mark.parametrize("devices", [None, "cpu"])

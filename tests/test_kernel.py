@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import beam_jax as bj
-from beam_jax import ArraySpec, Bucketing, Kernel, Plan
+from beam_jax import ArraySpec, Bucketing
+from beam_jax.internal import Kernel, Plan, enable_compilation_cache, is_out_of_memory
 from tests import kernels
 
 SPEC = {"x": ArraySpec(("L", kernels.D), np.float32)}
@@ -116,18 +117,17 @@ def test_trace_failures_are_cached_per_shape():
     tree = jax.tree_util.tree_structure({"x": 0})
     x = np.ones((4, 2, kernels.D), np.float32)
     for _ in range(3):
-        with pytest.raises(bj._kernel.CompileError, match="dot_general|shapes|incompatible"):
+        with pytest.raises(bj.CompileError, match="dot_general|shapes|incompatible"):
             kernel.call(None, [x], {"L": np.ones(4, np.int32)}, treedef=tree)
     assert len(calls) == 1 and kernel.compiles == 0
 
 
 def test_out_of_memory_is_recognised():
-    assert bj.is_out_of_memory(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 1GB"))
-    assert not bj.is_out_of_memory(ValueError("shapes (3,) and (4,) differ"))
+    assert is_out_of_memory(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 1GB"))
+    assert not is_out_of_memory(ValueError("shapes (3,) and (4,) differ"))
 
 
 def test_persistent_compilation_cache(tmp_path):
-    from beam_jax._worker import enable_compilation_cache
 
     enable_compilation_cache(str(tmp_path / "cache"))
     try:

@@ -6,14 +6,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import beam_jax as bj
-from beam_jax import ArraySpec, Bucketing, Plan
+from beam_jax import ArraySpec, Bucketing
+from beam_jax.internal import Plan, default_batch_sizes
 
 
 def test_default_boundaries_and_batch_sizes():
     assert bj.default_boundaries(512) == (16, 32, 64, 128, 256, 512)
     assert bj.default_boundaries(10) == (10,)
-    assert bj.default_batch_sizes(1) == (1,)
-    assert bj.default_batch_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert default_batch_sizes(1) == (1,)
+    assert default_batch_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
 
 
 def test_bucketing_rejects_bad_configuration():

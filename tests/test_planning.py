@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import beam_jax as bj
-from beam_jax._planning import padded_total, padding_ratio, plan_boundaries
+from beam_jax import plan_boundaries
+from beam_jax.internal import padded_total, padding_ratio
 
 
 def brute_force(lengths, num_buckets, max_size=None):

@@ -61,6 +61,12 @@ def without(n, *path):
     return e
 
 
+def _object_of_arrays():
+    out = np.empty(2, dtype=object)
+    out[0], out[1] = np.ones(D, np.float32), np.ones(D, np.float32)
+    return out
+
+
 def bad_inputs():
     """(key, element, substring the dead letter's message must contain)."""
     nan_x = good(3)
@@ -85,6 +91,16 @@ def bad_inputs():
          "dtype <U1 cannot be cast to int32"),
         ("object_dtype", with_(2, ["ids"], np.array([1, "a"], dtype=object)),
          "dtype object cannot be cast to int32"),
+        ("object_of_arrays", with_(2, ["dense", "x"], _object_of_arrays()),
+         "It is an object array (e.g. of arrays or Python objects)"),
+        ("masked_array", with_(2, ["dense", "x"], np.ma.masked_array(
+            [[1e6] * D, [1.0] * D], mask=[[True] * D, [False] * D], dtype=np.float32)),
+         "numpy.ma.MaskedArray, with 4 masked entries whose mask would be dropped"),
+        ("matrix", with_(2, ["dense", "x"], np.matrix(np.ones((2, D), np.float32))),
+         "numpy.matrix, which is always 2-D"),
+        ("record_array", with_(2, ["ids"], np.rec.fromarrays([np.arange(2), np.arange(2)],
+                                                             names="a,b")),
+         "It is a structured (record) array with fields ['a', 'b']"),
         ("float_ids", with_(3, ["ids"], np.ones(3)), "dtype float64 cannot be cast to int32"),
         ("complex_x", with_(3, ["dense", "x"], np.ones((3, D), np.complex64)),
          "dtype complex64 cannot be cast to float32"),
@@ -293,18 +309,18 @@ def test_parameters_load_only_from_formats_that_cannot_run_code(tmp_path):
     params = {"enc": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, "b": np.ones(2)}
     for suffix in (".safetensors", ".npz"):
         path = str(tmp_path / f"p{suffix}")
-        bj.save_params(params, path)
-        back = bj.load_params(path)
+        bj.write_params(params, path)
+        back = bj.read_params(path)
         np.testing.assert_array_equal(back["enc"]["w"], params["enc"]["w"])
-        assert sorted(bj.load_params(path, sep=None)) == ["b", "enc.w"]
+        assert sorted(bj.read_params(path, sep=None)) == ["b", "enc.w"]
     evil = str(tmp_path / "evil.npz")
     np.savez(evil, x=np.array([{"a": 1}], dtype=object))
     with pytest.raises(bj.SpecError, match="pickled objects"):
-        bj.load_params(evil)
+        bj.read_params(evil)
     with pytest.raises(bj.SpecError, match="Pickle and other formats"):
-        bj.load_params(str(tmp_path / "model.pkl"))
+        bj.read_params(str(tmp_path / "model.pkl"))
     with pytest.raises(bj.SpecError, match="without pickling"):
-        bj.save_params({"x": np.array([object()])}, str(tmp_path / "bad.npz"))
+        bj.write_params({"x": np.array([object()])}, str(tmp_path / "bad.npz"))
 
 
 def test_dead_letters_are_plain_json_with_bounded_echo():
@@ -360,3 +376,14 @@ def test_fuzzed_elements_never_escape_and_are_conserved(elements):
     keys = ((results | beam.Keys()), (dead | beam.Map(lambda r: r.key))) | "K" >> beam.Flatten()
     assert_that(keys, equal_to(list(range(len(keyed)))), label="EachOnce")
     assert_conserved(run(p))
+
+
+def test_a_long_error_text_keeps_its_last_line():
+    # Errors raised in a JAX callback arrive as XLA text with the actual error last.
+    frames = "".join(f'  File "/jax/_src/x{i}.py", line {i}, in f\n' for i in range(2000))
+    text = f"INTERNAL: CpuCallback error: Traceback (most recent call last):\n{frames}" \
+           "RuntimeError: RESOURCE_EXHAUSTED: Out of memory (the line users need)"
+    record = bj.FailedElement.from_exception(RuntimeError(text), stage="kernel", element=1)
+    assert record.message.startswith("INTERNAL: CpuCallback error")
+    assert record.message.endswith("RESOURCE_EXHAUSTED: Out of memory (the line users need)")
+    assert len(record.message) <= 8100 and "chars cut" in record.message

@@ -6,7 +6,6 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
-import beam_jax as bj
 from beam_jax import ArraySpec, Bucketing, RunKernel, Validation
 from beam_jax.testing import CountingLoader, assert_conserved
 from tests import kernels
@@ -256,15 +255,3 @@ def test_unkeyed_and_batched_kernel():
     # precompile compiled the whole listed set (2 buckets x sizes {4, 8}) and nothing else.
     assert summary.compiles == 4
 
-
-def test_public_names():
-    expected = {
-        "ArraySpec", "BeamJaxError", "Bucketing", "DeadLetterThresholdError",
-        "ElementTooLargeError", "FailedElement", "InvalidElementError", "Kernel", "KernelError",
-        "PaddedBatch", "Plan", "RunKernel", "RunKernelResult", "SpecError", "Summary",
-        "Validation", "default_batch_sizes", "default_boundaries", "is_out_of_memory",
-        "length_mask", "metric_totals", "select_devices", "summarize",
-    }
-    public = {n for n in dir(bj) if not n.startswith("_")}
-    missing = expected - public
-    assert not missing, missing

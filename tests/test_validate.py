@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import beam_jax as bj
-from beam_jax import ArraySpec, Bucketing, Plan, Validation
+from beam_jax import ArraySpec, Bucketing, Validation
+from beam_jax.internal import Plan
 
 SPEC = {"x": ArraySpec(("L", 3), np.float32), "ids": ArraySpec(("L",), np.int32)}
 
@@ -91,3 +92,23 @@ def test_jax_arrays_are_accepted():
 
     item = plan().validate({"x": jnp.ones((2, 3)), "ids": jnp.arange(2)})
     assert item.lengths == (2,)
+
+
+def test_array_likes_with_hidden_semantics_are_refused_by_name_or_honoured():
+    # The case: a masked mean would silently use the masked 1e6 values.
+    masked = np.ma.masked_array([[1e6, 1e6, 1e6], [1.0, 2.0, 3.0]],
+                                mask=[[True] * 3, [False] * 3])
+    with pytest.raises(bj.InvalidElementError, match="MaskedArray, with 3 masked entries"):
+        plan().validate({"x": masked, "ids": np.arange(2)})
+    # Nothing masked: plain data, honoured as such.
+    unmasked = np.ma.masked_array(np.ones((2, 3)), mask=False)
+    assert plan().validate({"x": unmasked, "ids": np.arange(2)}).lengths == (2,)
+    with pytest.raises(bj.InvalidElementError, match="numpy.matrix, which is always 2-D"):
+        plan().validate({"x": np.matrix(np.ones((2, 3))), "ids": np.arange(2)})
+    record = np.zeros(2, dtype=[("a", np.int32), ("b", np.int32)])
+    with pytest.raises(bj.InvalidElementError, match="structured \\(record\\) array with fields"):
+        plan().validate({"x": np.ones((2, 3)), "ids": record})
+    objects = np.empty(2, dtype=object)
+    objects[:] = [np.ones(3), np.ones(3)]
+    with pytest.raises(bj.InvalidElementError, match="object array \\(e.g. of arrays"):
+        plan().validate({"x": objects, "ids": np.arange(2)})

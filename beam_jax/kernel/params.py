@@ -59,15 +59,15 @@ def _flatten(tree: Mapping[str, Any], sep: str, prefix: str = "") -> dict[str, n
     return flat
 
 
-def load_params(path: str, *, sep: str | None = ".") -> dict[str, Any]:
+def read_params(path: str, *, sep: str | None = ".") -> dict[str, Any]:
     """Load parameters from a ``.safetensors`` or ``.npz`` file, local or remote.
 
     Neither format can execute code on load (``.npz`` is read with ``allow_pickle=False``),
     so a parameter file from an untrusted bucket cannot take over a worker.
 
     Example:
-        >>> save_params({"dense": {"w": np.ones((2, 2), np.float32)}}, "/tmp/p.safetensors")
-        >>> load_params("/tmp/p.safetensors")["dense"]["w"].shape
+        >>> write_params({"dense": {"w": np.ones((2, 2), np.float32)}}, "/tmp/p.safetensors")
+        >>> read_params("/tmp/p.safetensors")["dense"]["w"].shape
         (2, 2)
 
     Args:
@@ -91,17 +91,17 @@ def load_params(path: str, *, sep: str | None = ".") -> dict[str, Any]:
         except ValueError as e:
             raise SpecError(
                 f"{path} holds pickled objects, which beam_jax refuses to load; re-save it "
-                "with plain numeric arrays (save_params) or as .safetensors."
+                "with plain numeric arrays (write_params) or as .safetensors."
             ) from e
     else:
         raise SpecError(
             f"cannot load parameters from {path!r}: expected one of {_SAFE_SUFFIXES}. Pickle "
-            "and other formats that can run code are not supported; convert with save_params."
+            "and other formats that can run code are not supported; convert with write_params."
         )
     return _nest(flat, sep)
 
 
-def save_params(params: Mapping[str, Any], path: str, *, sep: str = ".") -> None:
+def write_params(params: Mapping[str, Any], path: str, *, sep: str = ".") -> None:
     """Write a (nested) dict of arrays as ``.safetensors`` or ``.npz`` (never a pickle)."""
     flat = _flatten(params, sep)
     if path.endswith(".safetensors"):

@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
+import numpy as np
+
 from beam_jax._errors import SpecError
 
 Bucket = tuple[int, ...]
@@ -147,7 +149,7 @@ class Bucketing:
                 longer elements than the sample's still fit; default the sample's maximum.
             **kwargs: the other ``Bucketing`` fields (``batch_size``, ``max_padded_size``...).
         """
-        from beam_jax._planning import plan_boundaries
+        from beam_jax.core.boundaries import plan_boundaries
 
         if not isinstance(lengths, Mapping) or not lengths:
             raise SpecError(
@@ -170,6 +172,32 @@ class Bucketing:
                 )
             return self.batch_size[bucket]
         return self.batch_size
+
+
+def boundary_index(boundaries: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per length, the index of the smallest boundary that fits it: the one bucketing rule.
+
+    ``len(boundaries)`` where no boundary fits. Every path (one element, Arrow columns,
+    boundary planning) assigns buckets through this function.
+
+    Example:
+        >>> boundary_index(np.array([4, 8]), np.array([1, 4, 5, 9])).tolist()
+        [0, 0, 1, 2]
+    """
+    return np.searchsorted(boundaries, lengths, side="left")
+
+
+def bucket_index(boundaries: tuple[np.ndarray, ...], lengths: np.ndarray) -> np.ndarray:
+    """Per row of ``lengths`` (``int[n, num_axes]``), its bucket's flat index.
+
+    Buckets are numbered in ``itertools.product(*boundaries)`` order. Lengths must fit the
+    largest boundary of every axis (validation guarantees it).
+    """
+    lengths = np.asarray(lengths)
+    if not boundaries:
+        return np.zeros(len(lengths), np.int64)
+    index = [boundary_index(b, lengths[:, k]) for k, b in enumerate(boundaries)]
+    return np.ravel_multi_index(index, [len(b) for b in boundaries])
 
 
 def round_up(n: int, multiple: int) -> int:

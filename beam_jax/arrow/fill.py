@@ -1,29 +1,23 @@
-"""Padded batches filled straight from Arrow values, and kernel outputs back to Arrow.
+"""Padded batches filled straight from decoded Arrow values (vectorised numpy).
 
 Rows of one bucket are copied once, from a decoded record batch's flat values into the
 bucket's padded buffer, with one vectorised gather per (record batch, bucket, leaf); the
-record batch can then be dropped, so memory is bounded by one buffer per bucket. Outputs go
-back the same way: a batched numpy output becomes one Arrow column without per-row work.
+record batch can then be dropped, so memory is bounded by one buffer per bucket.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 import pyarrow as pa
 
-from beam_jax._buckets import Bucket
-from beam_jax._columnar import DecodedBatch
-from beam_jax._columns import leaf_key
-from beam_jax._errors import KernelError
-from beam_jax._plan import Plan, aligned_full
+from beam_jax.arrow.decode import DecodedBatch
+from beam_jax.core.buckets import Bucket
+from beam_jax.core.plan import PaddedBatch, Plan, aligned_full
 
 
-def _ragged_index(steps: np.ndarray, base: np.ndarray) -> np.ndarray:
+def ragged_index(steps: np.ndarray, base: np.ndarray) -> np.ndarray:
     """``base[i] + t`` for every row ``i`` and ``t < steps[i]``, concatenated."""
     total = int(steps.sum())
     if total == 0:
@@ -62,6 +56,7 @@ class BucketFill:
         self.lengths = aligned_full((capacity, len(bucket)), 0, np.int32)
         self.ids: list[pa.Array] = []
         self.size = 0
+        self.slot: Any = None  # set by the front end: the window this batch belongs to
 
     @property
     def free(self) -> int:
@@ -74,7 +69,7 @@ class BucketFill:
         extra = np.maximum(dirty - keep, 0)
         if extra.any():
             steps = self._steps[j]
-            index = _ragged_index(extra, rows * steps + np.minimum(keep, dirty))
+            index = ragged_index(extra, rows * steps + np.minimum(keep, dirty))
             leaf = self.leaves[j]
             leaf.reshape(len(leaf) * steps, -1)[index] = self.plan.layout.specs[j].pad_value
         self._dirty[j][rows] = keep
@@ -119,8 +114,8 @@ class BucketFill:
             self.ids.append(decoded.ids.take(pa.array(rows)))
         self.size += k
 
-    def batch(self, rows: np.ndarray | None = None):
-        """``(leaves, lengths, num_real, size)`` of the filled rows, or of ``rows`` of them.
+    def padded(self, rows: np.ndarray | None = None) -> PaddedBatch:
+        """The filled rows, or ``rows`` of them, as one padded batch.
 
         The batch dimension is padded to the smallest allowed size for the row count.
         """
@@ -145,7 +140,7 @@ class BucketFill:
             name: np.ascontiguousarray(lengths[:, k])
             for k, name in enumerate(self.plan.layout.axis_names)
         }
-        return leaves, named, n, size
+        return PaddedBatch(self.bucket, tuple(leaves), named, n, size)
 
     def reset(self) -> None:
         """Empty the batch, keeping the buffers for the next one."""
@@ -153,93 +148,9 @@ class BucketFill:
         self.size = 0
 
     def id_column(self) -> pa.Array | None:
+        """The ids of the filled rows (``None`` without an id column)."""
         if not self.ids:
             return None
-        return pa.concat_arrays(self.ids) if len(self.ids) > 1 else self.ids[0]
-
-    def real_volume(self, rows: np.ndarray | None = None) -> int:
-        lengths = self.lengths[: self.size] if rows is None else self.lengths[rows]
-        return int(np.prod(lengths.astype(np.int64), axis=1).sum())
-
-
-def _to_arrow_type_safe(values: np.ndarray) -> np.ndarray:
-    if values.dtype.kind in "biuf" and values.dtype.name != "bfloat16":
-        return values
-    return values.astype(np.float32)
-
-
-def _nest(flat: np.ndarray, dims: Sequence[int]) -> pa.Array:
-    array = pa.array(np.ascontiguousarray(flat).reshape(-1))
-    for d in reversed(dims):
-        array = pa.FixedSizeListArray.from_arrays(array, d)
-    return array
-
-
-def outputs_to_arrow(
-    outputs: Any,
-    *,
-    plan: Plan,
-    num_real: int,
-    size: int,
-    lengths: np.ndarray,
-    check_finite: bool,
-) -> tuple[list[str], list[pa.Array], np.ndarray]:
-    """Batched kernel outputs as Arrow columns of the ``num_real`` real rows.
-
-    A leaf of shape ``(size, d1, ..., dk)`` becomes nested ``fixed_size_list`` columns; one
-    whose first axis ``output_spec`` names as a ragged input axis becomes a ``list`` cut to
-    each row's length. Columns are named by the leaf's path (``"output"`` for a bare array).
-
-    Returns:
-        ``(names, arrays, nonfinite)``, ``nonfinite`` flagging rows with NaN/Inf outputs
-        (all False unless ``check_finite``).
-
-    Raises:
-        KernelError: an output lacks the batch axis or does not match ``output_spec``.
-    """
-    with_path, treedef = jax.tree_util.tree_flatten_with_path(outputs)
-    names, arrays = [], []
-    bad = np.zeros(num_real, bool)
-    specs = None
-    if plan.output_layout is not None:
-        if plan.output_layout.treedef != treedef:
-            raise KernelError(
-                f"the kernel's output structure {treedef} does not match output_spec "
-                f"{plan.output_layout.treedef}."
-            )
-        specs = plan.output_layout.specs
-    for i, (path, leaf) in enumerate(with_path):
-        leaf = np.asarray(leaf)
-        if leaf.ndim == 0 or leaf.shape[0] != size:
-            raise KernelError(
-                f"the kernel returned a leaf of shape {leaf.shape} for a batch of {size}; "
-                "every output needs the batch as its leading axis."
-            )
-        leaf = _to_arrow_type_safe(leaf)
-        name = leaf_key(path) or "output"
-        ragged = specs is not None and specs[i].ragged_axes
-        if ragged and specs[i].ragged_axes[0][0] != 0:
-            raise KernelError(
-                f"output {name!r} has ragged axis {specs[i].ragged_axes[0][1]!r} at axis "
-                f"{specs[i].ragged_axes[0][0]}; Arrow outputs carry ragged axes first only."
-            )
-        if ragged:
-            axis = specs[i].ragged_axes[0][1]
-            steps = lengths[:num_real, plan.layout.axis_names.index(axis)].astype(np.int64)
-            width = leaf.shape[1]
-            q = math.prod(leaf.shape[2:])
-            index = _ragged_index(steps, np.arange(num_real, dtype=np.int64) * width)
-            flat = leaf.reshape(size * width, q)[index]
-            offsets = np.concatenate([[0], np.cumsum(steps)]).astype(np.int32)
-            inner = _nest(flat, leaf.shape[2:])
-            arrays.append(pa.ListArray.from_arrays(pa.array(offsets), inner))
-            if check_finite and flat.dtype.kind == "f":
-                row_of = np.repeat(np.arange(num_real), steps)
-                bad[row_of[~np.isfinite(flat).all(axis=1)]] = True
-        else:
-            real = leaf[:num_real]
-            arrays.append(_nest(real, leaf.shape[1:]))
-            if check_finite and real.dtype.kind == "f":
-                bad |= ~np.isfinite(real.reshape(num_real, -1)).all(axis=1)
-        names.append(name)
-    return names, arrays, bad
+        if len(self.ids) > 1:
+            self.ids = [pa.concat_arrays(self.ids)]
+        return self.ids[0]

@@ -8,8 +8,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from beam_jax._errors import ElementTooLargeError, InvalidElementError, SpecError
-from beam_jax._spec import ArraySpec, Layout, path_str
+from beam_jax._errors import InvalidElementError, SpecError
+from beam_jax.core import messages
+from beam_jax.core.spec import ArraySpec, Layout, path_str
 
 Casting = Literal["no", "equiv", "safe", "same_kind"]
 _CASTINGS = ("no", "equiv", "safe", "same_kind")
@@ -197,15 +198,11 @@ def validate(
                 f"at {where}: expected {_expected(spec)}, received {_describe(value)}; "
                 "pass numpy (or jax) arrays, e.g. np.asarray(x, np.float32)."
             )
-        value = np.asarray(value)
+        value = _plain_array(value, f"at {where}")
         if value.dtype.kind in "OUSV" or not np.can_cast(
             value.dtype, spec.dtype, casting=validation.casting
         ):
-            raise InvalidElementError(
-                f"at {where}: dtype {value.dtype} cannot be cast to {spec.dtype} under "
-                f"casting={validation.casting!r}; expected {_expected(spec)}. Convert the data, "
-                "or loosen Validation(casting=...)."
-            )
+            raise messages.cannot_cast(f"at {where}", value.dtype, spec.dtype, validation.casting)
         if value.ndim != len(spec.shape):
             raise InvalidElementError(
                 f"at {where}: expected rank {len(spec.shape)} (shape {spec.shape}), received "
@@ -214,10 +211,8 @@ def validate(
         for axis, (dim, got) in enumerate(zip(spec.shape, value.shape, strict=True)):
             if isinstance(dim, str):
                 if dim in lengths and lengths[dim] != got:
-                    raise InvalidElementError(
-                        f"ragged axis {dim!r} has length {lengths[dim]} at {first_seen[dim]} "
-                        f"but {got} at {where} axis {axis}; leaves that share an axis name must "
-                        "share its length."
+                    raise messages.axis_mismatch(
+                        dim, first_seen[dim], lengths[dim], f"{where} axis {axis}", got
                     )
                 lengths.setdefault(dim, got)
                 first_seen.setdefault(dim, f"{where} axis {axis}")
@@ -230,16 +225,9 @@ def validate(
 
     for name, n in lengths.items():
         if n == 0 and not validation.allow_empty:
-            raise InvalidElementError(
-                f"ragged axis {name!r} has length 0 at {first_seen[name]}; empty elements are "
-                "rejected. Filter them out, or set Validation(allow_empty=True)."
-            )
+            raise messages.empty_axis(name, first_seen[name])
         if n > max_sizes[name] and not truncate:
-            raise ElementTooLargeError(
-                f"ragged axis {name!r} has length {n} at {first_seen[name]}, which exceeds the "
-                f"largest bucket ({max_sizes[name]}); add a larger boundary or set "
-                "Bucketing(oversize='truncate')."
-            )
+            raise messages.too_long(name, n, first_seen[name], max_sizes[name])
     if truncate:
         lengths = {k: min(v, max_sizes[k]) for k, v in lengths.items()}
 
@@ -252,27 +240,47 @@ def validate(
             )
             value = value[index]
         cast = value.astype(spec.dtype, copy=False)
+        where = f"at {layout.names[i]}"
         if validation.nonfinite == "reject" and cast.dtype.kind in "fc":
             if not np.isfinite(cast).all():
-                raise InvalidElementError(
-                    f"at {layout.names[i]}: received NaN or Inf values; expected finite "
-                    "inputs because Validation(nonfinite='reject'). Clean the data or set "
-                    "nonfinite='pass'."
-                )
+                raise messages.nonfinite(where)
         if spec.valid_range is not None and cast.size:
             low, high = spec.valid_range
             lo, hi = cast.min(), cast.max()
             if lo < low or hi >= high or (cast.dtype.kind == "f" and np.isnan(cast).any()):
-                raise InvalidElementError(
-                    f"at {layout.names[i]}: values must lie in [{low}, {high}), received "
-                    f"values from {lo} to {hi}; clip or fix them (e.g. map unknown token ids to "
-                    "the [UNK] id) before the kernel."
-                )
+                raise messages.out_of_range(where, low, high, (lo, hi))
         nbytes += cast.nbytes
         leaves.append(cast)
     if validation.max_element_bytes is not None and nbytes > validation.max_element_bytes:
-        raise InvalidElementError(
-            f"element is {nbytes} bytes, more than max_element_bytes="
-            f"{validation.max_element_bytes}; split the record or raise the limit."
-        )
+        raise messages.too_many_bytes("at <element>", nbytes, validation.max_element_bytes)
     return Validated(tuple(leaves), tuple(lengths[n] for n in layout.axis_names))
+
+
+def _plain_array(value: Any, where: str) -> np.ndarray:
+    """``value`` as a plain ndarray, refusing array types whose meaning would be lost.
+
+    A masked array's mask, a matrix's 2-D-only semantics, a record array's fields and an
+    object array's per-entry arrays would be silently dropped or reinterpreted by
+    ``np.asarray``: masked arrays and matrices are rejected here by name (a masked array
+    with nothing masked is plain data and passes); record and object arrays by
+    ``messages.cannot_cast``, which names them.
+    """
+    if isinstance(value, np.ma.MaskedArray):
+        if np.ma.getmask(value) is np.ma.nomask or not np.ma.getmaskarray(value).any():
+            return np.asarray(np.ma.getdata(value))
+        raise messages.hidden_semantics(
+            where,
+            value,
+            f"with {int(np.ma.getmaskarray(value).sum())} masked entries whose mask would be "
+            "dropped",
+            "Fill the masked entries (x.filled(value)) and, if the kernel must skip them, pass "
+            "the mask as a leaf of its own.",
+        )
+    if isinstance(value, np.matrix):
+        raise messages.hidden_semantics(
+            where,
+            value,
+            "which is always 2-D and redefines * and ** as matrix operations",
+            "Pass np.asarray(m) (and reshape it to the spec's shape).",
+        )
+    return np.asarray(value)

@@ -1,4 +1,4 @@
-"""Arrow and Parquet helpers for the columnar path (``RunKernelOnArrow``)."""
+"""Reading Parquet as Arrow record batches in Beam, and the coder that carries them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.parquetio import ReadFromParquetBatched
 
-from beam_jax._arrow_transform import RunKernelOnArrow as RunKernelOnArrow
-from beam_jax._columns import ArrowColumns as ArrowColumns
 from beam_jax._errors import SpecError
 
 

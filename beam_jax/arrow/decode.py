@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from beam_jax._errors import ElementTooLargeError, InvalidElementError, SpecError
-from beam_jax._spec import ArraySpec, Layout
+from beam_jax._errors import InvalidElementError, SpecError
+from beam_jax.core import messages
+from beam_jax.core.spec import ArraySpec, Layout
 
 
 @dataclasses.dataclass
@@ -139,13 +140,19 @@ def decode_leaf(
     if rank and not isinstance(spec.shape[0], str):
         checks.add(count != spec.shape[0], _fixed(name, ids, spec.shape, count))
     if nonfinite == "reject" and values.dtype.kind in "fc":
-        checks.add(_range_any(~np.isfinite(values), lo, hi), _nonfinite(name, ids))
+        checks.add(
+            _range_any(~np.isfinite(values), lo, hi),
+            lambda r: messages.nonfinite(f"{ids(r)}, column {name!r}"),
+        )
     if spec.valid_range is not None and len(values):
         low, high = spec.valid_range
         outside = (values < low) | (values >= high)
         if values.dtype.kind == "f":
             outside |= np.isnan(values)
-        checks.add(_range_any(outside, lo, hi), _out_of_range(name, ids, low, high))
+        checks.add(
+            _range_any(outside, lo, hi),
+            lambda r: messages.out_of_range(f"{ids(r)}, column {name!r}", low, high),
+        )
     return ColumnLeaf(values, lo, item), count
 
 
@@ -207,13 +214,14 @@ def _list_layout(column, spec, name, checks, ids, item, casting):
         null_values = ~np.asarray(array.is_valid().to_numpy(zero_copy_only=False), bool)
         checks.add(_range_any(null_values, lo, hi), _null_values(name, ids))
     if values.dtype.kind in "OUSV" or not np.can_cast(values.dtype, spec.dtype, casting=casting):
-        _fail_all(
-            column,
-            name,
-            checks,
-            ids,
-            f"its values ({values.dtype}) cannot be cast to {spec.dtype} under "
-            f"casting={casting!r}; convert the column or loosen Validation(casting=...).",
+        checks.add(
+            np.ones(len(column), bool),
+            lambda r: messages.cannot_cast(
+                f"{ids(r)}, column {name!r} of type {column.type}",
+                values.dtype,
+                spec.dtype,
+                casting,
+            ),
         )
         return None
     return values, lo, hi, count
@@ -285,20 +293,6 @@ def _fixed(name, ids, shape, count):
     )
 
 
-def _nonfinite(name, ids):
-    return lambda r: InvalidElementError(
-        f"{ids(r)}: column {name!r} holds NaN or Inf; expected finite inputs because "
-        "Validation(nonfinite='reject'). Clean the data or set nonfinite='pass'."
-    )
-
-
-def _out_of_range(name, ids, low, high):
-    return lambda r: InvalidElementError(
-        f"{ids(r)}: column {name!r} holds values outside [{low}, {high}); clip or fix them "
-        "(e.g. map unknown token ids to the [UNK] id) before the kernel."
-    )
-
-
 def decode_batch(
     batch: pa.RecordBatch,
     *,
@@ -349,10 +343,10 @@ def decode_batch(
                 other, prev = first_seen[axis], axis_lengths[axis]
                 checks.add(
                     count != prev,
-                    lambda r, a=axis, o=other, c=column_name, p=prev, q=count: InvalidElementError(
-                        f"{where(r)}: ragged axis {a!r} has length {int(p[r])} in column "
-                        f"{o!r} but {int(q[r])} in column {c!r}; leaves that share an "
-                        "axis name must share its length."
+                    lambda r, a=axis, o=other, c=column_name, p=prev, q=count: (
+                        messages.axis_mismatch(
+                            a, f"{where(r)}, column {o!r}", int(p[r]), f"column {c!r}", int(q[r])
+                        )
                     ),
                 )
             else:
@@ -368,11 +362,7 @@ def decode_batch(
         if not validation.allow_empty:
             checks.add(
                 col == 0,
-                lambda r, a=axis: InvalidElementError(
-                    f"{where(r)}: ragged axis {a!r} has length 0 in column {first_seen[a]!r}; "
-                    "empty elements are rejected. Filter them out, or set "
-                    "Validation(allow_empty=True)."
-                ),
+                lambda r, a=axis: messages.empty_axis(a, f"{where(r)}, column {first_seen[a]!r}"),
             )
         top = max_sizes[axis]
         if truncate:
@@ -380,10 +370,8 @@ def decode_batch(
         else:
             checks.add(
                 col > top,
-                lambda r, a=axis, c=col, t=top: ElementTooLargeError(
-                    f"{where(r)}: ragged axis {a!r} has length {int(c[r])} in column "
-                    f"{first_seen[a]!r}, which exceeds the largest bucket ({t}); add a larger "
-                    "boundary or set Bucketing(oversize='truncate')."
+                lambda r, a=axis, c=col, t=top: messages.too_long(
+                    a, int(c[r]), f"{where(r)}, column {first_seen[a]!r}", t
                 ),
             )
     if validation.max_element_bytes is not None:
@@ -397,10 +385,6 @@ def decode_batch(
             nbytes += steps * leaf.item * spec.dtype.itemsize
         limit = validation.max_element_bytes
         checks.add(
-            nbytes > limit,
-            lambda r: InvalidElementError(
-                f"{where(r)}: element is {int(nbytes[r])} bytes, more than "
-                f"max_element_bytes={limit}; split the record or raise the limit."
-            ),
+            nbytes > limit, lambda r: messages.too_many_bytes(where(r), int(nbytes[r]), limit)
         )
     return DecodedBatch(n, ids, leaves, lengths, checks.failed, checks.describe)

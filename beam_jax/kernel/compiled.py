@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from beam_jax._errors import SpecError
-from beam_jax._plan import PaddedBatch
+from beam_jax._errors import CompileError
+from beam_jax.core.plan import PaddedBatch
+from beam_jax.kernel.devices import select_devices
 
 _OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM when allocating")
 
@@ -23,11 +24,45 @@ def is_out_of_memory(error: BaseException) -> bool:
     return any(m in text for m in _OOM_MARKERS)
 
 
-class CompileError(Exception):
-    """Raised by ``Kernel.run`` when a batch shape failed to trace or compile.
+@jax.tree_util.register_pytree_node_class
+class BatchLengths(Mapping):
+    """What a batched kernel receives as ``lengths``: each ragged axis's true lengths per
+    row, and ``valid``, which rows are real elements (False on padded rows).
 
-    ``__cause__`` holds the original error; the failure is cached per shape.
+    It reads as a mapping from axis name to ``int32[batch]``, as per-element kernels' own
+    ``lengths`` do; ``valid`` lets a batched kernel leave padded rows out of anything that
+    mixes rows (sums, means, statistics).
+
+    Example:
+        >>> lengths = BatchLengths({"L": np.array([3, 0])}, np.array([True, False]))
+        >>> lengths["L"].tolist(), lengths.valid.tolist()
+        ([3, 0], [True, False])
     """
+
+    def __init__(self, lengths: Mapping[str, Any], valid: Any):
+        self._lengths = dict(lengths)
+        self.valid = valid
+
+    def __getitem__(self, name: str) -> Any:
+        return self._lengths[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._lengths)
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def __repr__(self) -> str:
+        return f"BatchLengths({self._lengths!r}, valid={self.valid!r})"
+
+    def tree_flatten(self):
+        names = tuple(sorted(self._lengths))
+        return (tuple(self._lengths[n] for n in names), self.valid), names
+
+    @classmethod
+    def tree_unflatten(cls, names, children):
+        lengths, valid = children
+        return cls(dict(zip(names, lengths, strict=True)), valid)
 
 
 def length_mask(length: Any, size: int) -> jax.Array:
@@ -38,65 +73,6 @@ def length_mask(length: Any, size: int) -> jax.Array:
         [True, True, False, False]
     """
     return jax.numpy.arange(size) < length
-
-
-def select_devices(devices: Sequence[jax.Device] | str | None = None) -> tuple[jax.Device, ...]:
-    """The devices a worker process runs on.
-
-    Args:
-        devices: ``None`` for all local devices of the default backend, a platform name
-            (``"cpu"``, ``"gpu"``, ``"tpu"``) for all local devices of that platform, or an
-            explicit sequence of devices or of indices into ``jax.local_devices()`` (indices
-            are what a pipeline ships to its workers: device objects cannot be pickled).
-    """
-    if devices is None:
-        return tuple(jax.local_devices())
-    if isinstance(devices, str):
-        try:
-            return tuple(jax.local_devices(backend=devices))
-        except RuntimeError as e:
-            raise SpecError(
-                f"no local devices for platform {devices!r}; this process has "
-                f"{[d.platform for d in jax.local_devices()]}."
-            ) from e
-    out = tuple(devices)
-    if not out:
-        raise SpecError("devices must not be empty.")
-    if any(_is_index(d) for d in out):
-        local = jax.local_devices()
-        for d in out:
-            if _is_index(d) and not 0 <= d < len(local):
-                raise SpecError(
-                    f"device index {d} is out of range: this process has {len(local)} local "
-                    f"devices {local}; pass indices below {len(local)} or devices=None for all."
-                )
-        out = tuple(local[d] if _is_index(d) else d for d in out)
-    return out
-
-
-def _is_index(d: Any) -> bool:
-    return isinstance(d, int | np.integer) and not isinstance(d, bool)
-
-
-def device_indices(devices: Sequence[Any]) -> tuple[int, ...]:
-    """``devices`` as indices into ``jax.local_devices()``, so a pipeline can ship them.
-
-    Raises:
-        SpecError: a device is not one of this process's local devices of the default backend.
-    """
-    local = jax.local_devices()
-    out = []
-    for d in devices:
-        if _is_index(d):
-            out.append(int(d))
-        elif d in local:
-            out.append(local.index(d))
-        else:
-            raise SpecError(
-                f"device {d!r} is not a local device of the default backend {local}; pass an "
-                "index into jax.local_devices(), or a platform name such as devices='cpu'."
-            )
-    return tuple(out)
 
 
 class Kernel:
@@ -117,10 +93,9 @@ class Kernel:
         fn: ``fn(params, element, lengths) -> outputs`` per element, where ``element`` is
             shaped like the spec (padded to the bucket) and ``lengths`` maps each ragged-axis
             name to the element's true length.
-        batched: ``fn`` already takes a batch (leading axis on every leaf and length).
+        batched: ``fn`` already takes a batch: a leading axis on every leaf, and
+            ``lengths`` is a ``BatchLengths`` (per-axis lengths plus ``valid`` rows).
         devices: see ``select_devices``.
-        reduce: return the sum of the outputs over the batch's real rows instead of per-row
-            outputs (padded rows are masked out on the device, before the sum).
     """
 
     def __init__(
@@ -129,18 +104,14 @@ class Kernel:
         *,
         batched: bool = False,
         devices: Sequence[jax.Device] | str | None = None,
-        reduce: bool = False,
     ):
         self.fn = fn
         self.batched = batched
-        self.reduce = reduce
         self.devices = select_devices(devices)
         self.mesh = Mesh(np.asarray(self.devices), ("batch",))
         self._shard = NamedSharding(self.mesh, PartitionSpec("batch"))
         self._replicate = NamedSharding(self.mesh, PartitionSpec())
-        batched_fn = fn if batched else jax.vmap(fn, in_axes=(None, 0, 0))
-        if reduce:
-            batched_fn = _summing(batched_fn)
+        batched_fn = fn if batched else per_element(fn)
         if not batched:
             if len(self.devices) > 1:
                 # Elements are independent, so each device runs its own shard of the batch
@@ -192,12 +163,10 @@ class Kernel:
                 treedef,
                 [jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in leaf_shapes],
             )
-            lengths = {
-                n: jax.ShapeDtypeStruct(
-                    (size,), np.bool_ if n == ROW_VALID else np.int32, sharding=sharding
-                )
-                for n in names
-            }
+            lengths = BatchLengths(
+                {n: jax.ShapeDtypeStruct((size,), np.int32, sharding=sharding) for n in names},
+                jax.ShapeDtypeStruct((size,), np.bool_, sharding=sharding),
+            )
             start = time.perf_counter()
             try:
                 exe = self._jitted.lower(params, element, lengths).compile()
@@ -209,15 +178,40 @@ class Kernel:
             self._compiled[key] = exe
             return exe
 
-    def call(self, params: Any, leaves: Sequence[np.ndarray], lengths: dict, *, treedef) -> Any:
+    def call(
+        self,
+        params: Any,
+        leaves: Sequence[np.ndarray],
+        lengths: dict,
+        *,
+        treedef,
+        num_real: int | None = None,
+    ) -> Any:
         """Run on one padded batch given as flat leaves; returns numpy outputs.
+
+        Args:
+            params: the parameters, already placed (``put_params``).
+            leaves: the padded leaves, batch first.
+            lengths: per ragged axis, ``int32[batch]`` true lengths.
+            treedef: the element's tree structure (``None`` for a single leaf).
+            num_real: how many leading rows are real; default all.
 
         Raises:
             CompileError: the batch's shape failed to trace or compile.
         """
-        return jax.device_get(self.dispatch(params, leaves, lengths, treedef=treedef))
+        return jax.device_get(
+            self.dispatch(params, leaves, lengths, treedef=treedef, num_real=num_real)
+        )
 
-    def dispatch(self, params: Any, leaves: Sequence[np.ndarray], lengths: dict, *, treedef) -> Any:
+    def dispatch(
+        self,
+        params: Any,
+        leaves: Sequence[np.ndarray],
+        lengths: dict,
+        *,
+        treedef,
+        num_real: int | None = None,
+    ) -> Any:
         """Start ``call`` without waiting: returns the outputs as (future) device arrays.
 
         Fetch them with ``jax.device_get``, where errors raised while running surface. Keep
@@ -231,19 +225,15 @@ class Kernel:
         # The executable places host arrays on its input shardings itself, about 0.2 ms per
         # batch faster than a jax.device_put per leaf from Python.
         element = _unflatten(treedef, list(leaves))
-        return exe(params, element, {k: lengths[k] for k in names})
+        size = len(leaves[0])
+        valid = np.arange(size) < (size if num_real is None else num_real)
+        return exe(params, element, BatchLengths({k: lengths[k] for k in names}, valid))
 
     def run(self, params: Any, batch: PaddedBatch, treedef) -> Any:
-        """Run on a ``PaddedBatch``; returns the batched outputs as numpy arrays.
-
-        With ``reduce=True``, returns the outputs summed over the real rows instead.
-        """
-        if not self.reduce:
-            return self.call(params, batch.leaves, batch.lengths, treedef=treedef)
-        lengths = {**batch.lengths, ROW_VALID: np.arange(batch.size) < batch.num_real}
-        partial = self.call(params, batch.leaves, lengths, treedef=treedef)
-        # One partial sum per device shard: add them up on the host.
-        return jax.tree_util.tree_map(lambda x: np.sum(x, axis=0), partial)
+        """Run on a ``PaddedBatch``; returns the batched outputs as numpy arrays."""
+        return self.call(
+            params, batch.leaves, batch.lengths, treedef=treedef, num_real=batch.num_real
+        )
 
     def precompile(self, params: Any, shapes, treedef) -> int:
         """Compile the given batch shapes now, without data; returns how many were new.
@@ -263,30 +253,10 @@ class Kernel:
         return self.compiles - before
 
 
-ROW_VALID = "__row_valid__"
-
-
-def _summing(batched_fn):
-    """Wrap a batched function so it returns its outputs summed over the valid rows.
-
-    The sum keeps a leading axis of 1, so under ``shard_map`` each device returns its own
-    partial sum (no cross-device collective) and the host adds them.
-    """
-
-    def summed(params, element, lengths):
-        lengths = dict(lengths)
-        valid = lengths.pop(ROW_VALID)
-        out = batched_fn(params, element, lengths)
-
-        def row_sum(o):
-            keep = valid.reshape((-1,) + (1,) * (o.ndim - 1))
-            return jax.numpy.sum(
-                jax.numpy.where(keep, o, jax.numpy.zeros((), o.dtype)), axis=0, keepdims=True
-            )
-
-        return jax.tree_util.tree_map(row_sum, out)
-
-    return summed
+def per_element(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` vmapped over a batch; per-element functions see plain per-axis lengths."""
+    vmapped = jax.vmap(fn, in_axes=(None, 0, 0))
+    return lambda params, element, lengths: vmapped(params, element, dict(lengths))
 
 
 def _unflatten(treedef, leaves):

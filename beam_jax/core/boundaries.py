@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from beam_jax._errors import SpecError
+from beam_jax.core.buckets import boundary_index
 
 # Rows of the DP's cost matrix computed at once; bounds memory to ~_CHUNK x distinct lengths.
 _CHUNK = 256
@@ -121,7 +122,7 @@ def padded_total(lengths: Sequence[int] | np.ndarray, boundaries: Sequence[int])
     """The sum over ``lengths`` of the boundary each is padded to (longer ones: the last)."""
     lengths = np.maximum(np.asarray(lengths, np.int64), 1)
     bounds = np.asarray(boundaries, np.int64)
-    index = np.minimum(np.searchsorted(bounds, lengths, side="left"), len(bounds) - 1)
+    index = np.minimum(boundary_index(bounds, lengths), len(bounds) - 1)
     return int(bounds[index].sum())
 
 

@@ -9,21 +9,57 @@ from typing import Any
 
 import numpy as np
 
-VALIDATION = "validation"
-COMPILE = "compile"
-KERNEL = "kernel"
-OUTPUT = "output"
-STAGES = (VALIDATION, COMPILE, KERNEL, OUTPUT)
+DEAD_LETTERS = "dead_letters"
+"""The tag of the dead-letter output of every beam_jax transform."""
+
+
+class Stage:
+    """Where an element failed: the ``stage`` of its ``FailedElement``.
+
+    Pipelines may add their own stages (e.g. ``"tokenize"``) for records they reject
+    before a beam_jax transform.
+    """
+
+    VALIDATION = "validation"
+    """The element does not match the spec (shape, dtype, range, size)."""
+    COMPILE = "compile"
+    """The element's batch shape failed to trace or compile."""
+    KERNEL = "kernel"
+    """The kernel raised on the element (alone, after bisection), or ran out of memory."""
+    OUTPUT = "output"
+    """The kernel's output for the element broke the output contract or was not finite."""
+    ALL = (VALIDATION, COMPILE, KERNEL, OUTPUT)
+
+
+VALIDATION, COMPILE, KERNEL, OUTPUT = Stage.VALIDATION, Stage.COMPILE, Stage.KERNEL, Stage.OUTPUT
+STAGES = Stage.ALL
 
 MAX_ECHO_CHARS = 1000
 MAX_TRACEBACK_CHARS = 8000
+
+
+MAX_MESSAGE_CHARS = 8000
 
 
 def _truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 20] + f"... [{len(text)} chars]"
 
 
-def summarize(value: Any, limit: int = MAX_ECHO_CHARS) -> str:
+def _keep_ends(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, keeping its first and last parts.
+
+    Errors raised inside a JAX callback arrive as XLA text whose *last* line holds the
+    actual error after a long traceback, so the tail is kept in full.
+    """
+    if len(text) <= limit:
+        return text
+    head = limit // 5
+    tail = limit - head - 60
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n... [{cut} of {len(text)} chars cut] ...\n{text[-tail:]}"
+
+
+def describe(value: Any, limit: int = MAX_ECHO_CHARS) -> str:
     """A bounded, never-failing description of ``value`` for a dead-letter record."""
     try:
         with np.printoptions(threshold=16, edgeitems=3, precision=6):
@@ -43,7 +79,7 @@ def encodable_key(key: Any) -> Any:
         return key.item()
     if isinstance(key, bytes):
         return _truncate(key.decode("utf-8", errors="backslashreplace"), MAX_ECHO_CHARS)
-    return summarize(key)
+    return describe(key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +113,11 @@ class FailedElement:
         trace = "".join(tb.format_exception(type(error), error, error.__traceback__))
         return cls(
             key=encodable_key(key),
-            element=summarize(element),
+            element=describe(element),
             stage=stage,
             error_type=type(cause).__name__,
-            message=_truncate(str(cause), MAX_TRACEBACK_CHARS),
-            traceback=_truncate(trace, MAX_TRACEBACK_CHARS),
+            message=_keep_ends(str(cause), MAX_MESSAGE_CHARS),
+            traceback=_keep_ends(trace, MAX_TRACEBACK_CHARS),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import apache_beam as beam
 import jax
 import numpy as np
 from apache_beam.utils.windowed_value import WindowedValue
+from typing_extensions import Unpack
 
-from beam_jax import _dead_letter as dl
-from beam_jax._buckets import Bucketing
-from beam_jax._errors import KernelError
-from beam_jax._metrics import NAMESPACE
-from beam_jax._transform import (
-    DEAD_LETTERS,
-    NONFINITE_OUTPUT,
-    KernelTransform,
-    _Pending,
-    _RunKernelDoFn,
-    all_finite,
-)
-from beam_jax._validate import Validation
+from beam_jax._errors import SpecError
+from beam_jax.core.dead_letter import DEAD_LETTERS
+from beam_jax.engine.batching import check_summed_outputs
+from beam_jax.engine.options import KernelOptions, KernelOptionsKwargs
+from beam_jax.kernel.wrappers import SumRows
+from beam_jax.transforms.base import KernelTransform
+from beam_jax.transforms.run_kernel import ElementsFrontEnd
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,32 +87,28 @@ class _SumPartials(beam.CombineFn):
         return Reduction(_finish(acc[0]), acc[1])
 
 
-class _ReduceDoFn(_RunKernelDoFn):
-    _batch_per_window = True
+class _SumFrontEnd(ElementsFrontEnd):
+    """Elements in, one partial sum per window and bundle out (the engine's reduce front end).
+
+    The kernel runs the user's function wrapped by ``SumRows``, so each batch comes back
+    already summed over its real rows; batches never mix windows.
+    """
+
+    per_window = True
 
     def start_bundle(self):
         super().start_bundle()
         self._sums: dict[Any, tuple[Any, int]] = {}
 
-    def _emit(self, chunk: Sequence[_Pending], batch, outputs) -> Iterator[Any]:
-        if self._worker.plan.validation.check_outputs_finite and not all_finite(outputs):
-            # The sum is not finite: find the elements responsible, sum the rest.
-            error = KernelError(NONFINITE_OUTPUT)
-            if not self._handle_errors:
-                raise error
-            if len(chunk) == 1:
-                p = chunk[0]
-                yield self._dead(error, dl.OUTPUT, p.key, p.value, p.timestamp, p.window)
-                return
-            self._metrics.kernel_retries.inc()
-            mid = (len(chunk) + 1) // 2
-            yield from self._run(batch.bucket, chunk[:mid])
-            yield from self._run(batch.bucket, chunk[mid:])
-            return
-        window = chunk[0].window
-        total, count = self._sums.get(window, (None, 0))
-        self._sums[window] = (_add(total, _to_accumulator(outputs)), count + len(chunk))
-        self._metrics.results.inc(len(chunk))
+    def check(self, outputs, batch):
+        return check_summed_outputs(self._plan, outputs, batch)
+
+    def emit(self, buffer, rows, keep, outputs, batch) -> Iterator[Any]:
+        total, count = self._sums.get(buffer.slot, (None, 0))
+        partial = jax.tree_util.tree_map(lambda x: np.sum(x, axis=0), outputs)
+        self._sums[buffer.slot] = (_add(total, _to_accumulator(partial)), count + len(keep))
+        self._metrics.results.inc(len(keep))
+        return iter(())
 
     def finish_bundle(self) -> Iterator[Any]:
         yield from super().finish_bundle()
@@ -141,48 +132,38 @@ class ReduceKernel(KernelTransform):
         >>> # full: PCollection of one Reduction; .total is the summed gradient pytree
 
     Args:
-        fn, spec, bucketing, load_params, validation, batched, devices, precompile,
-            compilation_cache_dir, metrics_namespace: as for ``RunKernel``. A ``batched``
-            function returns per-row outputs; they are summed over the real rows.
+        fn: as for ``RunKernel``; a ``batched`` function returns per-row outputs, which are
+            summed over the real rows.
+        spec: as for ``RunKernel``.
         keyed: elements are ``(key, value)``; keys only label dead letters.
+        options, **kwargs: the ``KernelOptions``, as for ``RunKernel`` (no ``output_spec``).
 
     ``.with_exception_handling(threshold=...)`` works as for ``RunKernel``; ``results`` then
     holds the ``Reduction``.
     """
-
-    _reduce = True
 
     def __init__(
         self,
         fn: Callable[..., Any],
         *,
         spec: Any,
-        bucketing: Bucketing | None = None,
-        load_params: Callable[[], Any] | None = None,
-        validation: Validation | None = None,
-        batched: bool = False,
         keyed: bool = False,
-        devices: Sequence[Any] | str | None = None,
-        precompile: bool = False,
-        compilation_cache_dir: str | None = None,
-        metrics_namespace: str = NAMESPACE,
+        options: KernelOptions | None = None,
+        **kwargs: Unpack[KernelOptionsKwargs],
     ):
-        super().__init__(
-            fn,
-            spec=spec,
-            bucketing=bucketing,
-            load_params=load_params,
-            validation=validation,
-            batched=batched,
-            devices=devices,
-            precompile=precompile,
-            compilation_cache_dir=compilation_cache_dir,
-            metrics_namespace=metrics_namespace,
-        )
+        super().__init__(fn, spec=spec, options=options, kwargs=kwargs)
+        if self.options.output_spec is not None:
+            raise SpecError(
+                "ReduceKernel sums whole outputs, so output_spec (which cuts per-element "
+                f"outputs to their lengths) does not apply; got {self.options.output_spec!r}."
+            )
         self.keyed = keyed
 
     def expand(self, pcoll):
-        dofn = _ReduceDoFn(self.config, self.keyed, self._handle_errors, self.metrics_namespace)
+        # Wrap, don't flag: the kernel runs the user's function summed over real rows.
+        summed = SumRows(self.fn, batched=self.options.batched)
+        options = dataclasses.replace(self.options, batched=True)
+        dofn = _SumFrontEnd(summed, self.spec, options, self._handle_errors, self.keyed)
         outputs = pcoll | "SumBatches" >> beam.ParDo(dofn).with_outputs(
             DEAD_LETTERS, main="partials"
         )

@@ -9,13 +9,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
-from beam_jax._buckets import Bucket, Bucketing, default_batch_sizes, round_up
-from beam_jax._errors import KernelError, SpecError
-from beam_jax._spec import Layout, as_layout
-from beam_jax._validate import Validated, Validation, validate
+from beam_jax._errors import SpecError
+from beam_jax.core.buckets import Bucket, Bucketing, bucket_index, default_batch_sizes, round_up
+from beam_jax.core.outputs import BatchOutputs, check_outputs
+from beam_jax.core.spec import Layout, as_layout
+from beam_jax.core.validation import Validated, Validation, validate
 
 _ALIGN = 64
 
@@ -55,7 +55,22 @@ class PaddedBatch:
 
     @property
     def padded_volume(self) -> int:
+        """Batch rows times the bucket's volume: the work the kernel does."""
         return self.size * math.prod(self.bucket)
+
+    @property
+    def real_volume(self) -> int:
+        """The real rows' volumes summed: the work that was asked for."""
+        if not self.lengths:
+            return self.num_real
+        stacked = np.stack([v[: self.num_real] for v in self.lengths.values()], axis=1)
+        return int(np.prod(stacked.astype(np.int64), axis=1).sum())
+
+    def lengths_matrix(self, names: Sequence[str]) -> np.ndarray:
+        """``int[num_real, len(names)]``: the real rows' lengths, axes in ``names`` order."""
+        if not names:
+            return np.zeros((self.num_real, 0), np.int64)
+        return np.stack([self.lengths[n][: self.num_real] for n in names], axis=1)
 
 
 class Plan:
@@ -114,6 +129,7 @@ class Plan:
                     f"{list(names)}."
                 )
         self.boundaries = tuple(self.bucketing.boundaries[n] for n in names)
+        self._bounds = tuple(np.asarray(b, np.int64) for b in self.boundaries)
         self.max_sizes = {n: b[-1] for n, b in zip(names, self.boundaries, strict=True)}
         self.buckets: tuple[Bucket, ...] = tuple(itertools.product(*self.boundaries))
         self._sizes = {b: self._batch_sizes_for(b) for b in self.buckets}
@@ -165,11 +181,19 @@ class Plan:
             truncate=self.bucketing.oversize == "truncate",
         )
 
+    def bucket_indices(self, lengths: np.ndarray) -> np.ndarray:
+        """Per row of ``lengths`` (``int[n, num_axes]``), the index of its bucket in
+        ``buckets``: the smallest boundary that fits, on every axis."""
+        return bucket_index(self._bounds, lengths)
+
     def bucket_for(self, lengths: Sequence[int]) -> Bucket:
         """The smallest bucket that fits ``lengths`` (one per ragged axis)."""
-        return tuple(
-            b[bisect.bisect_left(b, n)] for b, n in zip(self.boundaries, lengths, strict=True)
-        )
+        row = np.asarray([lengths], np.int64).reshape(1, len(self.boundaries))
+        return self.buckets[int(self.bucket_indices(row)[0])]
+
+    def check_outputs(self, outputs: Any, size: int) -> BatchOutputs:
+        """Check one batch's outputs against the output contract (see ``core.outputs``)."""
+        return check_outputs(outputs, size, self.output_layout, self.layout.axis_names)
 
     def pad(self, bucket: Bucket, items: Sequence[Validated]) -> PaddedBatch:
         """Pad ``items`` (all of ``bucket``) into one batch of an allowed size."""
@@ -197,41 +221,33 @@ class Plan:
         return PaddedBatch(bucket, tuple(leaves), lengths, n, size)
 
     def unbatch(self, outputs: Any, batch: PaddedBatch, items: Sequence[Validated]) -> list[Any]:
-        """Split batched kernel outputs into one pytree per real element.
+        """Check batched kernel outputs and split them into one pytree per real element.
+
+        Raises:
+            KernelError: the outputs break the contract (see ``check_outputs``).
+        """
+        checked = self.check_outputs(outputs, batch.size)
+        return self.split_outputs(checked, np.arange(len(items)), items)
+
+    def split_outputs(
+        self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]
+    ) -> list[Any]:
+        """Split checked batch outputs into one pytree for each of ``rows``.
 
         Output axes named in ``output_spec`` are cut to each element's own length.
 
-        Raises:
-            KernelError: the outputs do not have the batch dimension or the declared
-                structure.
+        Args:
+            outputs: the batch's outputs, from ``check_outputs``.
+            rows: which batch rows to return.
+            items: the validated elements of those rows, in the same order.
         """
-        leaves, treedef = jax.tree_util.tree_flatten(outputs)
-        for leaf in leaves:
-            if np.ndim(leaf) == 0 or np.shape(leaf)[0] != batch.size:
-                raise KernelError(
-                    f"the kernel returned a leaf of shape {np.shape(leaf)} for a batch of "
-                    f"{batch.size}; every output needs the batch as its leading axis. A kernel "
-                    "declared batched=True must keep it; a per-element kernel gets it from vmap."
-                )
-        cuts: list[tuple[tuple[int, int], ...]] = [() for _ in leaves]
-        if self.output_layout is not None:
-            out_def = self.output_layout.treedef
-            if out_def != treedef:
-                raise KernelError(
-                    f"the kernel's output structure {treedef} does not match output_spec "
-                    f"{out_def}."
-                )
-            axis_index = {n: k for k, n in enumerate(self.layout.axis_names)}
-            cuts = [
-                tuple((a, axis_index[name]) for a, name in spec.ragged_axes)
-                for spec in self.output_layout.specs
-            ]
-        # One writable host copy of each leaf's real rows; elements get views into it.
-        blocks = [np.array(leaf[: len(items)]) for leaf in leaves]
+        rows = np.asarray(rows, np.int64)
+        # One writable host copy of each leaf's rows; elements get views into it.
+        blocks = [np.array(leaf[rows]) for leaf in outputs.leaves]
         result = []
         for i, item in enumerate(items):
             per = []
-            for block, cut in zip(blocks, cuts, strict=True):
+            for block, cut in zip(blocks, outputs.cuts, strict=True):
                 row = block[i, ...]
                 if cut:
                     index = [slice(None)] * row.ndim
@@ -239,5 +255,5 @@ class Plan:
                         index[axis] = slice(0, item.lengths[k])
                     row = row[tuple(index)]
                 per.append(row)
-            result.append(treedef.unflatten(per))
+            result.append(outputs.treedef.unflatten(per))
         return result

@@ -1,4 +1,4 @@
-"""Beam metrics for RunKernel, and a summary read back from a finished pipeline."""
+"""Beam metrics of the kernel transforms, and a summary read back from a finished pipeline."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 
-from beam_jax._dead_letter import STAGES
+from beam_jax.core.dead_letter import STAGES
 
 NAMESPACE = "beam_jax"
 
@@ -53,6 +53,8 @@ class Summary:
         out_of_memory: kernel calls that ran out of memory.
         batch_limit_lowered: times a bucket's batch limit was lowered after out of memory.
         kernel_calls: kernel calls, including failed ones and bisection retries.
+        kernel_retries: times a failed batch was split in two and retried.
+        mean_batch_latency_ms: mean time from a batch's launch to its results.
     """
 
     elements: int
@@ -66,6 +68,7 @@ class Summary:
     out_of_memory: int
     batch_limit_lowered: int
     kernel_calls: int
+    kernel_retries: int
     mean_batch_latency_ms: float
 
     @property
@@ -118,5 +121,6 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
         out_of_memory=totals.get("out_of_memory", 0),
         batch_limit_lowered=totals.get("batch_limit_lowered", 0),
         kernel_calls=totals.get("kernel_calls", 0),
+        kernel_retries=totals.get("kernel_retries", 0),
         mean_batch_latency_ms=latency_sum / latency_count if latency_count else float("nan"),
     )

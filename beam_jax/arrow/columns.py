@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from beam_jax._errors import SpecError
-from beam_jax._spec import Layout
+from beam_jax.core.spec import Layout
 
 
 def leaf_key(path: tuple) -> str:

@@ -1,0 +1,1 @@
+"""The columnar layer: Arrow columns mapped to spec leaves, decoded, batched and encoded."""

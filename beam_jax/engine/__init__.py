@@ -1,0 +1,1 @@
+"""The batch engine and the per-worker state it runs on (options, worker, metrics)."""

@@ -1,0 +1,42 @@
+"""The machinery under beam_jax's transforms, for power users and tests.
+
+These pieces run without Beam: plan and pad batches yourself (``Plan``), compile and run a
+kernel on them (``Kernel``), or drive the engine from your own front end
+(``BatchEngine``). They follow the same validation and error rules as the transforms.
+
+Example:
+    >>> import numpy as np
+    >>> from beam_jax import ArraySpec, Bucketing
+    >>> from beam_jax.internal import Kernel, Plan
+    >>> plan = Plan(ArraySpec(("L",)), Bucketing(boundaries={"L": (4,)}, batch_size=2))
+    >>> batch = plan.pad((4,), [plan.validate(np.ones(3, np.float32))])
+    >>> kernel = Kernel(lambda p, x, lengths: x.sum(), devices=[0])
+    >>> kernel.run(None, batch, plan.layout.treedef).tolist()
+    [3.0]
+"""
+
+from beam_jax.arrow.decode import DecodedBatch as DecodedBatch
+from beam_jax.arrow.decode import decode_batch as decode_batch
+from beam_jax.arrow.encode import outputs_to_arrow as outputs_to_arrow
+from beam_jax.arrow.fill import BucketFill as BucketFill
+from beam_jax.arrow.io import ArrowCoder as ArrowCoder
+from beam_jax.core.boundaries import padded_total as padded_total
+from beam_jax.core.boundaries import padding_ratio as padding_ratio
+from beam_jax.core.buckets import bucket_index as bucket_index
+from beam_jax.core.buckets import default_batch_sizes as default_batch_sizes
+from beam_jax.core.outputs import BatchOutputs as BatchOutputs
+from beam_jax.core.outputs import check_outputs as check_outputs
+from beam_jax.core.outputs import nonfinite_rows as nonfinite_rows
+from beam_jax.core.plan import PaddedBatch as PaddedBatch
+from beam_jax.core.plan import Plan as Plan
+from beam_jax.core.spec import Layout as Layout
+from beam_jax.core.validation import Validated as Validated
+from beam_jax.engine.batching import BatchEngine as BatchEngine
+from beam_jax.engine.batching import Buffer as Buffer
+from beam_jax.engine.batching import FrontEnd as FrontEnd
+from beam_jax.engine.worker import Worker as Worker
+from beam_jax.kernel.cache import enable_compilation_cache as enable_compilation_cache
+from beam_jax.kernel.compiled import Kernel as Kernel
+from beam_jax.kernel.compiled import is_out_of_memory as is_out_of_memory
+from beam_jax.kernel.devices import select_devices as select_devices
+from beam_jax.kernel.wrappers import SumRows as SumRows

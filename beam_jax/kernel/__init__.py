@@ -1,0 +1,1 @@
+"""The JAX layer: the compiled kernel, devices, parameters, wrappers and the compile cache."""

@@ -1,0 +1,1 @@
+"""The Beam transforms: thin front ends of the batch engine."""

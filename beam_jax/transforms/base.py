@@ -1,0 +1,182 @@
+"""What every kernel transform shares: the worker DoFn, exception handling, the threshold."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+from apache_beam.transforms import window as beam_window
+from apache_beam.utils import shared
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_jax._errors import DeadLetterThresholdError, SpecError
+from beam_jax.core.dead_letter import DEAD_LETTERS, FailedElement
+from beam_jax.core.plan import Plan
+from beam_jax.engine.batching import BatchEngine
+from beam_jax.engine.metrics import KernelMetrics
+from beam_jax.engine.options import KernelOptions, resolve_options
+from beam_jax.engine.worker import Worker, make_plan
+
+
+class RunKernelResult(NamedTuple):
+    """The outputs of a kernel transform's ``.with_exception_handling()``."""
+
+    results: beam.PCollection
+    dead_letters: beam.PCollection
+
+
+class Source(NamedTuple):
+    """How a dead letter describes its row: key, a bounded echo, and where it belongs."""
+
+    key: Any
+    element: Any
+    timestamp: Any
+    window: Any
+
+
+class _Holder:
+    # apache_beam.utils.shared needs a weak-referenceable object.
+    def __init__(self, worker: Worker):
+        self.worker = worker
+
+
+class WorkerDoFn(beam.DoFn):
+    """A DoFn whose instances in one process share one ``Worker`` (params, compiled shapes),
+    each running its batches through a ``BatchEngine`` of which it is the front end.
+
+    Subclasses implement the ``FrontEnd`` methods the engine needs (``new_buffer``,
+    ``check``, ``emit``, ``source``) and ``process``.
+    """
+
+    def __init__(self, fn: Callable[..., Any], spec: Any, options: KernelOptions, handle_errors):
+        self._fn = fn
+        self._spec = spec
+        self._options = options
+        self._handle_errors = handle_errors
+        self._shared = shared.Shared()
+        self._tag = uuid.uuid4().hex
+
+    def setup(self):
+        fn, spec, options = self._fn, self._spec, self._options
+        self._holder = self._shared.acquire(
+            lambda: _Holder(Worker(fn, spec, options)), tag=self._tag
+        )
+        self._worker = self._holder.worker
+        self._plan = self._worker.plan
+        self._metrics = KernelMetrics(options.metrics_namespace)
+
+    def start_bundle(self):
+        # A fresh engine per bundle: nothing of a failed bundle is carried into the next.
+        self._engine = BatchEngine(
+            self._worker,
+            self._metrics,
+            self,
+            handle_errors=self._handle_errors,
+            report_compiles=self._report_compiles,
+        )
+
+    def finish_bundle(self) -> Iterator[Any]:
+        yield from self._engine.flush()
+
+    def _report_compiles(self) -> None:
+        n, seconds = self._worker.take_compile_stats()
+        if n:
+            self._metrics.compiles.inc(n)
+            self._metrics.compile_ms.inc(int(seconds * 1000))
+
+    def release(self, buffer) -> None:
+        """Buffers are dropped after their batch lands, unless a subclass reuses them."""
+
+    def dead_letter(self, error: BaseException, stage: str, source: Source) -> Any:
+        record = FailedElement.from_exception(
+            error, stage=stage, element=source.element, key=source.key
+        )
+        return beam.pvalue.TaggedOutput(
+            DEAD_LETTERS, WindowedValue(record, source.timestamp, (source.window,))
+        )
+
+
+def _check_threshold(bad: int, total: int, threshold: float):
+    if total and bad / total > threshold:
+        raise DeadLetterThresholdError(
+            f"{bad} of {total} elements failed ({bad / total:.2%}), more than the threshold "
+            f"{threshold:.2%}; inspect the dead letters, fix the data or kernel, or raise "
+            "with_exception_handling(threshold=...)."
+        )
+
+
+class KernelTransform(beam.PTransform):
+    """The base of RunKernel, RunKernelOnArrow and ReduceKernel: the function, spec and
+    options, Beam-style exception handling with a failure threshold, and the plan.
+
+    Subclasses build their DoFn in ``expand`` and call ``_outputs`` on its tagged outputs.
+    """
+
+    def __init__(
+        self, fn: Callable[..., Any], *, spec: Any, options: KernelOptions | None, kwargs
+    ):
+        super().__init__()
+        if not callable(fn):
+            raise SpecError(f"the kernel fn must be callable, got {fn!r}.")
+        self.fn = fn
+        self.spec = spec
+        self.options = resolve_options(options, kwargs)
+        self.plan()  # the spec, bucketing and output spec must fit together: fail now
+        self._handle_errors = False
+        self._threshold = 1.0
+        self._threshold_windowing = None
+
+    @property
+    def metrics_namespace(self) -> str:
+        return self.options.metrics_namespace
+
+    def with_exception_handling(self, *, threshold: float = 1.0, threshold_windowing: Any = None):
+        """Send failed elements to a dead-letter output instead of failing the bundle.
+
+        The transform then returns ``RunKernelResult(results, dead_letters)``, whose dead
+        letters are ``FailedElement`` records, one per failed element.
+
+        Args:
+            threshold: the largest tolerated ratio of dead letters to inputs; above it the
+                pipeline fails with ``DeadLetterThresholdError``. ``1.0`` never fails.
+            threshold_windowing: windowing in which the ratio is computed; default global.
+        """
+        if not 0.0 <= threshold <= 1.0:
+            raise SpecError(f"threshold must be within [0, 1], got {threshold}.")
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone._handle_errors = True
+        clone._threshold = threshold
+        clone._threshold_windowing = threshold_windowing
+        return clone
+
+    def plan(self, num_devices: int = 1) -> Plan:
+        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""
+        return make_plan(self.spec, self.options, num_devices)
+
+    def _outputs(self, pcoll, results, dead_letters, count_inputs=lambda _: 1):
+        """The transform's result; with a threshold, also the check that enforces it.
+
+        Args:
+            count_inputs: how many elements one input holds (rows of an Arrow batch).
+        """
+        if not self._handle_errors:
+            return results
+        if self._threshold < 1.0:
+            windowing = self._threshold_windowing or beam_window.GlobalWindows()
+            total = (
+                pcoll
+                | "WindowTotal" >> beam.WindowInto(windowing)
+                | "CountEach" >> beam.Map(count_inputs)
+                | "CountTotal" >> beam.CombineGlobally(sum).as_singleton_view()
+            )
+            _ = (
+                dead_letters
+                | "WindowBad" >> beam.WindowInto(windowing)
+                | "OneEachBad" >> beam.Map(lambda _: 1)
+                | "CountBad" >> beam.CombineGlobally(sum).without_defaults()
+                | "CheckThreshold" >> beam.Map(_check_threshold, total, self._threshold)
+            )
+        return RunKernelResult(results, dead_letters)
