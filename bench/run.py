@@ -28,6 +28,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 
 VARIANT_NAMES = (
     "limit",
+    "read_only",
     "beam_jax",
     "beam_jax_arrow",
     "beam_jax_arrow_binary",
@@ -35,7 +36,14 @@ VARIANT_NAMES = (
     "stock_runinference",
 )
 KERNEL_NAMES = ("heavy", "light")
-FIELDS = ("elements_per_s", "ratio_to_limit", "compiles", "padding_ratio", "peak_rss_mb")
+FIELDS = (
+    "elements_per_s",
+    "ratio_to_limit",
+    "ratio_to_bound",
+    "compiles",
+    "padding_ratio",
+    "peak_rss_mb",
+)
 
 
 def _child(kernel: str, variant: str, cfg_path: str) -> None:
@@ -155,9 +163,14 @@ def _summarize_runs(runs: list[dict]) -> dict:
     return r
 
 
+def rows_limit(results: dict, kernel: str) -> float:
+    return results[kernel]["limit"]["elements_per_s"]
+
+
 def _table(results: dict) -> str:
     header = (
-        f"{'kernel':7} {'variant':21} {'records/s':>10} {'x limit':>8} {'compiles':>8} "
+        f"{'kernel':7} {'variant':21} {'records/s':>10} {'x limit':>8} {'x bound':>8} "
+        f"{'compiles':>8} "
         f"{'padding':>8} {'peak RSS MB':>11}  {'records':>7}  check"
     )
     lines = [header, "-" * len(header)]
@@ -165,7 +178,7 @@ def _table(results: dict) -> str:
         for variant, r in rows.items():
             lines.append(
                 f"{kernel:7} {variant:21} {r['elements_per_s']:10.0f} "
-                f"{r['ratio_to_limit']:8.3f} {str(r['compiles']):>8} "
+                f"{r['ratio_to_limit']:8.3f} {r['ratio_to_bound']:8.3f} {str(r['compiles']):>8} "
                 f"{r['padding_ratio']:8.3f} {r['peak_rss_mb']:11.0f}  {r['elements']:7d}  "
                 f"{r.get('check', '')}"
             )
@@ -266,11 +279,19 @@ def main(argv: list[str] | None = None) -> dict:
                     reference = _load_outputs(outdir)
                     r["check"] = "reference"
                     r["ratio_to_limit"] = 1.0
+                elif variant == "read_only":
+                    r["check"] = "I/O only"
+                    r["ratio_to_limit"] = r["elements_per_s"] / rows_limit(results, kernel)
                 else:
                     r["check"] = _check(f"{kernel}/{variant}", reference, outdir, r["elements"])
                     limit_rate = results[kernel]["limit"]["elements_per_s"]
                     r["ratio_to_limit"] = r["elements_per_s"] / limit_rate
                 results[kernel][variant] = r
+            # The bound: the slower of compute (limit) and I/O (read_only, when measured).
+            bound = min(r["elements_per_s"] for v, r in results[kernel].items()
+                        if v in ("limit", "read_only"))
+            for r in results[kernel].values():
+                r["ratio_to_bound"] = r["elements_per_s"] / bound
     print()
     print(_table(results))
     print(f"\ntotal {time.perf_counter() - started:.0f}s")

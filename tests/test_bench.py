@@ -35,6 +35,8 @@ def test_bench_runs_every_variant_and_writes_json(tmp_path):
                 assert isinstance(row[field], int | float), (kernel, variant, field)
             assert row["elements_per_s"] > 0
         assert rows["limit"]["ratio_to_limit"] == 1.0
+        bound = min(rows["limit"]["elements_per_s"], rows["read_only"]["elements_per_s"])
+        assert rows["beam_jax"]["ratio_to_bound"] == rows["beam_jax"]["elements_per_s"] / bound
         # beam_jax compiles only listed shapes: one batch size per bucket here.
         assert rows["beam_jax"]["compiles"] <= 3
         assert rows["beam_jax_arrow"]["compiles"] == rows["beam_jax"]["compiles"]
