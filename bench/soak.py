@@ -399,7 +399,10 @@ def run_soak(
     """
     workdir = Path(workdir)
     for sub in ("results", "dead", "ticks"):
-        (workdir / sub).mkdir(parents=True, exist_ok=False)
+        if (workdir / sub).exists():
+            # Outputs of an earlier run would be counted as this run's.
+            raise FileExistsError(f"{workdir / sub} exists; give an empty or new --workdir")
+        (workdir / sub).mkdir(parents=True)
     bad = bad_records(records, seed, bad_fraction)
     options = PipelineOptions(
         [
