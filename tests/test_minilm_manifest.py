@@ -1,0 +1,92 @@
+"""The MiniLM model files are checked against the sha256 manifest shipped with the pipeline."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines import minilm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _manifest_tool():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import make_minilm_manifest
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    return make_minilm_manifest
+
+
+def _copy_model(dest: Path) -> Path:
+    shutil.copytree(minilm.model_dir(), dest)
+    return dest
+
+
+def _flip_one_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_the_shipped_manifest_matches_the_installed_package():
+    minilm.verify_model_dir()
+    assert _manifest_tool().main(["--check"]) == 0
+    listed = minilm.MANIFEST.read_text()
+    for name in ("config.json", "model.safetensors", "sentence_bert_config.json", "tokenizer.json"):
+        assert f'"{name}"' in listed
+
+
+def test_a_weight_file_with_one_byte_changed_fails_the_load_naming_file_and_digests(tmp_path):
+    model = _copy_model(tmp_path / "model")
+    weights = model / "model.safetensors"
+    expected = minilm.file_sha256(weights)
+    # A byte deep in the tensor data: safetensors would load it without complaint.
+    _flip_one_byte(weights, weights.stat().st_size // 2)
+    actual = minilm.file_sha256(weights)
+    assert actual != expected
+    with pytest.raises(minilm.ModelFileMismatchError) as info:
+        minilm.load_params(model)
+    message = str(info.value)
+    assert f"{weights} has sha256 {actual}, expected {expected}" in message
+    assert "tokenizer.json" not in message  # only the changed file is named
+    assert "Reinstall the model" in message
+    # Skipping the check is explicit, and then the same files load.
+    params = minilm.load_params(model, manifest=None)
+    assert params["layers"][0]["query"]["w"].shape == (384, 384)
+
+
+def test_a_changed_tokenizer_and_a_missing_config_are_both_reported(tmp_path):
+    model = _copy_model(tmp_path / "model")
+    _flip_one_byte(model / "tokenizer.json", 10)
+    (model / "sentence_bert_config.json").unlink()
+    with pytest.raises(minilm.ModelFileMismatchError) as info:
+        minilm.verify_model_dir(model)
+    message = str(info.value)
+    assert re.search(r"tokenizer\.json has sha256 [0-9a-f]{64}, expected [0-9a-f]{64}", message)
+    assert "sentence_bert_config.json is missing (expected sha256 " in message
+
+
+def test_an_untouched_copy_passes_and_a_manifest_can_be_written_for_other_files(tmp_path):
+    model = _copy_model(tmp_path / "model")
+    minilm.verify_model_dir(model)
+    (model / "config.json").write_text((model / "config.json").read_text() + "\n")
+    with pytest.raises(minilm.ModelFileMismatchError, match="config.json has sha256"):
+        minilm.verify_model_dir(model)
+    own = tmp_path / "own_manifest.json"
+    assert _manifest_tool().main(["--model_dir", str(model), "--out", str(own)]) == 0
+    minilm.verify_model_dir(model, manifest=own)
+
+
+def test_the_manifest_ships_with_the_installed_package():
+    # Workers check their files against it: the wheel and the sdist must carry it.
+    # (A regex, not tomllib: the project supports Python 3.10.)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    section = pyproject.split("[tool.setuptools.package-data]")[1].split("\n[")[0]
+    assert re.search(rf'^pipelines = \[.*"{minilm.MANIFEST.name}"', section, re.MULTILINE)
+    assert minilm.MANIFEST.parent == ROOT / "pipelines"
