@@ -18,6 +18,7 @@ from beam_jax.core.spec import Layout, as_layout
 from beam_jax.core.validation import Validated, Validation, validate
 
 _ALIGN = 64
+_BUCKET_MEMO_SIZE = 1 << 16
 
 
 def aligned_full(shape: tuple[int, ...], value: Any, dtype: Any) -> np.ndarray:
@@ -130,6 +131,7 @@ class Plan:
                 )
         self.boundaries = tuple(self.bucketing.boundaries[n] for n in names)
         self._bounds = tuple(np.asarray(b, np.int64) for b in self.boundaries)
+        self._bucket_memo: dict[tuple[int, ...], Bucket] = {}
         self.max_sizes = {n: b[-1] for n, b in zip(names, self.boundaries, strict=True)}
         self.buckets: tuple[Bucket, ...] = tuple(itertools.product(*self.boundaries))
         self._sizes = {b: self._batch_sizes_for(b) for b in self.buckets}
@@ -187,9 +189,19 @@ class Plan:
         return bucket_index(self._bounds, lengths)
 
     def bucket_for(self, lengths: Sequence[int]) -> Bucket:
-        """The smallest bucket that fits ``lengths`` (one per ragged axis)."""
-        row = np.asarray([lengths], np.int64).reshape(1, len(self.boundaries))
-        return self.buckets[int(self.bucket_indices(row)[0])]
+        """The smallest bucket that fits ``lengths`` (one per ragged axis).
+
+        The per-element path: ``bucket_indices`` for one row, memoised by the lengths (a
+        dict lookup instead of numpy calls on the per-element hot path).
+        """
+        key = tuple(lengths)
+        bucket = self._bucket_memo.get(key)
+        if bucket is None:
+            row = np.asarray([key], np.int64).reshape(1, len(self.boundaries))
+            bucket = self.buckets[int(self.bucket_indices(row)[0])]
+            if len(self._bucket_memo) < _BUCKET_MEMO_SIZE:
+                self._bucket_memo[key] = bucket
+        return bucket
 
     def check_outputs(self, outputs: Any, size: int) -> BatchOutputs:
         """Check one batch's outputs against the output contract (see ``core.outputs``)."""
