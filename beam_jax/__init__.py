@@ -8,6 +8,7 @@ from beam_jax._errors import BeamJaxError as BeamJaxError
 from beam_jax._errors import CompileError as CompileError
 from beam_jax._errors import DeadLetterThresholdError as DeadLetterThresholdError
 from beam_jax._errors import ElementTooLargeError as ElementTooLargeError
+from beam_jax._errors import InputFileError as InputFileError
 from beam_jax._errors import InvalidElementError as InvalidElementError
 from beam_jax._errors import KernelError as KernelError
 from beam_jax._errors import SpecError as SpecError

@@ -36,6 +36,15 @@ class ElementTooLargeError(InvalidElementError):
     """
 
 
+class InputFileError(BeamJaxError, OSError):
+    """An input file cannot be read: no file matches, or one is truncated, not in the
+    expected format, or lacks a column read.
+
+    The message names the file. Fix or remove it; with ``.with_exception_handling()`` on the
+    reading transform, the file (or its unreadable part) becomes a dead letter instead.
+    """
+
+
 class KernelError(BeamJaxError, RuntimeError):
     """The user's kernel failed on an element, or returned something unusable.
 

@@ -23,8 +23,8 @@ TOP_LEVEL = {
     # dead letters and metrics
     "FailedElement", "DEAD_LETTERS", "Stage", "Summary", "summarize", "metric_totals",
     # errors
-    "BeamJaxError", "SpecError", "InvalidElementError", "ElementTooLargeError", "KernelError",
-    "CompileError", "DeadLetterThresholdError",
+    "BeamJaxError", "SpecError", "InputFileError", "InvalidElementError",
+    "ElementTooLargeError", "KernelError", "CompileError", "DeadLetterThresholdError",
 }
 
 INTERNAL = {

@@ -29,6 +29,10 @@ class Stage:
     OUTPUT = "output"
     """The kernel's output for the element broke the output contract or was not finite."""
     ALL = (VALIDATION, COMPILE, KERNEL, OUTPUT)
+    """The stages a kernel transform counts (its ``dead_letters_<stage>`` metrics)."""
+    READ = "read"
+    """A file or row group could not be read (``ReadArrowBatches``); its rows never reached
+    a kernel transform, so it is counted as ``files_failed``/``row_groups_failed``."""
 
 
 VALIDATION, COMPILE, KERNEL, OUTPUT = Stage.VALIDATION, Stage.COMPILE, Stage.KERNEL, Stage.OUTPUT

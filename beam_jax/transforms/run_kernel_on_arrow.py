@@ -17,6 +17,7 @@ from beam_jax.arrow.columns import ArrowColumns
 from beam_jax.arrow.decode import decode_batch
 from beam_jax.arrow.encode import outputs_to_arrow
 from beam_jax.arrow.fill import BucketFill
+from beam_jax.arrow.io import source_of
 from beam_jax.core.buckets import Bucket
 from beam_jax.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax.engine.batching import check_row_outputs
@@ -77,13 +78,19 @@ class _ArrowFrontEnd(WorkerDoFn):
             raise  # a missing column: the pipeline is misconfigured, not the data
         except Exception as e:  # noqa: BLE001 - an undecodable batch: each row is dead-lettered
             error = e
+        # A row's dead letter names the file it came from, when the batch says.
+        origin = source_of(batch)
+        where = {} if origin is None else {"file": origin}
         if error is not None:
             ids = batch.column(self._columns.id) if self._columns.id in batch.schema.names else None
             keys = [None if ids is None else ids[r].as_py() for r in range(batch.num_rows)]
             yield from self._engine.reject(
                 error,
                 VALIDATION,
-                (self._row_source(k, {"id": k, "row": r}, window) for r, k in enumerate(keys)),
+                (
+                    self._row_source(k, {"id": k, "row": r, **where}, window)
+                    for r, k in enumerate(keys)
+                ),
             )
             return
         for row in np.flatnonzero(decoded.failed):
@@ -91,7 +98,7 @@ class _ArrowFrontEnd(WorkerDoFn):
             yield from self._engine.reject(
                 decoded.describe_failure(int(row)),
                 VALIDATION,
-                [self._row_source(key, {"id": key, "row": int(row)}, window)],
+                [self._row_source(key, {"id": key, "row": int(row), **where}, window)],
             )
         ok = np.flatnonzero(~decoded.failed)
         if not len(ok):

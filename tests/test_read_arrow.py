@@ -1,0 +1,122 @@
+"""ReadArrowBatches over bad files: a file's fault names the file and never sinks the job."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.testing.util import assert_that, equal_to
+
+import beam_jax as bj
+from beam_jax.arrow.io import _ReadRowGroup
+from tests.beam_helpers import pipeline, run
+
+
+def _write(path, ids, *, row_group_size=4, column="x"):
+    table = pa.table({"id": pa.array(ids), column: pa.array([[float(i)] * 3 for i in ids])})
+    pq.write_table(table, path, row_group_size=row_group_size)
+
+
+@pytest.fixture
+def files(tmp_path):
+    _write(tmp_path / "a.parquet", list(range(0, 10)))
+    _write(tmp_path / "b.parquet", list(range(10, 20)))
+    good = (tmp_path / "a.parquet").read_bytes()
+    (tmp_path / "c_truncated.parquet").write_bytes(good[: len(good) // 2])
+    (tmp_path / "d_not_parquet.parquet").write_text("id,x\n1,2\n")
+    (tmp_path / "e_empty.parquet").write_bytes(b"")
+    _write(tmp_path / "f_other_columns.parquet", [99], column="y")
+    return tmp_path
+
+
+def _ids(batch):
+    return batch.column("id").to_pylist()
+
+
+def test_bad_files_become_dead_letters_naming_them_and_good_rows_are_all_read(files):
+    p = pipeline()
+    batches, dead = p | bj.ReadArrowBatches(
+        str(files / "*.parquet"), columns=["id", "x"], max_rows=3
+    ).with_exception_handling()
+    assert_that(batches | "Ids" >> bj_flat_ids(), equal_to(list(range(20))))
+    assert_that(
+        dead | "Files" >> _map(lambda r: (r.key.rsplit("/", 1)[-1], r.stage)),
+        equal_to([
+            ("c_truncated.parquet", "read"),
+            ("d_not_parquet.parquet", "read"),
+            ("e_empty.parquet", "read"),
+            ("f_other_columns.parquet", "read"),
+        ]),
+        label="Dead",
+    )
+
+    def check_messages(records):
+        by_file = {r.key.rsplit("/", 1)[-1]: r.message for r in records}
+        assert "has no column(s) ['x']" in by_file["f_other_columns.parquet"]
+        for name, message in by_file.items():
+            assert name in message, message
+
+    assert_that(dead, check_messages, label="Messages")
+    run(p)
+
+
+def test_without_exception_handling_the_job_fails_naming_the_file(files):
+    p = pipeline()
+    _ = p | bj.ReadArrowBatches(str(files / "[ac]*.parquet"))
+    with pytest.raises(Exception, match="c_truncated.parquet"):
+        run(p)
+
+
+def test_an_empty_glob_fails_the_launch_naming_the_pattern(tmp_path):
+    p = pipeline()
+    with pytest.raises(bj.InputFileError, match="no files match .*nothing-here"):
+        _ = p | bj.ReadArrowBatches(str(tmp_path / "nothing-here" / "*.parquet"))
+
+
+def test_an_unreadable_row_group_is_one_dead_letter(files):
+    reader = _ReadRowGroup(["id", "x"], None, handle_errors=True)
+    out = list(reader.process((str(files / "a.parquet"), 7, 4)))
+    assert len(out) == 1 and out[0].tag == bj.DEAD_LETTERS
+    record = out[0].value
+    assert record.stage == bj.Stage.READ and "row group 7 (4 rows)" in record.message
+    good = list(reader.process((str(files / "a.parquet"), 1, 4)))
+    assert [b.column("id").to_pylist() for b in good] == [[4, 5, 6, 7]]
+    assert np.array_equal(good[0].column("x").to_pylist()[0], [4.0] * 3)
+
+
+def bj_flat_ids():
+    import apache_beam as beam
+
+    return beam.FlatMap(_ids)
+
+
+def _map(fn):
+    import apache_beam as beam
+
+    return beam.Map(fn)
+
+
+def test_a_file_with_other_types_dead_letters_its_rows_naming_the_file(tmp_path):
+    _write(tmp_path / "a.parquet", list(range(6)))
+    other = pa.table({"id": pa.array([100, 101]), "x": pa.array([["a"] * 3, ["b"] * 3])})
+    pq.write_table(other, tmp_path / "b_strings.parquet")
+    p = pipeline()
+    results, dead = (
+        p
+        | bj.ReadArrowBatches(str(tmp_path / "*.parquet"), columns=["id", "x"])
+        | bj.RunKernelOnArrow(
+            lambda params, element, lengths: element["x"].sum(),
+            spec={"x": bj.ArraySpec(("L",), np.float32)},
+            columns=bj.ArrowColumns(id="id"),
+            bucketing=bj.Bucketing(boundaries={"L": (4,)}, batch_size=4),
+        ).with_exception_handling()
+    )
+    assert_that(results | "Ids" >> bj_flat_ids(), equal_to(list(range(6))))
+
+    def check(records):
+        assert sorted(r.key for r in records) == [100, 101]
+        for r in records:
+            assert "b_strings.parquet (row group 0)" in r.element, r
+            assert "list<element: string>" in r.message or "string" in r.message, r
+
+    assert_that(dead, check, label="Dead")
+    run(p)
