@@ -72,7 +72,8 @@ DEFAULT_BATCH_SIZE = 64
 DEFAULT_NUM_BUCKETS = 6
 DEFAULT_RUNNER = "FnApiRunner"
 TOP_FRACTION = 0.1  # precision is reported for the top 10% of records by score
-_ROWS_PER_TABLE = 1024
+# Records are written in row groups of 256, which the passes spread over the workers.
+_ROWS_PER_TABLE = 256
 
 
 def _int_list(text: str) -> tuple[int, ...]:

@@ -99,7 +99,7 @@ def hash_tokens(tokens: jax.Array, table_rows: int) -> jax.Array:
 
 def example_logits(params: Any, tokens: jax.Array, length: jax.Array) -> jax.Array:
     """Logits of one record: ``tokens`` int32[L_padded] of which the first ``length`` are real."""
-    embed = params["embed"]
+    embed = jnp.asarray(params["embed"])  # numpy parameters too (tests, the driver)
     rows = embed[hash_tokens(tokens, embed.shape[0])]
     mask = bj.length_mask(length, tokens.shape[0]).astype(embed.dtype)
     # max(., 1): a padded batch row has length 0; its (unused) output stays finite.
@@ -164,12 +164,12 @@ def dataset_loss(
         segments: int32[T], the record each token belongs to (``0..N-1``).
         labels: int32[N], each record's label.
     """
-    embed = params["embed"]
+    embed = jnp.asarray(params["embed"])
     n = labels.shape[0]
     rows = embed[hash_tokens(tokens, embed.shape[0])]
     sums = jax.ops.segment_sum(rows, segments, num_segments=n)
     counts = jax.ops.segment_sum(jnp.ones_like(segments, embed.dtype), segments, num_segments=n)
-    logits = (sums / counts[:, None]) @ params["w"] + params["b"]
+    logits = (sums / counts[:, None]) @ params["w"] + params["b"][None, :]
     logp = jax.nn.log_softmax(logits)
     return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
 

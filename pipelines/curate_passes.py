@@ -78,9 +78,15 @@ class Job:
 
 
 def read_examples(pipeline: beam.Pipeline, job: Job):
+    """The records as keyed kernel inputs, spread over the workers.
+
+    A few record files are read by few workers; the reshuffle of their row groups (256
+    records each) lets every worker sum its share of the gradient.
+    """
     return (
         pipeline
         | "ReadRecords" >> ReadFromParquetBatched(job.records)
+        | "SpreadRowGroups" >> beam.Reshuffle()
         | "Examples" >> beam.FlatMap(data.examples, job.noise)
     )
 

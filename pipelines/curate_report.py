@@ -110,8 +110,9 @@ def plot(
     for ax, (name, values) in zip(axes[1:], scores.items(), strict=True):
         values = np.asarray(values, np.float64)
         bins = np.linspace(values.min(), values.max(), 41)
-        ax.hist(values[~flipped], bins=bins, density=True, alpha=0.6, label="clean")
-        ax.hist(values[flipped], bins=bins, density=True, alpha=0.6, label="flipped")
+        for group, label in ((~flipped, "clean"), (flipped, "flipped")):
+            if group.any():
+                ax.hist(values[group], bins=bins, density=True, alpha=0.6, label=label)
         if flipped.any() and (~flipped).any():
             name = f"{name} (AUROC {auroc(values, flipped):.3f})"
         ax.set_title(name)
