@@ -141,7 +141,6 @@ def test_label_noise_is_seeded_and_flips_to_another_class():
         data.LabelNoise(classes, 0.1, 4).observe(i, classes[i % 5]) for i in range(20000)
     ]
     assert {(o - t) % 5 for t, o in flipped} == {1, 2, 3, 4}  # every other class, never itself
-    assert noise.observe("7", "a") != noise.observe(7, "a") or True  # str and int ids differ
     assert all(
         t == o for t, o in (data.LabelNoise(classes, 0.0, 3).observe(i, "c") for i in range(500))
     )
@@ -295,7 +294,7 @@ def test_bad_rows_are_dead_lettered(tmp_path):
     out = tmp_path / "out"
 
     summary = curate.run(
-        ["--input", str(path), "--output", str(out), "--passes", "2", "--flip_fraction", "0"]
+        ["--input", str(path), "--output", str(out), "--passes", "1", "--flip_fraction", "0"]
     )
 
     failed = [
