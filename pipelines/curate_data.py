@@ -188,12 +188,14 @@ class RecordStats(beam.CombineFn):
 
 
 def records_schema(id_type: tr.IdType) -> pa.Schema:
+    """``id`` (the input's type), ``label`` (the true one) and ``tokens`` (``list<int32>``)."""
     return pa.schema(
         [("id", id_type.arrow_type), ("label", pa.string()), ("tokens", pa.list_(pa.int32()))]
     )
 
 
 def records_table(records: Sequence[dict], schema: pa.Schema) -> pa.Table:
+    """Records from :class:`ToRecords` as one Arrow table, tokens without per-value Python."""
     lengths = np.array([len(r["tokens"]) for r in records], np.int32)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     values = np.concatenate([np.asarray(r["tokens"], np.int32) for r in records])
@@ -208,16 +210,19 @@ def records_table(records: Sequence[dict], schema: pa.Schema) -> pa.Table:
 
 
 def write_json(value: Any, path: str) -> None:
+    """Write ``value`` as JSON to ``path`` on any Beam file system."""
     with FileSystems.create(path) as f:
         f.write(json.dumps(value, indent=1).encode())
 
 
 def read_json(path: str) -> Any:
+    """Read the JSON at ``path`` on any Beam file system."""
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return json.loads(f.read())
 
 
 def builtin_rows(num_classes: int) -> Iterator[dict]:
+    """The rows of :func:`labelled_corpus.labelled_passages`, as dicts."""
     _, rows = labelled_corpus.labelled_passages(num_classes)
     for key, text, label in rows:
         yield {"id": key, "text": text, "label": label}
@@ -233,6 +238,18 @@ def _first_file(pattern: str) -> str:
 def read_rows(
     pipeline: beam.Pipeline, input_pattern: str | None, num_classes: int
 ) -> tuple[Any, tr.IdType]:
+    """The input rows (dicts, or JSON lines for :class:`ToRecords` to parse) and the id type.
+
+    Args:
+        pipeline: Where to add the read.
+        input_pattern: Parquet or JSON lines with ``id``, ``text`` and ``label``; ``None``
+            for the built-in labelled corpus.
+        num_classes: Built-in corpus only: how many of its modules to keep.
+
+    Raises:
+        ValueError: If a Parquet input lacks the ``id``, ``text`` or ``label`` column.
+        FileNotFoundError: If ``input_pattern`` matches no file.
+    """
     if input_pattern is None:
         rows = (
             pipeline

@@ -39,6 +39,7 @@ _ROWS_PER_TABLE = 1024
 
 
 def write_dead_letters(dead, output: str, name: str) -> None:
+    """Dead letters as JSON lines under ``OUTPUT/failed/NAME-*.jsonl`` (no file if none)."""
     _ = (
         dead
         | f"{name}ToJson" >> beam.Map(tr.dead_letter_json)
@@ -92,6 +93,7 @@ def read_examples(pipeline: beam.Pipeline, job: Job):
 
 
 def save_params(params: dict, path: str) -> None:
+    """``beam_jax.save_params``, creating a local directory first."""
     if "://" not in path:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     bj.save_params(params, path)
@@ -127,6 +129,7 @@ class PassStats:
 
 
 def run_pipeline(pipeline: beam.Pipeline):
+    """Run ``pipeline`` to completion; returns its result (for metrics)."""
     result = pipeline.run()
     result.wait_until_finish()
     return result
