@@ -313,6 +313,10 @@ def test_parameters_load_only_from_formats_that_cannot_run_code(tmp_path):
         back = bj.read_params(path)
         np.testing.assert_array_equal(back["enc"]["w"], params["enc"]["w"])
         assert sorted(bj.read_params(path, sep=None)) == ["b", "enc.w"]
+        bj.write_params({"step": np.int64(3), "lr": np.float32(0.5)}, path)
+        scalars = bj.read_params(path)
+        assert scalars["step"].shape == () and scalars["step"] == 3  # 0-d stays 0-d
+        assert scalars["lr"].shape == () and scalars["lr"].dtype == np.float32
     evil = str(tmp_path / "evil.npz")
     np.savez(evil, x=np.array([{"a": 1}], dtype=object))
     with pytest.raises(bj.SpecError, match="pickled objects"):

@@ -49,7 +49,8 @@ def _flatten(tree: Mapping[str, Any], sep: str, prefix: str = "") -> dict[str, n
         if isinstance(value, Mapping):
             flat.update(_flatten(value, sep, name))
         else:
-            array = np.ascontiguousarray(np.asarray(value))
+            # np.require keeps 0-d arrays 0-d (np.ascontiguousarray makes them 1-d).
+            array = np.require(np.asarray(value), requirements="C")
             if array.dtype.kind in "OV":
                 raise SpecError(
                     f"parameter {name!r} has dtype {array.dtype}; only numeric, bool and string "

@@ -1,0 +1,314 @@
+"""Tests of pipelines/curate.py: the kernels, the full-batch gradient, and seeded runs.
+
+The end-to-end run is the default job (the built-in labelled corpus, 10% of the labels
+flipped, 14 full-batch passes) on the FnApiRunner; its files are then reused to check that
+the pipeline's full-batch gradient is the gradient of the same loss over the unpadded data,
+whatever the buckets, batch sizes and number of workers.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+import beam_jax as bj
+from pipelines import curate, labelled_corpus
+from pipelines import curate_data as data
+from pipelines import curate_model as cm
+from pipelines import curate_passes as cp
+from pipelines import curate_report as report
+
+MAX_RELATIVE_ERROR = 1e-5
+
+
+# ---------------------------------------------------------------- references
+
+
+def _hash_np(tokens: np.ndarray, rows: int) -> np.ndarray:
+    bits = rows.bit_length() - 1
+    return ((tokens.astype(np.uint64) * 2654435761) % 2**32 >> (32 - bits)).astype(np.int64)
+
+
+def reference_gradient(params, records, labels) -> dict[str, np.ndarray]:
+    """The mean-loss gradient in float64 numpy, by hand (no autodiff, no padding)."""
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    rows = p["embed"].shape[0]
+    grad = {k: np.zeros_like(v) for k, v in p.items()}
+    for tokens, label in zip(records, labels, strict=True):
+        index = _hash_np(np.asarray(tokens), rows)
+        h = p["embed"][index].mean(axis=0)
+        logits = h @ p["w"] + p["b"]
+        prob = np.exp(logits - logits.max())
+        prob /= prob.sum()
+        prob[label] -= 1.0  # d loss / d logits
+        grad["w"] += np.outer(h, prob)
+        grad["b"] += prob
+        np.add.at(grad["embed"], index, (p["w"] @ prob) / len(index))
+    return {k: v / len(records) for k, v in grad.items()}
+
+
+def one_call_gradient(params, records, labels) -> dict[str, np.ndarray]:
+    """``jax.grad(dataset_loss)`` over the whole unpadded dataset, in one float32 call."""
+    tokens = np.concatenate(records).astype(np.int32)
+    segments = np.repeat(np.arange(len(records)), [len(r) for r in records]).astype(np.int32)
+    grad = jax.jit(jax.grad(cm.dataset_loss))(
+        params, tokens, segments, np.asarray(labels, np.int32)
+    )
+    return {k: np.asarray(v, np.float64) for k, v in grad.items()}
+
+
+def relative_error(got: dict, want: dict) -> float:
+    diff = np.sqrt(sum(np.sum((np.asarray(got[k], np.float64) - want[k]) ** 2) for k in want))
+    return float(diff / np.sqrt(sum(np.sum(want[k] ** 2) for k in want)))
+
+
+def random_records(n: int, seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    records = [rng.integers(0, 30522, int(rng.integers(1, 60))).astype(np.int32) for _ in range(n)]
+    return records, rng.integers(0, 4, n).astype(np.int32)
+
+
+def read_records(output: pathlib.Path, noise: data.LabelNoise):
+    """The prepared records and their observed labels, as every pass sees them."""
+    table = pa.concat_tables(pq.read_table(f) for f in sorted(output.glob("data/records-*")))
+    examples = [e for _, e in data.examples(table, noise)]
+    return [e["tokens"] for e in examples], np.array([e["label"] for e in examples])
+
+
+# ---------------------------------------------------------------- pure kernels
+
+
+def _padded_batches(records, labels, bucket: int, batch: int):
+    for start in range(0, len(records), batch):
+        chunk = records[start : start + batch]
+        tokens = np.zeros((batch, bucket), np.int32)
+        lengths = np.zeros(batch, np.int32)
+        for i, r in enumerate(chunk):
+            tokens[i, : len(r)] = r
+            lengths[i] = len(r)
+        label = np.zeros(batch, np.int32)
+        label[: len(chunk)] = labels[start : start + batch]
+        yield tokens, lengths, label, len(chunk)
+
+
+def test_kernels_on_padded_batches_match_the_unpadded_references():
+    params = cm.init_params(cm.ModelConfig(num_classes=4, hash_bits=6, dim=8), seed=1)
+    records, labels = random_records(50)
+    per_batch = jax.jit(jax.vmap(cm.gradient_kernel, in_axes=(None, 0, 0)))
+    total = {k: np.zeros(v.shape) for k, v in params.items()}
+    grand, el2n = [], []
+    for tokens, lengths, label, n in _padded_batches(records, labels, bucket=64, batch=16):
+        out = per_batch(params, {"tokens": tokens, "label": label}, {"L": lengths})
+        for k in total:
+            total[k] += np.asarray(out["grad"][k][:n], np.float64).sum(0)
+        scores = cm.score_kernel(params, {"tokens": tokens, "label": label}, {"L": lengths})
+        assert all(np.isfinite(np.asarray(v)).all() for v in scores.values())  # padded rows too
+        grand += list(np.asarray(scores["grand"][:n]))
+        el2n += list(np.asarray(scores["el2n"][:n]))
+    mean = {k: v / len(records) for k, v in total.items()}
+    want = reference_gradient(params, records, labels)
+    assert relative_error(mean, want) <= MAX_RELATIVE_ERROR
+    assert relative_error(one_call_gradient(params, records, labels), want) <= MAX_RELATIVE_ERROR
+
+    # GraNd: the norm of one record's own gradient (unpadded); EL2N: |softmax - one_hot|.
+    for i in (0, 17, 49):
+        one = reference_gradient(params, [records[i]], labels[i : i + 1])
+        norm = np.sqrt(sum(np.sum(v**2) for v in one.values()))
+        np.testing.assert_allclose(grand[i], norm, rtol=1e-5)
+        logits = cm.example_logits(params, jnp.asarray(records[i]), jnp.int32(len(records[i])))
+        error = jax.nn.softmax(logits) - jax.nn.one_hot(labels[i], 4)
+        np.testing.assert_allclose(el2n[i], np.linalg.norm(error), rtol=1e-5)
+
+
+def test_label_noise_is_seeded_and_flips_to_another_class():
+    classes = tuple("abcde")
+    noise = data.LabelNoise(classes, fraction=0.1, seed=3)
+    pairs = [noise.observe(i, classes[i % 5]) for i in range(20000)]
+    flipped = [(t, o) for t, o in pairs if t != o]
+    assert 0.09 < len(flipped) / len(pairs) < 0.11
+    assert pairs == [noise.observe(i, classes[i % 5]) for i in range(20000)]
+    assert pairs != [
+        data.LabelNoise(classes, 0.1, 4).observe(i, classes[i % 5]) for i in range(20000)
+    ]
+    assert {(o - t) % 5 for t, o in flipped} == {1, 2, 3, 4}  # every other class, never itself
+    assert all(
+        t == o for t, o in (data.LabelNoise(classes, 0.0, 3).observe(i, "c") for i in range(500))
+    )
+    with pytest.raises(ValueError, match="fraction"):
+        data.LabelNoise(classes, 1.0, 0)
+
+
+def test_auroc_and_precision():
+    flipped = np.array([False, False, True, True, False])
+    assert report.auroc(np.array([0.1, 0.2, 0.9, 0.8, 0.3]), flipped) == 1.0
+    assert report.auroc(np.array([0.9, 0.8, 0.1, 0.2, 0.7]), flipped) == 0.0
+    assert report.auroc(np.ones(5), flipped) == 0.5  # ties count half
+    assert report.precision_at(np.array([0.1, 0.2, 0.9, 0.3, 0.4]), flipped, 0.2) == 1.0
+    with pytest.raises(ValueError, match="positives and negatives"):
+        report.auroc(np.ones(3), np.zeros(3, bool))
+
+
+def test_flags():
+    args, options = curate.parse_args([])
+    assert args.input is None and args.passes == curate.DEFAULT_PASSES
+    assert args.flip_fraction == 0.1 and args.classes == labelled_corpus.DEFAULT_CLASSES
+    assert options.view_as(StandardOptions).runner == "FnApiRunner"
+    args, options = curate.parse_args(["--runner", "DataflowRunner", "--passes", "3"])
+    assert args.compilation_cache_dir is None and args.passes == 3
+    with pytest.raises(SystemExit):
+        curate.parse_args(["--flip_fraction", "1.5"])
+    with pytest.raises(ValueError, match="cannot tell the format"):
+        curate.parse_args(["--input", "rows.csv"])
+
+
+def test_parquet_input_without_labels_is_refused_before_running(tmp_path):
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"id": [1], "text": ["A sentence."]}), path)
+    with pytest.raises(ValueError, match="no column 'label'"):
+        curate.run(["--input", str(path), "--output", str(tmp_path / "out")])
+
+
+# ---------------------------------------------------------------- seeded runs
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("curate")
+    summary = curate.run(["--output", str(out), "--runner=FnApiRunner"])
+    return out, summary
+
+
+def test_default_run_finds_the_flipped_labels(default_run):
+    out, summary = default_run
+    # Measured on CPython 3.11's corpus: ~0.95; chance is 0.5.
+    best = max(summary.auroc[s] for s in cp.SCORES)
+    assert best >= 0.9, summary.auroc
+    assert summary.auroc["random"] == 0.5
+    assert summary.precision_at_top["grand"] > 3 * summary.precision_at_top["random"]
+    assert 0.08 < summary.flipped / summary.records < 0.12
+    losses = summary.losses
+    assert len(losses) == curate.DEFAULT_PASSES + 1 and all(np.diff(losses) < 0), losses
+    assert summary.seconds["total"] < 180
+
+    table = pa.concat_tables(pq.read_table(f) for f in sorted(out.glob("scores-*.parquet")))
+    assert table.num_rows == summary.records == summary.rows and summary.dead_letters == 0
+    assert table.schema.names == [
+        "id", "label", "true_label", "flipped", "grand", "el2n", "loss", "predicted"
+    ]  # fmt: skip
+    assert sorted(table.column("id").to_pylist()) == list(range(summary.records))
+    t = table.to_pydict()
+    assert all(
+        (lab != true) == f
+        for lab, true, f in zip(t["label"], t["true_label"], t["flipped"], strict=True)
+    )
+    assert set(t["true_label"]) == set(summary.classes)
+    assert (out / "curate.png").stat().st_size > 10_000
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["auroc"] == summary.auroc and len(saved["losses"]) == len(losses)
+
+
+def _copy_inputs(src: pathlib.Path, dst: pathlib.Path) -> None:
+    shutil.copytree(src / "data", dst / "data")
+    (dst / "passes").mkdir()
+    shutil.copy(src / "passes" / "params-000.npz", dst / "passes")
+
+
+@pytest.mark.parametrize(
+    "name, bucketing, beam_flags",
+    [
+        ("planned", None, ["--runner=FnApiRunner"]),
+        ("one bucket, odd batch", bj.Bucketing(boundaries={"L": (256,)}, batch_size=7),
+         ["--runner=FnApiRunner"]),
+        ("many buckets, big batch",
+         bj.Bucketing(boundaries={"L": (4, 8, 16, 32, 64, 128, 256)}, batch_size=256),
+         ["--runner=FnApiRunner"]),
+        ("two worker processes", None,
+         ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
+          "--direct_num_workers=2"]),
+    ],
+)  # fmt: skip
+def test_full_batch_gradient_is_the_gradient_of_the_unpadded_loss(
+    default_run, tmp_path, name, bucketing, beam_flags
+):
+    out, summary = default_run
+    noise = data.LabelNoise(summary.classes, 0.1, 0)
+    records, labels = read_records(out, noise)
+    params = bj.read_params(str(out / "passes" / "params-000.npz"))
+    want = reference_gradient(params, records, labels)
+    assert relative_error(one_call_gradient(params, records, labels), want) <= MAX_RELATIVE_ERROR
+
+    if bucketing is None and len(beam_flags) == 1:
+        saved = bj.read_params(str(out / "passes" / "gradient-000.npz"))  # the run's own pass
+        count = int(saved["count"].item())
+        got = {k: np.asarray(v, np.float64) / count for k, v in saved["total"]["grad"].items()}
+    else:
+        _copy_inputs(out, tmp_path)
+        job = cp.Job(
+            output=str(tmp_path),
+            noise=noise,
+            bucketing=bucketing
+            or bj.Bucketing(boundaries={"L": summary.boundaries}, batch_size=64),
+            options=PipelineOptions(beam_flags),
+            compilation_cache_dir=None,
+        )
+        got, stats = cp.gradient_pass(job, 0)
+        count = stats.count
+        np.testing.assert_allclose(stats.loss, summary.passes[0].loss, rtol=1e-6)
+        if "--direct_num_workers=2" in beam_flags:
+            # Each process compiles the shapes it runs: both workers summed a share.
+            assert stats.compiles > summary.passes[0].compiles
+    assert count == len(records)
+    assert relative_error(got, want) <= MAX_RELATIVE_ERROR, name
+
+
+def test_bad_rows_are_dead_lettered(tmp_path):
+    classes, rows = labelled_corpus.labelled_passages(3)
+    good = rows[:60]
+    lines = [json.dumps({"id": f"r{i}", "text": t, "label": lab}) for i, t, lab in good]
+    bad = {  # id -> stage
+        "no-text": ({"id": "no-text", "label": classes[0]}, "validation"),
+        "no-label": ({"id": "no-label", "text": "A fine sentence."}, "validation"),
+        "int-label": ({"id": "int-label", "text": "A sentence.", "label": 3}, "validation"),
+        "empty": ({"id": "empty", "text": "  ", "label": classes[1]}, "tokenize"),
+        "zero-width": ({"id": "zero-width", "text": "\u200b", "label": classes[1]}, "tokenize"),
+    }
+    lines += [json.dumps(row) for row, _ in bad.values()]
+    lines += [
+        json.dumps({"id": 5, "text": "An int id.", "label": classes[0]}),
+        "not JSON",
+        "[1]",
+        "",
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+
+    summary = curate.run(
+        ["--input", str(path), "--output", str(out), "--passes", "1", "--flip_fraction", "0"]
+    )
+
+    failed = [
+        json.loads(x)
+        for f in sorted(out.glob("failed/*.jsonl"))
+        for x in f.read_text().splitlines()
+    ]
+    got = sorted((repr(d["id"]), d["stage"]) for d in failed)
+    want = [(repr(k), stage) for k, (_, stage) in bad.items()]
+    want += [("5", "validation"), ("None", "validation"), ("None", "validation")]
+    assert got == sorted(want)
+    assert summary.rows == len(lines) - 1 == summary.records + summary.dead_letters
+    assert summary.records == len(good) and summary.classes == classes
+    assert summary.dead_letters_by_stage == {"validation": 6, "tokenize": 2, "train": 0, "score": 0}
+    assert summary.flipped == 0 and summary.auroc == {}  # nothing to find without flips
+    table = pq.read_table(glob.glob(str(out / "scores-*.parquet"))[0])
+    assert table.schema.field("id").type == pa.string() and table.num_rows == len(good)
