@@ -18,9 +18,13 @@ Example:
 
 from __future__ import annotations
 
+import bz2
+import contextlib
 import dataclasses
 import glob
+import gzip
 import hashlib
+import lzma
 import os
 import re
 import stat
@@ -56,6 +60,14 @@ ROWS_PER_BATCH = 1024  # one encode_batch call each
 _COMPRESSED = (".gz", ".bz2", ".deflate", ".zst", ".zstd", ".lzma", ".xz")
 _FORMATS = {"parquet": (".parquet", ".pq"), "jsonl": (".jsonl", ".json", ".ndjson")}
 _BOM = b"\xef\xbb\xbf"
+# Python's readers raise on a stream cut short; Beam's gzip reader ends it without a word
+# (measured: half a .jsonl.gz read as 1,434 of 3,000 lines, no error).
+_DECOMPRESSORS = {
+    ".gz": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
+    ".bz2": bz2.BZ2File,
+    ".xz": lzma.LZMAFile,
+    ".lzma": lzma.LZMAFile,
+}
 _ID_SCAN_LINES = 1000
 
 
@@ -188,7 +200,7 @@ def id_type_of(inputs: Inputs, name: str = "auto") -> tr.IdType:
 def _id_type_of_json_lines(inputs: Inputs) -> tr.IdType:
     for file in inputs.files:
         try:
-            with _open(file.path) as f:  # compression from the extension
+            with _open_lines(file.path) as f:
                 for _ in range(_ID_SCAN_LINES):
                     line = f.readline()
                     if not line:
@@ -210,6 +222,18 @@ def _open(path: str, compression: str = CompressionTypes.AUTO):
             # Opening a named pipe would wait for a writer forever.
             raise OSError(f"{path} is not a regular file (mode {stat.filemode(mode)})")
     return FileSystems.open(path, compression_type=compression)
+
+
+@contextlib.contextmanager
+def _open_lines(path: str) -> Iterator[Any]:
+    """A binary file to read lines from, decompressed as its extension says."""
+    decompressor = next((d for s, d in _DECOMPRESSORS.items() if path.lower().endswith(s)), None)
+    if decompressor is None:
+        with _open(path) as f:  # Beam's own decompression (.deflate, .zst), or none
+            yield f
+        return
+    with _open(path, CompressionTypes.UNCOMPRESSED) as raw, decompressor(raw) as f:
+        yield f
 
 
 def row_key(file_index: int, position: int) -> str:
@@ -363,13 +387,13 @@ def _python_values(column: pa.Array, what: str) -> tuple[list[Any], list[str | N
 def _json_lines(path: str, wanted: Callable[[int], bool]) -> Iterator[_Row]:
     position = 0
     try:
-        with _open(path) as f:  # compression from the extension
-            for position, line in enumerate(iter(f.readline, b"")):
+        with _open_lines(path) as f:
+            for line in iter(f.readline, b""):
                 if position == 0:
                     line = line.removeprefix(_BOM)  # some editors write one; it is not JSON
                 if line.strip() and wanted(position):
                     yield (position, *tr.parse_json_line(line))
-            position += 1
+                position += 1  # lines read: where a fault in the next one is reported
     except Exception as e:  # noqa: BLE001 - a file's fault ends that file, named
         raise _Fault(position, e) from e
 

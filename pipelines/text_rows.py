@@ -300,18 +300,18 @@ class Tokenize(beam.DoFn):
             if isinstance(encoded, Exception):
                 stage = VALIDATION if isinstance(encoded, bj.InvalidElementError) else TOKENIZE
                 yield self._dead(encoded, stage, keys[i], rows.texts[i])
-            elif len(encoded) <= 2:
-                error = EmptyTextError(
-                    "the text has no tokens besides [CLS] and [SEP] (it is empty, whitespace, "
-                    "or only characters the tokenizer drops)"
-                )
-                yield self._dead(error, TOKENIZE, keys[i], rows.texts[i])
             elif len(text) < len(rows.texts[i]) and len(encoded) < self._tokenizer.max_length:
                 error = TextTooLongError(
                     f"the text is {len(rows.texts[i]):,} characters and its first {len(text):,} "
                     f"hold only {len(encoded) - 2} tokens, fewer than the "
                     f"{self._tokenizer.max_length - 2} embedded; it is mostly whitespace or "
                     "characters the tokenizer drops, not prose. Clean or split it"
+                )
+                yield self._dead(error, TOKENIZE, keys[i], rows.texts[i])
+            elif len(encoded) <= 2:
+                error = EmptyTextError(
+                    "the text has no tokens besides [CLS] and [SEP] (it is empty, whitespace, "
+                    "or only characters the tokenizer drops)"
                 )
                 yield self._dead(error, TOKENIZE, keys[i], rows.texts[i])
             else:
