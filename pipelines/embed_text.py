@@ -210,6 +210,10 @@ def _build(pipeline, args, inputs: ti.Inputs, id_type: tr.IdType, staging: str, 
         }
         | "GroupByPart" >> beam.CoGroupByKey()
         | "WriteParts" >> beam.ParDo(tp.WriteParts(staging, inputs, tr.output_schema(id_type)))
+        # A consumer for the parts' names: the local FnApiRunner then reads WriteParts'
+        # output, and so fails when a worker dies there, instead of waiting for it forever
+        # (measured: a SIGKILL in WriteParts hung a multi-process run, Beam 2.77).
+        | "CountParts" >> beam.combiners.Count.Globally()
     )
     _ = reads[ti.ReadRows.UNREADABLE] | "WriteUnreadable" >> beam.ParDo(
         tp.WriteUnreadable(staging, inputs)
