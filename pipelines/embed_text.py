@@ -35,6 +35,7 @@ import apache_beam as beam
 import numpy as np
 
 import beam_jax as bj
+from pipelines import input_files as inp
 from pipelines import minilm
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
@@ -177,7 +178,7 @@ class EmbedTextSummary:
         )
 
 
-def _build(pipeline, args, inputs: ti.Inputs, id_type: tr.IdType, staging: str, done) -> None:
+def _build(pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done) -> None:
     bucketing = bj.Bucketing(
         boundaries={"L": args.buckets},
         batch_size=args.batch_size,
@@ -302,10 +303,10 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
     started = time.perf_counter()
     args, options = parse_args(argv)
     if args.input is None:
-        inputs = ti.builtin_inputs(args.builtin_texts)
+        inputs = inp.builtin_inputs(args.builtin_texts)
     else:
-        inputs = ti.match_inputs(args.input)
-    id_type = ti.id_type_of(inputs, args.id_type)
+        inputs = inp.match_inputs(args.input)
+    id_type = inp.id_type_of(inputs, args.id_type)
     output = OutputDir(args.output)
     job = {
         "inputs": inputs.describe(),

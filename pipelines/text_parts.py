@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import io
+import json
 import re
 import uuid
 from collections.abc import Iterable, Iterator
@@ -30,7 +31,8 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
 from pipelines import text_rows as tr
-from pipelines.text_input import BUILTIN, Inputs, PartRows, UnreadableFile, split_row_key
+from pipelines.input_files import BUILTIN, Inputs
+from pipelines.text_input import PartRows, UnreadableFile, split_row_key
 
 __all__ = [
     "EMBEDDINGS",
@@ -39,6 +41,7 @@ __all__ = [
     "WriteParts",
     "WriteUnreadable",
     "by_part",
+    "dead_letter_json",
     "done_parts",
     "embeddings_name",
     "part_counts",
@@ -78,6 +81,38 @@ def by_part(element: Any, part_rows: int) -> tuple[tuple[int, int], tuple[int, A
     file_index, position = split_row_key(key)
     value = element if isinstance(element, bj.FailedElement) else element[1]
     return (file_index, position // part_rows * part_rows), (position, value)
+
+
+def _json_value(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    text = repr(value)  # a float, a list...: JSON could hold some, Parquet ids could not
+    return text if len(text) <= 1000 else f"{text[:997]}..."
+
+
+def dead_letter_json(record: bj.FailedElement, **where: Any) -> str:
+    """One dead-letter JSON line: ``id``, where the row was, ``stage``, ``error``, details.
+
+    ``id`` is ``where["id"]`` if given, else the record's key; other ``where`` fields
+    (``file``, ``row``) come after it. ``error`` is ``"<type>: <message>"``; ``element`` is
+    a bounded ``repr`` of the text (or of the token ids, for a kernel failure).
+    """
+    fields = {"id": record.key, **where}
+    fields["id"] = _json_value(fields["id"])
+    fields.update(
+        stage=record.stage,
+        error=f"{record.error_type}: {record.message}",
+        error_type=record.error_type,
+        message=record.message,
+        element=record.element,
+        traceback=record.traceback,
+    )
+    line = json.dumps(fields, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON can escape it, UTF-8 cannot hold it
+        line = json.dumps(fields)
+    return line
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -131,7 +166,7 @@ class WriteParts(beam.DoFn):
         source = self._inputs.files[file_index].source
         if dead:
             file = _file_name(self._inputs, file_index)
-            lines = (tr.dead_letter_json(r, id=ids[p], file=file, row=p) for p, r in dead)
+            lines = (dead_letter_json(r, id=ids[p], file=file, row=p) for p, r in dead)
             data = "".join(f"{line}\n" for line in lines).encode("utf-8")
             write_atomically(f"{self._directory}/{failed_name(source, start, end)}", data)
         table = tr.embeddings_table([(ids[p], v) for p, v in results], self._schema)
@@ -165,7 +200,7 @@ class WriteUnreadable(beam.DoFn):
             ),
             traceback="",
         )
-        line = tr.dead_letter_json(record, id=None, file=file, row=fault.after_row)
+        line = dead_letter_json(record, id=None, file=file, row=fault.after_row)
         name = unreadable_name(self._inputs.files[fault.file_index].source, fault.after_row)
         write_atomically(f"{self._directory}/{name}", f"{line}\n".encode())
         yield name

@@ -46,7 +46,6 @@ __all__ = [
     "RowBatch",
     "TextTooLongError",
     "Tokenize",
-    "dead_letter_json",
     "embeddings_table",
     "local_model_dir",
     "parse_json_line",
@@ -336,37 +335,6 @@ class Tokenize(beam.DoFn):
         self._rejected[stage].inc()
         record = bj.FailedElement.from_exception(error, stage=stage, element=text, key=key)
         return beam.pvalue.TaggedOutput(DEAD_LETTERS, record)
-
-
-def _json_value(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    return _short(value, 1000)
-
-
-def dead_letter_json(record: bj.FailedElement, **where: Any) -> str:
-    """One dead-letter JSON line: ``id``, where the row was, ``stage``, ``error``, details.
-
-    ``id`` is ``where["id"]`` if given, else the record's key; other ``where`` fields
-    (``file``, ``row``) come after it. ``error`` is ``"<type>: <message>"``; ``element`` is
-    a bounded ``repr`` of the text (or of the token ids, for a kernel failure).
-    """
-    fields = {"id": record.key, **where}
-    fields["id"] = _json_value(fields["id"])
-    fields.update(
-        stage=record.stage,
-        error=f"{record.error_type}: {record.message}",
-        error_type=record.error_type,
-        message=record.message,
-        element=record.element,
-        traceback=record.traceback,
-    )
-    line = json.dumps(fields, ensure_ascii=False)
-    try:
-        line.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: JSON can escape it, UTF-8 cannot hold it
-        line = json.dumps(fields)
-    return line
 
 
 def output_schema(id_type: IdType) -> pa.Schema:
