@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
 import time
 from collections.abc import Sequence
 
@@ -48,7 +49,7 @@ from pipelines.embed_text_flags import (
     DEFAULT_OUTPUT,
     parse_args,
 )
-from pipelines.output_dir import OutputDir
+from pipelines.output_dir import OutputDir, OutputExistsError
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -62,7 +63,10 @@ __all__ = [
 
 
 class EmbedTexts(beam.PTransform):
-    """``RowBatch``es in; ``(id, float32[384])`` results and ``FailedElement``s out.
+    """``RowBatch``es in; ``(key, float32[384])`` results and ``FailedElement``s out.
+
+    A row's key is its id, unless the batch gives ``keys`` (this job's are ``"file:row"``,
+    so that each result finds its output part); dead letters carry the same key.
 
     Example:
         >>> results, dead = batches | EmbedTexts(tr.IdType.from_name("int"))  # doctest: +SKIP
@@ -333,7 +337,11 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
 
 def main() -> None:
     logging.getLogger().setLevel(logging.WARNING)
-    run()
+    try:
+        run()
+    except (OutputExistsError, FileNotFoundError, bj.DeadLetterThresholdError) as e:
+        # Errors about the user's files, whose message says what to do: no traceback.
+        sys.exit(f"embed_text: {type(e).__name__}: {e}")
 
 
 if __name__ == "__main__":

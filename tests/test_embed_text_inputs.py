@@ -41,16 +41,21 @@ def _only(failed, **fields):
 def test_parquet_text_of_invalid_utf8_is_that_rows_dead_letter(tmp_path):
     raw = [t.encode() for t in ft.texts(500)]
     raw[123] = b"caf\xe9 au lait"  # Latin-1, not UTF-8
+    raw[321] = b"half a pair \xed\xa0\x80"  # a lone surrogate, encoded as if it were UTF-8
     path = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": list(range(500)), "text": _invalid_utf8(raw)}), path)
 
     summary = ft.run(path, tmp_path / "out")
 
     table, failed = ft.read_outputs(tmp_path / "out")
-    assert sorted(ft.ids(table)) == [i for i in range(500) if i != 123]
-    d = _only(failed, id=123, file=str(path), row=123, stage="validation")
-    assert "text is not valid UTF-8" in d["error"] and "xe9" in d["error"]
-    assert summary.rows == 500 and summary.results == 499
+    assert sorted(ft.ids(table)) == [i for i in range(500) if i not in (123, 321)]
+    assert [(d["id"], d["file"], d["row"], d["stage"]) for d in failed] == [
+        (123, str(path), 123, "validation"),
+        (321, str(path), 321, "validation"),
+    ]
+    assert all("text is not valid UTF-8" in d["error"] for d in failed)
+    assert "xe9" in failed[0]["error"] and "xed" in failed[1]["error"]
+    assert summary.rows == 500 and summary.results == 498
     assert_conserved(summary.totals())
 
 
