@@ -156,8 +156,8 @@ def id_type_of(inputs: Inputs, name: str = "auto") -> tr.IdType:
     corpus: int64.
 
     Raises:
-        ValueError: If no Parquet file has both columns (each file's problem is named), or
-            the id column's type is neither integer nor string.
+        ValueError: If no Parquet file has both columns with an integer or string ``id``
+            (each file's problem is named).
     """
     if name != "auto":
         return tr.IdType.from_name(name)
@@ -174,16 +174,17 @@ def id_type_of(inputs: Inputs, name: str = "auto") -> tr.IdType:
             problems.append(f"{file.path} cannot be read ({type(e).__name__}: {e})")
             continue
         missing = [c for c in ("id", "text") if c not in schema.names]
-        if not missing:
-            try:
-                return tr.IdType(schema.field("id").type)
-            except ValueError as e:
-                raise ValueError(f"{file.path}: {e}") from None
-        problems.append(f"{file.path} has no column {missing}; it has {schema.names}")
+        if missing:
+            problems.append(f"{file.path} has no column {missing}; it has {schema.names}")
+            continue
+        try:
+            return tr.IdType(schema.field("id").type)
+        except ValueError as e:  # a float id column: this file's rows will say so
+            problems.append(f"{file.path}: {e}")
     shown = "; ".join(problems[:5]) + (f"; {len(problems) - 5} more" if problems[5:] else "")
     raise ValueError(
-        f"no input file has both columns 'id' and 'text': {shown}. The input needs a string "
-        "column 'text' and an integer or string column 'id'"
+        f"no input file has both columns 'id' and 'text' with a usable id type: {shown}. The "
+        "input needs a string column 'text' and an integer or string column 'id'"
     )
 
 

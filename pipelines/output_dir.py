@@ -144,13 +144,18 @@ class OutputDir:
     def collect_dead_letters(self) -> tuple[str, int]:
         """Concatenates the staged dead letters into one file; returns its path and count."""
         names = sorted(n for n in self._list(self.staging) if FAILED.match(n))
-        lines = []
-        for name in names:
-            with FileSystems.open(f"{self.staging}/{name}", compression_type="uncompressed") as f:
-                lines += [line for line in f.read().splitlines(keepends=True) if line.strip()]
-        path = f"{self.staging}/{DEAD_LETTERS}"
-        write_atomically(path, b"".join(lines))
-        return path, len(lines)
+        path, count = f"{self.staging}/{DEAD_LETTERS}", 0
+        temporary = f"{self.staging}/.{DEAD_LETTERS}.tmp"
+        raw = CompressionTypes.UNCOMPRESSED
+        with FileSystems.create(temporary, compression_type=raw) as out:
+            for name in names:  # streamed: there may be more dead letters than memory
+                with FileSystems.open(f"{self.staging}/{name}", compression_type=raw) as f:
+                    for line in f:
+                        if line.strip():
+                            out.write(line if line.endswith(b"\n") else line + b"\n")
+                            count += 1
+        FileSystems.rename([temporary], [path])
+        return path, count
 
     def _list(self, directory: str) -> list[str]:
         """Every file under ``directory``, relative to it; temporary files left out."""
