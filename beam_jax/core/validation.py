@@ -191,17 +191,15 @@ def validate(
         where = layout.names[i]
         value = _get(element, path) if path else element
         if value is None or not (
-            isinstance(value, np.ndarray | np.generic)
+            isinstance(value, _ARRAYS)
             or (hasattr(value, "__array__") and hasattr(value, "shape") and hasattr(value, "dtype"))
         ):
             raise InvalidElementError(
                 f"at {where}: expected {_expected(spec)}, received {_describe(value)}; "
                 "pass numpy (or jax) arrays, e.g. np.asarray(x, np.float32)."
             )
-        value = _plain_array(value, f"at {where}")
-        if value.dtype.kind in "OUSV" or not np.can_cast(
-            value.dtype, spec.dtype, casting=validation.casting
-        ):
+        value = value if type(value) is np.ndarray else _plain_array(value, f"at {where}")
+        if not _castable(value.dtype, spec.dtype, validation.casting):
             raise messages.cannot_cast(f"at {where}", value.dtype, spec.dtype, validation.casting)
         if value.ndim != len(spec.shape):
             raise InvalidElementError(
@@ -240,20 +238,34 @@ def validate(
             )
             value = value[index]
         cast = value.astype(spec.dtype, copy=False)
-        where = f"at {layout.names[i]}"
         if validation.nonfinite == "reject" and cast.dtype.kind in "fc":
             if not np.isfinite(cast).all():
-                raise messages.nonfinite(where)
+                raise messages.nonfinite(f"at {layout.names[i]}")
         if spec.valid_range is not None and cast.size:
             low, high = spec.valid_range
             lo, hi = cast.min(), cast.max()
             if lo < low or hi >= high or (cast.dtype.kind == "f" and np.isnan(cast).any()):
-                raise messages.out_of_range(where, low, high, (lo, hi))
+                raise messages.out_of_range(f"at {layout.names[i]}", low, high, (lo, hi))
         nbytes += cast.nbytes
         leaves.append(cast)
     if validation.max_element_bytes is not None and nbytes > validation.max_element_bytes:
         raise messages.too_many_bytes("at <element>", nbytes, validation.max_element_bytes)
     return Validated(tuple(leaves), tuple(lengths[n] for n in layout.axis_names))
+
+
+_ARRAYS = (np.ndarray, np.generic)
+_CASTABLE: dict[tuple[np.dtype, np.dtype, str], bool] = {}
+
+
+def _castable(got: np.dtype, want: np.dtype, casting: str) -> bool:
+    """Whether ``got`` may become ``want`` (numeric data only), memoised: the per-element
+    path asks the same question for every element."""
+    key = (got, want, casting)
+    ok = _CASTABLE.get(key)
+    if ok is None:
+        ok = got.kind not in "OUSV" and bool(np.can_cast(got, want, casting=casting))
+        _CASTABLE[key] = ok
+    return ok
 
 
 def _plain_array(value: Any, where: str) -> np.ndarray:
