@@ -56,7 +56,8 @@ from pipelines import curate_data as data
 from pipelines import curate_model as cm
 from pipelines import curate_passes as cp
 from pipelines import curate_report as report
-from pipelines import embed_text, labelled_corpus
+from pipelines import embed_text_flags as flags
+from pipelines import labelled_corpus
 from pipelines import text_rows as tr
 
 __all__ = ["CurateSummary", "parse_args", "run"]
@@ -74,23 +75,6 @@ DEFAULT_RUNNER = "FnApiRunner"
 TOP_FRACTION = 0.1  # precision is reported for the top 10% of records by score
 # Records are written in row groups of 256, which the passes spread over the workers.
 _ROWS_PER_TABLE = 256
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected at least one int, got {text!r}")
-    return values
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
-    return value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PipelineOptions]:
@@ -113,7 +97,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     parser.add_argument("--output", default=DEFAULT_OUTPUT, help="output directory")
     parser.add_argument(
         "--classes",
-        type=_positive,
+        type=flags.positive_int,
         default=labelled_corpus.DEFAULT_CLASSES,
         help="without --input: how many modules (the largest) to keep as classes",
     )
@@ -127,28 +111,32 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     parser.add_argument("--seed", type=int, default=0, help="seeds the flips and the init")
     parser.add_argument(
         "--passes",
-        type=_positive,
+        type=flags.positive_int,
         default=DEFAULT_PASSES,
         help="full-batch training steps (one pipeline run each) before the scores are taken",
     )
     parser.add_argument("--learning_rate", type=float, default=DEFAULT_LEARNING_RATE)
-    parser.add_argument("--hash_bits", type=_positive, default=10, help="2**bits embedding rows")
-    parser.add_argument("--dim", type=_positive, default=32, help="embedding width")
+    parser.add_argument(
+        "--hash_bits", type=flags.positive_int, default=10, help="2**bits embedding rows"
+    )
+    parser.add_argument("--dim", type=flags.positive_int, default=32, help="embedding width")
     parser.add_argument(
         "--buckets",
-        type=_int_list,
+        type=flags.int_list,
         help="token-length bucket boundaries; default: planned from the records' lengths "
         f"(--num_buckets, {DEFAULT_NUM_BUCKETS} by default)",
     )
-    parser.add_argument("--num_buckets", type=_positive, default=DEFAULT_NUM_BUCKETS)
-    parser.add_argument("--batch_size", type=_positive, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument("--num_buckets", type=flags.positive_int, default=DEFAULT_NUM_BUCKETS)
+    parser.add_argument("--batch_size", type=flags.positive_int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument(
-        "--batch_sizes", type=_int_list, help="padded batch sizes allowed (default powers of 2)"
+        "--batch_sizes",
+        type=flags.int_list,
+        help="padded batch sizes allowed (default powers of 2)",
     )
     parser.add_argument(
         "--compilation_cache_dir",
         help="JAX persistent compilation cache, so each pass loads its compiled shapes; default "
-        f"{embed_text.DEFAULT_CACHE} on the local runners; 'none' turns it off",
+        f"{flags.DEFAULT_CACHE} on the local runners; 'none' turns it off",
     )
     args, rest = parser.parse_known_args(argv)
     if not 0 <= args.flip_fraction < 1:
@@ -163,8 +151,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     standard = options.view_as(StandardOptions)
     if standard.runner is None:
         standard.runner = DEFAULT_RUNNER
-    if args.compilation_cache_dir is None and embed_text._is_local(standard.runner):
-        args.compilation_cache_dir = os.path.expanduser(embed_text.DEFAULT_CACHE)
+    if args.compilation_cache_dir is None and flags.is_local(standard.runner):
+        args.compilation_cache_dir = os.path.expanduser(flags.DEFAULT_CACHE)
     elif args.compilation_cache_dir in ("none", ""):
         args.compilation_cache_dir = None
     options.view_as(SetupOptions).save_main_session = False

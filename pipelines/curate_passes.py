@@ -70,6 +70,15 @@ class Job:
     def gradient_path(self, step: int) -> str:
         return FileSystems.join(self.output, "passes", f"gradient-{step:03d}.npz")
 
+    def kernel_options(self, step: int) -> bj.KernelOptions:
+        """What both passes' kernels share: batching, checks, cache, and ``params-step``."""
+        return bj.KernelOptions(
+            bucketing=self.bucketing,
+            load_params=functools.partial(bj.read_params, self.params_path(step)),
+            validation=bj.Validation(check_outputs_finite=True),
+            compilation_cache_dir=self.compilation_cache_dir,
+        )
+
     @property
     def spec(self) -> dict:
         return {
@@ -147,13 +156,7 @@ def gradient_pass(job: Job, step: int) -> tuple[dict, PassStats]:
         read_examples(pipeline, job)
         | "FullBatchGradient"
         >> bj.ReduceKernel(
-            cm.gradient_kernel,
-            spec=job.spec,
-            bucketing=job.bucketing,
-            load_params=functools.partial(bj.read_params, job.params_path(step)),
-            keyed=True,
-            validation=bj.Validation(check_outputs_finite=True),
-            compilation_cache_dir=job.compilation_cache_dir,
+            cm.gradient_kernel, spec=job.spec, keyed=True, options=job.kernel_options(step)
         ).with_exception_handling()
     )
     _ = total | "SaveGradient" >> beam.Map(_save_reduction, job.gradient_path(step))
@@ -207,12 +210,9 @@ def score_pass(job: Job, step: int, id_type: pa.DataType) -> bj.Summary:
         >> bj.RunKernel(
             cm.score_kernel,
             spec=job.spec,
-            bucketing=job.bucketing,
-            load_params=functools.partial(bj.read_params, job.params_path(step)),
-            batched=True,
             keyed=True,
-            validation=bj.Validation(check_outputs_finite=True),
-            compilation_cache_dir=job.compilation_cache_dir,
+            options=job.kernel_options(step),
+            batched=True,
         ).with_exception_handling()
     )
     schema = _scores_schema(id_type)

@@ -21,7 +21,15 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
-__all__ = ["DEFAULT_BUCKETS", "DEFAULT_CACHE", "DEFAULT_OUTPUT", "parse_args"]
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "DEFAULT_CACHE",
+    "DEFAULT_OUTPUT",
+    "int_list",
+    "is_local",
+    "parse_args",
+    "positive_int",
+]
 
 # Token-length buckets (counting [CLS] and [SEP]) up to the model's 256-token window.
 # Between powers of two there is a midpoint bucket: on prose, whose token lengths are
@@ -46,12 +54,12 @@ DEFAULT_CACHE = os.path.join(
 _LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
 
-def _is_local(runner: Any) -> bool:
+def is_local(runner: Any) -> bool:
     name = runner if isinstance(runner, str) else type(runner).__name__
     return name.rsplit(".", 1)[-1] in _LOCAL_RUNNERS
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
@@ -61,7 +69,7 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
@@ -109,33 +117,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     add(
         "--rows_per_part",
-        type=_positive,
+        type=positive_int,
         default=DEFAULT_ROWS_PER_PART,
         help="rows per output part: each input file's rows k*N..(k+1)*N-1 are written as one "
         "part, which a rerun after a failure does not redo",
     )
     add(
         "--builtin_texts",
-        type=_positive,
+        type=positive_int,
         help="without --input: embed only the first N texts of the built-in corpus",
     )
     add(
         "--buckets",
-        type=_int_list,
+        type=int_list,
         default=DEFAULT_BUCKETS,
         help="token-length bucket boundaries, with [CLS]/[SEP]; the last must be >= 256 "
         f"(default {','.join(map(str, DEFAULT_BUCKETS))})",
     )
-    add("--batch_size", type=_positive, default=DEFAULT_BATCH_SIZE)
+    add("--batch_size", type=positive_int, default=DEFAULT_BATCH_SIZE)
     add(
         "--max_tokens_per_batch",
-        type=_positive,
+        type=positive_int,
         default=DEFAULT_MAX_TOKENS,
         help="cap on batch rows x bucket length, so long buckets get smaller batches",
     )
     add(
         "--batch_sizes",
-        type=_int_list,
+        type=int_list,
         help="the padded batch sizes allowed, e.g. 8,64 (default: powers of two up to "
         "--batch_size); fewer sizes mean fewer compiles but more padded rows",
     )
@@ -207,7 +215,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     options = PipelineOptions(rest)
     if options.view_as(StandardOptions).runner is None:
         options.view_as(StandardOptions).runner = DEFAULT_RUNNER
-    if args.compilation_cache_dir is None and _is_local(options.view_as(StandardOptions).runner):
+    if args.compilation_cache_dir is None and is_local(options.view_as(StandardOptions).runner):
         args.compilation_cache_dir = os.path.expanduser(DEFAULT_CACHE)
     elif args.compilation_cache_dir in ("none", ""):
         args.compilation_cache_dir = None

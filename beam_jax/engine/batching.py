@@ -195,13 +195,7 @@ class BatchEngine:
             started = time.perf_counter()
             self._metrics.kernel_calls.inc()
             try:
-                outputs = worker.kernel.dispatch(
-                    worker.params,
-                    batch.leaves,
-                    batch.lengths,
-                    treedef=self._plan.layout.treedef,
-                    num_real=batch.num_real,
-                )
+                outputs = self._dispatch(batch)
             except Exception as e:  # noqa: BLE001 - e.g. a shape that failed to compile
                 error = e
         self._report_compiles()
@@ -212,6 +206,17 @@ class BatchEngine:
             self._front.release(buffer)
             return
         self._inflight.append(_InFlight(buffer, batch, outputs, started))
+
+    def _dispatch(self, batch: PaddedBatch) -> Any:
+        """Start the kernel on ``batch``; its outputs are fetched with ``jax.device_get``."""
+        worker = self._worker
+        return worker.kernel.dispatch(
+            worker.params,
+            batch.leaves,
+            batch.lengths,
+            treedef=self._plan.layout.treedef,
+            num_real=batch.num_real,
+        )
 
     def _land(self) -> Iterator[Any]:
         """Wait for the oldest batch in flight and emit its results."""
@@ -249,19 +254,12 @@ class BatchEngine:
 
         Returns (as the generator's value) whether this chunk's own call ran out of memory.
         """
-        worker = self._worker
         started = time.perf_counter()
         error = None
         try:
             batch = buffer.padded(None if len(rows) == buffer.size else rows)
             self._metrics.kernel_calls.inc()
-            outputs = worker.kernel.call(
-                worker.params,
-                batch.leaves,
-                batch.lengths,
-                treedef=self._plan.layout.treedef,
-                num_real=batch.num_real,
-            )
+            outputs = jax.device_get(self._dispatch(batch))
         except Exception as e:  # noqa: BLE001 - handled below, outside this block
             error = e
         self._report_compiles()
