@@ -57,7 +57,7 @@ from pipelines import curate_model as cm
 from pipelines import curate_passes as cp
 from pipelines import curate_report as report
 from pipelines import embed_text_flags as flags
-from pipelines import labelled_corpus
+from pipelines import input_files, labelled_corpus
 from pipelines import text_rows as tr
 
 __all__ = ["CurateSummary", "parse_args", "run"]
@@ -146,7 +146,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     if args.hash_bits > 24:
         parser.error(f"--hash_bits must be at most 24, got {args.hash_bits}")
     if args.input is not None:
-        tr.input_format(args.input)  # a clear error for an unknown extension, before any run
+        # A clear error for an unknown extension, before any run.
+        input_files.input_format(args.input)
     options = PipelineOptions(rest)
     standard = options.view_as(StandardOptions)
     if standard.runner is None:

@@ -35,7 +35,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.parquetio import ReadFromParquet
 
 import beam_jax as bj
-from pipelines import labelled_corpus, minilm
+from pipelines import input_files, labelled_corpus, minilm
 from pipelines import text_rows as tr
 
 __all__ = [
@@ -257,8 +257,9 @@ def read_rows(
             | "BuiltinCorpus" >> beam.FlatMap(builtin_rows)
         )
         return rows, tr.IdType.from_name("int")
-    if tr.input_format(input_pattern) == "parquet":
-        id_type = tr.IdType.of_parquet(input_pattern)
+    inputs = input_files.match_inputs(input_pattern)
+    id_type = input_files.id_type_of(inputs)
+    if inputs.format == "parquet":
         path = _first_file(input_pattern)
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             names = pq.read_schema(f).names
@@ -266,7 +267,6 @@ def read_rows(
             raise ValueError(f"{path} has no column 'label'; it has {names}")
         read = ReadFromParquet(input_pattern, columns=["id", "text", "label"])
         return pipeline | "ReadParquet" >> read, id_type
-    id_type = tr.IdType.of_json_lines(input_pattern)
     return pipeline | "ReadLines" >> beam.io.ReadFromText(input_pattern), id_type
 
 

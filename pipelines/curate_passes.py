@@ -30,7 +30,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import beam_jax as bj
 from pipelines import curate_data as data
 from pipelines import curate_model as cm
-from pipelines import text_rows as tr
+from pipelines import text_parts as tp
 
 __all__ = ["SCORES", "Job", "PassStats", "gradient_pass", "save_params", "score_pass"]
 
@@ -42,7 +42,7 @@ def write_dead_letters(dead, output: str, name: str) -> None:
     """Dead letters as JSON lines under ``OUTPUT/failed/NAME-*.jsonl`` (no file if none)."""
     _ = (
         dead
-        | f"{name}ToJson" >> beam.Map(tr.dead_letter_json)
+        | f"{name}ToJson" >> beam.Map(lambda record: tp.dead_letter_json(record))
         | f"{name}WriteFailed"
         >> beam.io.WriteToText(
             FileSystems.join(output, "failed", name), file_name_suffix=".jsonl", skip_if_empty=True
