@@ -137,3 +137,30 @@ def test_persistent_compilation_cache(tmp_path):
         assert any((tmp_path / "cache").iterdir())
     finally:
         jax.config.update("jax_compilation_cache_dir", None)
+
+
+def test_a_compilation_cache_others_can_write_is_refused(tmp_path):
+    # JAX runs programs from its cache directory: whoever can write there runs code.
+    shared = tmp_path / "shared-cache"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(bj.SpecError, match="writable by other users .*chmod go-w"):
+        enable_compilation_cache(str(shared))
+    group = tmp_path / "group-cache"
+    group.mkdir()
+    group.chmod(0o770)
+    with pytest.raises(bj.SpecError, match="writable by other users"):
+        enable_compilation_cache(str(group / "jax"))  # created inside: its parent decides
+    private = tmp_path / "private-cache"
+    enable_compilation_cache(str(private))  # created 0700 and accepted
+    assert (private.stat().st_mode & 0o077) == 0
+
+
+def test_a_compilation_cache_owned_by_another_user_is_refused(tmp_path, monkeypatch):
+    import os
+
+    mine = tmp_path / "cache"
+    mine.mkdir(mode=0o700)
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(mine).st_uid + 1)
+    with pytest.raises(bj.SpecError, match="belongs to uid"):
+        enable_compilation_cache(str(mine))
