@@ -12,9 +12,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_jax._errors import InputFileError, SpecError
-from beam_jax.core.dead_letter import DEAD_LETTERS, FailedElement, Stage
+from beam_jax.core.dead_letter import DEAD_LETTERS, METRICS_NAMESPACE, FailedElement, Stage
 
-NAMESPACE = "beam_jax"
 # Record batches carry the file they were read from in their schema metadata, so a row's
 # dead letter can name it.
 SOURCE_KEY = b"beam_jax.source"
@@ -89,12 +88,9 @@ class _ListRowGroups(beam.DoFn):
                     "Every file of the pattern needs the columns read."
                 )
         if error is not None:
-            if not self._handle_errors:
-                raise error
-            Metrics.counter(NAMESPACE, "files_failed").inc()
-            yield _dead(error, path, {"file": path})
+            yield _unreadable(error, self._handle_errors, "files_failed", path, {"file": path})
             return
-        Metrics.counter(NAMESPACE, "files_read").inc()
+        Metrics.counter(METRICS_NAMESPACE, "files_read").inc()
         for group in range(meta.num_row_groups):
             yield (path, group, meta.row_group(group).num_rows)
 
@@ -120,10 +116,8 @@ class _ReadRowGroup(beam.DoFn):
                 ".with_exception_handling() to dead-letter its unreadable row groups)."
             )
         if error is not None:
-            if not self._handle_errors:
-                raise error
-            Metrics.counter(NAMESPACE, "row_groups_failed").inc()
-            yield _dead(error, path, {"file": path, "row_group": group, "rows": rows})
+            where = {"file": path, "row_group": group, "rows": rows}
+            yield _unreadable(error, self._handle_errors, "row_groups_failed", path, where)
             return
         source = {SOURCE_KEY: f"{path} (row group {group})".encode()}
         for batch in _to_batches(table, self._max_rows):
@@ -136,7 +130,11 @@ def source_of(batch: pa.RecordBatch) -> str | None:
     return None if value is None else value.decode()
 
 
-def _dead(error: Exception, path: str, element: dict):
+def _unreadable(error: Exception, handle_errors: bool, counter: str, path: str, element: dict):
+    """The failure path of both read steps: raise, or count and dead-letter what failed."""
+    if not handle_errors:
+        raise error
+    Metrics.counter(METRICS_NAMESPACE, counter).inc()
     record = FailedElement.from_exception(error, stage=Stage.READ, element=element, key=path)
     return beam.pvalue.TaggedOutput(DEAD_LETTERS, record)
 

@@ -12,6 +12,9 @@ import numpy as np
 DEAD_LETTERS = "dead_letters"
 """The tag of the dead-letter output of every beam_jax transform."""
 
+METRICS_NAMESPACE = "beam_jax"
+"""The Beam metrics namespace of beam_jax's counters (dead letters and reads included)."""
+
 
 class Stage:
     """Where an element failed: the ``stage`` of its ``FailedElement``.

@@ -8,9 +8,9 @@ from typing import Any
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 
-from beam_jax.core.dead_letter import STAGES
+from beam_jax.core.dead_letter import METRICS_NAMESPACE, STAGES
 
-NAMESPACE = "beam_jax"
+NAMESPACE = METRICS_NAMESPACE
 
 
 class KernelMetrics:
