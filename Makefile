@@ -1,10 +1,11 @@
 # The two set-up commands of the README: `make run` (the main job on built-in data) and
-# `make test` (lint and the whole test suite). Both create .venv on first use.
+# `make test` (lint, the documentation site and the whole test suite). Both create .venv on
+# first use. `make docs` builds the site alone (into site/); `mkdocs serve` serves it.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint docs bench clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +23,16 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/hadolint docker/Dockerfile docker/Dockerfile.cpu
 
-test: lint
+# --strict: a broken link, a nav entry to a missing page or a docstring the reference
+# cannot render fails the build.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+test: lint docs
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) bench/run.py --quick
 
 clean:
-	rm -rf $(VENV) output
+	rm -rf $(VENV) output site

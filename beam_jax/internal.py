@@ -4,7 +4,7 @@ These pieces run without Beam: plan and pad batches yourself (``Plan``), compile
 kernel on them (``Kernel``), or drive the engine from your own front end
 (``BatchEngine``). They follow the same validation and error rules as the transforms.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> from beam_jax import ArraySpec, Bucketing
     >>> from beam_jax.internal import Kernel, Plan

@@ -12,7 +12,7 @@ from beam_jax.engine.metrics import NAMESPACE, Summary, summarize
 def assert_conserved(result: Any, *, namespace: str = NAMESPACE) -> Summary:
     """Assert every element that entered RunKernel ended as one result or one dead letter.
 
-    Example:
+    Examples:
         >>> result = pipeline.run(); result.wait_until_finish()  # doctest: +SKIP
         >>> assert_conserved(result).dead_letters  # doctest: +SKIP
 

@@ -32,7 +32,7 @@ class ArrowColumns:
     So an ``("L", 64)`` leaf reads ``list<list<float>>``, ``list<fixed_size_list<float,
     64>>`` or a flat ``list<float>`` of ``64 * L`` values; a scalar leaf reads a plain column.
 
-    Example:
+    Examples:
         >>> cols = ArrowColumns(leaves={"x": "embedding"}, id="doc_id")
         >>> cols.leaves["x"]
         'embedding'

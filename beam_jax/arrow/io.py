@@ -153,7 +153,7 @@ class ReadArrowBatches(beam.PTransform):
     with ``.with_exception_handling()`` it becomes one ``FailedElement`` (stage ``"read"``,
     key the file's path) and every other file and row group is still read.
 
-    Example:
+    Examples:
         >>> read = ReadArrowBatches("data/*.parquet", columns=["id", "x"], max_rows=4096)
         >>> batches, unreadable = read.with_exception_handling()  # doctest: +SKIP
 

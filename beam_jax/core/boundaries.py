@@ -58,7 +58,7 @@ def plan_boundaries(
     distinct lengths finds the boundaries (at most ``num_buckets``, the compile budget per
     axis) that minimise it. Time is ``O(num_buckets * distinct_lengths**2)``.
 
-    Example:
+    Examples:
         >>> plan_boundaries([1, 2, 2, 3, 9, 10, 10], num_buckets=2)
         (3, 10)
         >>> plan_boundaries([5, 7], num_buckets=4, max_size=512)
@@ -129,7 +129,7 @@ def padded_total(lengths: Sequence[int] | np.ndarray, boundaries: Sequence[int])
 def padding_ratio(lengths: Sequence[int] | np.ndarray, boundaries: Sequence[int]) -> float:
     """Padded over real length of a sample bucketed by ``boundaries`` (batch rows excluded).
 
-    Example:
+    Examples:
         >>> padding_ratio([3, 4, 8], (4, 8))
         1.0666666666666667
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -19,7 +19,7 @@ def default_boundaries(max_size: int, *, smallest: int = 16) -> tuple[int, ...]:
 
     This is the documented default when a ragged axis is given only its largest size.
 
-    Example:
+    Examples:
         >>> default_boundaries(384)
         (16, 32, 64, 128, 256, 384)
     """
@@ -37,7 +37,7 @@ def default_boundaries(max_size: int, *, smallest: int = 16) -> tuple[int, ...]:
 def default_batch_sizes(max_batch: int) -> tuple[int, ...]:
     """Powers of two below ``max_batch``, then ``max_batch`` itself.
 
-    Example:
+    Examples:
         >>> default_batch_sizes(48)
         (1, 2, 4, 8, 16, 32, 48)
     """
@@ -59,7 +59,7 @@ class Bucketing:
     padded up to one of ``batch_sizes``, so the kernel only ever sees
     ``len(buckets) x len(batch_sizes)`` shapes, all known before the job starts.
 
-    Example:
+    Examples:
         >>> b = Bucketing(boundaries={"L": 512}, batch_size=32, max_padded_size=4096)
         >>> b.boundaries["L"]
         (16, 32, 64, 128, 256, 512)
@@ -130,14 +130,14 @@ class Bucketing:
         *,
         num_buckets: int = 8,
         max_size: int | Mapping[str, int] | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> Bucketing:
         """Bucketing whose boundaries minimise padding over a sample of lengths.
 
         Each axis gets at most ``num_buckets`` boundaries chosen by ``plan_boundaries``, so
         the compile budget is ``num_buckets`` per axis times the batch sizes.
 
-        Example:
+        Examples:
             >>> b = Bucketing.from_sample({"L": [3, 4, 4, 9, 30]}, num_buckets=2, max_size=64)
             >>> b.boundaries["L"]
             (9, 64)
@@ -180,7 +180,7 @@ def boundary_index(boundaries: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     ``len(boundaries)`` where no boundary fits. Every path (one element, Arrow columns,
     boundary planning) assigns buckets through this function.
 
-    Example:
+    Examples:
         >>> boundary_index(np.array([4, 8]), np.array([1, 4, 5, 9])).tolist()
         [0, 0, 1, 2]
     """

@@ -77,7 +77,7 @@ class PaddedBatch:
 class Plan:
     """Everything about batching that can be decided before the job starts.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from beam_jax import ArraySpec, Bucketing
         >>> plan = Plan(ArraySpec(("L",)), Bucketing(boundaries={"L": (4, 8)}, batch_size=2))

@@ -21,7 +21,7 @@ class ArraySpec:
     A dimension is either a fixed ``int`` or the ``str`` name of a ragged axis. Axes that
     share a name share one length per element (e.g. token ids and an attention mask).
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> spec = ArraySpec(("L", 64), np.float32)
         >>> spec.ragged_axes

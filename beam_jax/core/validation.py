@@ -20,7 +20,7 @@ _CASTINGS = ("no", "equiv", "safe", "same_kind")
 class Validation:
     """What an element must satisfy to reach the kernel.
 
-    Example:
+    Examples:
         >>> Validation(nonfinite="reject", max_element_bytes=1 << 20).casting
         'same_kind'
 

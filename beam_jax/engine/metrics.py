@@ -97,7 +97,7 @@ def metric_totals(result: Any, namespace: str) -> dict[str, int]:
 def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
     """Read the RunKernel metrics of a finished ``PipelineResult``.
 
-    Example:
+    Examples:
         >>> summary = summarize(pipeline.run().wait_until_finish() and result)  # doctest: +SKIP
     """
     metrics = result.metrics().query(MetricsFilter().with_namespace(namespace))

@@ -21,7 +21,7 @@ class KernelOptions:
     arguments (``RunKernel(fn, spec=..., bucketing=...)``) or whole
     (``RunKernel(fn, spec=..., options=KernelOptions(...))``).
 
-    Example:
+    Examples:
         >>> opts = KernelOptions(bucketing=Bucketing(boundaries={"L": 256}), precompile=True)
         >>> opts.bucketing.boundaries["L"][-1], opts.precompile
         (256, True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -33,7 +33,7 @@ class BatchLengths(Mapping):
     ``lengths`` do; ``valid`` lets a batched kernel leave padded rows out of anything that
     mixes rows (sums, means, statistics).
 
-    Example:
+    Examples:
         >>> lengths = BatchLengths({"L": np.array([3, 0])}, np.array([True, False]))
         >>> lengths["L"].tolist(), lengths.valid.tolist()
         ([3, 0], [True, False])
@@ -68,7 +68,7 @@ class BatchLengths(Mapping):
 def length_mask(length: Any, size: int) -> jax.Array:
     """``bool[size]``, True on the first ``length`` positions: the mask of a ragged axis.
 
-    Example:
+    Examples:
         >>> length_mask(2, 4).tolist()
         [True, True, False, False]
     """
@@ -83,7 +83,7 @@ class Kernel:
     lowered and compiled ahead of time exactly once (so compiles can be counted and timed),
     and batches are sharded along their leading axis over all ``devices``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> k = Kernel(lambda p, x, lengths: p * jnp.sum(x))
         >>> float(k.call(2.0, [np.ones((4, 3), np.float32)], {}, treedef=None)[0])
@@ -184,7 +184,7 @@ class Kernel:
         leaves: Sequence[np.ndarray],
         lengths: dict,
         *,
-        treedef,
+        treedef: Any,
         num_real: int | None = None,
     ) -> Any:
         """Run on one padded batch given as flat leaves; returns numpy outputs.
@@ -209,7 +209,7 @@ class Kernel:
         leaves: Sequence[np.ndarray],
         lengths: dict,
         *,
-        treedef,
+        treedef: Any,
         num_real: int | None = None,
     ) -> Any:
         """Start ``call`` without waiting: returns the outputs as (future) device arrays.
@@ -229,13 +229,13 @@ class Kernel:
         valid = np.arange(size) < (size if num_real is None else num_real)
         return exe(params, element, BatchLengths({k: lengths[k] for k in names}, valid))
 
-    def run(self, params: Any, batch: PaddedBatch, treedef) -> Any:
+    def run(self, params: Any, batch: PaddedBatch, treedef: Any) -> Any:
         """Run on a ``PaddedBatch``; returns the batched outputs as numpy arrays."""
         return self.call(
             params, batch.leaves, batch.lengths, treedef=treedef, num_real=batch.num_real
         )
 
-    def precompile(self, params: Any, shapes, treedef) -> int:
+    def precompile(self, params: Any, shapes: Iterable[Any], treedef: Any) -> int:
         """Compile the given batch shapes now, without data; returns how many were new.
 
         Args:

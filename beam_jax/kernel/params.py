@@ -66,7 +66,7 @@ def read_params(path: str, *, sep: str | None = ".") -> dict[str, Any]:
     Neither format can execute code on load (``.npz`` is read with ``allow_pickle=False``),
     so a parameter file from an untrusted bucket cannot take over a worker.
 
-    Example:
+    Examples:
         >>> write_params({"dense": {"w": np.ones((2, 2), np.float32)}}, "/tmp/p.safetensors")
         >>> read_params("/tmp/p.safetensors")["dense"]["w"].shape
         (2, 2)

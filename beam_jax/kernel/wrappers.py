@@ -18,7 +18,7 @@ class SumRows:
     whatever the padding; the sum keeps a leading axis of 1 (a "batch" of one sum). This is
     how ``ReduceKernel`` turns a per-element function into a full-dataset reduction.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> summed = SumRows(lambda p, x, lengths: x * 2.0)
         >>> lengths = BatchLengths({}, np.array([True, True, False]))

@@ -125,7 +125,7 @@ class ReduceKernel(KernelTransform):
     then combined across workers. Elements stay in bounded mini-batches, so memory does not
     grow with the dataset. One ``Reduction(total, count)`` comes out per window.
 
-    Example:
+    Examples:
         >>> def grad(params, element, lengths):
         ...     return jax.grad(loss)(params, element, lengths)  # doctest: +SKIP
         >>> full = examples | ReduceKernel(grad, spec=spec, load_params=load)  # doctest: +SKIP
@@ -136,7 +136,8 @@ class ReduceKernel(KernelTransform):
             summed over the real rows.
         spec: as for ``RunKernel``.
         keyed: elements are ``(key, value)``; keys only label dead letters.
-        options, **kwargs: the ``KernelOptions``, as for ``RunKernel`` (no ``output_spec``).
+        options: a ``KernelOptions``; keyword options given here override its fields.
+        **kwargs: the fields of ``KernelOptions``, as for ``RunKernel`` (no ``output_spec``).
 
     ``.with_exception_handling(threshold=...)`` works as for ``RunKernel``; ``results`` then
     holds the ``Reduction``.

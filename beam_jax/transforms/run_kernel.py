@@ -104,12 +104,13 @@ class RunKernel(KernelTransform):
     bucket's shape and to one of a few batch sizes, run through ``fn`` (vmapped and jitted
     once per worker process, sharded over its local devices) and cut back per element.
 
-    Example:
-        >>> spec = {"x": ArraySpec(("L", 64), np.float32)}
+    Examples:
+        >>> import beam_jax as bj
+        >>> spec = {"x": bj.ArraySpec(("L", 64), np.float32)}
         >>> def mean(params, element, lengths):
-        ...     mask = length_mask(lengths["L"], element["x"].shape[0])
+        ...     mask = bj.length_mask(lengths["L"], element["x"].shape[0])
         ...     return (element["x"] * mask[:, None]).sum(0) / lengths["L"]
-        >>> run = RunKernel(mean, spec=spec, bucketing=Bucketing(boundaries={"L": 512}))
+        >>> run = bj.RunKernel(mean, spec=spec, bucketing=bj.Bucketing(boundaries={"L": 512}))
 
     Args:
         fn: ``fn(params, element, lengths)`` for one element, or for a batch if

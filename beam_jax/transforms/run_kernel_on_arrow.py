@@ -164,7 +164,7 @@ class RunKernelOnArrow(KernelTransform):
     record batches of the ``id`` column plus one column per output leaf; rows that fail
     become one ``FailedElement`` each, keyed by their id.
 
-    Example:
+    Examples:
         >>> import beam_jax as bj, numpy as np
         >>> run = bj.RunKernelOnArrow(
         ...     lambda params, element, lengths: element["x"].sum(0),
@@ -176,7 +176,8 @@ class RunKernelOnArrow(KernelTransform):
         fn: ``fn(params, element, lengths)`` for one element (or a batch if ``batched``).
         spec: an ``ArraySpec`` or a pytree of them; ragged axes only first in each leaf.
         columns: which column feeds which leaf, and the id column; see ``ArrowColumns``.
-        options, **kwargs: the ``KernelOptions``, as for ``RunKernel``.
+        options: a ``KernelOptions``; keyword options given here override its fields.
+        **kwargs: the fields of ``KernelOptions``, as for ``RunKernel``.
     """
 
     def __init__(
