@@ -116,6 +116,11 @@ class FailedElement:
     def from_exception(
         cls, error: BaseException, *, stage: str, element: Any, key: Any = None
     ) -> FailedElement:
+        """The record of ``error``, raised for ``element`` at ``stage``.
+
+        ``error_type`` and ``message`` are those of ``error.__cause__`` when it has one (the
+        original error under a wrapper such as ``CompileError``).
+        """
         cause = error.__cause__ if error.__cause__ is not None else error
         trace = "".join(tb.format_exception(type(error), error, error.__traceback__))
         return cls(
@@ -128,7 +133,10 @@ class FailedElement:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as a dict of plain values (a row for Parquet or a DataFrame)."""
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
+        """The record as one line of JSON, keys sorted; ``FailedElement(**json.loads(line))``
+        reads it back."""
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -21,7 +21,12 @@ from beam_jax.engine.worker import Worker, make_plan
 
 
 class RunKernelResult(NamedTuple):
-    """The outputs of a kernel transform's ``.with_exception_handling()``."""
+    """The outputs of a kernel transform's ``.with_exception_handling()``.
+
+    Attributes:
+        results: the transform's results, as without exception handling.
+        dead_letters: one ``FailedElement`` per element that produced no result.
+    """
 
     results: beam.PCollection
     dead_letters: beam.PCollection
