@@ -32,6 +32,10 @@ class KernelMetrics:
         self.out_of_memory = c("out_of_memory")
         self.batch_limit_lowered = c("batch_limit_lowered")
         self.batch_latency_ms = Metrics.distribution(namespace, "batch_latency_ms")
+        # Out of memory at a batch size FitToMemory chose, and by how much (at least, in
+        # percent) XLA's analysis was off (see engine/fit.py).
+        self.fit_out_of_memory = c("fit_out_of_memory")
+        self.fit_missed_by_pct = Metrics.distribution(namespace, "fit_missed_by_pct")
 
     def dead_letter(self, stage: str) -> None:
         self.dead_letters.inc()
