@@ -284,7 +284,8 @@ class BatchEngine:
         oom = is_out_of_memory(error)
         if oom:
             self._metrics.out_of_memory.inc()
-            size = self._plan.padded_batch_size(buffer.bucket, len(rows))
+            n = min(len(rows), self._plan.max_batch(buffer.bucket))
+            size = self._plan.padded_batch_size(buffer.bucket, n)
             record_fit_miss(self._worker.fit, self._metrics, buffer.bucket, size)
         if len(rows) == 1:
             if stage is None:

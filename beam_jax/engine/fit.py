@@ -12,6 +12,7 @@ how much the analysis was off.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,8 @@ from beam_jax.core.fit import FitRow, FitToMemory, search_limits
 from beam_jax.core.plan import Plan
 from beam_jax.kernel.compiled import Kernel
 from beam_jax.kernel.memory import analyse_shape, device_free_bytes, params_bytes
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,7 @@ def fit_batch_limits(kernel: Kernel, params: Any, plan: Plan, policy: FitToMemor
         ),
         budget,
     )
-    return FitReport(
+    report = FitReport(
         budget=budget,
         budget_source=source,
         limits=limits,
@@ -127,6 +130,18 @@ def fit_batch_limits(kernel: Kernel, params: Any, plan: Plan, policy: FitToMemor
         params_bytes=params_bytes(params),
         num_devices=kernel.num_devices,
     )
+    _log.info(
+        "FitToMemory: budget %d bytes per device (%s) on %d device(s); batch limits %s; "
+        "%d shapes analysed, %d compiles in %.1f s",
+        budget,
+        source,
+        kernel.num_devices,
+        {b: limits[b] for b in plan.buckets},
+        len(rows),
+        report.compiles,
+        report.compile_seconds,
+    )
+    return report
 
 
 def fit_plan(fn: Callable[..., Any], spec: Any, options: Any) -> FitReport:
