@@ -411,3 +411,14 @@ def test_bench_fit_batch_runs_end_to_end_and_outputs_agree(tmp_path):
     assert fit["check"].startswith("max |diff|")  # outputs equal fixed 32's (else it raises)
     assert len(fit["limits"]) == 8 and fit["compiles"] >= 8
     assert all(t <= 4 or s == 4 for s, t in zip(fit["limits"], fit["total_mib"], strict=True))
+
+
+def test_plan_with_batch_limits_cuts_each_bucket_at_its_limit():
+    plan = Plan(SPEC, bj.Bucketing(boundaries={"L": (8, 16)}, batch_size=8))
+    cut = plan.with_batch_limits({(8,): 4, (16,): 2})
+    assert cut.batch_sizes((8,)) == (1, 2, 4) and cut.batch_sizes((16,)) == (1, 2)
+    one = plan.with_batch_limits({(8,): 4}, one_size=True)
+    assert one.batch_sizes((8,)) == (4,) and one.padded_batch_size((8,), 1) == 4
+    assert one.batch_sizes((16,)) == (8,) and plan.batch_sizes((8,)) == (1, 2, 4, 8)
+    with pytest.raises(bj.SpecError, match=r"batch limit 3 of bucket \(8,\) is not one of"):
+        plan.with_batch_limits({(8,): 3})
