@@ -20,6 +20,7 @@ from beam_jax.core.buckets import default_boundaries as default_boundaries
 from beam_jax.core.dead_letter import DEAD_LETTERS as DEAD_LETTERS
 from beam_jax.core.dead_letter import FailedElement as FailedElement
 from beam_jax.core.dead_letter import Stage as Stage
+from beam_jax.core.fit import FitToMemory as FitToMemory
 from beam_jax.core.spec import ArraySpec as ArraySpec
 from beam_jax.core.validation import Validation as Validation
 from beam_jax.engine.metrics import Summary as Summary

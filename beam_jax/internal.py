@@ -24,6 +24,9 @@ from beam_jax.core.boundaries import padded_total as padded_total
 from beam_jax.core.boundaries import padding_ratio as padding_ratio
 from beam_jax.core.buckets import bucket_index as bucket_index
 from beam_jax.core.buckets import default_batch_sizes as default_batch_sizes
+from beam_jax.core.fit import FitRow as FitRow
+from beam_jax.core.fit import ShapeBytes as ShapeBytes
+from beam_jax.core.fit import search_limits as search_limits
 from beam_jax.core.outputs import BatchOutputs as BatchOutputs
 from beam_jax.core.outputs import check_outputs as check_outputs
 from beam_jax.core.outputs import nonfinite_rows as nonfinite_rows
@@ -34,9 +37,13 @@ from beam_jax.core.validation import Validated as Validated
 from beam_jax.engine.batching import BatchEngine as BatchEngine
 from beam_jax.engine.batching import Buffer as Buffer
 from beam_jax.engine.batching import FrontEnd as FrontEnd
+from beam_jax.engine.fit import FitReport as FitReport
+from beam_jax.engine.fit import fit_batch_limits as fit_batch_limits
+from beam_jax.engine.fit import fit_plan as fit_plan
 from beam_jax.engine.worker import Worker as Worker
 from beam_jax.kernel.cache import enable_compilation_cache as enable_compilation_cache
 from beam_jax.kernel.compiled import Kernel as Kernel
 from beam_jax.kernel.compiled import is_out_of_memory as is_out_of_memory
 from beam_jax.kernel.devices import select_devices as select_devices
+from beam_jax.kernel.memory import analyse_shape as analyse_shape
 from beam_jax.kernel.wrappers import SumRows as SumRows

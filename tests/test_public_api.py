@@ -14,7 +14,7 @@ TOP_LEVEL = {
     "RunKernel", "RunKernelOnArrow", "ReduceKernel", "Reduction", "RunKernelResult",
     "ReadArrowBatches",
     # configuration
-    "ArraySpec", "Bucketing", "Validation", "KernelOptions", "ArrowColumns",
+    "ArraySpec", "Bucketing", "Validation", "KernelOptions", "ArrowColumns", "FitToMemory",
     "default_boundaries", "plan_boundaries",
     # inside a kernel
     "length_mask", "BatchLengths",
@@ -33,6 +33,9 @@ INTERNAL = {
     "BucketFill", "DecodedBatch", "decode_batch", "outputs_to_arrow", "ArrowCoder",
     "bucket_index", "default_batch_sizes", "padded_total", "padding_ratio",
     "enable_compilation_cache", "is_out_of_memory", "select_devices",
+    # fitting batch sizes to memory
+    "FitReport", "FitRow", "ShapeBytes", "analyse_shape", "fit_batch_limits", "fit_plan",
+    "search_limits",
 }
 
 SUBPACKAGES = ("core", "kernel", "engine", "transforms", "arrow")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import bisect
+import copy
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -151,6 +152,25 @@ class Plan:
     def batch_sizes(self, bucket: Bucket) -> tuple[int, ...]:
         """The padded batch sizes ``bucket`` can use, smallest first."""
         return self._sizes[bucket]
+
+    def with_batch_limits(self, limits: Mapping[Bucket, int], *, one_size: bool = False) -> Plan:
+        """This plan with each bucket's batch sizes cut at ``limits[bucket]`` (one of them).
+
+        With ``one_size`` every batch of a bucket is padded to its limit, so the compile set
+        is one shape per bucket. Used when batch limits are fitted to memory (``FitToMemory``).
+        """
+        sizes = {}
+        for bucket, allowed in self._sizes.items():
+            limit = limits.get(bucket, allowed[-1])
+            if limit not in allowed:
+                raise SpecError(
+                    f"batch limit {limit} of bucket {bucket} is not one of its allowed batch "
+                    f"sizes {allowed}."
+                )
+            sizes[bucket] = (limit,) if one_size else tuple(s for s in allowed if s <= limit)
+        out = copy.copy(self)
+        out._sizes = sizes
+        return out
 
     def max_batch(self, bucket: Bucket) -> int:
         """How many real elements fill a batch of ``bucket``."""

@@ -28,6 +28,7 @@ from beam_jax.core.buckets import Bucket
 from beam_jax.core.dead_letter import COMPILE, KERNEL, OUTPUT
 from beam_jax.core.outputs import all_finite, nonfinite_rows
 from beam_jax.core.plan import PaddedBatch, Plan
+from beam_jax.engine.fit import record_fit_miss
 from beam_jax.engine.worker import Worker
 from beam_jax.kernel.compiled import is_out_of_memory
 
@@ -283,6 +284,9 @@ class BatchEngine:
         oom = is_out_of_memory(error)
         if oom:
             self._metrics.out_of_memory.inc()
+            n = min(len(rows), self._plan.max_batch(buffer.bucket))
+            size = self._plan.padded_batch_size(buffer.bucket, n)
+            record_fit_miss(self._worker.fit, self._metrics, buffer.bucket, size)
         if len(rows) == 1:
             if stage is None:
                 stage = COMPILE if isinstance(error, CompileError) else KERNEL

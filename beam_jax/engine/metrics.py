@@ -32,6 +32,10 @@ class KernelMetrics:
         self.out_of_memory = c("out_of_memory")
         self.batch_limit_lowered = c("batch_limit_lowered")
         self.batch_latency_ms = Metrics.distribution(namespace, "batch_latency_ms")
+        # Out of memory at a batch size FitToMemory chose, and by how much (at least, in
+        # percent) XLA's analysis was off (see engine/fit.py).
+        self.fit_out_of_memory = c("fit_out_of_memory")
+        self.fit_missed_by_pct = Metrics.distribution(namespace, "fit_missed_by_pct")
 
     def dead_letter(self, stage: str) -> None:
         self.dead_letters.inc()
@@ -55,6 +59,9 @@ class Summary:
         kernel_calls: kernel calls, including failed ones and bisection retries.
         kernel_retries: times a failed batch was split in two and retried.
         mean_batch_latency_ms: mean time from a batch's launch to its results.
+        fit_out_of_memory: out-of-memory failures at a batch size ``FitToMemory`` chose.
+        fit_missed_by_pct: over those, the least amount (percent) by which the memory
+            analysis was at least off (``nan`` when there were none); see docs/memory.md.
     """
 
     elements: int
@@ -70,6 +77,8 @@ class Summary:
     kernel_calls: int
     kernel_retries: int
     mean_batch_latency_ms: float
+    fit_out_of_memory: int = 0
+    fit_missed_by_pct: float = float("nan")
 
     @property
     def conserved(self) -> bool:
@@ -103,11 +112,14 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
     metrics = result.metrics().query(MetricsFilter().with_namespace(namespace))
     totals = _counter_totals(metrics)
     latency_sum, latency_count = 0, 0
+    missed = []
     for d in metrics["distributions"]:
         v = d.committed if d.committed is not None else d.attempted
         if v is not None and d.key.metric.name == "batch_latency_ms":
             latency_sum += v.sum
             latency_count += v.count
+        if v is not None and v.count and d.key.metric.name == "fit_missed_by_pct":
+            missed.append(v.min)
     real = totals.get("real_size", 0)
     return Summary(
         elements=totals.get("elements_in", 0),
@@ -123,4 +135,6 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
         kernel_calls=totals.get("kernel_calls", 0),
         kernel_retries=totals.get("kernel_retries", 0),
         mean_batch_latency_ms=latency_sum / latency_count if latency_count else float("nan"),
+        fit_out_of_memory=totals.get("fit_out_of_memory", 0),
+        fit_missed_by_pct=float(min(missed)) if missed else float("nan"),
     )

@@ -8,6 +8,7 @@ from typing import Any, TypedDict
 
 from beam_jax._errors import SpecError
 from beam_jax.core.buckets import Bucketing
+from beam_jax.core.fit import FitToMemory
 from beam_jax.core.validation import Validation
 from beam_jax.engine.metrics import NAMESPACE
 from beam_jax.kernel.devices import device_indices
@@ -40,6 +41,8 @@ class KernelOptions:
         compilation_cache_dir: enables JAX's persistent compilation cache there (refused
             if other users can write to it: the cache runs code from that directory).
         metrics_namespace: the Beam metrics namespace.
+        fit_to_memory: per bucket, the largest allowed batch size whose compiled program
+            fits a memory budget (``FitToMemory``), chosen at worker start; default off.
     """
 
     bucketing: Bucketing = dataclasses.field(default_factory=Bucketing)
@@ -51,6 +54,7 @@ class KernelOptions:
     precompile: bool = False
     compilation_cache_dir: str | None = None
     metrics_namespace: str = NAMESPACE
+    fit_to_memory: FitToMemory | None = None
 
     def __post_init__(self):
         if self.bucketing is None:
@@ -61,6 +65,11 @@ class KernelOptions:
             raise SpecError(f"bucketing must be a Bucketing, got {self.bucketing!r}.")
         if not isinstance(self.validation, Validation):
             raise SpecError(f"validation must be a Validation, got {self.validation!r}.")
+        if self.fit_to_memory is not None and not isinstance(self.fit_to_memory, FitToMemory):
+            raise SpecError(
+                f"fit_to_memory must be a FitToMemory or None, got {self.fit_to_memory!r}; "
+                "e.g. fit_to_memory=FitToMemory(budget_bytes=1 << 30)."
+            )
         if self.load_params is not None and not callable(self.load_params):
             raise SpecError(
                 f"load_params must be a zero-argument callable returning the parameters, got "
@@ -90,6 +99,7 @@ class KernelOptionsKwargs(TypedDict, total=False):
     precompile: bool
     compilation_cache_dir: str | None
     metrics_namespace: str
+    fit_to_memory: FitToMemory | None
 
 
 def resolve_options(options: KernelOptions | None, kwargs: dict[str, Any]) -> KernelOptions:

@@ -8,6 +8,7 @@ from typing import Any
 
 from beam_jax.core.buckets import Bucket
 from beam_jax.core.plan import Plan
+from beam_jax.engine.fit import FitReport, fit_batch_limits
 from beam_jax.engine.options import KernelOptions
 from beam_jax.kernel.cache import enable_compilation_cache
 from beam_jax.kernel.compiled import Kernel
@@ -44,6 +45,13 @@ class Worker:
         self.plan = make_plan(spec, options, self.kernel.num_devices)
         raw = options.load_params() if options.load_params is not None else None
         self.params = self.kernel.put_params(raw)
+        self.fit: FitReport | None = None
+        if options.fit_to_memory is not None:
+            # Batch limits fitted to memory: the plan keeps only the sizes up to them.
+            self.fit = fit_batch_limits(self.kernel, self.params, self.plan, options.fit_to_memory)
+            self.plan = self.plan.with_batch_limits(
+                self.fit.limits, one_size=options.fit_to_memory.one_size
+            )
         self._lock = threading.Lock()
         self._limits = {b: self.plan.max_batch(b) for b in self.plan.buckets}
         self._reported = (0, 0.0)
