@@ -15,6 +15,7 @@ TOP_LEVEL = {
     "ReadArrowBatches",
     # configuration
     "ArraySpec", "Bucketing", "Validation", "KernelOptions", "ArrowColumns",
+    "CrossBundle",
     "default_boundaries", "plan_boundaries",
     # inside a kernel
     "length_mask", "BatchLengths",
@@ -22,6 +23,7 @@ TOP_LEVEL = {
     "read_params", "write_params",
     # dead letters and metrics
     "FailedElement", "DEAD_LETTERS", "Stage", "Summary", "summarize", "metric_totals",
+    "BufferingSummary",
     # errors
     "BeamJaxError", "SpecError", "InputFileError", "InvalidElementError",
     "ElementTooLargeError", "KernelError", "CompileError", "DeadLetterThresholdError",
@@ -33,6 +35,8 @@ INTERNAL = {
     "BucketFill", "DecodedBatch", "decode_batch", "outputs_to_arrow", "ArrowCoder",
     "bucket_index", "default_batch_sizes", "padded_total", "padding_ratio",
     "enable_compilation_cache", "is_out_of_memory", "select_devices",
+    # cross-bundle batching
+    "encode_tree", "decode_tree", "BufferMetrics", "BufferedElement", "BufferedElementCoder",
 }
 
 SUBPACKAGES = ("core", "kernel", "engine", "transforms", "arrow")

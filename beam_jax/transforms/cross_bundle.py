@@ -231,6 +231,11 @@ class CrossBundleFrontEnd:
         # of that firing (the direct runner drops a timer bundle's finish_bundle outputs
         # once the watermark has passed), and every runner handles that alike.
         yield from self._engine.flush()
+        yield from self.flushed()
+
+    def flushed(self) -> Iterator[Any]:
+        """Outputs due once a flush's batches landed (ReduceKernel: its partial sums)."""
+        return iter(())
 
 
 def buffered_outputs(

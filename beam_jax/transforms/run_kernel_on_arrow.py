@@ -179,6 +179,8 @@ class RunKernelOnArrow(KernelTransform):
         options, **kwargs: the ``KernelOptions``, as for ``RunKernel``.
     """
 
+    supports_cross_bundle = False  # its inputs are record batches, batched already
+
     def __init__(
         self,
         fn: Callable[..., Any],
