@@ -93,7 +93,7 @@ class BufferingSummary:
         waited: elements that went through a buffer.
         mean_wait_ms, max_wait_ms: time an element waited in its buffer (processing time).
         p50_wait_ms, p99_wait_ms: upper bounds of the median and 99th percentile, to the
-            resolution of ``WAIT_BOUNDS_MS`` (``inf`` beyond the last bound).
+            resolution of ``WAIT_BOUNDS_MS`` (and at most ``max_wait_ms``).
     """
 
     flushes: dict[str, int]
@@ -125,8 +125,8 @@ def _buffering(totals: dict[str, int], waits: list) -> BufferingSummary:
         waited=count,
         mean_wait_ms=total / count if count else float("nan"),
         max_wait_ms=float(top),
-        p50_wait_ms=_wait_quantile(totals, 0.5),
-        p99_wait_ms=_wait_quantile(totals, 0.99),
+        p50_wait_ms=min(_wait_quantile(totals, 0.5), float(top)),
+        p99_wait_ms=min(_wait_quantile(totals, 0.99), float(top)),
     )
 
 
