@@ -10,7 +10,13 @@ bundle. Three runs on the same records, side by side in one process:
 
 * ``large_bundle``: bundle mode, all records in one bundle (today's batch run);
 * ``small_bundle``: bundle mode, bundles of ``--per-bundle`` records;
-* ``cross_bundle``: cross-bundle mode (``with_cross_bundle_batching``), same small bundles.
+* ``cross_bundle``: cross-bundle mode (``with_cross_bundle_batching``), same small bundles;
+* ``fnapi_large``, ``fnapi_cross``: bundle mode and cross-bundle mode on the FnApiRunner,
+  one large bundle: what cross-bundle mode's extra shuffle and state cost on a fast runner
+  (the direct runner's own per-element cost of state dominates its ``cross_bundle`` time).
+
+The ``x large`` column compares each direct-runner mode with ``large_bundle`` and each
+FnApiRunner mode with ``fnapi_large``.
 
 It prints elements/s (wall time, compile time excluded), the ratio to ``large_bundle``, the
 time the kernel's batches took from launch to results (``kernel s``: the device's share), the
@@ -47,7 +53,7 @@ import beam_jax as bj  # noqa: E402
 from beam_jax.engine import metrics as engine_metrics  # noqa: E402
 from beam_jax.engine.metrics import FLUSH_CAUSES, _wait_quantile  # noqa: E402
 
-MODES = ("large_bundle", "small_bundle", "cross_bundle")
+MODES = ("large_bundle", "small_bundle", "cross_bundle", "fnapi_large", "fnapi_cross")
 SPEC = {"x": bj.ArraySpec(("L", DIM), np.float32)}
 
 
@@ -124,21 +130,28 @@ class Keep(beam.DoFn):
 
 def run_mode(mode: str, args, lengths: np.ndarray, bucketing: bj.Bucketing) -> dict:
     per_bundle = 0 if mode == "large_bundle" else args.per_bundle
+    fnapi = mode.startswith("fnapi_")
     transform = bj.RunKernel(
         KERNELS["heavy"], spec=SPEC, bucketing=bucketing, load_params=load_params, keyed=True
     )
-    if mode == "cross_bundle":
+    if mode in ("cross_bundle", "fnapi_cross"):
         transform = transform.with_cross_bundle_batching(
-            max_wait_s=args.max_wait_s, shards=args.shards, clock=stream_clock.stream_time
+            max_wait_s=args.max_wait_s,
+            shards=args.shards,
+            clock=time.time if fnapi else stream_clock.stream_time,
         )
     stream_clock.reset()
-    p = beam.Pipeline(
-        runner=direct_runner.BundleBasedDirectRunner(),
-        options=PipelineOptions(["--streaming"]),
-    )
+    if fnapi:  # one large bundle on the FnApiRunner: what the state and shuffle cost
+        p = beam.Pipeline(runner="FnApiRunner", options=PipelineOptions([]))
+        source = p | "Indices" >> beam.Create(range(args.elements))
+    else:
+        p = beam.Pipeline(
+            runner=direct_runner.BundleBasedDirectRunner(),
+            options=PipelineOptions(["--streaming"]),
+        )
+        source = p | "Indices" >> indices(args.elements, per_bundle, args.arrival_ms)
     _ = (
-        p
-        | "Indices" >> indices(args.elements, per_bundle, args.arrival_ms)
+        source
         | "Record" >> beam.Map(record, lengths)
         | transform
         | "Keep" >> beam.ParDo(Keep(mode))
@@ -156,6 +169,7 @@ def run_mode(mode: str, args, lengths: np.ndarray, bucketing: bj.Bucketing) -> d
 
 def _table(results: dict) -> str:
     base = results["large_bundle"]["elements_per_s"]
+    fnapi_base = results.get("fnapi_large", {}).get("elements_per_s", base)
     head = (
         f"{'mode':<14}{'elem/s':>9}{'x large':>9}{'kernel s':>9}{'fill':>7}{'padding':>9}"
         f"{'batches':>9}"
@@ -169,7 +183,8 @@ def _table(results: dict) -> str:
             for k in ("wait_p50_ms", "wait_p99_ms", "wait_max_ms")
         )
         lines.append(
-            f"{mode:<14}{r['elements_per_s']:>9.0f}{r['elements_per_s'] / base:>9.2f}"
+            f"{mode:<14}{r['elements_per_s']:>9.0f}"
+            f"{r['elements_per_s'] / (fnapi_base if mode.startswith('fnapi_') else base):>9.2f}"
             f"{r['kernel_s']:>9.2f}{r['batch_fill']:>7.2f}{r['padding_ratio']:>9.2f}{r['batches']:>9}{waits}"
             f"  {f['full']}/{f['timer']}/{f['window_end']}"
         )
