@@ -204,31 +204,35 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
-    engine_metrics.Metrics = InProcessMetrics
-    lengths = sample_lengths(args.elements, args.seed)
-    bounds = bj.plan_boundaries(lengths[:4096], args.num_buckets, max_size=MAX_LEN)
-    bucketing = bj.Bucketing(
-        boundaries={"L": bounds}, batch_size=args.batch_size, max_padded_size=32768
-    )
-    modes = args.modes.split(",")
-    print(
-        f"{args.elements} records, heavy kernel, buckets {list(bounds)}, batch size "
-        f"{args.batch_size}, {args.per_bundle} per small bundle every {args.arrival_ms} ms, "
-        f"max wait {args.max_wait_s}s, {args.shards} shard(s)",
-        flush=True,
-    )
-    results = {}
-    for mode in modes:
-        results[mode] = run_mode(mode, args, lengths, bucketing)
-        print(f"  {mode}: {results[mode]['elapsed_s']:.1f}s", flush=True)
-    reference = Keep.store[modes[0]]
-    for mode in modes[1:]:
-        out = Keep.store[mode]
-        assert out.keys() == reference.keys(), mode
-        worst = max(float(np.max(np.abs(out[i] - reference[i]))) for i in reference)
-        assert worst < 1e-3, (mode, worst)
-    if "large_bundle" in results:
-        print(_table(results))
+    original, engine_metrics.Metrics = engine_metrics.Metrics, InProcessMetrics
+    try:
+        lengths = sample_lengths(args.elements, args.seed)
+        bounds = bj.plan_boundaries(lengths[:4096], args.num_buckets, max_size=MAX_LEN)
+        bucketing = bj.Bucketing(
+            boundaries={"L": bounds}, batch_size=args.batch_size, max_padded_size=32768
+        )
+        modes = args.modes.split(",")
+        print(
+            f"{args.elements} records, heavy kernel, buckets {list(bounds)}, batch size "
+            f"{args.batch_size}, {args.per_bundle} per small bundle every {args.arrival_ms} ms, "
+            f"max wait {args.max_wait_s}s, {args.shards} shard(s)",
+            flush=True,
+        )
+        results = {}
+        for mode in modes:
+            results[mode] = run_mode(mode, args, lengths, bucketing)
+            print(f"  {mode}: {results[mode]['elapsed_s']:.1f}s", flush=True)
+        reference = Keep.store[modes[0]]
+        for mode in modes[1:]:
+            out = Keep.store[mode]
+            assert out.keys() == reference.keys(), mode
+            worst = max(float(np.max(np.abs(out[i] - reference[i]))) for i in reference)
+            assert worst < 1e-3, (mode, worst)
+        if "large_bundle" in results:
+            print(_table(results))
+    finally:
+        engine_metrics.Metrics = original
+        stream_clock.restore()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return results

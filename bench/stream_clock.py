@@ -5,6 +5,7 @@ from apache_beam.runners.direct import clock as direct_clock
 from apache_beam.runners.direct import direct_runner
 
 _CLOCK = direct_clock.TestClock()
+_ORIGINAL = direct_runner.TestClock
 
 
 def stream_time() -> float:
@@ -17,3 +18,8 @@ def reset() -> None:
     global _CLOCK
     _CLOCK = direct_clock.TestClock()
     direct_runner.TestClock = lambda: _CLOCK
+
+
+def restore() -> None:
+    """The direct runner makes its own test clocks again."""
+    direct_runner.TestClock = _ORIGINAL

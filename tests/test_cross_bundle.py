@@ -315,3 +315,19 @@ def test_bad_inputs_and_kernel_faults_give_the_same_dead_letters():
         "k3": "validation", "k5": "validation", "k7": "kernel", "k11": "output",
         "k13": "kernel",  # 13.0 is the kernel's sentinel too
     }  # fmt: skip
+
+
+def test_small_bundles_benchmark_runs_and_cross_bundle_fills_batches():
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
+    import small_bundles
+
+    results = small_bundles.main(
+        ["--elements", "60", "--batch-size", "8", "--num-buckets", "2",
+         "--modes", "large_bundle,small_bundle,cross_bundle", "--max-wait-s", "60"]
+    )  # fmt: skip
+    assert results["cross_bundle"]["batch_fill"] > results["small_bundle"]["batch_fill"]
+    assert results["cross_bundle"]["batches"] < results["small_bundle"]["batches"]
+    assert sum(results["cross_bundle"]["flushes"].values()) == results["cross_bundle"]["batches"]
