@@ -19,7 +19,6 @@ The ``x large`` column compares each direct-runner mode with ``large_bundle`` an
 FnApiRunner mode with ``fnapi_large``.
 
 It prints elements/s (wall time, compile time excluded), the ratio to ``large_bundle``, the
-time the kernel's batches took from launch to results (``kernel s``: the device's share), the
 mean batch fill, the padding ratio, flush causes and the time elements waited in the buffer
 (p50, p99 to the resolution of the wait-bucket counters; stream time). Every run's outputs
 are checked against the first run's. (The FnApiRunner cannot stand in: it advances the
@@ -105,7 +104,6 @@ def summary(totals: dict) -> dict:
         "flushes": {c: totals.get(f"flushes_{c}", 0) for c in FLUSH_CAUSES},
         "wait_p50_ms": min(_wait_quantile(buckets, 0.5), float(waits[2])),
         "wait_p99_ms": min(_wait_quantile(buckets, 0.99), float(waits[2])),
-        "kernel_s": totals.get("batch_latency_ms", (0, 0, 0))[0] / 1000,
         "wait_mean_ms": waits[0] / waits[1] if waits[1] else float("nan"),
         "wait_max_ms": float(waits[2]) if waits[1] else float("nan"),
     }
@@ -171,8 +169,7 @@ def _table(results: dict) -> str:
     base = results["large_bundle"]["elements_per_s"]
     fnapi_base = results.get("fnapi_large", {}).get("elements_per_s", base)
     head = (
-        f"{'mode':<14}{'elem/s':>9}{'x large':>9}{'kernel s':>9}{'fill':>7}{'padding':>9}"
-        f"{'batches':>9}"
+        f"{'mode':<14}{'elem/s':>9}{'x large':>9}{'fill':>7}{'padding':>9}{'batches':>9}"
         f"{'wait p50':>10}{'wait p99':>10}{'wait max':>10}  flushes (full/timer/window end)"
     )
     lines = [head]
@@ -185,7 +182,7 @@ def _table(results: dict) -> str:
         lines.append(
             f"{mode:<14}{r['elements_per_s']:>9.0f}"
             f"{r['elements_per_s'] / (fnapi_base if mode.startswith('fnapi_') else base):>9.2f}"
-            f"{r['kernel_s']:>9.2f}{r['batch_fill']:>7.2f}{r['padding_ratio']:>9.2f}{r['batches']:>9}{waits}"
+            f"{r['batch_fill']:>7.2f}{r['padding_ratio']:>9.2f}{r['batches']:>9}{waits}"
             f"  {f['full']}/{f['timer']}/{f['window_end']}"
         )
     return "\n".join(lines)
