@@ -161,7 +161,7 @@ def test_bounded_fnapi_pipeline_gives_bundle_mode_results_and_metrics():
     )
     assert_that(out, equal_to(expected))
     summary = bj.summarize(run(p))
-    assert summary.conserved and summary.results == 60
+    assert summary.conserved and summary.results == 60 and summary.compiles >= 2
     buffering = summary.buffering
     assert buffering.waited == 60
     # 2 buckets x 2 shards: each key's last partial batch flushes once the input ends (the
@@ -315,6 +315,18 @@ def test_bad_inputs_and_kernel_faults_give_the_same_dead_letters():
         "k3": "validation", "k5": "validation", "k7": "kernel", "k11": "output",
         "k13": "kernel",  # 13.0 is the kernel's sentinel too
     }  # fmt: skip
+
+
+def test_threshold_applies_in_cross_bundle_mode():
+    bad = [{"x": np.ones((2, 2), np.float32)}] * 3 + [{"x": np.ones((2, 1), np.float32)}] * 3
+    p = pipeline()
+    run_kernel = bj.RunKernel(
+        kernels.failing_mean, spec={"x": bj.ArraySpec(("L", 1), np.float32)},
+        bucketing=BUCKETING, load_params=lambda: np.float32(1.0),
+    ).with_cross_bundle_batching(max_wait_s=3600).with_exception_handling(threshold=0.25)
+    _ = p | beam.Create(bad) | run_kernel  # fmt: skip
+    with pytest.raises(Exception, match="3 of 6 elements failed"):
+        run(p)
 
 
 def test_small_bundles_benchmark_runs_and_cross_bundle_fills_batches():

@@ -95,6 +95,8 @@ class RunKernel(KernelTransform):
     Elements are validated against ``spec``, grouped per bucket within a bundle, padded to the
     bucket's shape and to one of a few batch sizes, run through ``fn`` (vmapped and jitted
     once per worker process, sharded over its local devices) and cut back per element.
+    Where bundles are small (streaming), ``.with_cross_bundle_batching(...)`` keeps rows in
+    Beam state across bundles instead (see ``CrossBundle`` and docs/streaming.md).
 
     Example:
         >>> spec = {"x": ArraySpec(("L", 64), np.float32)}
