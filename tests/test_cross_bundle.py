@@ -320,10 +320,16 @@ def test_bad_inputs_and_kernel_faults_give_the_same_dead_letters():
 def test_threshold_applies_in_cross_bundle_mode():
     bad = [{"x": np.ones((2, 2), np.float32)}] * 3 + [{"x": np.ones((2, 1), np.float32)}] * 3
     p = pipeline()
-    run_kernel = bj.RunKernel(
-        kernels.failing_mean, spec={"x": bj.ArraySpec(("L", 1), np.float32)},
-        bucketing=BUCKETING, load_params=lambda: np.float32(1.0),
-    ).with_cross_bundle_batching(max_wait_s=3600).with_exception_handling(threshold=0.25)
+    run_kernel = (
+        bj.RunKernel(
+            kernels.failing_mean,
+            spec={"x": bj.ArraySpec(("L", 1), np.float32)},
+            bucketing=BUCKETING,
+            load_params=lambda: np.float32(1.0),
+        )
+        .with_cross_bundle_batching(max_wait_s=3600)
+        .with_exception_handling(threshold=0.25)
+    )
     _ = p | beam.Create(bad) | run_kernel  # fmt: skip
     with pytest.raises(Exception, match="3 of 6 elements failed"):
         run(p)
