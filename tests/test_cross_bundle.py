@@ -7,7 +7,7 @@ import apache_beam as beam
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from apache_beam.testing.test_stream import TestStream
+from apache_beam.testing.test_stream import TestStream as _TestStream
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import FixedWindows, TimestampedValue
 
@@ -61,9 +61,9 @@ def fill(results) -> float:
     return len(rows) / (batches * BATCH)
 
 
-def small_bundles(values, per_bundle=10, advance=None, times=None) -> TestStream:
+def small_bundles(values, per_bundle=10, advance=None, times=None) -> _TestStream:
     """``values`` as a TestStream of bundles of ``per_bundle`` elements."""
-    stream = TestStream()
+    stream = _TestStream()
     for start in range(0, len(values), per_bundle):
         chunk = values[start : start + per_bundle]
         stamped = [
@@ -301,7 +301,7 @@ def test_bad_inputs_and_kernel_faults_give_the_same_dead_letters():
             transform = transform.with_cross_bundle_batching(shards=3)
         collect_ok, collect_dead = Collect(), Collect()
         with streaming_pipeline() as p:
-            stream = TestStream()
+            stream = _TestStream()
             for i in range(0, len(inputs), 5):
                 stream = stream.add_elements(inputs[i : i + 5])
             result = p | stream | transform.with_exception_handling()
