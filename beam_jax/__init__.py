@@ -23,6 +23,8 @@ from beam_jax.core.dead_letter import Stage as Stage
 from beam_jax.core.fit import FitToMemory as FitToMemory
 from beam_jax.core.spec import ArraySpec as ArraySpec
 from beam_jax.core.validation import Validation as Validation
+from beam_jax.engine.cross_bundle import CrossBundle as CrossBundle
+from beam_jax.engine.metrics import BufferingSummary as BufferingSummary
 from beam_jax.engine.metrics import Summary as Summary
 from beam_jax.engine.metrics import metric_totals as metric_totals
 from beam_jax.engine.metrics import summarize as summarize

@@ -33,6 +33,8 @@ from beam_jax.core.outputs import nonfinite_rows as nonfinite_rows
 from beam_jax.core.plan import PaddedBatch as PaddedBatch
 from beam_jax.core.plan import Plan as Plan
 from beam_jax.core.spec import Layout as Layout
+from beam_jax.core.tree_codec import decode_tree as decode_tree
+from beam_jax.core.tree_codec import encode_tree as encode_tree
 from beam_jax.core.validation import Validated as Validated
 from beam_jax.engine.batching import BatchEngine as BatchEngine
 from beam_jax.engine.batching import Buffer as Buffer
@@ -40,6 +42,7 @@ from beam_jax.engine.batching import FrontEnd as FrontEnd
 from beam_jax.engine.fit import FitReport as FitReport
 from beam_jax.engine.fit import fit_batch_limits as fit_batch_limits
 from beam_jax.engine.fit import fit_plan as fit_plan
+from beam_jax.engine.metrics import BufferMetrics as BufferMetrics
 from beam_jax.engine.worker import Worker as Worker
 from beam_jax.kernel.cache import enable_compilation_cache as enable_compilation_cache
 from beam_jax.kernel.compiled import Kernel as Kernel
@@ -47,3 +50,5 @@ from beam_jax.kernel.compiled import is_out_of_memory as is_out_of_memory
 from beam_jax.kernel.devices import select_devices as select_devices
 from beam_jax.kernel.memory import analyse_shape as analyse_shape
 from beam_jax.kernel.wrappers import SumRows as SumRows
+from beam_jax.transforms.cross_bundle import BufferedElement as BufferedElement
+from beam_jax.transforms.cross_bundle import BufferedElementCoder as BufferedElementCoder

@@ -5,7 +5,7 @@ import pathlib
 import re
 
 import beam_jax as bj
-from beam_jax.engine.metrics import KernelMetrics
+from beam_jax.engine.metrics import FLUSH_CAUSES, WAIT_BOUNDS_MS, KernelMetrics
 
 GUIDE = pathlib.Path(__file__).parent.parent / "docs" / "guide.md"
 
@@ -30,9 +30,13 @@ def test_every_documented_metric_is_counted_and_read_into_summary():
     assert documented_fields == summary_fields
     counters = set(vars(KernelMetrics("test_docs")))
     counters |= {f"dead_letters_{s}" for s in bj.Stage.ALL}
+    # Cross-bundle mode's counters (BufferMetrics).
+    counters |= {f"flushes_{c}" for c in FLUSH_CAUSES} | {"buffer_wait_ms", "buffer_wait_ms_over"}
+    counters |= {f"buffer_wait_ms_le_{b}" for b in WAIT_BOUNDS_MS}
     for names, _ in rows:
         for name in names:
             expanded = name.replace("<stage>", bj.Stage.VALIDATION)
+            expanded = expanded.replace("<cause>", "full").replace("<bound>", "1")
             assert expanded in counters, name
     assert {n for names, _ in rows for n in names} >= {
         c for c in vars(KernelMetrics("test_docs")) if c != "dead_letters_by_stage"

@@ -15,6 +15,7 @@ TOP_LEVEL = {
     "ReadArrowBatches",
     # configuration
     "ArraySpec", "Bucketing", "Validation", "KernelOptions", "ArrowColumns", "FitToMemory",
+    "CrossBundle",
     "default_boundaries", "plan_boundaries",
     # inside a kernel
     "length_mask", "BatchLengths",
@@ -22,6 +23,7 @@ TOP_LEVEL = {
     "read_params", "write_params",
     # dead letters and metrics
     "FailedElement", "DEAD_LETTERS", "Stage", "Summary", "summarize", "metric_totals",
+    "BufferingSummary",
     # errors
     "BeamJaxError", "SpecError", "InputFileError", "InvalidElementError",
     "ElementTooLargeError", "KernelError", "CompileError", "DeadLetterThresholdError",
@@ -36,6 +38,8 @@ INTERNAL = {
     # fitting batch sizes to memory
     "FitReport", "FitRow", "ShapeBytes", "analyse_shape", "fit_batch_limits", "fit_plan",
     "search_limits",
+    # cross-bundle batching
+    "encode_tree", "decode_tree", "BufferMetrics", "BufferedElement", "BufferedElementCoder",
 }
 
 SUBPACKAGES = ("core", "kernel", "engine", "transforms", "arrow")

@@ -161,6 +161,11 @@ class BatchEngine:
         while self._inflight:
             yield from self._land()
 
+    def launch(self, buffer: Buffer) -> Iterator[Any]:
+        """Run ``buffer``'s rows now, full or not (cross-bundle mode: a buffer read back from
+        Beam state); like a full buffer, its batch lands at a later launch or ``flush``."""
+        yield from self._launch(buffer)
+
     def reject(self, error: BaseException, stage: str, sources: Iterable[Any]) -> Iterator[Any]:
         """The one failure path: raise ``error`` when errors are not handled, else one dead
         letter per source (the front end's description of a row)."""
@@ -176,6 +181,7 @@ class BatchEngine:
         """Start ``buffer``'s batch without waiting for it (waiting for the oldest in flight
         once the bound is reached), so the host's next padding overlaps the device's run."""
         worker = self._worker
+        self._metrics.batch_filled(buffer.size, worker.limit(buffer.bucket))
         if buffer.size > worker.limit(buffer.bucket):  # the limit was lowered meanwhile
             yield from self._run(buffer, np.arange(buffer.size))
             self._front.release(buffer)

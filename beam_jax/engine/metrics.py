@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any
 
@@ -36,10 +37,101 @@ class KernelMetrics:
         # percent) XLA's analysis was off (see engine/fit.py).
         self.fit_out_of_memory = c("fit_out_of_memory")
         self.fit_missed_by_pct = Metrics.distribution(namespace, "fit_missed_by_pct")
+        # Batch fill: real rows over the bucket's batch limit, for every launched batch.
+        self.batch_rows = c("batch_rows")
+        self.batch_capacity = c("batch_capacity")
+        self.batch_fill_percent = Metrics.distribution(namespace, "batch_fill_percent")
+
+    def batch_filled(self, rows: int, capacity: int) -> None:
+        """A batch of ``rows`` real rows was launched where ``capacity`` fit."""
+        capacity = max(rows, capacity)
+        self.batch_rows.inc(rows)
+        self.batch_capacity.inc(capacity)
+        self.batch_fill_percent.update(100 * rows // capacity if capacity else 0)
 
     def dead_letter(self, stage: str) -> None:
         self.dead_letters.inc()
         self.dead_letters_by_stage[stage].inc()
+
+
+# --- cross-bundle mode: flush causes and time waited in Beam state ----------------------
+
+FLUSH_CAUSES = ("full", "timer", "window_end")
+"""Why a cross-bundle buffer was flushed: its batch was full, its oldest element waited the
+maximum (processing-time timer), or its window ended (event-time timer)."""
+
+WAIT_BOUNDS_MS = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 700, 1000,
+                  1500, 2000, 3000, 5000, 7000, 10000, 15000, 20000, 30000, 60000)  # fmt: skip
+"""Upper bounds (ms) of the ``buffer_wait_ms_le_<bound>`` counters: Beam's queryable metrics
+have no histogram, so the wait distribution is kept as cumulative-free bucket counters."""
+
+
+class BufferMetrics:
+    """The counters of cross-bundle buffering (same namespace as ``KernelMetrics``)."""
+
+    def __init__(self, namespace: str = NAMESPACE):
+        c = lambda name: Metrics.counter(namespace, name)  # noqa: E731
+        self.flushes = {cause: c(f"flushes_{cause}") for cause in FLUSH_CAUSES}
+        self.buffer_wait_ms = Metrics.distribution(namespace, "buffer_wait_ms")
+        self._wait_buckets = [c(f"buffer_wait_ms_le_{b}") for b in WAIT_BOUNDS_MS]
+        self._wait_over = c("buffer_wait_ms_over")
+
+    def flushed(self, cause: str, waits_ms: list[int]) -> None:
+        """A buffer was flushed for ``cause``; its elements waited ``waits_ms``."""
+        self.flushes[cause].inc()
+        counts: dict[int, int] = {}
+        for wait in waits_ms:
+            self.buffer_wait_ms.update(wait)
+            i = bisect.bisect_left(WAIT_BOUNDS_MS, wait)
+            counts[i] = counts.get(i, 0) + 1
+        for i, n in counts.items():
+            (self._wait_buckets[i] if i < len(WAIT_BOUNDS_MS) else self._wait_over).inc(n)
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferingSummary:
+    """Cross-bundle buffering of a finished pipeline (all zero in bundle mode).
+
+    Attributes:
+        flushes: buffers flushed, per cause (``"full"``, ``"timer"``, ``"window_end"``).
+        waited: elements that went through a buffer.
+        mean_wait_ms, max_wait_ms: time an element waited in its buffer (processing time).
+        p50_wait_ms, p99_wait_ms: upper bounds of the median and 99th percentile, to the
+            resolution of ``WAIT_BOUNDS_MS`` (and at most ``max_wait_ms``).
+    """
+
+    flushes: dict[str, int]
+    waited: int
+    mean_wait_ms: float
+    max_wait_ms: float
+    p50_wait_ms: float
+    p99_wait_ms: float
+
+
+def _wait_quantile(totals: dict[str, int], q: float) -> float:
+    counts = [totals.get(f"buffer_wait_ms_le_{b}", 0) for b in WAIT_BOUNDS_MS]
+    counts.append(totals.get("buffer_wait_ms_over", 0))
+    total = sum(counts)
+    if not total:
+        return float("nan")
+    seen = 0
+    for bound, n in zip((*WAIT_BOUNDS_MS, float("inf")), counts, strict=True):
+        seen += n
+        if seen >= q * total:
+            return float(bound)
+    return float("inf")
+
+
+def _buffering(totals: dict[str, int], waits: list) -> BufferingSummary:
+    total, count, top = waits
+    return BufferingSummary(
+        flushes={cause: totals.get(f"flushes_{cause}", 0) for cause in FLUSH_CAUSES},
+        waited=count,
+        mean_wait_ms=total / count if count else float("nan"),
+        max_wait_ms=float(top),
+        p50_wait_ms=min(_wait_quantile(totals, 0.5), float(top)),
+        p99_wait_ms=min(_wait_quantile(totals, 0.99), float(top)),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +154,9 @@ class Summary:
         fit_out_of_memory: out-of-memory failures at a batch size ``FitToMemory`` chose.
         fit_missed_by_pct: over those, the least amount (percent) by which the memory
             analysis was at least off (``nan`` when there were none); see docs/memory.md.
+        batch_fill: real rows / batch limit over every launched batch (1.0: all full).
+        buffering: cross-bundle buffering (flush causes, time waited); see
+            ``BufferingSummary``.
     """
 
     elements: int
@@ -79,6 +174,8 @@ class Summary:
     mean_batch_latency_ms: float
     fit_out_of_memory: int = 0
     fit_missed_by_pct: float = float("nan")
+    batch_fill: float = float("nan")
+    buffering: BufferingSummary | None = None
 
     @property
     def conserved(self) -> bool:
@@ -113,6 +210,7 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
     totals = _counter_totals(metrics)
     latency_sum, latency_count = 0, 0
     missed = []
+    waits = [0, 0, float("nan")]  # sum, count, max of buffer_wait_ms
     for d in metrics["distributions"]:
         v = d.committed if d.committed is not None else d.attempted
         if v is not None and d.key.metric.name == "batch_latency_ms":
@@ -120,6 +218,10 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
             latency_count += v.count
         if v is not None and v.count and d.key.metric.name == "fit_missed_by_pct":
             missed.append(v.min)
+        if v is not None and d.key.metric.name == "buffer_wait_ms":
+            if v.count:
+                top = v.max if waits[1] == 0 else max(waits[2], v.max)
+                waits = [waits[0] + v.sum, waits[1] + v.count, top]
     real = totals.get("real_size", 0)
     return Summary(
         elements=totals.get("elements_in", 0),
@@ -137,4 +239,10 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
         mean_batch_latency_ms=latency_sum / latency_count if latency_count else float("nan"),
         fit_out_of_memory=totals.get("fit_out_of_memory", 0),
         fit_missed_by_pct=float(min(missed)) if missed else float("nan"),
+        batch_fill=(
+            totals.get("batch_rows", 0) / totals["batch_capacity"]
+            if totals.get("batch_capacity")
+            else float("nan")
+        ),
+        buffering=_buffering(totals, waits),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -11,10 +12,12 @@ from apache_beam.transforms import window as beam_window
 from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_jax._errors import DeadLetterThresholdError, SpecError
-from beam_jax.core.dead_letter import DEAD_LETTERS, FailedElement
+from beam_jax._errors import DeadLetterThresholdError, InvalidElementError, SpecError
+from beam_jax.core.dead_letter import DEAD_LETTERS, FailedElement, describe
 from beam_jax.core.plan import Plan
+from beam_jax.core.validation import check_key
 from beam_jax.engine.batching import BatchEngine
+from beam_jax.engine.cross_bundle import CrossBundle
 from beam_jax.engine.metrics import KernelMetrics
 from beam_jax.engine.options import KernelOptions, resolve_options
 from beam_jax.engine.worker import Worker, make_plan
@@ -39,6 +42,23 @@ class Source(NamedTuple):
     element: Any
     timestamp: Any
     window: Any
+
+
+def validate_element(plan: Plan, element: Any, keyed: bool) -> tuple[Any, Any, Any, Any]:
+    """``(key, value, validated, error)`` of one input element: ``validated`` is ``None``
+    and ``error`` the exception when the element (or its key) is invalid."""
+    key, value = None, element
+    try:
+        if keyed:
+            if not isinstance(element, tuple | list) or len(element) != 2:
+                raise InvalidElementError(
+                    f"keyed=True expects (key, value) pairs, received {describe(element)}."
+                )
+            key, value = element
+            check_key(key)
+        return key, value, plan.validate(value), None
+    except Exception as e:  # noqa: BLE001 - every invalid element is dead-lettered
+        return key, value, None, e
 
 
 class _Holder:
@@ -132,6 +152,9 @@ class KernelTransform(beam.PTransform):
         self._handle_errors = False
         self._threshold = 1.0
         self._threshold_windowing = None
+        self.cross_bundle: CrossBundle | None = None  # bundle mode
+
+    supports_cross_bundle = True
 
     @property
     def metrics_namespace(self) -> str:
@@ -155,6 +178,39 @@ class KernelTransform(beam.PTransform):
         clone._handle_errors = True
         clone._threshold = threshold
         clone._threshold_windowing = threshold_windowing
+        return clone
+
+    def with_cross_bundle_batching(self, config: CrossBundle | None = None, **kwargs):
+        """Batch across bundles: buffer elements in Beam state until a batch is full, has
+        waited ``max_wait_s`` or its window ends (see ``CrossBundle`` and docs/streaming.md).
+
+        Returns a copy of the transform; combine with ``with_exception_handling`` in either
+        order.
+
+        Example:
+            >>> run = RunKernel(fn, spec=spec).with_cross_bundle_batching(  # doctest: +SKIP
+            ...     max_wait_s=0.5, shards=4, when="unbounded")
+
+        Args:
+            config: a ``CrossBundle``; keyword arguments given here override its fields.
+            **kwargs: the fields of ``CrossBundle`` (``max_wait_s``, ``shards``, ``when``,
+                ``clock``).
+        """
+        if not self.supports_cross_bundle:
+            raise SpecError(
+                f"{type(self).__name__} does not batch across bundles: its inputs are whole "
+                "record batches, already batched; use RunKernel or ReduceKernel for "
+                "streaming elements one at a time."
+            )
+        if config is None:
+            config = CrossBundle(**kwargs)
+        elif not isinstance(config, CrossBundle):
+            raise SpecError(f"config must be a CrossBundle, got {config!r}.")
+        elif kwargs:
+            config = dataclasses.replace(config, **kwargs)
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.cross_bundle = config
         return clone
 
     def plan(self, num_devices: int = 1) -> Plan:

@@ -18,6 +18,7 @@ from beam_jax.engine.batching import check_summed_outputs
 from beam_jax.engine.options import KernelOptions, KernelOptionsKwargs
 from beam_jax.kernel.wrappers import SumRows
 from beam_jax.transforms.base import KernelTransform
+from beam_jax.transforms.cross_bundle import CrossBundleFrontEnd, buffered_outputs
 from beam_jax.transforms.run_kernel import ElementsFrontEnd
 
 
@@ -112,9 +113,19 @@ class _SumFrontEnd(ElementsFrontEnd):
 
     def finish_bundle(self) -> Iterator[Any]:
         yield from super().finish_bundle()
+        yield from self._emit_sums()
+
+    def _emit_sums(self) -> Iterator[Any]:
         sums, self._sums = self._sums, {}
         for window, partial in sums.items():
             yield WindowedValue(partial, window.max_timestamp(), (window,))
+
+
+class _BufferedSum(CrossBundleFrontEnd, _SumFrontEnd):
+    """ReduceKernel's front end in cross-bundle mode: each flush emits its partial sum."""
+
+    def flushed(self) -> Iterator[Any]:
+        return self._emit_sums()
 
 
 class ReduceKernel(KernelTransform):
@@ -164,12 +175,21 @@ class ReduceKernel(KernelTransform):
         # Wrap, don't flag: the kernel runs the user's function summed over real rows.
         summed = SumRows(self.fn, batched=self.options.batched)
         options = dataclasses.replace(self.options, batched=True)
-        dofn = _SumFrontEnd(summed, self.spec, options, self._handle_errors, self.keyed)
-        outputs = pcoll | "SumBatches" >> beam.ParDo(dofn).with_outputs(
-            DEAD_LETTERS, main="partials"
-        )
+        config = self.cross_bundle
+        if config is not None and config.applies_to(pcoll):
+            front = _BufferedSum(summed, self.spec, options, self._handle_errors, self.keyed)
+            partials, dead = buffered_outputs(
+                pcoll, front, config, spec=self.spec, options=options,
+                handle_errors=self._handle_errors, keyed=self.keyed, main="partials",
+            )  # fmt: skip
+        else:
+            dofn = _SumFrontEnd(summed, self.spec, options, self._handle_errors, self.keyed)
+            outputs = pcoll | "SumBatches" >> beam.ParDo(dofn).with_outputs(
+                DEAD_LETTERS, main="partials"
+            )
+            partials, dead = outputs.partials, outputs[DEAD_LETTERS]
         combine = beam.CombineGlobally(_SumPartials())
         if not pcoll.windowing.is_default():
             combine = combine.without_defaults()
-        total = outputs.partials | "SumPartials" >> combine
-        return self._outputs(pcoll, total, outputs[DEAD_LETTERS])
+        total = partials | "SumPartials" >> combine
+        return self._outputs(pcoll, total, dead)

@@ -10,14 +10,14 @@ import numpy as np
 from apache_beam.utils.windowed_value import WindowedValue
 from typing_extensions import Unpack
 
-from beam_jax._errors import InvalidElementError
 from beam_jax.core.buckets import Bucket
-from beam_jax.core.dead_letter import DEAD_LETTERS, VALIDATION, describe
+from beam_jax.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax.core.plan import PaddedBatch
-from beam_jax.core.validation import Validated, check_key
+from beam_jax.core.validation import Validated
 from beam_jax.engine.batching import check_row_outputs
 from beam_jax.engine.options import KernelOptions, KernelOptionsKwargs
-from beam_jax.transforms.base import KernelTransform, Source, WorkerDoFn
+from beam_jax.transforms.base import KernelTransform, Source, WorkerDoFn, validate_element
+from beam_jax.transforms.cross_bundle import CrossBundleFrontEnd, buffered_outputs
 
 
 class _RowBuffer:
@@ -56,19 +56,7 @@ class ElementsFrontEnd(WorkerDoFn):
         self, element, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam
     ) -> Iterator[Any]:
         self._metrics.elements_in.inc()
-        key, value = None, element
-        error = None
-        try:
-            if self._keyed:
-                if not isinstance(element, tuple | list) or len(element) != 2:
-                    raise InvalidElementError(
-                        f"keyed=True expects (key, value) pairs, received {describe(element)}."
-                    )
-                key, value = element
-                check_key(key)
-            item = self._plan.validate(value)
-        except Exception as e:  # noqa: BLE001 - every invalid element is dead-lettered
-            error = e
+        key, value, item, error = validate_element(self._plan, element, self._keyed)
         source = Source(key, value, timestamp, window)
         if error is not None:
             yield from self._engine.reject(error, VALIDATION, [source])
@@ -97,12 +85,18 @@ class ElementsFrontEnd(WorkerDoFn):
             yield WindowedValue(out, source.timestamp, (source.window,))
 
 
+class _BufferedElements(CrossBundleFrontEnd, ElementsFrontEnd):
+    """RunKernel's front end in cross-bundle mode: elements buffered in Beam state."""
+
+
 class RunKernel(KernelTransform):
     """Apply a JAX function to every element, in shape-bucketed, padded, masked batches.
 
     Elements are validated against ``spec``, grouped per bucket within a bundle, padded to the
     bucket's shape and to one of a few batch sizes, run through ``fn`` (vmapped and jitted
     once per worker process, sharded over its local devices) and cut back per element.
+    Where bundles are small (streaming), ``.with_cross_bundle_batching(...)`` keeps rows in
+    Beam state across bundles instead (see ``CrossBundle`` and docs/streaming.md).
 
     Examples:
         >>> import beam_jax as bj
@@ -136,6 +130,16 @@ class RunKernel(KernelTransform):
         self.keyed = keyed
 
     def expand(self, pcoll):
+        config = self.cross_bundle
+        if config is not None and config.applies_to(pcoll):
+            front = _BufferedElements(
+                self.fn, self.spec, self.options, self._handle_errors, self.keyed
+            )
+            results, dead = buffered_outputs(
+                pcoll, front, config, spec=self.spec, options=self.options,
+                handle_errors=self._handle_errors, keyed=self.keyed, main="results",
+            )  # fmt: skip
+            return self._outputs(pcoll, results, dead)
         dofn = ElementsFrontEnd(self.fn, self.spec, self.options, self._handle_errors, self.keyed)
         outputs = pcoll | "RunKernel" >> beam.ParDo(dofn).with_outputs(DEAD_LETTERS, main="results")
         return self._outputs(pcoll, outputs.results, outputs[DEAD_LETTERS])

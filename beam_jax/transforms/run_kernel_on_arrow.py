@@ -180,6 +180,8 @@ class RunKernelOnArrow(KernelTransform):
         **kwargs: the fields of ``KernelOptions``, as for ``RunKernel``.
     """
 
+    supports_cross_bundle = False  # its inputs are record batches, batched already
+
     def __init__(
         self,
         fn: Callable[..., Any],

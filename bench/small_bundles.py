@@ -1,0 +1,239 @@
+"""Small bundles: bundle mode vs cross-bundle mode vs one large bundle, heavy kernel.
+
+Streaming runners hand a DoFn bundles of a handful of elements; bundle mode then runs
+batches of one or two rows per bucket. This benchmark runs on the BundleBasedDirectRunner
+(``--streaming``), the local runner that behaves like a streaming one: a ``TestStream``
+emits record indices in bundles of ``--per-bundle``, each bundle ``--arrival-ms`` of
+processing time after the previous one (the stream's own clock, shared with the transform,
+so waits are measured in stream time), and every bundle flows through the pipeline as a
+bundle. Three runs on the same records, side by side in one process:
+
+* ``large_bundle``: bundle mode, all records in one bundle (today's batch run);
+* ``small_bundle``: bundle mode, bundles of ``--per-bundle`` records;
+* ``cross_bundle``: cross-bundle mode (``with_cross_bundle_batching``), same small bundles;
+* ``fnapi_large``, ``fnapi_cross``: bundle mode and cross-bundle mode on the FnApiRunner,
+  one large bundle: what cross-bundle mode's extra shuffle and state cost on a fast runner
+  (the direct runner's own per-element cost of state dominates its ``cross_bundle`` time).
+
+The ``x large`` column compares each direct-runner mode with ``large_bundle`` and each
+FnApiRunner mode with ``fnapi_large``.
+
+It prints elements/s (wall time, compile time excluded), the ratio to ``large_bundle``, the
+mean batch fill, the padding ratio, flush causes and the time elements waited in the buffer
+(p50, p99 to the resolution of the wait-bucket counters; stream time). Every run's outputs
+are checked against the first run's. (The FnApiRunner cannot stand in: it advances the
+watermark past a checkpointed source's residuals, so every window-end timer fires after
+every bundle.) ::
+
+    python bench/small_bundles.py --elements 4000 --per-bundle 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+import apache_beam as beam  # noqa: E402
+import numpy as np  # noqa: E402
+import stream_clock  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+from apache_beam.runners.direct import direct_runner  # noqa: E402
+from apache_beam.testing.test_stream import TestStream  # noqa: E402
+from data import DIM, MAX_LEN, sample_lengths  # noqa: E402
+from kernels import KERNELS, load_params  # noqa: E402
+
+import beam_jax as bj  # noqa: E402
+from beam_jax.engine import metrics as engine_metrics  # noqa: E402
+from beam_jax.engine.metrics import FLUSH_CAUSES, _wait_quantile  # noqa: E402
+
+MODES = ("large_bundle", "small_bundle", "cross_bundle", "fnapi_large", "fnapi_cross")
+SPEC = {"x": bj.ArraySpec(("L", DIM), np.float32)}
+
+
+def indices(n: int, per_bundle: int, arrival_ms: float) -> TestStream:
+    """``range(n)`` as bundles of ``per_bundle`` (0: one bundle), ``arrival_ms`` apart."""
+    stream = TestStream()
+    step = per_bundle or n
+    for start in range(0, n, step):
+        stream = stream.add_elements(list(range(start, min(n, start + step))))
+        stream = stream.advance_processing_time(arrival_ms / 1000)
+    return stream.advance_watermark_to_infinity()
+
+
+class _Counter:
+    def __init__(self, totals: dict, name: str):
+        self._totals, self._name = totals, name
+
+    def inc(self, n: int = 1) -> None:
+        self._totals[self._name] = self._totals.get(self._name, 0) + n
+
+    def update(self, value: int) -> None:  # a distribution: sum, count, max
+        s, c, m = self._totals.get(self._name, (0, 0, 0))
+        self._totals[self._name] = (s + value, c + 1, max(m, value))
+
+
+class InProcessMetrics:
+    """Stands in for ``apache_beam.metrics.Metrics`` in ``beam_jax.engine.metrics``: the
+    direct runner's streaming mode keeps only one bundle's metric updates per step, so the
+    benchmark counts in this process (the direct runner runs DoFns here)."""
+
+    totals: dict = {}
+
+    @classmethod
+    def counter(cls, namespace, name):
+        return _Counter(cls.totals, name)
+
+    distribution = counter
+
+
+def summary(totals: dict) -> dict:
+    waits = totals.get("buffer_wait_ms", (0, 0, float("nan")))
+    buckets = {k: v for k, v in totals.items() if k.startswith("buffer_wait_ms_")}
+    return {
+        "results": totals.get("results", 0),
+        "batches": totals.get("batches", 0),
+        "compile_s": totals.get("compile_ms", 0) / 1000,
+        "batch_fill": totals.get("batch_rows", 0) / max(totals.get("batch_capacity", 0), 1),
+        "padding_ratio": totals.get("padded_size", 0) / max(totals.get("real_size", 0), 1),
+        "flushes": {c: totals.get(f"flushes_{c}", 0) for c in FLUSH_CAUSES},
+        "wait_p50_ms": min(_wait_quantile(buckets, 0.5), float(waits[2])),
+        "wait_p99_ms": min(_wait_quantile(buckets, 0.99), float(waits[2])),
+        "wait_mean_ms": waits[0] / waits[1] if waits[1] else float("nan"),
+        "wait_max_ms": float(waits[2]) if waits[1] else float("nan"),
+    }
+
+
+def record(i: int, lengths: np.ndarray) -> tuple[int, dict]:
+    rng = np.random.default_rng(i)
+    return i, {"x": rng.standard_normal((int(lengths[i]), DIM), dtype=np.float32)}
+
+
+class Keep(beam.DoFn):
+    """Outputs back to the driver (the FnApiRunner runs in this process)."""
+
+    store: dict[str, dict[int, np.ndarray]] = {}
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def process(self, kv):
+        Keep.store.setdefault(self._name, {})[kv[0]] = np.asarray(kv[1])
+
+
+def run_mode(mode: str, args, lengths: np.ndarray, bucketing: bj.Bucketing) -> dict:
+    per_bundle = 0 if mode == "large_bundle" else args.per_bundle
+    fnapi = mode.startswith("fnapi_")
+    transform = bj.RunKernel(
+        KERNELS["heavy"], spec=SPEC, bucketing=bucketing, load_params=load_params, keyed=True
+    )
+    if mode in ("cross_bundle", "fnapi_cross"):
+        transform = transform.with_cross_bundle_batching(
+            max_wait_s=args.max_wait_s,
+            shards=args.shards,
+            clock=time.time if fnapi else stream_clock.stream_time,
+        )
+    stream_clock.reset()
+    if fnapi:  # one large bundle on the FnApiRunner: what the state and shuffle cost
+        p = beam.Pipeline(runner="FnApiRunner", options=PipelineOptions([]))
+        source = p | "Indices" >> beam.Create(range(args.elements))
+    else:
+        p = beam.Pipeline(
+            runner=direct_runner.BundleBasedDirectRunner(),
+            options=PipelineOptions(["--streaming"]),
+        )
+        source = p | "Indices" >> indices(args.elements, per_bundle, args.arrival_ms)
+    _ = (
+        source
+        | "Record" >> beam.Map(record, lengths)
+        | transform
+        | "Keep" >> beam.ParDo(Keep(mode))
+    )
+    InProcessMetrics.totals = {}
+    start = time.perf_counter()
+    p.run().wait_until_finish()
+    elapsed = time.perf_counter() - start
+    out = summary(InProcessMetrics.totals)
+    assert out["results"] == args.elements, out
+    out["elapsed_s"] = elapsed
+    out["elements_per_s"] = args.elements / max(elapsed - out["compile_s"], 1e-9)
+    return out
+
+
+def _table(results: dict) -> str:
+    base = results["large_bundle"]["elements_per_s"]
+    fnapi_base = results.get("fnapi_large", {}).get("elements_per_s", base)
+    head = (
+        f"{'mode':<14}{'elem/s':>9}{'x large':>9}{'fill':>7}{'padding':>9}{'batches':>9}"
+        f"{'wait p50':>10}{'wait p99':>10}{'wait max':>10}  flushes (full/timer/window end)"
+    )
+    lines = [head]
+    for mode, r in results.items():
+        f = r["flushes"]
+        waits = "".join(
+            f"{r[k]:>8.0f}ms" if r[k] == r[k] else f"{'-':>10}"
+            for k in ("wait_p50_ms", "wait_p99_ms", "wait_max_ms")
+        )
+        lines.append(
+            f"{mode:<14}{r['elements_per_s']:>9.0f}"
+            f"{r['elements_per_s'] / (fnapi_base if mode.startswith('fnapi_') else base):>9.2f}"
+            f"{r['batch_fill']:>7.2f}{r['padding_ratio']:>9.2f}{r['batches']:>9}{waits}"
+            f"  {f['full']}/{f['timer']}/{f['window_end']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--elements", type=int, default=4000)
+    parser.add_argument("--per-bundle", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--num-buckets", type=int, default=8)
+    parser.add_argument("--max-wait-s", type=float, default=1.0)
+    parser.add_argument("--arrival-ms", type=float, default=10.0, help="between bundles")
+    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    original, engine_metrics.Metrics = engine_metrics.Metrics, InProcessMetrics
+    try:
+        lengths = sample_lengths(args.elements, args.seed)
+        bounds = bj.plan_boundaries(lengths[:4096], args.num_buckets, max_size=MAX_LEN)
+        bucketing = bj.Bucketing(
+            boundaries={"L": bounds}, batch_size=args.batch_size, max_padded_size=32768
+        )
+        modes = args.modes.split(",")
+        print(
+            f"{args.elements} records, heavy kernel, buckets {list(bounds)}, batch size "
+            f"{args.batch_size}, {args.per_bundle} per small bundle every {args.arrival_ms} ms, "
+            f"max wait {args.max_wait_s}s, {args.shards} shard(s)",
+            flush=True,
+        )
+        results = {}
+        for mode in modes:
+            results[mode] = run_mode(mode, args, lengths, bucketing)
+            print(f"  {mode}: {results[mode]['elapsed_s']:.1f}s", flush=True)
+        reference = Keep.store[modes[0]]
+        for mode in modes[1:]:
+            out = Keep.store[mode]
+            assert out.keys() == reference.keys(), mode
+            worst = max(float(np.max(np.abs(out[i] - reference[i]))) for i in reference)
+            assert worst < 1e-3, (mode, worst)
+        if "large_bundle" in results:
+            print(_table(results))
+    finally:
+        engine_metrics.Metrics = original
+        stream_clock.restore()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
