@@ -19,6 +19,7 @@ from pipelines import text_rows as tr
 from pipelines.embed_text import EmbedTexts
 from tests.beam_helpers import pipeline, run
 from tests.flagship import write_json_lines
+from tests.kernels import D, attention_params, masked_attention_pool, reference_attention_pool
 
 yaml_main = pytest.importorskip("apache_beam.yaml.main")
 from apache_beam.yaml import yaml_transform  # noqa: E402
@@ -168,3 +169,95 @@ def test_configuration_errors_fail_at_construction():
         EmbedText(error_handling={"where": "x"})
     with pytest.raises(ValueError, match="rows_per_batch"):
         EmbedText(rows_per_batch=0)
+
+
+def _kernel_pipeline(source, output, params) -> str:
+    return f"""
+pipeline:
+  transforms:
+    - type: ReadFromParquet
+      name: Read
+      config:
+        path: "{source}"
+    - type: RunKernelOnRows
+      name: Pool
+      input: Read
+      config:
+        kernel: tests.kernels.masked_attention_pool
+        fields: {{x: {{shape: [L, {D}], dtype: float32}}}}
+        boundaries: {{L: [4, 8, 16]}}
+        batch_size: 8
+        key_field: id
+        params_path: "{params}"
+        error_handling: {{output: failed}}
+    - type: WriteToJson
+      input: Pool
+      config:
+        path: "{output}"
+    - type: WriteToJson
+      input: Pool.failed
+      config:
+        path: "{output}-failed"
+providers:
+  - include: "{PROVIDER}"
+"""
+
+
+def _to_pair(row) -> tuple:
+    return row["id"], {"x": np.asarray(row["x"], np.float32).reshape(-1, D)}
+
+
+def test_run_kernel_on_rows_in_yaml_equals_run_kernel_and_dead_letters_bad_rows(tmp_path):
+    rng = np.random.default_rng(0)
+    xs = {
+        i: rng.standard_normal((int(rng.integers(1, 17)), D)).astype(np.float32) for i in range(12)
+    }
+    bad = np.ones((20, D), np.float32)  # longer than the largest bucket
+    source = tmp_path / "in.parquet"
+    pq.write_table(
+        pa.table({
+            "id": pa.array([*xs, 99], pa.int64()),
+            "x": pa.array([x.reshape(-1) for x in [*xs.values(), bad]], pa.list_(pa.float32())),
+        }),
+        source,
+    )  # fmt: skip
+    params = tmp_path / "params.safetensors"
+    bj.write_params(attention_params(), str(params))
+    output = tmp_path / "out" / "pooled"
+    _COLLECTED.clear()
+    p = pipeline()
+    yaml_transform.expand_pipeline(p, _kernel_pipeline(source, output, params))
+    pairs = p | "ReadAgain" >> beam.io.ReadFromParquet(str(source)) | beam.Map(_to_pair)
+    results, _ = pairs | bj.RunKernel(
+        masked_attention_pool, spec={"x": bj.ArraySpec(("L", D), np.float32)},
+        bucketing=bj.Bucketing(boundaries={"L": (4, 8, 16)}, batch_size=8),
+        load_params=attention_params, keyed=True,
+    ).with_exception_handling()  # fmt: skip
+    _ = results | beam.Map(_keep)
+    run(p)
+    rows = _json_rows(f"{output}-0*")
+    assert sorted(r["id"] for r in rows) == sorted(xs)
+    for r in rows:
+        np.testing.assert_allclose(r["output"], _COLLECTED[r["id"]], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            r["output"],
+            reference_attention_pool(attention_params(), xs[r["id"]]),
+            rtol=1e-4,
+            atol=1e-5,
+        )
+    (failed,) = _json_rows(f"{output}-failed-*")
+    assert (
+        failed["msg"].startswith("[validation] ElementTooLargeError") and "key 99" in failed["msg"]
+    )
+
+
+def test_run_kernel_on_rows_explains_a_bad_configuration():
+    from beam_jax.inference.rows import RunKernelOnRows
+
+    fields = {"x": {"shape": ["L", D]}}
+    with pytest.raises(bj.SpecError, match="not an importable 'module.function'"):
+        RunKernelOnRows("tests.kernels.nope", fields, {"L": [4]})
+    with pytest.raises(bj.SpecError, match="needs a mapping with a shape"):
+        RunKernelOnRows("tests.kernels.masked_attention_pool", {"x": [4]}, {"L": [4]})
+    with pytest.raises(bj.SpecError, match="no bucket boundaries"):
+        RunKernelOnRows("tests.kernels.masked_attention_pool", fields, {})
