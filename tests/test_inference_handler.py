@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from apache_beam.ml.inference.base import PredictionResult, RunInference
+from apache_beam.ml.inference.base import RunInference
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
@@ -226,4 +226,3 @@ def test_the_batch_error_survives_pickling_with_its_failures():
         (1, "validation", "ElementTooLargeError")
     ]
     assert isinstance(error, RuntimeError) and error.batch_size == 2
-    assert isinstance(PredictionResult(1, 2), tuple)

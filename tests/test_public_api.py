@@ -81,9 +81,9 @@ def test_kernel_options_are_stated_once_and_the_kwargs_type_matches():
 
 def test_imports_only_go_down_the_layers():
     """core < kernel < engine < transforms; arrow (columns, decode, fill, encode, io) sits
-    beside kernel and is used by transforms; inference (RunInference's model handlers)
-    sits beside transforms: both are front ends of the engine."""
-    rank = {"core": 0, "arrow": 1, "kernel": 1, "engine": 2, "transforms": 3, "inference": 3}
+    beside kernel and is used by transforms; inference (RunInference's model handlers, a
+    front end of the engine, and RunKernel on YAML rows) sits on top of transforms."""
+    rank = {"core": 0, "arrow": 1, "kernel": 1, "engine": 2, "transforms": 3, "inference": 4}
     root = pathlib.Path(bj.__file__).parent
     for package, level in rank.items():
         for path in (root / package).glob("*.py"):
