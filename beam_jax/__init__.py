@@ -29,6 +29,7 @@ from beam_jax.engine.metrics import summarize as summarize
 from beam_jax.engine.options import KernelOptions as KernelOptions
 from beam_jax.inference.handler import JaxModelHandler as JaxModelHandler
 from beam_jax.inference.handler import KeyedJaxModelHandler as KeyedJaxModelHandler
+from beam_jax.inference.rows import RunKernelOnRows as RunKernelOnRows
 from beam_jax.kernel.compiled import BatchLengths as BatchLengths
 from beam_jax.kernel.compiled import length_mask as length_mask
 from beam_jax.kernel.params import read_params as read_params

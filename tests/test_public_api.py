@@ -14,7 +14,7 @@ TOP_LEVEL = {
     "RunKernel", "RunKernelOnArrow", "ReduceKernel", "Reduction", "RunKernelResult",
     "ReadArrowBatches",
     # Beam ML front ends
-    "JaxModelHandler", "KeyedJaxModelHandler",
+    "JaxModelHandler", "KeyedJaxModelHandler", "RunKernelOnRows",
     # configuration
     "ArraySpec", "Bucketing", "Validation", "KernelOptions", "ArrowColumns",
     "default_boundaries", "plan_boundaries",
