@@ -226,3 +226,19 @@ def test_the_batch_error_survives_pickling_with_its_failures():
         (1, "validation", "ElementTooLargeError")
     ]
     assert isinstance(error, RuntimeError) and error.batch_size == 2
+
+
+def test_a_kernel_failure_is_bisected_down_to_its_element():
+    from tests.kernels import SENTINEL, failing_mean
+
+    handler = bj.JaxModelHandler(
+        failing_mean, spec=SPEC, bucketing=BUCKETING, load_params=lambda: np.float32(2.0)
+    )
+    batch = [{"x": np.full((3, D), i, np.float32)} for i in range(6)]
+    model = handler.load_model()
+    ok = handler.run_inference(batch, model)
+    np.testing.assert_allclose([r.inference["mean"][0] for r in ok], [2.0 * i for i in range(6)])
+    batch[4] = {"x": np.full((3, D), SENTINEL, np.float32)}
+    with pytest.raises(bj.InferenceBatchError, match=r"elements \[4\] failed") as info:
+        handler.run_inference(batch, model)
+    assert [(f.key, f.stage) for f in info.value.failures] == [(4, "kernel")]
