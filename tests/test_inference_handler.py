@@ -242,3 +242,25 @@ def test_a_kernel_failure_is_bisected_down_to_its_element():
     with pytest.raises(bj.InferenceBatchError, match=r"elements \[4\] failed") as info:
         handler.run_inference(batch, model)
     assert [(f.key, f.stage) for f in info.value.failures] == [(4, "kernel")]
+
+
+def test_runinference_model_updates_through_a_side_input_reload_the_parameters(tmp_path):
+    from apache_beam.ml.inference.base import ModelMetadata
+
+    first, second = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    bj.write_params(attention_params(0), str(first))
+    bj.write_params(attention_params(1), str(second))
+    handler = bj.JaxModelHandler(masked_attention_pool, spec=SPEC, bucketing=BUCKETING,
+                                 params_path=str(first))  # fmt: skip
+    x = np.arange(3 * D, dtype=np.float32).reshape(3, D) / 10
+    expected = reference_attention_pool(attention_params(1), x)
+    p = pipeline()
+    update = p | "Model" >> beam.Create([ModelMetadata(model_id=str(second), model_name="v2")])
+    results = (
+        p
+        | "Elements" >> beam.Create([{"x": x}])
+        | RunInference(handler, model_metadata_pcoll=update)
+        | beam.Map(lambda r: (r.model_id, np.allclose(r.inference, expected, rtol=1e-4)))
+    )
+    assert_that(results, equal_to([(str(second), True)]))
+    run(p)
