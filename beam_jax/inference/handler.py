@@ -124,6 +124,8 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
     """Run a JAX function with ``RunInference``, batched the way ``RunKernel`` batches.
 
     Example:
+        >>> def mean(params, element, lengths):
+        ...     return element["x"].sum(0) / lengths["L"]  # padding is zeros
         >>> spec = {"x": ArraySpec(("L", 64), np.float32)}
         >>> handler = JaxModelHandler(
         ...     mean, spec=spec, bucketing=Bucketing(boundaries={"L": 512}, batch_size=32)
@@ -246,7 +248,8 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
 
     def update_model_path(self, model_path: str | None = None) -> None:
         """Read the parameters from ``model_path`` at the next load (RunInference's side
-        input model updates); the compiled shapes are kept only if the shapes match."""
+        input model updates). The next load builds a new worker: its shapes compile again,
+        from JAX's caches where they hit."""
         if model_path:
             if self._options.load_params is not None:
                 raise SpecError(
