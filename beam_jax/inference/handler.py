@@ -193,13 +193,19 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
             length_fn = None  # one bucket (or several axes): nothing for Beam to sort by
         elif max_batch_duration_secs is None:
             length_fn = None  # Beam buckets by length only on its stateful path
-        super().__init__(
-            min_batch_size=top if min_batch_size is None else min_batch_size,
-            max_batch_size=top,
-            max_batch_duration_secs=max_batch_duration_secs,
-            batch_length_fn=length_fn,
-            batch_bucket_boundaries=beam_bounds if length_fn is not None and beam_bounds else None,
-        )
+        try:
+            super().__init__(
+                min_batch_size=top if min_batch_size is None else min_batch_size,
+                max_batch_size=top,
+                max_batch_duration_secs=max_batch_duration_secs,
+                batch_length_fn=length_fn,
+                batch_bucket_boundaries=beam_bounds if length_fn and beam_bounds else None,
+            )
+        except TypeError as e:  # ModelHandler's length buckets arrived in Beam 2.77
+            raise SpecError(
+                f"this apache-beam's ModelHandler lacks length-bucketed batching ({e}); "
+                "JaxModelHandler needs apache-beam>=2.77: pip install 'beam_jax[yaml]'."
+            ) from e
         self._metrics: KernelMetrics | None = None
 
     def plan(self, num_devices: int = 1) -> Plan:
