@@ -264,3 +264,30 @@ def test_runinference_model_updates_through_a_side_input_reload_the_parameters(t
     )
     assert_that(results, equal_to([(str(second), True)]))
     run(p)
+
+
+def test_parameters_load_once_per_process_across_batches(tmp_path):
+    from beam_jax.testing import CountingLoader
+
+    loader = CountingLoader(str(tmp_path / "loads"), attention_params())
+    handler = bj.KeyedJaxModelHandler(
+        masked_attention_pool, spec=SPEC, bucketing=BUCKETING, load_params=loader
+    )
+    records = _records(n=48)
+    p = pipeline()
+    count = (
+        p
+        | beam.Create([(i, {"x": x}) for i, x in records])
+        | RunInference(handler)
+        | beam.combiners.Count.Globally()
+    )
+    assert_that(count, equal_to([48]))
+    result = run(p)
+    assert list(loader.calls().values()) == [1]
+    query = result.metrics().query(
+        beam.metrics.MetricsFilter()
+        .with_namespace("BeamML_Jax")
+        .with_name("inference_request_batch_size")
+    )
+    (batch_sizes,) = [d.committed for d in query["distributions"]]
+    assert batch_sizes.count >= 6 and batch_sizes.max <= 8  # many batches, one load
