@@ -8,6 +8,7 @@ from beam_jax._errors import BeamJaxError as BeamJaxError
 from beam_jax._errors import CompileError as CompileError
 from beam_jax._errors import DeadLetterThresholdError as DeadLetterThresholdError
 from beam_jax._errors import ElementTooLargeError as ElementTooLargeError
+from beam_jax._errors import InferenceBatchError as InferenceBatchError
 from beam_jax._errors import InputFileError as InputFileError
 from beam_jax._errors import InvalidElementError as InvalidElementError
 from beam_jax._errors import KernelError as KernelError
@@ -29,6 +30,9 @@ from beam_jax.engine.metrics import Summary as Summary
 from beam_jax.engine.metrics import metric_totals as metric_totals
 from beam_jax.engine.metrics import summarize as summarize
 from beam_jax.engine.options import KernelOptions as KernelOptions
+from beam_jax.inference.handler import JaxModelHandler as JaxModelHandler
+from beam_jax.inference.handler import KeyedJaxModelHandler as KeyedJaxModelHandler
+from beam_jax.inference.rows import RunKernelOnRows as RunKernelOnRows
 from beam_jax.kernel.compiled import BatchLengths as BatchLengths
 from beam_jax.kernel.compiled import length_mask as length_mask
 from beam_jax.kernel.params import read_params as read_params

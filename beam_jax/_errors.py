@@ -70,3 +70,22 @@ class CompileError(KernelError):
     an axis the kernel assumed), or drop the bucket that triggers it.
     """
 
+
+
+class InferenceBatchError(BeamJaxError, RuntimeError):
+    """Elements of one ``RunInference`` batch failed in a beam_jax model handler.
+
+    RunInference dead-letters whole batches: with its ``.with_exception_handling()`` the
+    batch and this error go to ``failed_inferences``; without it the bundle fails. The
+    error's ``failures`` holds one ``FailedElement`` per failing element (its ``key`` is the
+    element's index in the batch), so the bad rows can be told from the good ones. For
+    per-element dead letters with every good result kept, use ``RunKernel``.
+    """
+
+    def __init__(self, message: str, failures: tuple = (), batch_size: int = 0):
+        super().__init__(message)
+        self.failures = tuple(failures)
+        self.batch_size = batch_size
+
+    def __reduce__(self):
+        return type(self), (str(self), self.failures, self.batch_size)

@@ -34,6 +34,7 @@ VARIANT_NAMES = (
     "beam_jax_arrow_binary",
     "stock_beam",
     "stock_runinference",
+    "beam_jax_runinference",
 )
 KERNEL_NAMES = ("heavy", "light")
 FIELDS = (

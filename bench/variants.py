@@ -357,6 +357,28 @@ def run_stock_runinference(kernel: str, cfg: dict) -> dict:
     return _finish_stock(p, start, kernel)
 
 
+def run_beam_jax_runinference(kernel: str, cfg: dict) -> dict:
+    """RunInference with beam_jax's handler: the same Beam length buckets and stateful
+    batching as ``stock_runinference``, each batch run by beam_jax's engine."""
+    _warm(os.path.join(cfg["workdir"], "values.f32"))
+    start = time.perf_counter()
+    p = _pipeline()
+    handler = bj.KeyedJaxModelHandler(
+        KERNELS[kernel],
+        spec=SPEC,
+        bucketing=_bucketing(cfg),
+        load_params=load_params,
+        max_batch_duration_secs=60,
+    )
+    _ = (
+        _indices(p, cfg["n"])
+        | "Read" >> beam.ParDo(ReadRecord(cfg["workdir"], True))
+        | RunInference(handler)
+        | "Collect" >> beam.ParDo(CollectRows(cfg["outdir"], "pairs"))
+    )
+    return _finish(p, start)
+
+
 def _finish_stock(p, start, kernel: str) -> dict:
     result = p.run()
     result.wait_until_finish()
@@ -381,4 +403,5 @@ VARIANTS = {
     "beam_jax_arrow_binary": run_beam_jax_arrow_binary,
     "stock_beam": run_stock_beam,
     "stock_runinference": run_stock_runinference,
+    "beam_jax_runinference": run_beam_jax_runinference,
 }

@@ -13,6 +13,8 @@ TOP_LEVEL = {
     # transforms and their results
     "RunKernel", "RunKernelOnArrow", "ReduceKernel", "Reduction", "RunKernelResult",
     "ReadArrowBatches",
+    # Beam ML front ends
+    "JaxModelHandler", "KeyedJaxModelHandler", "RunKernelOnRows",
     # configuration
     "ArraySpec", "Bucketing", "Validation", "KernelOptions", "ArrowColumns", "FitToMemory",
     "CrossBundle",
@@ -27,6 +29,7 @@ TOP_LEVEL = {
     # errors
     "BeamJaxError", "SpecError", "InputFileError", "InvalidElementError",
     "ElementTooLargeError", "KernelError", "CompileError", "DeadLetterThresholdError",
+    "InferenceBatchError",
 }
 
 INTERNAL = {
@@ -42,7 +45,7 @@ INTERNAL = {
     "encode_tree", "decode_tree", "BufferMetrics", "BufferedElement", "BufferedElementCoder",
 }
 
-SUBPACKAGES = ("core", "kernel", "engine", "transforms", "arrow")
+SUBPACKAGES = ("core", "kernel", "engine", "transforms", "arrow", "inference")
 
 
 def _public(module) -> set[str]:
@@ -85,8 +88,9 @@ def test_kernel_options_are_stated_once_and_the_kwargs_type_matches():
 
 def test_imports_only_go_down_the_layers():
     """core < kernel < engine < transforms; arrow (columns, decode, fill, encode, io) sits
-    beside kernel and is used by transforms."""
-    rank = {"core": 0, "arrow": 1, "kernel": 1, "engine": 2, "transforms": 3}
+    beside kernel and is used by transforms; inference (RunInference's model handlers, a
+    front end of the engine, and RunKernel on YAML rows) sits on top of transforms."""
+    rank = {"core": 0, "arrow": 1, "kernel": 1, "engine": 2, "transforms": 3, "inference": 4}
     root = pathlib.Path(bj.__file__).parent
     for package, level in rank.items():
         for path in (root / package).glob("*.py"):

