@@ -15,7 +15,7 @@ TOP_LEVEL = {
     "ReadArrowBatches",
     # configuration
     "ArraySpec", "Bucketing", "Validation", "KernelOptions", "ArrowColumns",
-    "default_boundaries", "plan_boundaries",
+    "default_boundaries", "plan_boundaries", "plan_bucketing", "BucketingPlan",
     # inside a kernel
     "length_mask", "BatchLengths",
     # parameters
