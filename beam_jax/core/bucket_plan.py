@@ -86,7 +86,7 @@ def plan_bucketing(
     Example:
         >>> plan = plan_bucketing([3, 3, 4, 9, 9, 10], max_size=16, compile_budget=3)
         >>> plan.bucketing.boundaries["L"], plan.shapes, round(plan.padding_ratio, 3)
-        ((4, 10, 16), 3, 1.053)
+        ((4, 10, 16), 3, 1.105)
 
     Args:
         lengths: a sample of the ragged axis's lengths (e.g. token counts of 10,000 texts).
