@@ -27,6 +27,7 @@ class KernelMetrics:
         self.real_size = c("real_size")
         self.compiles = c("compiles")
         self.compile_ms = c("compile_ms")
+        self.compile_wait_ms = c("compile_wait_ms")
         self.kernel_calls = c("kernel_calls")
         self.kernel_retries = c("kernel_retries")
         self.out_of_memory = c("out_of_memory")
@@ -49,12 +50,15 @@ class Summary:
         batches: kernel calls that succeeded.
         padding_ratio: padded / real size, along ragged axes and counting padded batch rows.
         compiles: distinct shapes compiled, summed over worker processes.
-        compile_seconds: time spent compiling.
+        compile_seconds: time spent compiling (summed over compiles, also those run in
+            parallel in the background).
         out_of_memory: kernel calls that ran out of memory.
         batch_limit_lowered: times a bucket's batch limit was lowered after out of memory.
         kernel_calls: kernel calls, including failed ones and bisection retries.
         kernel_retries: times a failed batch was split in two and retried.
         mean_batch_latency_ms: mean time from a batch's launch to its results.
+        compile_wait_seconds: compile time on the critical path: how long batches waited
+            for their shape to compile (or compiled it themselves).
     """
 
     elements: int
@@ -70,6 +74,12 @@ class Summary:
     kernel_calls: int
     kernel_retries: int
     mean_batch_latency_ms: float
+    compile_wait_seconds: float = 0.0
+
+    @property
+    def compile_overlapped_seconds(self) -> float:
+        """Compile time no batch waited for: done in the background meanwhile."""
+        return max(0.0, self.compile_seconds - self.compile_wait_seconds)
 
     @property
     def conserved(self) -> bool:
@@ -123,4 +133,5 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
         kernel_calls=totals.get("kernel_calls", 0),
         kernel_retries=totals.get("kernel_retries", 0),
         mean_batch_latency_ms=latency_sum / latency_count if latency_count else float("nan"),
+        compile_wait_seconds=totals.get("compile_wait_ms", 0) / 1000.0,
     )

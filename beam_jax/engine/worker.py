@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ from beam_jax.core.plan import Plan
 from beam_jax.engine.options import KernelOptions
 from beam_jax.kernel.cache import enable_compilation_cache
 from beam_jax.kernel.compiled import Kernel
+from beam_jax.kernel.precompile import BackgroundCompile
 
 
 def make_plan(spec: Any, options: KernelOptions, num_devices: int = 1) -> Plan:
@@ -46,15 +48,34 @@ class Worker:
         self.params = self.kernel.put_params(raw)
         self._lock = threading.Lock()
         self._limits = {b: self.plan.max_batch(b) for b in self.plan.buckets}
-        self._reported = (0, 0.0)
+        self._reported = (0, 0.0, 0.0)
+        self._background: BackgroundCompile | None = None
         if options.precompile:
-            self.precompile()
+            # Started here and not waited for: reading and tokenizing go on meanwhile, and
+            # a batch waits only for its own shape.
+            self._background = BackgroundCompile(
+                self.kernel, self.params, self._listed_shapes(), self.plan.layout.treedef
+            )
+
+    def _listed_shapes(self) -> list:
+        """Every listed shape, those full batches use (each bucket's largest size) first."""
+        names = self.plan.layout.axis_names
+        order = sorted(self.plan.shapes(), key=lambda bs: bs[1] != self.plan.max_batch(bs[0]))
+        return [(self.plan.leaf_shapes(b, s), names) for b, s in order]
 
     def precompile(self) -> int:
         """Compile every listed shape now; returns how many compiles that took."""
-        names = self.plan.layout.axis_names
-        shapes = [(self.plan.leaf_shapes(b, s), names) for b, s in self.plan.shapes()]
-        return self.kernel.precompile(self.params, shapes, self.plan.layout.treedef)
+        return self.kernel.precompile(
+            self.params, self._listed_shapes(), self.plan.layout.treedef, background=True
+        )
+
+    def wait_precompiled(self) -> None:
+        """Wait for the start-up compiles, if any are still running (counted as waiting)."""
+        if self._background is not None and not self._background.done():
+            start = time.perf_counter()
+            self._background.wait()
+            with self.kernel._lock:
+                self.kernel.wait_seconds += time.perf_counter() - start
 
     def limit(self, bucket: Bucket) -> int:
         """How many elements a batch of ``bucket`` may hold now (lowered after OOM)."""
@@ -71,10 +92,12 @@ class Worker:
                 return True
             return False
 
-    def take_compile_stats(self) -> tuple[int, float]:
-        """Compiles and compile seconds not yet reported to metrics."""
+    def take_compile_stats(self) -> tuple[int, float, float]:
+        """Compiles, compile seconds and seconds batches waited for compiles, not yet
+        reported to metrics."""
         with self._lock:
-            now = (self.kernel.compiles, self.kernel.compile_seconds)
+            k = self.kernel
+            now = (k.compiles, k.compile_seconds, k.wait_seconds)
             done = self._reported
             self._reported = now
-        return now[0] - done[0], now[1] - done[1]
+        return now[0] - done[0], now[1] - done[1], now[2] - done[2]

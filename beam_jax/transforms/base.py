@@ -79,12 +79,18 @@ class WorkerDoFn(beam.DoFn):
 
     def finish_bundle(self) -> Iterator[Any]:
         yield from self._engine.flush()
+        # Start-up compiles still running are waited for, so that the bundle's metrics
+        # count every compile and no compile outlives the worker's work.
+        self._worker.wait_precompiled()
+        self._report_compiles()
 
     def _report_compiles(self) -> None:
-        n, seconds = self._worker.take_compile_stats()
+        n, seconds, waited = self._worker.take_compile_stats()
         if n:
             self._metrics.compiles.inc(n)
             self._metrics.compile_ms.inc(int(seconds * 1000))
+        if waited > 0:
+            self._metrics.compile_wait_ms.inc(int(waited * 1000))
 
     def release(self, buffer) -> None:
         """Buffers are dropped after their batch lands, unless a subclass reuses them."""

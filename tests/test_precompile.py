@@ -1,0 +1,92 @@
+"""Start-up compiles in background threads: every listed shape, waits counted apart."""
+
+import threading
+import time
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.testing.util import assert_that, equal_to
+
+import beam_jax as bj
+from beam_jax.internal import Kernel
+from beam_jax.kernel.precompile import BackgroundCompile
+from beam_jax.testing import assert_conserved
+from tests.beam_helpers import pipeline, run
+
+
+def _shapes(sizes):
+    return [([((n, 3), np.float32)], ()) for n in sizes]
+
+
+def test_background_compiles_every_shape_and_is_not_counted_as_waiting():
+    kernel = Kernel(lambda p, x, lengths: x.sum() * p, batched=True)
+    job = BackgroundCompile(kernel, 2.0, _shapes([1, 2, 3, 5, 8]), None, threads=3)
+    assert job.wait()
+    assert kernel.compiles == 5
+    assert kernel.wait_seconds == 0.0
+    assert {sig[0][0][0] for sig in kernel.compiled_shapes()} == {1, 2, 3, 5, 8}
+
+
+def test_a_caller_waits_for_a_shape_another_thread_compiles_and_it_compiles_once():
+    started, release = threading.Event(), threading.Event()
+
+    def slow(p, x, lengths):
+        started.set()
+        release.wait(10)  # tracing holds here until the caller is waiting
+        return x.sum()
+
+    kernel = Kernel(slow, batched=True)
+    job = BackgroundCompile(kernel, None, _shapes([4]), None, threads=1)
+    assert started.wait(10)
+    waiter = threading.Thread(
+        target=lambda: kernel.call(None, [np.ones((4, 3), np.float32)], {}, treedef=None)
+    )
+    waiter.start()
+    time.sleep(0.2)
+    release.set()
+    waiter.join(10)
+    assert job.wait(10)
+    assert kernel.compiles == 1
+    assert kernel.wait_seconds > 0  # the caller's wait is on the critical path
+
+
+def test_a_shape_that_fails_to_compile_fails_for_its_callers_only():
+    def picky(p, x, lengths):
+        if x.shape[0] == 2:
+            raise ValueError("no batches of 2")
+        return x.sum()
+
+    kernel = Kernel(picky, batched=True)
+    assert BackgroundCompile(kernel, None, _shapes([1, 2]), None).wait()
+    assert kernel.compiles == 1
+    try:
+        kernel.call(None, [np.ones((2, 3), np.float32)], {}, treedef=None)
+    except bj.CompileError as e:
+        assert "no batches of 2" in str(e)
+    else:
+        raise AssertionError("expected a CompileError")
+
+
+def test_pipeline_precompiles_the_listed_set_and_reports_the_critical_path_apart():
+    def total(params, element, lengths):
+        return element["x"].sum(axis=(1, 2))
+
+    spec = {"x": bj.ArraySpec(("L", 2), np.float32)}
+    values = [{"x": np.ones((n, 2), np.float32)} for n in range(1, 13)]
+    bucketing = bj.plan_bucketing([len(v["x"]) for v in values], max_size=12, compile_budget=3)
+    p = pipeline()
+    results = (
+        p
+        | beam.Create(values)
+        | bj.RunKernel(total, spec=spec, batched=True, precompile=True,
+                       bucketing=bucketing.bucketing)
+        | beam.Map(float)
+    )  # fmt: skip
+    assert_that(results, equal_to([2.0 * n for n in range(1, 13)]))
+    summary = assert_conserved(run(p))
+    assert summary.compiles == bucketing.shapes
+    assert summary.padding_ratio == bucketing.padding_ratio
+    assert 0 <= summary.compile_wait_seconds
+    assert summary.compile_overlapped_seconds == max(
+        0.0, summary.compile_seconds - summary.compile_wait_seconds
+    )
