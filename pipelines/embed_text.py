@@ -99,25 +99,25 @@ class EmbedTexts(beam.PTransform):
         )
         self.model_dir = model_dir
         self.compilation_cache_dir = compilation_cache_dir
-        self.precompile = precompile
+        self._embed = bj.RunKernel(
+            minilm.embed_element,
+            spec={"input_ids": bj.ArraySpec(("L",), np.int32)},
+            bucketing=self.bucketing,
+            load_params=functools.partial(tr.load_params, model_dir),
+            keyed=True,
+            compilation_cache_dir=compilation_cache_dir,
+            precompile=precompile,
+        ).with_exception_handling()
+
+    def start_workers(self) -> beam.PTransform:
+        """Apply to the pipeline: the model loads and its shapes compile from its start."""
+        return self._embed.start_workers()
 
     def expand(self, batches):
         tokens = batches | "Tokenize" >> beam.ParDo(
             tr.Tokenize(self.id_type, self.model_dir)
         ).with_outputs(tr.DEAD_LETTERS, main="tokens")
-        results, kernel_dead = (
-            tokens.tokens
-            | "Embed"
-            >> bj.RunKernel(
-                minilm.embed_element,
-                spec={"input_ids": bj.ArraySpec(("L",), np.int32)},
-                bucketing=self.bucketing,
-                load_params=functools.partial(tr.load_params, self.model_dir),
-                keyed=True,
-                compilation_cache_dir=self.compilation_cache_dir,
-                precompile=self.precompile,
-            ).with_exception_handling()
-        )
+        results, kernel_dead = tokens.tokens | "Embed" >> self._embed
         dead = (tokens[tr.DEAD_LETTERS], kernel_dead) | "AllDeadLetters" >> beam.Flatten()
         return bj.RunKernelResult(results, dead)
 
@@ -205,13 +205,17 @@ def _build(
     )
     # One file's batches spread over all workers, as a splittable source's would.
     batches = reads.batches | "SpreadBatches" >> beam.Reshuffle()
-    results, dead = batches | "EmbedTexts" >> EmbedTexts(
+    embed = EmbedTexts(
         id_type,
         bucketing=launch.bucketing,
         model_dir=args.model_dir,
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
     )
+    if launch.planned:
+        # The model loads and the planned shapes compile while the input is read.
+        _ = pipeline | "StartEmbedWorker" >> embed.start_workers()
+    results, dead = batches | "EmbedTexts" >> embed
     by_part = functools.partial(tp.by_part, part_rows=args.rows_per_part)
     _ = (
         {

@@ -10,7 +10,7 @@ from apache_beam.testing.util import assert_that, equal_to
 import beam_jax as bj
 from beam_jax.internal import Kernel
 from beam_jax.kernel.precompile import BackgroundCompile
-from beam_jax.testing import assert_conserved
+from beam_jax.testing import CountingLoader, assert_conserved
 from tests.beam_helpers import pipeline, run
 
 
@@ -90,3 +90,39 @@ def test_pipeline_precompiles_the_listed_set_and_reports_the_critical_path_apart
     assert summary.compile_overlapped_seconds == max(
         0.0, summary.compile_seconds - summary.compile_wait_seconds
     )
+
+
+def test_start_workers_builds_the_worker_once_in_the_first_stage(tmp_path):
+    def total(params, element, lengths):
+        return element["x"].sum(axis=(1, 2)) * params
+
+    spec = {"x": bj.ArraySpec(("L", 2), np.float32)}
+    loader = CountingLoader(tmp_path / "loads", np.float32(1.0))
+    values = [{"x": np.ones((n, 2), np.float32)} for n in range(1, 9)]
+    embed = bj.RunKernel(
+        total, spec=spec, batched=True, precompile=True, load_params=loader,
+        bucketing=bj.Bucketing(boundaries={"L": (4, 8)}, batch_size=4, batch_sizes=(4,)),
+    )  # fmt: skip
+    p = pipeline()
+    _ = p | "Start" >> embed.start_workers()
+    results = p | beam.Create(values) | embed | beam.Map(float)
+    assert_that(results, equal_to([2.0 * n for n in range(1, 9)]))
+    summary = assert_conserved(run(p))
+    # One worker: parameters loaded once, each of the 2 shapes compiled once.
+    assert sum(loader.calls().values()) == 1
+    assert summary.compiles == 2
+
+
+def test_start_workers_alone_builds_and_keeps_a_worker(tmp_path):
+    from beam_jax.transforms import base
+
+    loader = CountingLoader(tmp_path / "loads", np.float32(1.0))
+    embed = bj.RunKernel(
+        lambda p, x, lengths: x.sum(), spec=bj.ArraySpec(("L",), np.float32),
+        load_params=loader, bucketing=bj.Bucketing(boundaries={"L": (4,)}, batch_size=2),
+    )  # fmt: skip
+    p = pipeline()
+    _ = p | embed.start_workers()
+    run(p)
+    assert sum(loader.calls().values()) == 1
+    assert base._take_started(embed._start_id) is not None  # waiting for the DoFn to take it
