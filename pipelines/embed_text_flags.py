@@ -38,11 +38,11 @@ __all__ = [
 DEFAULT_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
 DEFAULT_BATCH_SIZE = 64
 # --buckets auto: compiled shapes at most, texts sampled at launch, and the price of one
-# more shape in padded tokens (a MiniLM shape compiles in ~0.5 s of CPU, the time the
-# encoder takes for ~2,500 tokens on 2 cores; see docs/performance.md).
+# more shape in padded tokens: a MiniLM shape compiles in ~0.5 s of one core, in which
+# the encoder embeds ~2,000 tokens on 2 cores (~7,200 tokens/s; docs/performance.md).
 DEFAULT_COMPILE_BUDGET = 24
 DEFAULT_PLAN_SAMPLE = 10_000
-DEFAULT_SHAPE_COST = 2500.0
+DEFAULT_SHAPE_COST = 2000.0
 # Rows x padded tokens per batch. On CPU, batches of 1-2k tokens keep a layer's
 # activations in cache and run 20-40% more tokens/s than batches of 8k tokens, for
 # L >= 32 (docs/performance.md). Short buckets still get --batch_size rows.
