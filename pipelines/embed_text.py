@@ -113,6 +113,10 @@ class EmbedTexts(beam.PTransform):
         """Apply to the pipeline: the model loads and its shapes compile from its start."""
         return self._embed.start_workers()
 
+    def start_worker_here(self) -> None:
+        """Load the model and start compiling in this process (in-process runners)."""
+        self._embed.start_worker_here()
+
     def expand(self, batches):
         tokens = batches | "Tokenize" >> beam.ParDo(
             tr.Tokenize(self.id_type, self.model_dir)
@@ -213,8 +217,13 @@ def _build(
         precompile=launch.planned,
     )
     if launch.planned:
-        # The model loads and the planned shapes compile while the input is read.
-        _ = pipeline | "StartEmbedWorker" >> embed.start_workers()
+        # The model loads and the planned shapes compile while Beam starts and the input
+        # is read: here, when the runner runs the pipeline in this process, else in the
+        # pipeline's first stage.
+        if embed_text_plan.in_process(pipeline.options):
+            embed.start_worker_here()
+        else:
+            _ = pipeline | "StartEmbedWorker" >> embed.start_workers()
     results, dead = batches | "EmbedTexts" >> embed
     by_part = functools.partial(tp.by_part, part_rows=args.rows_per_part)
     _ = (

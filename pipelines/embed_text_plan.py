@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 import beam_jax as bj
 from beam_jax.internal import Plan
@@ -36,6 +36,7 @@ from pipelines.embed_text_flags import is_local
 __all__ = [
     "LaunchPlan",
     "fixed_bucketing",
+    "in_process",
     "local_devices",
     "plan_for",
     "sample_texts",
@@ -193,6 +194,19 @@ def local_devices(options: Any) -> int:
     import jax
 
     return jax.local_device_count()
+
+
+def in_process(options: Any) -> bool:
+    """Whether the runner runs the pipeline in this process (FnApiRunner in its default,
+    in-memory mode), so a worker built here is the one the job uses."""
+    runner = options.view_as(StandardOptions).runner
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    direct = options.view_as(DirectOptions)
+    return (
+        name.rsplit(".", 1)[-1] in ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner")
+        and (direct.direct_running_mode or "in_memory") == "in_memory"
+        and (direct.direct_num_workers or 1) == 1
+    )
 
 
 def plan_for(args: Any, inputs: inp.Inputs, num_devices: int = 1) -> LaunchPlan:

@@ -126,3 +126,45 @@ def test_start_workers_alone_builds_and_keeps_a_worker(tmp_path):
     run(p)
     assert sum(loader.calls().values()) == 1
     assert base._take_started(embed._start_id) is not None  # waiting for the DoFn to take it
+
+
+def test_a_full_batch_whose_shape_is_compiling_waits_while_ready_shapes_run():
+    from apache_beam.transforms.window import GlobalWindow
+
+    from beam_jax.transforms.run_kernel import ElementsFrontEnd
+
+    release = threading.Event()
+
+    def total(params, element, lengths):
+        if element["x"].shape[1] == 8:
+            release.wait(30)  # the long bucket's shape compiles until the test says
+        return element["x"].sum(axis=(1, 2))
+
+    spec = {"x": bj.ArraySpec(("L", 2), np.float32)}
+    options = bj.KernelOptions(
+        batched=True, precompile=True,
+        bucketing=bj.Bucketing(boundaries={"L": (4, 8)}, batch_size=4, batch_sizes=(4,)),
+    )  # fmt: skip
+    dofn = ElementsFrontEnd(total, spec, options, handle_errors=False, keyed=False)
+    dofn.setup()
+    try:
+        worker = dofn._worker
+        deadline = time.time() + 30
+        while not worker.ready((4,), 4) and time.time() < deadline:
+            time.sleep(0.05)
+        assert worker.ready((4,), 4) and not worker.ready((8,), 4)
+        dofn.start_bundle()
+        out = []
+        for n in (5, 6, 7, 8, 1, 2, 3, 4):  # the long bucket fills first, the short one second
+            element = {"x": np.ones((n, 2), np.float32)}
+            out += list(dofn.process(element, timestamp=0, window=GlobalWindow()))
+        # The long batch waits for its shape; the short one was launched meanwhile.
+        assert [b.bucket for b in dofn._engine._waiting] == [(8,)]
+        assert [f.batch.bucket for f in dofn._engine._inflight] == [(4,)]
+        release.set()
+        out += list(dofn.finish_bundle())
+        assert sorted(float(v.value) for v in out) == [2.0 * n for n in range(1, 9)]
+        assert worker.kernel.compiles == 2
+    finally:
+        release.set()
+        dofn.teardown()

@@ -69,6 +69,21 @@ class Worker:
             self.params, self._listed_shapes(), self.plan.layout.treedef, background=True
         )
 
+    def ready(self, bucket: Bucket, n: int) -> bool:
+        """Whether a batch of ``n`` rows of ``bucket`` can run without waiting for a
+        compile: its shape is compiled, or no start-up compile is running (the batch then
+        compiles its shape itself, as without ``precompile``)."""
+        if self._background is None or self._background.done():
+            return True
+        if n > self._limits[bucket]:
+            return True  # run in chunks by the engine; not worth holding back
+        size = self.plan.padded_batch_size(bucket, n)
+        return self.kernel.is_compiled(
+            self.plan.leaf_shapes(bucket, size),
+            tuple(sorted(self.plan.layout.axis_names)),
+            self.plan.layout.treedef,
+        )
+
     def wait_precompiled(self) -> None:
         """Wait for the start-up compiles, if any are still running (counted as waiting)."""
         if self._background is not None and not self._background.done():

@@ -150,6 +150,14 @@ class Kernel:
     def _sharding(self, size: int):
         return self._shard if size % self.num_devices == 0 else self._replicate
 
+    def is_compiled(self, leaf_shapes, names, treedef) -> bool:
+        """Whether the shape ``leaf_shapes`` (``(shape, dtype)`` per leaf) is compiled."""
+        return self._key(leaf_shapes, names, treedef) in self._compiled
+
+    @staticmethod
+    def _key(leaf_shapes, names, treedef):
+        return (treedef, tuple((tuple(s), str(np.dtype(d))) for s, d in leaf_shapes), names)
+
     def _executable(self, params, leaf_shapes, names, treedef, *, background: bool = False):
         """The executable of one batch shape, compiled now if no one has yet.
 
@@ -157,7 +165,7 @@ class Kernel:
         ``background``, the time this call spends compiling or waiting is added to
         ``wait_seconds``: compile time on the caller's critical path.
         """
-        key = (treedef, tuple((tuple(s), str(np.dtype(d))) for s, d in leaf_shapes), names)
+        key = self._key(leaf_shapes, names, treedef)
         exe = self._compiled.get(key)
         if exe is not None:
             return exe

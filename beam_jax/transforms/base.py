@@ -117,6 +117,15 @@ def _take_started(start_id: str | None) -> Worker | None:
         return _STARTED.pop(start_id, None) if start_id else None
 
 
+def _start(start_id: str, fn, spec, options: KernelOptions) -> None:
+    with _STARTED_LOCK:
+        if start_id in _STARTED:
+            return
+    worker = Worker(fn, spec, options)
+    with _STARTED_LOCK:
+        _STARTED.setdefault(start_id, worker)
+
+
 class _StartWorker(beam.DoFn):
     """Builds the worker of a kernel transform in the first stage that runs in a process:
     parameters load and, with ``precompile``, shapes compile while earlier stages read."""
@@ -126,12 +135,7 @@ class _StartWorker(beam.DoFn):
         self._start_id = start_id
 
     def setup(self):
-        with _STARTED_LOCK:
-            if self._start_id in _STARTED:
-                return
-        worker = Worker(*self._args)
-        with _STARTED_LOCK:
-            _STARTED.setdefault(self._start_id, worker)
+        _start(self._start_id, *self._args)
 
     def process(self, element) -> Iterator[Any]:
         return iter(())
@@ -224,6 +228,13 @@ class KernelTransform(beam.PTransform):
         compilation cache); the others start as before.
         """
         return StartWorkers(self)
+
+    def start_worker_here(self) -> None:
+        """Build this process's worker now (parameters loaded, with ``precompile`` shapes
+        compiling in the background), for a runner that runs the pipeline in this process
+        (the in-process FnApiRunner): Beam's own start-up then overlaps the compiles.
+        Elsewhere the worker is unused; its compiles still fill a compilation cache."""
+        _start(self._start_id, self.fn, self.spec, self.options)
 
     def plan(self, num_devices: int = 1) -> Plan:
         """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""
