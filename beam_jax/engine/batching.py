@@ -130,7 +130,7 @@ class BatchEngine:
         # Full buffers whose shape the worker is still compiling at start-up: they wait
         # here, not blocking ready shapes' batches, until compiled (or too many wait).
         self._waiting: collections.deque[Buffer] = collections.deque()
-        self._max_waiting = 2 * len(self._plan.buckets)
+        self._max_waiting = 8 * len(self._plan.buckets)
 
     # --- what front ends call ---------------------------------------------------------
 
@@ -162,7 +162,12 @@ class BatchEngine:
         """Run every buffered row and wait for every batch (end of a bundle)."""
         buffers, self._buffers = self._buffers, {}
         while self._waiting:
-            yield from self._launch(self._waiting.popleft())
+            # Ready shapes first, then the shape the worker will have compiled soonest.
+            yield from self._launch_waiting()
+            if self._waiting:
+                soonest = min(self._waiting, key=self._worker.compile_rank)
+                self._waiting.remove(soonest)
+                yield from self._launch(soonest)
         for buffer in buffers.values():
             if buffer.size:
                 yield from self._launch(buffer)

@@ -50,6 +50,10 @@ class Worker:
         self._limits = {b: self.plan.max_batch(b) for b in self.plan.buckets}
         self._reported = (0, 0.0, 0.0)
         self._background: BackgroundCompile | None = None
+        self._compile_order = sorted(
+            self.plan.shapes(), key=lambda bs: bs[1] != self.plan.max_batch(bs[0])
+        )
+        self._rank = {shape: i for i, shape in enumerate(self._compile_order)}
         if options.precompile:
             # Started here and not waited for: reading and tokenizing go on meanwhile, and
             # a batch waits only for its own shape.
@@ -60,8 +64,14 @@ class Worker:
     def _listed_shapes(self) -> list:
         """Every listed shape, those full batches use (each bucket's largest size) first."""
         names = self.plan.layout.axis_names
-        order = sorted(self.plan.shapes(), key=lambda bs: bs[1] != self.plan.max_batch(bs[0]))
-        return [(self.plan.leaf_shapes(b, s), names) for b, s in order]
+        return [(self.plan.leaf_shapes(b, s), names) for b, s in self._compile_order]
+
+    def compile_rank(self, buffer) -> int:
+        """Where ``buffer``'s batch shape comes in the start-up compile order."""
+        size = self.plan.padded_batch_size(
+            buffer.bucket, min(buffer.size, self.limit(buffer.bucket))
+        )
+        return self._rank.get((buffer.bucket, size), len(self._rank))
 
     def precompile(self) -> int:
         """Compile every listed shape now; returns how many compiles that took."""
