@@ -117,6 +117,10 @@ class EmbedTexts(beam.PTransform):
         """Load the model and start compiling in this process (in-process runners)."""
         self._embed.start_worker_here()
 
+    def forget_worker_here(self) -> None:
+        """Drop that worker if the pipeline did not take it."""
+        self._embed.forget_worker_here()
+
     def expand(self, batches):
         tokens = batches | "Tokenize" >> beam.ParDo(
             tr.Tokenize(self.id_type, self.model_dir)
@@ -197,7 +201,7 @@ class EmbedTextSummary:
 
 def _build(
     pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done, launch
-) -> None:
+) -> EmbedTexts:
     reads = (
         pipeline
         | "Files" >> beam.Create(range(len(inputs.files)))
@@ -216,14 +220,10 @@ def _build(
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
     )
-    if launch.planned:
-        # The model loads and the planned shapes compile while Beam starts and the input
-        # is read: here, when the runner runs the pipeline in this process, else in the
-        # pipeline's first stage.
-        if embed_text_plan.in_process(pipeline.options):
-            embed.start_worker_here()
-        else:
-            _ = pipeline | "StartEmbedWorker" >> embed.start_workers()
+    if launch.planned and not embed_text_plan.in_process(pipeline.options):
+        # The model loads and the planned shapes compile while the input is read (in the
+        # pipeline's first stage; in-process runners start it in run()).
+        _ = pipeline | "StartEmbedWorker" >> embed.start_workers()
     results, dead = batches | "EmbedTexts" >> embed
     by_part = functools.partial(tp.by_part, part_rows=args.rows_per_part)
     _ = (
@@ -242,6 +242,7 @@ def _build(
     _ = reads[ti.ReadRows.UNREADABLE] | "WriteUnreadable" >> beam.ParDo(
         tp.WriteUnreadable(staging, inputs)
     )
+    return embed
 
 
 def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSummary:
@@ -346,13 +347,19 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
     print(launch, flush=True)
     pipeline = beam.Pipeline(options=options)
     done = tp.done_parts(reused, inputs)
-    _build(pipeline, args, inputs, id_type, output.staging, done, launch)
+    embed = _build(pipeline, args, inputs, id_type, output.staging, done, launch)
     try:
+        if launch.planned and embed_text_plan.in_process(options):
+            # This process runs the pipeline: the model loads and the planned shapes
+            # compile while Beam starts and reads the input.
+            embed.start_worker_here()
         result = pipeline.run()
         result.wait_until_finish()
     except Exception as e:
         _explain_failure(e, output, len(reused))
         raise
+    finally:
+        embed.forget_worker_here()
     summary = _summarize(result, time.perf_counter() - started, len(reused))
     print(summary, flush=True)
     _check_threshold(summary, args.threshold, len(inputs.files), output, reused)

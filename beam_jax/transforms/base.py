@@ -236,6 +236,11 @@ class KernelTransform(beam.PTransform):
         Elsewhere the worker is unused; its compiles still fill a compilation cache."""
         _start(self._start_id, self.fn, self.spec, self.options)
 
+    def forget_worker_here(self) -> None:
+        """Drop a worker ``start_worker_here`` built that the pipeline did not take (e.g.
+        it failed first), so it is not kept for the rest of the process."""
+        _take_started(self._start_id)
+
     def plan(self, num_devices: int = 1) -> Plan:
         """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""
         return make_plan(self.spec, self.options, num_devices)
