@@ -16,6 +16,8 @@ from beam_jax._errors import SpecError as SpecError
 from beam_jax.arrow.columns import ArrowColumns as ArrowColumns
 from beam_jax.arrow.io import ReadArrowBatches as ReadArrowBatches
 from beam_jax.core.boundaries import plan_boundaries as plan_boundaries
+from beam_jax.core.bucket_plan import BucketingPlan as BucketingPlan
+from beam_jax.core.bucket_plan import plan_bucketing as plan_bucketing
 from beam_jax.core.buckets import Bucketing as Bucketing
 from beam_jax.core.buckets import default_boundaries as default_boundaries
 from beam_jax.core.dead_letter import DEAD_LETTERS as DEAD_LETTERS

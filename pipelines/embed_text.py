@@ -36,8 +36,8 @@ import apache_beam as beam
 import numpy as np
 
 import beam_jax as bj
+from pipelines import embed_text_plan, minilm
 from pipelines import input_files as inp
-from pipelines import minilm
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
 from pipelines import text_rows as tr
@@ -76,6 +76,9 @@ class EmbedTexts(beam.PTransform):
         bucketing: Token-length buckets and batch sizes; defaults to this module's.
         model_dir: See ``text_rows.local_model_dir``.
         compilation_cache_dir: JAX's persistent compilation cache, if any.
+        precompile: compile every listed shape in background threads from each worker's
+            start, while it reads and tokenizes (for planned buckets, whose shapes are
+            all used; fixed buckets list every power-of-two batch size).
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class EmbedTexts(beam.PTransform):
         bucketing: bj.Bucketing | None = None,
         model_dir: str | None = None,
         compilation_cache_dir: str | None = None,
+        precompile: bool = False,
     ):
         super().__init__()
         self.id_type = id_type
@@ -95,23 +99,33 @@ class EmbedTexts(beam.PTransform):
         )
         self.model_dir = model_dir
         self.compilation_cache_dir = compilation_cache_dir
+        self._embed = bj.RunKernel(
+            minilm.embed_element,
+            spec={"input_ids": bj.ArraySpec(("L",), np.int32)},
+            bucketing=self.bucketing,
+            load_params=functools.partial(tr.load_params, model_dir),
+            keyed=True,
+            compilation_cache_dir=compilation_cache_dir,
+            precompile=precompile,
+        ).with_exception_handling()
+
+    def start_workers(self) -> beam.PTransform:
+        """Apply to the pipeline: the model loads and its shapes compile from its start."""
+        return self._embed.start_workers()
+
+    def start_worker_here(self) -> None:
+        """Load the model and start compiling in this process (in-process runners)."""
+        self._embed.start_worker_here()
+
+    def forget_worker_here(self) -> None:
+        """Drop that worker if the pipeline did not take it."""
+        self._embed.forget_worker_here()
 
     def expand(self, batches):
         tokens = batches | "Tokenize" >> beam.ParDo(
             tr.Tokenize(self.id_type, self.model_dir)
         ).with_outputs(tr.DEAD_LETTERS, main="tokens")
-        results, kernel_dead = (
-            tokens.tokens
-            | "Embed"
-            >> bj.RunKernel(
-                minilm.embed_element,
-                spec={"input_ids": bj.ArraySpec(("L",), np.int32)},
-                bucketing=self.bucketing,
-                load_params=functools.partial(tr.load_params, self.model_dir),
-                keyed=True,
-                compilation_cache_dir=self.compilation_cache_dir,
-            ).with_exception_handling()
-        )
+        results, kernel_dead = tokens.tokens | "Embed" >> self._embed
         dead = (tokens[tr.DEAD_LETTERS], kernel_dead) | "AllDeadLetters" >> beam.Flatten()
         return bj.RunKernelResult(results, dead)
 
@@ -126,7 +140,8 @@ class EmbedTextSummary:
         dead_letters: Rows written to ``failed/``, total and per stage.
         padding_ratio: Padded / real tokens, counting padded batch rows.
         compiles: Batch shapes compiled (per worker process, summed).
-        compile_seconds: Time spent compiling them.
+        compile_seconds: Time spent compiling them, summed over compiles (most run in
+            background threads while the job reads and tokenizes).
         batches: Kernel calls.
         wall_seconds: From ``run()`` called to the pipeline finished.
         kernel: The ``beam_jax.Summary`` of the embedding step alone.
@@ -148,6 +163,7 @@ class EmbedTextSummary:
     unreadable_files: int = 0
     parts_written: int = 0
     parts_reused: int = 0
+    compile_wait_seconds: float = 0.0
 
     @property
     def sentences_per_second(self) -> float:
@@ -177,18 +193,15 @@ class EmbedTextSummary:
             f"{self.dead_letters} dead letters{f' ({stages})' if stages else ''}{files}"
             f"{resumed}; "
             f"padding {self.padding_ratio:.2f}x over {self.batches} batches; "
-            f"{self.compiles} compiles ({self.compile_seconds:.1f} s); "
+            f"{self.compiles} compiles ({self.compile_seconds:.1f} s, "
+            f"{self.compile_wait_seconds:.1f} s of it waited for); "
             f"{self.sentences_per_second:.1f} sentences/s, {self.wall_seconds:.1f} s wall"
         )
 
 
-def _build(pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done) -> None:
-    bucketing = bj.Bucketing(
-        boundaries={"L": args.buckets},
-        batch_size=args.batch_size,
-        max_padded_size=args.max_tokens_per_batch,
-        batch_sizes=args.batch_sizes,
-    )
+def _build(
+    pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done, launch
+) -> EmbedTexts:
     reads = (
         pipeline
         | "Files" >> beam.Create(range(len(inputs.files)))
@@ -200,12 +213,18 @@ def _build(pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str,
     )
     # One file's batches spread over all workers, as a splittable source's would.
     batches = reads.batches | "SpreadBatches" >> beam.Reshuffle()
-    results, dead = batches | "EmbedTexts" >> EmbedTexts(
+    embed = EmbedTexts(
         id_type,
-        bucketing=bucketing,
+        bucketing=launch.bucketing,
         model_dir=args.model_dir,
         compilation_cache_dir=args.compilation_cache_dir,
+        precompile=launch.planned,
     )
+    if launch.planned and not embed_text_plan.in_process(pipeline.options):
+        # The model loads and the planned shapes compile while the input is read (in the
+        # pipeline's first stage; in-process runners start it in run()).
+        _ = pipeline | "StartEmbedWorker" >> embed.start_workers()
+    results, dead = batches | "EmbedTexts" >> embed
     by_part = functools.partial(tp.by_part, part_rows=args.rows_per_part)
     _ = (
         {
@@ -223,6 +242,7 @@ def _build(pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str,
     _ = reads[ti.ReadRows.UNREADABLE] | "WriteUnreadable" >> beam.ParDo(
         tp.WriteUnreadable(staging, inputs)
     )
+    return embed
 
 
 def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSummary:
@@ -248,6 +268,7 @@ def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSumma
         unreadable_files=ours.get("files_unreadable", 0),
         parts_written=ours.get("parts_written", 0),
         parts_reused=parts_reused,
+        compile_wait_seconds=kernel.compile_wait_seconds,
     )
 
 
@@ -322,14 +343,23 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
         "max_tokenized_chars": tr.MAX_TOKENIZED_CHARS,
     }
     reused = output.prepare(job, overwrite=args.overwrite)
+    launch = embed_text_plan.plan_for(args, inputs, embed_text_plan.local_devices(options))
+    print(launch, flush=True)
     pipeline = beam.Pipeline(options=options)
-    _build(pipeline, args, inputs, id_type, output.staging, tp.done_parts(reused, inputs))
+    done = tp.done_parts(reused, inputs)
+    embed = _build(pipeline, args, inputs, id_type, output.staging, done, launch)
     try:
+        if launch.planned and embed_text_plan.in_process(options):
+            # This process runs the pipeline: the model loads and the planned shapes
+            # compile while Beam starts and reads the input.
+            embed.start_worker_here()
         result = pipeline.run()
         result.wait_until_finish()
     except Exception as e:
         _explain_failure(e, output, len(reused))
         raise
+    finally:
+        embed.forget_worker_here()
     summary = _summarize(result, time.perf_counter() - started, len(reused))
     print(summary, flush=True)
     _check_threshold(summary, args.threshold, len(inputs.files), output, reused)

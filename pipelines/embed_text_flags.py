@@ -37,6 +37,12 @@ __all__ = [
 # more compiled shapes. All shapes compile in well under a second each on CPU.
 DEFAULT_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
 DEFAULT_BATCH_SIZE = 64
+# --buckets auto: compiled shapes at most, texts sampled at launch, and the price of one
+# more shape in padded tokens: a MiniLM shape compiles in ~0.5 s of one core, in which
+# the encoder embeds ~2,000 tokens on 2 cores (~7,200 tokens/s; docs/performance.md).
+DEFAULT_COMPILE_BUDGET = 24
+DEFAULT_PLAN_SAMPLE = 10_000
+DEFAULT_SHAPE_COST = 2000.0
 # Rows x padded tokens per batch. On CPU, batches of 1-2k tokens keep a layer's
 # activations in cache and run 20-40% more tokens/s than batches of 8k tokens, for
 # L >= 32 (docs/performance.md). Short buckets still get --batch_size rows.
@@ -67,6 +73,17 @@ def int_list(text: str) -> tuple[int, ...]:
     if not values:
         raise argparse.ArgumentTypeError(f"expected at least one int, got {text!r}")
     return values
+
+
+def _buckets(text: str) -> str | tuple[int, ...]:
+    return "auto" if text.strip() == "auto" else int_list(text)
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -129,10 +146,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     add(
         "--buckets",
-        type=int_list,
-        default=DEFAULT_BUCKETS,
+        type=_buckets,
+        default="auto",
         help="token-length bucket boundaries, with [CLS]/[SEP]; the last must be >= 256 "
-        f"(default {','.join(map(str, DEFAULT_BUCKETS))})",
+        f"(e.g. {','.join(map(str, DEFAULT_BUCKETS))}); 'auto' (default) plans boundaries "
+        "and batch sizes at launch from the token lengths of a sample of the input",
+    )
+    add(
+        "--compile_budget",
+        type=positive_int,
+        default=DEFAULT_COMPILE_BUDGET,
+        help="with --buckets auto: the most compiled shapes (buckets x their batch sizes) "
+        f"(default {DEFAULT_COMPILE_BUDGET})",
+    )
+    add(
+        "--plan_sample",
+        type=positive_int,
+        default=DEFAULT_PLAN_SAMPLE,
+        help="with --buckets auto: texts tokenized at launch to plan the buckets, spread "
+        f"over the input files (default {DEFAULT_PLAN_SAMPLE})",
+    )
+    add(
+        "--shape_cost",
+        type=_non_negative,
+        default=DEFAULT_SHAPE_COST,
+        help="with --buckets auto: what one more compiled shape costs, in padded tokens; a "
+        "shape is added only if it saves more padded tokens over the whole input (default "
+        f"{DEFAULT_SHAPE_COST:g}, about one compile on CPU; 0 spends the whole budget)",
     )
     add("--batch_size", type=positive_int, default=DEFAULT_BATCH_SIZE)
     add(
@@ -206,7 +246,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
             f"unrecognized arguments: {' '.join(unknown)} (neither this job's flags nor "
             f"Beam's PipelineOptions have them){'; ' + hint if hint else ''}"
         )
-    top = max(args.buckets)
+    top = 256 if args.buckets == "auto" else max(args.buckets)
     if top < 256 or top > 512:
         parser.error(
             f"--buckets must end between 256 (the longest text after truncation) and 512 "

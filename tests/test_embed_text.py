@@ -151,7 +151,7 @@ def test_json_lines_string_ids_and_bad_rows(tmp_path, reference):
 def test_flags_defaults_and_passthrough():
     args, options = embed_text.parse_args([])
     assert args.input is None and args.output == embed_text.DEFAULT_OUTPUT
-    assert args.buckets == embed_text.DEFAULT_BUCKETS and max(args.buckets) == 256
+    assert args.buckets == "auto" and args.compile_budget == 24
     assert options.view_as(StandardOptions).runner == "FnApiRunner"
     assert options.view_as(SetupOptions).save_main_session is False
 

@@ -18,7 +18,7 @@ TOP_LEVEL = {
     # configuration
     "ArraySpec", "Bucketing", "Validation", "KernelOptions", "ArrowColumns", "FitToMemory",
     "CrossBundle",
-    "default_boundaries", "plan_boundaries",
+    "default_boundaries", "plan_boundaries", "plan_bucketing", "BucketingPlan",
     # inside a kernel
     "length_mask", "BatchLengths",
     # parameters

@@ -72,7 +72,8 @@ class Bucketing:
         max_padded_size: optional budget on batch rows x padded bucket volume (e.g. padded
             tokens per batch), so long buckets get smaller batches.
         batch_sizes: the allowed sizes of the padded batch dimension; default powers of two up
-            to the largest batch size, then that size.
+            to the largest batch size, then that size. A mapping from bucket to sizes gives
+            each bucket its own (as ``plan_bucketing`` does).
         oversize: what to do with an element longer than the largest boundary:
             ``"dead_letter"`` (default) or ``"truncate"`` to the largest boundary.
     """
@@ -80,7 +81,7 @@ class Bucketing:
     boundaries: Mapping[str, Sequence[int] | int] = dataclasses.field(default_factory=dict)
     batch_size: int | Mapping[Bucket, int] = 32
     max_padded_size: int | None = None
-    batch_sizes: tuple[int, ...] | None = None
+    batch_sizes: tuple[int, ...] | Mapping[Bucket, tuple[int, ...]] | None = None
     oversize: Literal["dead_letter", "truncate"] = "dead_letter"
 
     def __post_init__(self):
@@ -113,13 +114,14 @@ class Bucketing:
             )
         if self.max_padded_size is not None and self.max_padded_size < 1:
             raise SpecError(f"max_padded_size must be positive, got {self.max_padded_size}.")
-        if self.batch_sizes is not None:
-            bs = tuple(int(b) for b in self.batch_sizes)
-            if not bs or bs[0] < 1 or list(bs) != sorted(set(bs)):
-                raise SpecError(
-                    f"batch_sizes must be positive and strictly increasing, got {self.batch_sizes}."
-                )
-            object.__setattr__(self, "batch_sizes", bs)
+        if isinstance(self.batch_sizes, Mapping):
+            object.__setattr__(
+                self,
+                "batch_sizes",
+                {tuple(k): _sizes(v, k) for k, v in self.batch_sizes.items()},
+            )
+        elif self.batch_sizes is not None:
+            object.__setattr__(self, "batch_sizes", _sizes(self.batch_sizes))
         if self.oversize not in ("dead_letter", "truncate"):
             raise SpecError(f"oversize must be 'dead_letter' or 'truncate', got {self.oversize!r}.")
 
@@ -162,6 +164,17 @@ class Bucketing:
             boundaries[name] = plan_boundaries(sample, num_buckets, max_size=top)
         return cls(boundaries=boundaries, **kwargs)
 
+    def batch_sizes_for(self, bucket: Bucket) -> tuple[int, ...] | None:
+        """The allowed batch sizes of ``bucket`` as given (``None``: the defaults)."""
+        if isinstance(self.batch_sizes, Mapping):
+            if bucket not in self.batch_sizes:
+                raise SpecError(
+                    f"batch_sizes has no entry for bucket {bucket}; it has "
+                    f"{sorted(self.batch_sizes)}. Give every bucket its sizes."
+                )
+            return self.batch_sizes[bucket]
+        return self.batch_sizes
+
     def max_batch_size(self, bucket: Bucket) -> int:
         """The largest number of elements in a batch of ``bucket``, before any budget."""
         if isinstance(self.batch_size, Mapping):
@@ -172,6 +185,19 @@ class Bucketing:
                 )
             return self.batch_size[bucket]
         return self.batch_size
+
+
+def _sizes(sizes, bucket=None) -> tuple[int, ...]:
+    where = "" if bucket is None else f" for bucket {tuple(bucket)}"
+    try:
+        bs = tuple(int(b) for b in sizes)
+    except (TypeError, ValueError):
+        bs = ()
+    if not bs or bs[0] < 1 or list(bs) != sorted(set(bs)):
+        raise SpecError(
+            f"batch_sizes{where} must be positive and strictly increasing ints, got {sizes!r}."
+        )
+    return bs
 
 
 def boundary_index(boundaries: np.ndarray, lengths: np.ndarray) -> np.ndarray:

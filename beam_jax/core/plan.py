@@ -139,7 +139,7 @@ class Plan:
 
     def _batch_sizes_for(self, bucket: Bucket) -> tuple[int, ...]:
         top = self.bucketing.max_batch_size(bucket)
-        base = self.bucketing.batch_sizes or default_batch_sizes(top)
+        base = self.bucketing.batch_sizes_for(bucket) or default_batch_sizes(top)
         sizes = sorted({round_up(s, self.num_devices) for s in base if s <= top})
         if not sizes:
             sizes = [round_up(base[0], self.num_devices)]

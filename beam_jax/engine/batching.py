@@ -128,6 +128,10 @@ class BatchEngine:
         self._max_in_flight = max_in_flight
         self._buffers: dict[tuple[Bucket, Any], Buffer] = {}
         self._inflight: collections.deque[_InFlight] = collections.deque()
+        # Full buffers whose shape the worker is still compiling at start-up: they wait
+        # here, not blocking ready shapes' batches, until compiled (or too many wait).
+        self._waiting: collections.deque[Buffer] = collections.deque()
+        self._max_waiting = 8 * len(self._plan.buckets)
 
     # --- what front ends call ---------------------------------------------------------
 
@@ -148,11 +152,23 @@ class BatchEngine:
         """Rows were added to ``buffer``: launch its batch if it is full."""
         if buffer.size >= self._worker.limit(buffer.bucket):
             del self._buffers[(buffer.bucket, buffer.slot)]
-            yield from self._launch(buffer)
+            if self._worker.ready(buffer.bucket, buffer.size):
+                yield from self._launch(buffer)
+            else:
+                self._waiting.append(buffer)
+        if self._waiting:
+            yield from self._launch_waiting()
 
     def flush(self) -> Iterator[Any]:
         """Run every buffered row and wait for every batch (end of a bundle)."""
         buffers, self._buffers = self._buffers, {}
+        while self._waiting:
+            # Ready shapes first, then the shape the worker will have compiled soonest.
+            yield from self._launch_waiting()
+            if self._waiting:
+                soonest = min(self._waiting, key=self._worker.compile_rank)
+                self._waiting.remove(soonest)
+                yield from self._launch(soonest)
         for buffer in buffers.values():
             if buffer.size:
                 yield from self._launch(buffer)
@@ -176,6 +192,18 @@ class BatchEngine:
             yield self._front.dead_letter(error, stage, source)
 
     # --- running batches --------------------------------------------------------------
+
+    def _launch_waiting(self) -> Iterator[Any]:
+        """Launch the waiting buffers whose shape is compiled now; the oldest regardless
+        while more than ``_max_waiting`` wait (so rows never pile up without bound)."""
+        waiting, self._waiting = self._waiting, collections.deque()
+        for buffer in waiting:
+            if self._worker.ready(buffer.bucket, buffer.size):
+                yield from self._launch(buffer)
+            else:
+                self._waiting.append(buffer)
+        while len(self._waiting) > self._max_waiting:
+            yield from self._launch(self._waiting.popleft())
 
     def _launch(self, buffer: Buffer) -> Iterator[Any]:
         """Start ``buffer``'s batch without waiting for it (waiting for the oldest in flight

@@ -28,6 +28,7 @@ class KernelMetrics:
         self.real_size = c("real_size")
         self.compiles = c("compiles")
         self.compile_ms = c("compile_ms")
+        self.compile_wait_ms = c("compile_wait_ms")
         self.kernel_calls = c("kernel_calls")
         self.kernel_retries = c("kernel_retries")
         self.out_of_memory = c("out_of_memory")
@@ -41,6 +42,14 @@ class KernelMetrics:
         self.batch_rows = c("batch_rows")
         self.batch_capacity = c("batch_capacity")
         self.batch_fill_percent = Metrics.distribution(namespace, "batch_fill_percent")
+
+    def compiled(self, n: int, seconds: float, waited: float = 0.0) -> None:
+        """``n`` shapes compiled in ``seconds``; batches waited ``waited`` seconds for them."""
+        if n:
+            self.compiles.inc(n)
+            self.compile_ms.inc(int(seconds * 1000))
+        if waited > 0:
+            self.compile_wait_ms.inc(int(waited * 1000))
 
     def batch_filled(self, rows: int, capacity: int) -> None:
         """A batch of ``rows`` real rows was launched where ``capacity`` fit."""
@@ -145,7 +154,8 @@ class Summary:
         batches: kernel calls that succeeded.
         padding_ratio: padded / real size, along ragged axes and counting padded batch rows.
         compiles: distinct shapes compiled, summed over worker processes.
-        compile_seconds: time spent compiling.
+        compile_seconds: time spent compiling (summed over compiles, also those run in
+            parallel in the background).
         out_of_memory: kernel calls that ran out of memory.
         batch_limit_lowered: times a bucket's batch limit was lowered after out of memory.
         kernel_calls: kernel calls, including failed ones and bisection retries.
@@ -157,6 +167,8 @@ class Summary:
         batch_fill: real rows / batch limit over every launched batch (1.0: all full).
         buffering: cross-bundle buffering (flush causes, time waited); see
             ``BufferingSummary``.
+        compile_wait_seconds: compile time on the critical path: how long batches waited
+            for their shape to compile (or compiled it themselves).
     """
 
     elements: int
@@ -176,6 +188,12 @@ class Summary:
     fit_missed_by_pct: float = float("nan")
     batch_fill: float = float("nan")
     buffering: BufferingSummary | None = None
+    compile_wait_seconds: float = 0.0
+
+    @property
+    def compile_overlapped_seconds(self) -> float:
+        """Compile time no batch waited for: done in the background meanwhile."""
+        return max(0.0, self.compile_seconds - self.compile_wait_seconds)
 
     @property
     def conserved(self) -> bool:
@@ -245,4 +263,5 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
             else float("nan")
         ),
         buffering=_buffering(totals, waits),
+        compile_wait_seconds=totals.get("compile_wait_ms", 0) / 1000.0,
     )

@@ -37,7 +37,8 @@ class KernelOptions:
         batched: the function already handles a leading batch axis; don't vmap it. It then
             gets ``lengths`` as a ``BatchLengths`` whose ``valid`` marks the real rows.
         devices: the devices of each worker to use; default all local devices.
-        precompile: compile every listed shape when a worker starts.
+        precompile: compile every listed shape when a worker starts, in background
+            threads; a batch whose shape is still compiling waits while others run.
         compilation_cache_dir: enables JAX's persistent compilation cache there (refused
             if other users can write to it: the cache runs code from that directory).
         metrics_namespace: the Beam metrics namespace.

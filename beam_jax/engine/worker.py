@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ from beam_jax.engine.fit import FitReport, fit_batch_limits
 from beam_jax.engine.options import KernelOptions
 from beam_jax.kernel.cache import enable_compilation_cache
 from beam_jax.kernel.compiled import Kernel
+from beam_jax.kernel.precompile import BackgroundCompile
 
 
 def make_plan(spec: Any, options: KernelOptions, num_devices: int = 1) -> Plan:
@@ -54,15 +56,59 @@ class Worker:
             )
         self._lock = threading.Lock()
         self._limits = {b: self.plan.max_batch(b) for b in self.plan.buckets}
-        self._reported = (0, 0.0)
+        self._reported = (0, 0.0, 0.0)
+        self._background: BackgroundCompile | None = None
+        self._compile_order = sorted(
+            self.plan.shapes(), key=lambda bs: bs[1] != self.plan.max_batch(bs[0])
+        )
+        self._rank = {shape: i for i, shape in enumerate(self._compile_order)}
         if options.precompile:
-            self.precompile()
+            # Started here and not waited for: reading and tokenizing go on meanwhile, and
+            # a batch waits only for its own shape.
+            self._background = BackgroundCompile(
+                self.kernel, self.params, self._listed_shapes(), self.plan.layout.treedef
+            )
+
+    def _listed_shapes(self) -> list:
+        """Every listed shape, those full batches use (each bucket's largest size) first."""
+        names = self.plan.layout.axis_names
+        return [(self.plan.leaf_shapes(b, s), names) for b, s in self._compile_order]
+
+    def compile_rank(self, buffer) -> int:
+        """Where ``buffer``'s batch shape comes in the start-up compile order."""
+        size = self.plan.padded_batch_size(
+            buffer.bucket, min(buffer.size, self.limit(buffer.bucket))
+        )
+        return self._rank.get((buffer.bucket, size), len(self._rank))
 
     def precompile(self) -> int:
         """Compile every listed shape now; returns how many compiles that took."""
-        names = self.plan.layout.axis_names
-        shapes = [(self.plan.leaf_shapes(b, s), names) for b, s in self.plan.shapes()]
-        return self.kernel.precompile(self.params, shapes, self.plan.layout.treedef)
+        return self.kernel.precompile(
+            self.params, self._listed_shapes(), self.plan.layout.treedef, background=True
+        )
+
+    def ready(self, bucket: Bucket, n: int) -> bool:
+        """Whether a batch of ``n`` rows of ``bucket`` can run without waiting for a
+        compile: its shape is compiled, or no start-up compile is running (the batch then
+        compiles its shape itself, as without ``precompile``)."""
+        if self._background is None or self._background.done():
+            return True
+        if n > self._limits[bucket]:
+            return True  # run in chunks by the engine; not worth holding back
+        size = self.plan.padded_batch_size(bucket, n)
+        return self.kernel.is_compiled(
+            self.plan.leaf_shapes(bucket, size),
+            tuple(sorted(self.plan.layout.axis_names)),
+            self.plan.layout.treedef,
+        )
+
+    def wait_precompiled(self) -> None:
+        """Wait for the start-up compiles, if any are still running (counted as waiting)."""
+        if self._background is not None and not self._background.done():
+            start = time.perf_counter()
+            self._background.wait()
+            with self.kernel._lock:
+                self.kernel.wait_seconds += time.perf_counter() - start
 
     def limit(self, bucket: Bucket) -> int:
         """How many elements a batch of ``bucket`` may hold now (lowered after OOM)."""
@@ -79,10 +125,12 @@ class Worker:
                 return True
             return False
 
-    def take_compile_stats(self) -> tuple[int, float]:
-        """Compiles and compile seconds not yet reported to metrics."""
+    def take_compile_stats(self) -> tuple[int, float, float]:
+        """Compiles, compile seconds and seconds batches waited for compiles, not yet
+        reported to metrics."""
         with self._lock:
-            now = (self.kernel.compiles, self.kernel.compile_seconds)
+            k = self.kernel
+            now = (k.compiles, k.compile_seconds, k.wait_seconds)
             done = self._reported
             self._reported = now
-        return now[0] - done[0], now[1] - done[1]
+        return now[0] - done[0], now[1] - done[1], now[2] - done[2]

@@ -281,10 +281,7 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
         run = _BatchRun(plan, len(batch))
 
         def report_compiles() -> None:
-            n, seconds = worker.take_compile_stats()
-            if n:
-                metrics.compiles.inc(n)
-                metrics.compile_ms.inc(int(seconds * 1000))
+            metrics.compiled(*worker.take_compile_stats())
 
         engine = BatchEngine(
             worker, metrics, run, handle_errors=True, report_compiles=report_compiles

@@ -127,9 +127,13 @@ class Kernel:
         self._jitted = jax.jit(batched_fn)
         self._compiled: dict[Any, Any] = {}
         self._failed: dict[Any, BaseException] = {}
+        # Shapes being compiled now, each with the event its compile sets when done: a
+        # caller of one shape waits for that shape only, while others compile in parallel.
+        self._compiling: dict[Any, threading.Event] = {}
         self._lock = threading.Lock()
         self.compiles = 0
         self.compile_seconds = 0.0
+        self.wait_seconds = 0.0
 
     def compiled_shapes(self) -> set[tuple[tuple[tuple[int, ...], str], ...]]:
         """The ``((shape, dtype), ...)`` leaf signatures compiled so far in this process."""
@@ -146,37 +150,75 @@ class Kernel:
     def _sharding(self, size: int):
         return self._shard if size % self.num_devices == 0 else self._replicate
 
-    def _executable(self, params, leaf_shapes, names, treedef):
-        key = (treedef, tuple((tuple(s), str(np.dtype(d))) for s, d in leaf_shapes), names)
+    def is_compiled(self, leaf_shapes, names, treedef) -> bool:
+        """Whether the shape ``leaf_shapes`` (``(shape, dtype)`` per leaf) is compiled."""
+        return self._key(leaf_shapes, names, treedef) in self._compiled
+
+    @staticmethod
+    def _key(leaf_shapes, names, treedef):
+        return (treedef, tuple((tuple(s), str(np.dtype(d))) for s, d in leaf_shapes), names)
+
+    def _executable(self, params, leaf_shapes, names, treedef, *, background: bool = False):
+        """The executable of one batch shape, compiled now if no one has yet.
+
+        A shape another thread is compiling is waited for, not compiled twice. Unless
+        ``background``, the time this call spends compiling or waiting is added to
+        ``wait_seconds``: compile time on the caller's critical path.
+        """
+        key = self._key(leaf_shapes, names, treedef)
         exe = self._compiled.get(key)
         if exe is not None:
             return exe
+        start = time.perf_counter()
+        try:
+            return self._compile_or_wait(key, params, leaf_shapes, names, treedef)
+        finally:
+            if not background:
+                with self._lock:
+                    self.wait_seconds += time.perf_counter() - start
+
+    def _compile_or_wait(self, key, params, leaf_shapes, names, treedef):
+        while True:
+            with self._lock:
+                exe = self._compiled.get(key)
+                if exe is not None:
+                    return exe
+                if key in self._failed:
+                    raise CompileError(str(self._failed[key])) from self._failed[key]
+                done = self._compiling.get(key)
+                if done is None:
+                    done = self._compiling[key] = threading.Event()
+                    break
+            done.wait()
+        size = leaf_shapes[0][0][0]
+        sharding = self._sharding(size)
+        element = _unflatten(
+            treedef,
+            [jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in leaf_shapes],
+        )
+        lengths = BatchLengths(
+            {n: jax.ShapeDtypeStruct((size,), np.int32, sharding=sharding) for n in names},
+            jax.ShapeDtypeStruct((size,), np.bool_, sharding=sharding),
+        )
+        start = time.perf_counter()
+        error = None
+        try:
+            # XLA releases the GIL while it compiles, so compiles in threads overlap.
+            exe = self._jitted.lower(params, element, lengths).compile()
+        except Exception as e:  # noqa: BLE001 - any trace/compile failure is per shape
+            error = e
         with self._lock:
-            exe = self._compiled.get(key)
-            if exe is not None:
-                return exe
-            if key in self._failed:
-                raise CompileError(str(self._failed[key])) from self._failed[key]
-            size = leaf_shapes[0][0][0]
-            sharding = self._sharding(size)
-            element = _unflatten(
-                treedef,
-                [jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in leaf_shapes],
-            )
-            lengths = BatchLengths(
-                {n: jax.ShapeDtypeStruct((size,), np.int32, sharding=sharding) for n in names},
-                jax.ShapeDtypeStruct((size,), np.bool_, sharding=sharding),
-            )
-            start = time.perf_counter()
-            try:
-                exe = self._jitted.lower(params, element, lengths).compile()
-            except Exception as e:  # noqa: BLE001 - any trace/compile failure is per shape
-                self._failed[key] = e
-                raise CompileError(f"{type(e).__name__}: {e}") from e
-            self.compile_seconds += time.perf_counter() - start
-            self.compiles += 1
-            self._compiled[key] = exe
-            return exe
+            if error is None:
+                self.compile_seconds += time.perf_counter() - start
+                self.compiles += 1
+                self._compiled[key] = exe
+            else:
+                self._failed[key] = error
+            del self._compiling[key]
+        done.set()
+        if error is not None:
+            raise CompileError(f"{type(error).__name__}: {error}") from error
+        return exe
 
     def call(
         self,
@@ -235,7 +277,9 @@ class Kernel:
             params, batch.leaves, batch.lengths, treedef=treedef, num_real=batch.num_real
         )
 
-    def precompile(self, params: Any, shapes: Iterable[Any], treedef: Any) -> int:
+    def precompile(
+        self, params: Any, shapes: Iterable[Any], treedef: Any, *, background: bool = False
+    ) -> int:
         """Compile the given batch shapes now, without data; returns how many were new.
 
         Args:
@@ -243,11 +287,15 @@ class Kernel:
             shapes: iterable of ``(leaf_shapes, length_names)``, where ``leaf_shapes`` is a
                 list of ``(shape, dtype)`` with the batch as the leading axis.
             treedef: the element's tree structure.
+            background: the caller is not waiting for data (not counted in
+                ``wait_seconds``).
         """
         before = self.compiles
         for leaf_shapes, names in shapes:
             try:
-                self._executable(params, leaf_shapes, tuple(sorted(names)), treedef)
+                self._executable(
+                    params, leaf_shapes, tuple(sorted(names)), treedef, background=background
+                )
             except CompileError:
                 pass  # cached; that shape's elements are dead-lettered with the message
         return self.compiles - before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -82,11 +83,13 @@ class WorkerDoFn(beam.DoFn):
         self._handle_errors = handle_errors
         self._shared = shared.Shared()
         self._tag = uuid.uuid4().hex
+        # Set by a transform whose start_workers() may have started this process's worker.
+        self._start_id: str | None = None
 
     def setup(self):
-        fn, spec, options = self._fn, self._spec, self._options
+        fn, spec, options, start_id = self._fn, self._spec, self._options, self._start_id
         self._holder = self._shared.acquire(
-            lambda: _Holder(Worker(fn, spec, options)), tag=self._tag
+            lambda: _Holder(_take_started(start_id) or Worker(fn, spec, options)), tag=self._tag
         )
         self._worker = self._holder.worker
         self._plan = self._worker.plan
@@ -104,12 +107,13 @@ class WorkerDoFn(beam.DoFn):
 
     def finish_bundle(self) -> Iterator[Any]:
         yield from self._engine.flush()
+        # Start-up compiles still running are waited for, so that the bundle's metrics
+        # count every compile and no compile outlives the worker's work.
+        self._worker.wait_precompiled()
+        self._report_compiles()
 
     def _report_compiles(self) -> None:
-        n, seconds = self._worker.take_compile_stats()
-        if n:
-            self._metrics.compiles.inc(n)
-            self._metrics.compile_ms.inc(int(seconds * 1000))
+        self._metrics.compiled(*self._worker.take_compile_stats())
 
     def release(self, buffer) -> None:
         """Buffers are dropped after their batch lands, unless a subclass reuses them."""
@@ -120,6 +124,61 @@ class WorkerDoFn(beam.DoFn):
         )
         return beam.pvalue.TaggedOutput(
             DEAD_LETTERS, WindowedValue(record, source.timestamp, (source.window,))
+        )
+
+
+# Workers started early by start_workers(), until the transform's own DoFn takes them.
+_STARTED: dict[str, Worker] = {}
+_STARTED_LOCK = threading.Lock()
+
+
+def _take_started(start_id: str | None) -> Worker | None:
+    with _STARTED_LOCK:
+        return _STARTED.pop(start_id, None) if start_id else None
+
+
+def _start(start_id: str, fn, spec, options: KernelOptions) -> None:
+    with _STARTED_LOCK:
+        if start_id in _STARTED:
+            return
+    worker = Worker(fn, spec, options)
+    with _STARTED_LOCK:
+        _STARTED.setdefault(start_id, worker)
+
+
+class _StartWorker(beam.DoFn):
+    """Builds the worker of a kernel transform in the first stage that runs in a process:
+    parameters load and, with ``precompile``, shapes compile while earlier stages read."""
+
+    def __init__(self, fn, spec, options: KernelOptions, start_id: str):
+        self._args = (fn, spec, options)
+        self._start_id = start_id
+
+    def setup(self):
+        _start(self._start_id, *self._args)
+
+    def process(self, element) -> Iterator[Any]:
+        return iter(())
+
+
+class StartWorkers(beam.PTransform):
+    """Apply to the pipeline to start a kernel transform's worker as the pipeline starts.
+
+    Example:
+        >>> embed = RunKernel(fn, spec=spec, precompile=True)  # doctest: +SKIP
+        >>> _ = pipeline | embed.start_workers()  # doctest: +SKIP
+    """
+
+    def __init__(self, transform: KernelTransform):
+        super().__init__()
+        self._transform = transform
+
+    def expand(self, pbegin):
+        t = self._transform
+        return (
+            pbegin
+            | "Impulse" >> beam.Impulse()
+            | "Start" >> beam.ParDo(_StartWorker(t.fn, t.spec, t.options, t._start_id))
         )
 
 
@@ -149,6 +208,7 @@ class KernelTransform(beam.PTransform):
         self.spec = spec
         self.options = resolve_options(options, kwargs)
         self.plan()  # the spec, bucketing and output spec must fit together: fail now
+        self._start_id = uuid.uuid4().hex
         self._handle_errors = False
         self._threshold = 1.0
         self._threshold_windowing = None
@@ -212,6 +272,29 @@ class KernelTransform(beam.PTransform):
         clone.__dict__.update(self.__dict__)
         clone.cross_bundle = config
         return clone
+    def start_workers(self) -> StartWorkers:
+        """A transform to apply to the pipeline root (``pipeline | t.start_workers()``): the
+        worker of this transform is built in the pipeline's first stage, so its parameters
+        load and (with ``precompile``) its shapes compile in the background while earlier
+        stages read the input, instead of when the first element arrives.
+
+        Only a worker process that runs that first stage starts early (on a local runner:
+        the one process; on Dataflow: one worker, whose compiles fill a shared
+        compilation cache); the others start as before.
+        """
+        return StartWorkers(self)
+
+    def start_worker_here(self) -> None:
+        """Build this process's worker now (parameters loaded, with ``precompile`` shapes
+        compiling in the background), for a runner that runs the pipeline in this process
+        (the in-process FnApiRunner): Beam's own start-up then overlaps the compiles.
+        Elsewhere the worker is unused; its compiles still fill a compilation cache."""
+        _start(self._start_id, self.fn, self.spec, self.options)
+
+    def forget_worker_here(self) -> None:
+        """Drop a worker ``start_worker_here`` built that the pipeline did not take (e.g.
+        it failed first), so it is not kept for the rest of the process."""
+        _take_started(self._start_id)
 
     def plan(self, num_devices: int = 1) -> Plan:
         """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""

@@ -141,5 +141,6 @@ class RunKernel(KernelTransform):
             )  # fmt: skip
             return self._outputs(pcoll, results, dead)
         dofn = ElementsFrontEnd(self.fn, self.spec, self.options, self._handle_errors, self.keyed)
+        dofn._start_id = self._start_id  # takes the worker start_workers() started, if any
         outputs = pcoll | "RunKernel" >> beam.ParDo(dofn).with_outputs(DEAD_LETTERS, main="results")
         return self._outputs(pcoll, outputs.results, outputs[DEAD_LETTERS])

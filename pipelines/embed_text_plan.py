@@ -1,0 +1,245 @@
+"""Token-length buckets planned at launch from a sample of the input.
+
+Before the job starts, the first texts of the input (spread over its files) are tokenized
+as the job will tokenize them, and ``beam_jax.plan_bucketing`` picks the boundaries and the
+batch sizes of every bucket from their token counts: the least padded tokens, batch rows
+included, for at most ``--compile_budget`` compiled shapes. ``--buckets 16,32,...`` keeps
+fixed buckets instead. The input format's reading is :mod:`pipelines.text_input`'s; only
+the sample is read here, with pyarrow (Parquet), line by line (JSON lines) or from the
+built-in corpus.
+
+Example:
+    >>> plan = plan_for(args, inputs)  # doctest: +SKIP
+    >>> plan.bucketing.boundaries["L"][-1]  # doctest: +SKIP
+    256
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+import beam_jax as bj
+from beam_jax.internal import Plan
+from pipelines import corpus, minilm
+from pipelines import input_files as inp
+from pipelines import text_rows as tr
+from pipelines.embed_text_flags import is_local
+
+__all__ = [
+    "LaunchPlan",
+    "fixed_bucketing",
+    "in_process",
+    "local_devices",
+    "plan_for",
+    "sample_texts",
+    "token_lengths",
+]
+
+# Files whose Parquet footers are read to count the job's rows; beyond this the count is
+# extrapolated from their mean (each footer is one read, which on gs:// is ~50 ms).
+_MAX_FOOTERS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """The bucketing a run uses, and how it was chosen.
+
+    Attributes:
+        bucketing: boundaries and batch sizes for the embedding step.
+        planned: whether they were planned from a sample (else fixed by ``--buckets``).
+        sample: texts in the sample (0 when fixed).
+        total: rows the plan expects the job to have.
+        shapes: compiled shapes the bucketing allows.
+        padding_ratio: expected padded over real tokens, batch rows included (NaN when
+            fixed buckets were not checked against a sample).
+    """
+
+    bucketing: bj.Bucketing
+    planned: bool
+    sample: int
+    total: int
+    shapes: int
+    padding_ratio: float
+
+    def __str__(self) -> str:
+        bounds = ",".join(map(str, self.bucketing.boundaries["L"]))
+        if not self.planned:
+            return f"embed_text: fixed buckets {bounds} (--buckets), {self.shapes} shapes"
+        return (
+            f"embed_text: buckets {bounds} planned from {self.sample} texts for ~{self.total} "
+            f"rows: {self.shapes} compiled shapes, expected padding {self.padding_ratio:.3f}x"
+        )
+
+
+def fixed_bucketing(args: Any) -> bj.Bucketing:
+    """The bucketing of ``--buckets``, ``--batch_size``, ``--batch_sizes`` and the budget."""
+    return bj.Bucketing(
+        boundaries={"L": args.buckets},
+        batch_size=args.batch_size,
+        max_padded_size=args.max_tokens_per_batch,
+        batch_sizes=args.batch_sizes,
+    )
+
+
+def sample_texts(inputs: inp.Inputs, n: int) -> tuple[list[str], int]:
+    """Up to ``n`` texts from the input, and the job's row count (estimated where needed).
+
+    Every file gives a share of the sample (its first rows), so a job of many files is
+    sampled across them. Rows whose text is not a string are skipped, as they are dead
+    letters in the job. A file that cannot be read is skipped here; the job names it.
+    """
+    if inputs.format == "builtin":
+        rows = corpus.builtin_corpus(inputs.builtin_texts)
+        return [t for _, t in rows[:n]], len(rows)
+    files = [f for f in inputs.files if f.size]
+    if not files:
+        return [], 0
+    per_file = max(1, math.ceil(n / len(files)))
+    texts: list[str] = []
+    rows = 0
+    counted = 0
+    for i, file in enumerate(files):
+        want = min(per_file, n - len(texts)) if len(texts) < n else 0
+        try:
+            if inputs.format == "parquet":
+                got, count = _parquet_sample(file.path, want, count=i < _MAX_FOOTERS)
+            else:
+                got, count = _json_lines_sample(file, want)
+        except Exception:  # noqa: BLE001, S112 - the job reads it again and names the fault
+            continue
+        texts.extend(got)
+        if count is not None:
+            rows += count
+            counted += 1
+        if want == 0 and counted >= _MAX_FOOTERS:
+            break
+    total = round(rows * len(files) / counted) if counted else len(texts)
+    return texts, max(total, len(texts))
+
+
+def _parquet_sample(path: str, want: int, *, count: bool) -> tuple[list[str], int | None]:
+    with inp.open_file(path, CompressionTypes.UNCOMPRESSED) as f:
+        parquet = pq.ParquetFile(f)
+        texts: list[str] = []
+        if want and "text" in parquet.schema_arrow.names:
+            for batch in parquet.iter_batches(batch_size=min(want, 8192), columns=["text"]):
+                try:
+                    values = batch.column("text").to_pylist()
+                except UnicodeDecodeError:
+                    values = []  # invalid UTF-8: those rows are dead letters in the job
+                texts.extend(v for v in values if isinstance(v, str))
+                if len(texts) >= want:
+                    break
+        return texts[:want], parquet.metadata.num_rows if count else None
+
+
+def _json_lines_sample(file: inp.InputFile, want: int) -> tuple[list[str], int | None]:
+    texts: list[str] = []
+    lines = read = 0
+    with inp.open_lines(file.path) as f:
+        for line in _lines(f, want):
+            lines += 1
+            read += len(line)
+            _, text, problem = tr.parse_json_line(line.removeprefix(inp.BOM))
+            if problem is None and isinstance(text, str):
+                texts.append(text)
+    compressed = file.path.lower().endswith((".gz", ".bz2", ".zst", ".deflate", ".xz"))
+    if not lines or compressed or file.size is None:
+        return texts, None
+    # Lines in the file, from its size and the sample's bytes per line.
+    return texts, max(lines, round(file.size * lines / max(read, 1)))
+
+
+def _lines(f, want: int) -> Iterator[bytes]:
+    got = 0
+    for line in iter(f.readline, b""):
+        if got >= max(want, 1):
+            return
+        if line.strip():
+            got += 1
+            yield line
+
+
+def token_lengths(texts: list[str], model_dir: str | None = None) -> np.ndarray:
+    """Token counts (with ``[CLS]``/``[SEP]``, after truncation) as the job counts them."""
+    if not texts:
+        return np.zeros(0, np.int64)
+    tokenizer = minilm.Tokenizer(tr.local_model_dir(model_dir))
+    prefixes = [tr.tokenizer_prefix(t) for t in texts]
+    try:
+        encoded = tokenizer.encode_batch(prefixes)
+    except Exception:  # noqa: BLE001 - a text the tokenizer rejects: leave it out
+        encoded = []
+        for t in prefixes:
+            try:
+                encoded.append(tokenizer.encode(t))
+            except Exception:  # noqa: BLE001, S112
+                continue
+    return np.asarray([len(e) for e in encoded], np.int64)
+
+
+def local_devices(options: Any) -> int:
+    """Devices per worker: this process's on the local runners (they run the workers
+    here), else 1 (unknown at launch; batch sizes are then rounded up on the workers)."""
+    if not is_local(options.view_as(StandardOptions).runner):
+        return 1
+    import jax
+
+    return jax.local_device_count()
+
+
+def in_process(options: Any) -> bool:
+    """Whether the runner runs the pipeline in this process (FnApiRunner in its default,
+    in-memory mode), so a worker built here is the one the job uses."""
+    runner = options.view_as(StandardOptions).runner
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    direct = options.view_as(DirectOptions)
+    return (
+        name.rsplit(".", 1)[-1] in ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner")
+        and (direct.direct_running_mode or "in_memory") == "in_memory"
+        and (direct.direct_num_workers or 1) == 1
+    )
+
+
+def plan_for(args: Any, inputs: inp.Inputs, num_devices: int = 1) -> LaunchPlan:
+    """The run's bucketing: fixed by ``--buckets``, or planned from a sample of ``inputs``.
+
+    Args:
+        args: the parsed flags (``--buckets``, ``--compile_budget``, ``--plan_sample``,
+            ``--shape_cost``, ``--batch_size``, ``--max_tokens_per_batch``, ``--model_dir``).
+        inputs: the run's input files.
+        num_devices: devices per worker where known (batch sizes are multiples of it).
+    """
+    if args.buckets != "auto":
+        bucketing = fixed_bucketing(args)
+        shapes = len(Plan(_SPEC, bucketing, num_devices=num_devices).shapes())
+        return LaunchPlan(bucketing, False, 0, 0, shapes, float("nan"))
+    texts, total = sample_texts(inputs, args.plan_sample)
+    lengths = token_lengths(texts, args.model_dir)
+    max_size = minilm.load_config(tr.local_model_dir(args.model_dir)).max_seq_length
+    if len(lengths) == 0:
+        lengths = np.asarray([max_size])  # nothing readable: one bucket, the job decides
+    plan = bj.plan_bucketing(
+        lengths,
+        max_size=max_size,
+        compile_budget=args.compile_budget,
+        max_batch_size=args.batch_size,
+        max_padded_size=args.max_tokens_per_batch,
+        total=max(total, 1),
+        shape_cost=args.shape_cost,
+        num_devices=num_devices,
+    )
+    return LaunchPlan(
+        plan.bucketing, True, len(texts), max(total, 1), plan.shapes, plan.padding_ratio
+    )
+
+
+_SPEC = {"input_ids": bj.ArraySpec(("L",), np.int32)}

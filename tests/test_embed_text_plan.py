@@ -1,0 +1,93 @@
+"""Buckets planned at launch from a sample of embed_text's input (pipelines/embed_text_plan)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import beam_jax as bj
+from beam_jax.testing import assert_conserved
+from pipelines import corpus, embed_text, embed_text_plan
+from pipelines import input_files as inp
+
+
+def _texts(n):
+    return [t for _, t in corpus.builtin_corpus(n)]
+
+
+def _parquet(path, texts, start=0):
+    ids = pa.array(range(start, start + len(texts)), pa.int64())
+    pq.write_table(pa.table({"id": ids, "text": pa.array(texts)}), path, row_group_size=100)
+
+
+def test_the_sample_spreads_over_the_files_and_counts_the_rows(tmp_path):
+    texts = _texts(600)
+    _parquet(tmp_path / "a.parquet", texts[:400])
+    _parquet(tmp_path / "b.parquet", texts[400:] + [None] * 10, start=400)
+    inputs = inp.match_inputs(str(tmp_path / "*.parquet"))
+    sample, total = embed_text_plan.sample_texts(inputs, 100)
+    assert total == 610  # from the files' footers, not from the sample
+    assert sample == texts[:50] + texts[400:450]  # each file's first rows; no nulls
+
+    lines = tmp_path / "c.jsonl"
+    lines.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    sample, total = embed_text_plan.sample_texts(inp.match_inputs(str(lines)), 60)
+    assert sample == texts[:60]
+    assert total == pytest.approx(600, rel=0.25)  # estimated from the file's size
+
+    sample, total = embed_text_plan.sample_texts(inp.builtin_inputs(300), 5000)
+    assert (len(sample), total) == (300, 300)
+
+
+def _args(*flags):
+    args, _ = embed_text.parse_args(["--output", "unused", *flags])
+    return args
+
+
+def test_auto_plans_within_the_budget_and_fixed_buckets_stay():
+    inputs = inp.builtin_inputs(500)
+    plan = embed_text_plan.plan_for(_args("--compile_budget", "6", "--shape_cost", "0"), inputs)
+    bounds = plan.bucketing.boundaries["L"]
+    assert plan.planned and plan.sample == plan.total == 500
+    assert bounds[-1] == 256 and plan.shapes <= 6
+    lengths = embed_text_plan.token_lengths(_texts(500))
+    again = bj.plan_bucketing(lengths, max_size=256, compile_budget=6, max_padded_size=2048)
+    assert plan.bucketing == again.bucketing  # the sample is tokenized as the job does
+    fixed = embed_text_plan.plan_for(_args("--buckets", "16,32,64,128,256"), inputs)
+    assert not fixed.planned and fixed.bucketing.boundaries["L"] == (16, 32, 64, 128, 256)
+    assert "planned from 500 texts" in str(plan)
+
+    # A price per shape that no padding saving pays for: one shape per bucket, fewer buckets.
+    cheap = embed_text_plan.plan_for(_args("--shape_cost", "1e12"), inputs)
+    assert cheap.shapes == len(cheap.bucketing.boundaries["L"]) == 1
+
+
+def test_flags_are_checked():
+    for bad in (["--compile_budget", "0"], ["--shape_cost", "-1"], ["--buckets", "x"]):
+        with pytest.raises(SystemExit):
+            embed_text.parse_args(["--output", "o", *bad])
+
+
+def test_a_run_with_planned_buckets_pads_as_planned_and_compiles_at_start(tmp_path, capsys):
+    summary = embed_text.run(
+        ["--builtin_texts", "120", "--output", str(tmp_path / "out"), "--compile_budget", "3",
+         "--compilation_cache_dir", "none"]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "planned from 120 texts" in printed
+    import jax
+
+    plan = embed_text_plan.plan_for(_args("--builtin_texts", "120", "--compile_budget", "3"),
+                                    inp.builtin_inputs(120), jax.local_device_count())  # fmt: skip
+    assert_conserved(summary.totals())
+    assert summary.results == 120
+    # Every listed shape compiled once (at start-up), and the batches padded as planned.
+    assert summary.compiles == plan.shapes
+    assert summary.padding_ratio == pytest.approx(plan.padding_ratio)
+    assert 0.0 <= summary.compile_wait_seconds
+    assert "waited for" in printed
+    assert np.isfinite(summary.kernel.compile_overlapped_seconds)

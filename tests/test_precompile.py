@@ -1,0 +1,170 @@
+"""Start-up compiles in background threads: every listed shape, waits counted apart."""
+
+import threading
+import time
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.testing.util import assert_that, equal_to
+
+import beam_jax as bj
+from beam_jax.internal import Kernel
+from beam_jax.kernel.precompile import BackgroundCompile
+from beam_jax.testing import CountingLoader, assert_conserved
+from tests.beam_helpers import pipeline, run
+
+
+def _shapes(sizes):
+    return [([((n, 3), np.float32)], ()) for n in sizes]
+
+
+def test_background_compiles_every_shape_and_is_not_counted_as_waiting():
+    kernel = Kernel(lambda p, x, lengths: x.sum() * p, batched=True)
+    job = BackgroundCompile(kernel, 2.0, _shapes([1, 2, 3, 5, 8]), None, threads=3)
+    assert job.wait()
+    assert kernel.compiles == 5
+    assert kernel.wait_seconds == 0.0
+    assert {sig[0][0][0] for sig in kernel.compiled_shapes()} == {1, 2, 3, 5, 8}
+
+
+def test_a_caller_waits_for_a_shape_another_thread_compiles_and_it_compiles_once():
+    started, release = threading.Event(), threading.Event()
+
+    def slow(p, x, lengths):
+        started.set()
+        release.wait(10)  # tracing holds here until the caller is waiting
+        return x.sum()
+
+    kernel = Kernel(slow, batched=True)
+    job = BackgroundCompile(kernel, None, _shapes([4]), None, threads=1)
+    assert started.wait(10)
+    waiter = threading.Thread(
+        target=lambda: kernel.call(None, [np.ones((4, 3), np.float32)], {}, treedef=None)
+    )
+    waiter.start()
+    time.sleep(0.2)
+    release.set()
+    waiter.join(10)
+    assert job.wait(10)
+    assert kernel.compiles == 1
+    assert kernel.wait_seconds > 0  # the caller's wait is on the critical path
+
+
+def test_a_shape_that_fails_to_compile_fails_for_its_callers_only():
+    def picky(p, x, lengths):
+        if x.shape[0] == 2:
+            raise ValueError("no batches of 2")
+        return x.sum()
+
+    kernel = Kernel(picky, batched=True)
+    assert BackgroundCompile(kernel, None, _shapes([1, 2]), None).wait()
+    assert kernel.compiles == 1
+    try:
+        kernel.call(None, [np.ones((2, 3), np.float32)], {}, treedef=None)
+    except bj.CompileError as e:
+        assert "no batches of 2" in str(e)
+    else:
+        raise AssertionError("expected a CompileError")
+
+
+def test_pipeline_precompiles_the_listed_set_and_reports_the_critical_path_apart():
+    def total(params, element, lengths):
+        return element["x"].sum(axis=(1, 2))
+
+    spec = {"x": bj.ArraySpec(("L", 2), np.float32)}
+    values = [{"x": np.ones((n, 2), np.float32)} for n in range(1, 13)]
+    bucketing = bj.plan_bucketing([len(v["x"]) for v in values], max_size=12, compile_budget=3)
+    p = pipeline()
+    results = (
+        p
+        | beam.Create(values)
+        | bj.RunKernel(total, spec=spec, batched=True, precompile=True,
+                       bucketing=bucketing.bucketing)
+        | beam.Map(float)
+    )  # fmt: skip
+    assert_that(results, equal_to([2.0 * n for n in range(1, 13)]))
+    summary = assert_conserved(run(p))
+    assert summary.compiles == bucketing.shapes
+    assert summary.padding_ratio == bucketing.padding_ratio
+    assert 0 <= summary.compile_wait_seconds
+    assert summary.compile_overlapped_seconds == max(
+        0.0, summary.compile_seconds - summary.compile_wait_seconds
+    )
+
+
+def test_start_workers_builds_the_worker_once_in_the_first_stage(tmp_path):
+    def total(params, element, lengths):
+        return element["x"].sum(axis=(1, 2)) * params
+
+    spec = {"x": bj.ArraySpec(("L", 2), np.float32)}
+    loader = CountingLoader(tmp_path / "loads", np.float32(1.0))
+    values = [{"x": np.ones((n, 2), np.float32)} for n in range(1, 9)]
+    embed = bj.RunKernel(
+        total, spec=spec, batched=True, precompile=True, load_params=loader,
+        bucketing=bj.Bucketing(boundaries={"L": (4, 8)}, batch_size=4, batch_sizes=(4,)),
+    )  # fmt: skip
+    p = pipeline()
+    _ = p | "Start" >> embed.start_workers()
+    results = p | beam.Create(values) | embed | beam.Map(float)
+    assert_that(results, equal_to([2.0 * n for n in range(1, 9)]))
+    summary = assert_conserved(run(p))
+    # One worker: parameters loaded once, each of the 2 shapes compiled once.
+    assert sum(loader.calls().values()) == 1
+    assert summary.compiles == 2
+
+
+def test_start_workers_alone_builds_and_keeps_a_worker(tmp_path):
+    from beam_jax.transforms import base
+
+    loader = CountingLoader(tmp_path / "loads", np.float32(1.0))
+    embed = bj.RunKernel(
+        lambda p, x, lengths: x.sum(), spec=bj.ArraySpec(("L",), np.float32),
+        load_params=loader, bucketing=bj.Bucketing(boundaries={"L": (4,)}, batch_size=2),
+    )  # fmt: skip
+    p = pipeline()
+    _ = p | embed.start_workers()
+    run(p)
+    assert sum(loader.calls().values()) == 1
+    assert base._take_started(embed._start_id) is not None  # waiting for the DoFn to take it
+
+
+def test_a_full_batch_whose_shape_is_compiling_waits_while_ready_shapes_run():
+    from apache_beam.transforms.window import GlobalWindow
+
+    from beam_jax.transforms.run_kernel import ElementsFrontEnd
+
+    release = threading.Event()
+
+    def total(params, element, lengths):
+        if element["x"].shape[1] == 8:
+            release.wait(30)  # the long bucket's shape compiles until the test says
+        return element["x"].sum(axis=(1, 2))
+
+    spec = {"x": bj.ArraySpec(("L", 2), np.float32)}
+    options = bj.KernelOptions(
+        batched=True, precompile=True,
+        bucketing=bj.Bucketing(boundaries={"L": (4, 8)}, batch_size=4, batch_sizes=(4,)),
+    )  # fmt: skip
+    dofn = ElementsFrontEnd(total, spec, options, handle_errors=False, keyed=False)
+    dofn.setup()
+    try:
+        worker = dofn._worker
+        deadline = time.time() + 30
+        while not worker.ready((4,), 4) and time.time() < deadline:
+            time.sleep(0.05)
+        assert worker.ready((4,), 4) and not worker.ready((8,), 4)
+        dofn.start_bundle()
+        out = []
+        for n in (5, 6, 7, 8, 1, 2, 3, 4):  # the long bucket fills first, the short one second
+            element = {"x": np.ones((n, 2), np.float32)}
+            out += list(dofn.process(element, timestamp=0, window=GlobalWindow()))
+        # The long batch waits for its shape; the short one was launched meanwhile.
+        assert [b.bucket for b in dofn._engine._waiting] == [(8,)]
+        assert [f.batch.bucket for f in dofn._engine._inflight] == [(4,)]
+        release.set()
+        out += list(dofn.finish_bundle())
+        assert sorted(float(v.value) for v in out) == [2.0 * n for n in range(1, 9)]
+        assert worker.kernel.compiles == 2
+    finally:
+        release.set()
+        dofn.teardown()
