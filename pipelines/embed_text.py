@@ -5,6 +5,9 @@ in batches with the Rust tokenizer (truncating at 256 tokens, as sentence-transf
 embeds them with the pure-JAX encoder of :mod:`pipelines.minilm` in token-length buckets
 through ``beam_jax.RunKernel``, and writes ``id`` + ``embedding`` (``list<float32>``, 384
 values) to Parquet in parts named by input file and row range (:mod:`pipelines.text_parts`).
+Parquet and the built-in corpus take the columnar path (:mod:`pipelines.embed_columnar`):
+Arrow record batches through ``beam_jax.RunKernelOnArrow``, the same output;
+``--per_element`` takes them the per-element way, as JSON lines always go.
 Every row that cannot be embedded becomes one JSON line under ``OUTPUT/failed/``, and every
 file that cannot be read one line naming it. The parts are staged and published only when the
 job succeeds (:mod:`pipelines.output_dir`); a rerun resumes. See docs/embed_text.md.
@@ -36,8 +39,8 @@ import apache_beam as beam
 import numpy as np
 
 import beam_jax as bj
+from pipelines import embed_columnar, minilm
 from pipelines import input_files as inp
-from pipelines import minilm
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
 from pipelines import text_rows as tr
@@ -189,6 +192,9 @@ def _build(pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str,
         max_padded_size=args.max_tokens_per_batch,
         batch_sizes=args.batch_sizes,
     )
+    if inputs.format != "jsonl" and not args.per_element:
+        embed_columnar.build(pipeline, args, inputs, id_type, staging, done, bucketing)
+        return
     reads = (
         pipeline
         | "Files" >> beam.Create(range(len(inputs.files)))
