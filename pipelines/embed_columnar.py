@@ -360,7 +360,7 @@ def results_by_part(batch: pa.RecordBatch, part_rows: int) -> Iterator[Any]:
 
 def dead_by_part(record: bj.FailedElement, part_rows: int) -> Any:
     """A dead letter keyed by its part, with its row: ``((file, start), (row, record))``."""
-    file_index, position = (int(x) for x in split_keys(np.array([record.key])))
+    file_index, position = record.key >> _ROW_BITS, record.key & _ROW_MASK
     return (file_index, position // part_rows * part_rows), (position, record)
 
 
