@@ -127,8 +127,7 @@ def test_columnar_run_resumes_after_a_failure(tmp_path, monkeypatch):
     assert summary.rows == summary.results == 6  # the reused parts' rows are not read again
 
 
-@pytest.mark.parametrize("path", ["columnar", "per_element"])
-def test_second_corpus_matches_sentence_transformers(tmp_path, path):
+def test_second_corpus_matches_sentence_transformers(tmp_path):
     meta = json.loads((FIXTURES / "minilm_reference_topics.json").read_text(encoding="utf-8"))
     with np.load(FIXTURES / "minilm_reference_topics.npz", allow_pickle=False) as npz:
         embeddings, full_lengths = npz["embeddings"], npz["full_lengths"]
@@ -136,7 +135,8 @@ def test_second_corpus_matches_sentence_transformers(tmp_path, path):
     assert len(texts) >= 100 and (full_lengths > 256).sum() >= 10
     source = tmp_path / "topics.parquet"
     pq.write_table(pa.table({"id": [f"t{i}" for i in range(len(texts))], "text": texts}), source)
-    flags = ["--per_element"] if path == "per_element" else []
+    # Few shapes, few compiles: the model's answer does not depend on the buckets.
+    flags = ["--buckets", "32,64,128,256", "--batch_sizes", "8,32"]
 
     summary = ft.run(source, tmp_path / "out", *flags)
 
