@@ -404,6 +404,11 @@ def main(argv: list[str] | None = None) -> dict:
             **{k: v for k, v in rs[-1].items() if k not in ("seconds", "out", "cpu_s")},
         }
     ratios, ratios_best = {}, {}
+    if "host_only" in results and "host_only_per_element" in results:
+        ours, theirs = results["host_only"], results["host_only_per_element"]
+        name = "host_only_vs_host_only_per_element"
+        ratios[name] = theirs["seconds_median"] / ours["seconds_median"]
+        ratios_best[name] = theirs["seconds_best"] / ours["seconds_best"]
     if "pipeline" in results:
         ours = results["pipeline"]
         for other in ("sentence_transformers", "runinference"):
