@@ -1,26 +1,20 @@
 """The flagship's columnar path: Arrow record batches from reading to writing, for Parquet.
 
-Each file's rows are read as record batches of ``id`` and ``text`` (:func:`ReadColumns`),
+Each file's rows are read as record batches of ``id`` and ``text`` (:class:`ReadColumns`),
 tokenized a batch at a time into a ``list<int32>`` column of token ids
 (:class:`TokenizeColumns`), embedded by ``beam_jax.RunKernelOnArrow`` in token-length
-buckets, and written part by part (:class:`WritePartColumns`), with no Python object per
-row on the way: only rows that fail get one, their dead letter. The output, the dead
+buckets, and written part by part (:mod:`pipelines.column_parts`), with no Python object
+per row on the way: only rows that fail get one, their dead letter. The output, the dead
 letters and the resumable parts are those of the per-element path (``--per_element``,
 :mod:`pipelines.text_rows`); only the route differs. JSON lines keep the per-element path:
 ``pyarrow.json`` fails a whole block on one bad line, and a row's dead letter must name it.
 
-Inside the job a row is known by its key, ``file_index << 40 | row``, an ``int64`` column
-that RunKernelOnArrow carries as the rows' id; the input's ids travel beside the batches
-(:class:`PartIds`), to the part that writes them.
-
 Example:
-    >>> split_keys(np.array([row_key(3, 17)]))
-    (array([3]), array([17]))
+    >>> build(pipeline, args, inputs, id_type, staging, done, bucketing)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Iterator
 from typing import Any
@@ -30,49 +24,17 @@ import numpy as np
 import pyarrow as pa
 
 import beam_jax as bj
+from pipelines import column_parts as cp
 from pipelines import corpus, minilm
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
 from pipelines import text_rows as tr
 from pipelines.input_files import Inputs
 
-__all__ = [
-    "EmbedTextColumns",
-    "PartIds",
-    "ReadColumns",
-    "TokenizeColumns",
-    "WritePartColumns",
-    "build",
-    "dead_by_part",
-    "results_by_part",
-    "row_key",
-    "split_keys",
-]
+__all__ = ["EmbedTextColumns", "ReadColumns", "TokenizeColumns", "build"]
 
-KEY = "key"
 INPUT_IDS = "input_ids"
-OUTPUT = "output"  # RunKernelOnArrow's column for a kernel returning one array
-_ROW_BITS = 40  # rows per file < 2**40; files < 2**23
-_ROW_MASK = (1 << _ROW_BITS) - 1
-
-
-def row_key(file_index: int, position: int) -> int:
-    """A row's key in the job: which file, which row, in one ``int64``."""
-    return file_index << _ROW_BITS | position
-
-
-def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(file_index, row)`` arrays of an array of keys."""
-    keys = np.asarray(keys, np.int64)
-    return keys >> _ROW_BITS, keys & _ROW_MASK
-
-
-@dataclasses.dataclass(frozen=True)
-class PartIds:
-    """Rows of one part that one record batch holds: their positions and their ids as read."""
-
-    positions: np.ndarray
-    ids: pa.Array
+KEY = cp.KEY
 
 
 class ReadColumns(beam.DoFn):
@@ -119,9 +81,9 @@ class ReadColumns(beam.DoFn):
                 ids = batch.column("id")
                 yield beam.pvalue.TaggedOutput(
                     self.PARTS,
-                    ((file_index, start // part_rows * part_rows), PartIds(positions, ids)),
+                    ((file_index, start // part_rows * part_rows), cp.PartIds(positions, ids)),
                 )
-                keys = pa.array(positions | (file_index << _ROW_BITS))
+                keys = pa.array(positions | (file_index << cp.ROW_BITS))
                 yield pa.RecordBatch.from_arrays(
                     [keys, ids, batch.column("text")], names=[KEY, "id", "text"]
                 )
@@ -345,87 +307,6 @@ class EmbedTextColumns(beam.PTransform):
         return bj.RunKernelResult(results, dead)
 
 
-def results_by_part(batch: pa.RecordBatch, part_rows: int) -> Iterator[Any]:
-    """A result batch cut into ``((file_index, part_start), batch)``, one per part it holds."""
-    files, rows = split_keys(batch.column(KEY).to_numpy())
-    parts = rows // part_rows * part_rows
-    if (files == files[0]).all() and (parts == parts[0]).all():
-        yield (int(files[0]), int(parts[0])), batch
-        return
-    pairs, inverse = np.unique(np.stack([files, parts], 1), axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    for group, (file_index, start) in enumerate(pairs.tolist()):
-        yield (file_index, start), batch.take(pa.array(np.flatnonzero(inverse == group)))
-
-
-def dead_by_part(record: bj.FailedElement, part_rows: int) -> Any:
-    """A dead letter keyed by its part, with its row: ``((file, start), (row, record))``."""
-    file_index, position = record.key >> _ROW_BITS, record.key & _ROW_MASK
-    return (file_index, position // part_rows * part_rows), (position, record)
-
-
-class WritePartColumns(beam.DoFn):
-    """``((file_index, start), {"rows", "results", "dead"})`` in; the part's files written.
-
-    As ``text_parts.WriteParts``, from record batches: the embeddings of a part are sorted
-    by row and joined to their ids with numpy, and written with ``text_parts.write_part``.
-
-    Args:
-        directory: Where the parts go (the run's staging directory).
-        inputs: The run's inputs, for file names.
-        schema: The embeddings' Arrow schema.
-    """
-
-    def __init__(self, directory: str, inputs: Inputs, schema: pa.Schema):
-        self._directory = directory
-        self._inputs = inputs
-        self._schema = schema
-
-    def setup(self):
-        self._parts = beam.metrics.Metrics.counter(tr.METRICS_NAMESPACE, "parts_written")
-
-    def process(self, element: Any) -> Iterator[str]:
-        (file_index, start), groups = element
-        pieces: list[PartIds] = list(groups["rows"])
-        positions = np.concatenate([p.positions for p in pieces])
-        ids = pa.concat_arrays([p.ids for p in pieces])
-        order = np.argsort(positions, kind="stable")
-        positions, ids = positions[order], ids.take(pa.array(order))
-        batches = [b for b in groups["results"] if b.num_rows]
-        results = pa.Table.from_batches(batches).combine_chunks() if batches else None
-        done = np.zeros(0, np.int64) if results is None else split_keys(results[KEY].to_numpy())[1]
-        dead = sorted(groups["dead"], key=lambda r: r[0])
-        covered = np.sort(np.concatenate([done, np.array([p for p, _ in dead], np.int64)]))
-        if not np.array_equal(covered, positions):
-            # Every row ends as one embedding or one dead letter; anything else is a bug,
-            # and an incomplete part must not be written as if it were whole.
-            raise RuntimeError(
-                f"part {start} of file {file_index}: {len(positions)} rows but {len(done)} "
-                f"embeddings and {len(dead)} dead letters"
-            )
-        table = self._schema.empty_table()
-        if results is not None:
-            by_row = np.argsort(done, kind="stable")
-            index = np.searchsorted(positions, done[by_row])
-            vectors = results[OUTPUT].chunk(0).take(pa.array(by_row))
-            width = vectors.type.list_size
-            offsets = pa.array(np.arange(0, (len(by_row) + 1) * width, width, dtype=np.int32))
-            embedding = pa.ListArray.from_arrays(offsets, vectors.flatten())
-            out_ids = ids.take(pa.array(index)).cast(self._schema.field("id").type)
-            table = pa.Table.from_arrays([out_ids, embedding], schema=self._schema)
-        dead_rows = []
-        if dead:
-            index = np.searchsorted(positions, [p for p, _ in dead])
-            dead_ids, _ = ti.python_values(ids.take(pa.array(index)), "id")
-            dead_rows = [(i, p, r) for i, (p, r) in zip(dead_ids, dead, strict=True)]
-        end = int(positions[-1]) + 1
-        name = tp.write_part(
-            self._directory, self._inputs, (file_index, start, end), dead_rows, table
-        )
-        self._parts.inc()
-        yield name
-
-
 def build(
     pipeline: beam.Pipeline,
     args: Any,
@@ -468,11 +349,12 @@ def build(
         {
             "rows": reads[ReadColumns.PARTS],
             "results": results
-            | "ResultsByPart" >> beam.FlatMap(results_by_part, part_rows=part_rows),
-            "dead": dead | "DeadByPart" >> beam.Map(dead_by_part, part_rows=part_rows),
+            | "ResultsByPart" >> beam.FlatMap(cp.results_by_part, part_rows=part_rows),
+            "dead": dead | "DeadByPart" >> beam.Map(cp.dead_by_part, part_rows=part_rows),
         }
         | "GroupByPart" >> beam.CoGroupByKey()
-        | "WriteParts" >> beam.ParDo(WritePartColumns(staging, inputs, tr.output_schema(id_type)))
+        | "WriteParts"
+        >> beam.ParDo(cp.WritePartColumns(staging, inputs, tr.output_schema(id_type)))
         # A consumer for the parts' names, as in the per-element path: the local FnApiRunner
         # then fails when a worker dies in WriteParts instead of waiting for it forever.
         | "CountParts" >> beam.combiners.Count.Globally()

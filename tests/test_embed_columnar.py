@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_jax.testing import assert_conserved
-from pipelines import embed_columnar as ec
+from pipelines import column_parts as cp
 from pipelines import text_rows as tr
 from tests import flagship as ft
 
@@ -40,15 +40,15 @@ def _outputs(out: pathlib.Path) -> tuple[dict[str, pa.Table], dict[str, list[dic
 
 
 def test_keys_split_back_and_results_are_cut_by_part():
-    keys = np.array([ec.row_key(0, 5), ec.row_key(0, 6), ec.row_key(2, 5), ec.row_key(0, 2**39)])
-    files, rows = ec.split_keys(keys)
+    keys = np.array([cp.row_key(0, 5), cp.row_key(0, 6), cp.row_key(2, 5), cp.row_key(0, 2**39)])
+    files, rows = cp.split_keys(keys)
     assert files.tolist() == [0, 0, 2, 0] and rows.tolist() == [5, 6, 5, 2**39]
     batch = pa.record_batch({"key": keys, "output": pa.array([1.0, 2.0, 3.0, 4.0])})
-    cut = dict(ec.results_by_part(batch, part_rows=6))
+    cut = dict(cp.results_by_part(batch, part_rows=6))
     assert sorted(cut) == [(0, 0), (0, 6), (0, 2**39 // 6 * 6), (2, 0)]
     assert cut[(0, 0)].column("output").to_pylist() == [1.0]
     assert cut[(2, 0)].column("output").to_pylist() == [3.0]
-    whole = list(ec.results_by_part(batch.slice(0, 2), part_rows=10))
+    whole = list(cp.results_by_part(batch.slice(0, 2), part_rows=10))
     assert len(whole) == 1 and whole[0][1].num_rows == 2  # one part: the batch as it is
 
 
@@ -98,7 +98,7 @@ def test_columnar_writes_what_the_per_element_path_writes(tmp_path):
         assert_conserved(summary.kernel)
 
 
-class FailAfterParts(ec.WritePartColumns):
+class FailAfterParts(cp.WritePartColumns):
     """Fails the job right after writing its second part, the first time only."""
 
     failed = False
@@ -115,7 +115,7 @@ def test_columnar_run_resumes_after_a_failure(tmp_path, monkeypatch):
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": list(range(12)), "text": ft.texts(12)}), source)
     out, flags = tmp_path / "out", ("--rows_per_part", "3")  # 4 parts
-    monkeypatch.setattr(ec, "WritePartColumns", FailAfterParts)
+    monkeypatch.setattr(cp, "WritePartColumns", FailAfterParts)
 
     with pytest.raises(Exception, match="a worker fault after two parts"):
         ft.run(source, out, *flags)
