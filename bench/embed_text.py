@@ -3,6 +3,7 @@
     python bench/embed_text.py                   # 2,000 built-in texts, 3 rounds (~8 min)
     python bench/embed_text.py --quick           # 300 texts, 1 round (~1 min)
     python bench/embed_text.py --texts 4000 --json out.json
+    python bench/embed_text.py --variants host_only,host_only_per_element --texts 100000
 
 Three variants embed the same texts with all-MiniLM-L6-v2 on the same CPUs:
 
@@ -16,6 +17,18 @@ Three variants embed the same texts with all-MiniLM-L6-v2 on the same CPUs:
   ``ModelHandler`` that tokenizes each batch of 64 texts and pads it to its longest text,
   so ``jax.jit`` compiles once per new padded length. Same Parquet in and out as
   ``pipeline``.
+
+Two more variants measure the host alone, the rate that decides whether an accelerator
+would be fed: the whole pipeline (reading, tokenizing, batching, writing Parquet, dead
+letters) with the encoder replaced by a trivial kernel of the same output shape (384
+floats per text, computed from the token ids, so it takes no time):
+
+* ``host_only``: ``pipelines.embed_text`` as it runs by default.
+* ``host_only_per_element``: the same with ``--per_element``, rows one Python object at a
+  time through ``RunKernel``.
+
+Their rate is texts/s over the whole run, Beam's start-up included; give them many texts
+(``--texts 100000``) so the start-up weighs little.
 
 Each variant runs in a fresh process pinned to the same ``--threads`` CPUs (CPU affinity,
 torch's and the tokenizer's thread counts). The CPUs here may be shared with other work, so
@@ -42,7 +55,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT)]
 
-VARIANTS = ("pipeline", "sentence_transformers", "runinference")
+VARIANTS = (
+    "pipeline",
+    "sentence_transformers",
+    "runinference",
+    "host_only",
+    "host_only_per_element",
+)
+HOST_ONLY = {"host_only": [], "host_only_per_element": ["--per_element"]}
+DIM = 384
 DEFAULT_ST_PYTHON = "/tmp/refvenv/bin/python"
 BATCH_SIZE = 64
 
@@ -124,6 +145,25 @@ def _pipeline(cfg: dict) -> dict:
         "padding_ratio": summary.padding_ratio,
         "load_at_end": os.getloadavg()[0],
     }
+
+
+def _host_only_kernel(params, element, lengths):
+    """384 floats from a text's token ids, at no cost: the encoder's output shape, no model."""
+    import jax.numpy as jnp
+
+    del params, lengths
+    return jnp.broadcast_to(element["input_ids"][0].astype(jnp.float32), (DIM,))
+
+
+def _host_only(cfg: dict, flags: list[str]) -> dict:
+    """``_pipeline`` with the encoder (and its parameters) swapped for a trivial kernel."""
+    from pipelines import minilm
+    from pipelines import text_rows as tr
+
+    minilm.embed_element = _host_only_kernel
+    tr.load_params = lambda model_dir=None: {}
+    cfg = dict(cfg, pipeline_args=cfg["pipeline_args"] + flags)
+    return _pipeline(cfg)
 
 
 def _runinference(cfg: dict) -> dict:
@@ -210,7 +250,10 @@ def _runinference(cfg: dict) -> dict:
 def _child(variant: str, cfg_path: str) -> None:
     cfg = json.loads(Path(cfg_path).read_text())
     _pin(cfg["threads"])
-    out = {"pipeline": _pipeline, "runinference": _runinference}[variant](cfg)
+    if variant in HOST_ONLY:
+        out = _host_only(cfg, HOST_ONLY[variant])
+    else:
+        out = {"pipeline": _pipeline, "runinference": _runinference}[variant](cfg)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -227,7 +270,10 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
         out=str(out),
         pipeline_args=shlex.split(args.pipeline_args),
     )
-    if variant == "pipeline" and "--compilation_cache_dir" not in args.pipeline_args:
+    if variant in HOST_ONLY:
+        # The trivial kernel's shapes, in a cache of their own (not the encoder's).
+        cfg["pipeline_args"] += ["--compilation_cache_dir", str(tmp / "jax-cache-host")]
+    elif variant == "pipeline" and "--compilation_cache_dir" not in args.pipeline_args:
         # A cache fresh for this benchmark: the pipeline's first round compiles everything
         # (cold), later rounds load from the cache as a rerun of the job does (warm).
         cfg["pipeline_args"] += ["--compilation_cache_dir", str(tmp / "jax-cache")]
@@ -362,6 +408,11 @@ def main(argv: list[str] | None = None) -> dict:
             **{k: v for k, v in rs[-1].items() if k not in ("seconds", "out", "cpu_s")},
         }
     ratios, ratios_best = {}, {}
+    if "host_only" in results and "host_only_per_element" in results:
+        ours, theirs = results["host_only"], results["host_only_per_element"]
+        name = "host_only_vs_host_only_per_element"
+        ratios[name] = theirs["seconds_median"] / ours["seconds_median"]
+        ratios_best[name] = theirs["seconds_best"] / ours["seconds_best"]
     if "pipeline" in results:
         ours = results["pipeline"]
         for other in ("sentence_transformers", "runinference"):

@@ -5,6 +5,9 @@ in batches with the Rust tokenizer (truncating at 256 tokens, as sentence-transf
 embeds them with the pure-JAX encoder of :mod:`pipelines.minilm` in token-length buckets
 through ``beam_jax.RunKernel``, and writes ``id`` + ``embedding`` (``list<float32>``, 384
 values) to Parquet in parts named by input file and row range (:mod:`pipelines.text_parts`).
+Parquet and the built-in corpus take the columnar path (:mod:`pipelines.embed_columnar`):
+Arrow record batches through ``beam_jax.RunKernelOnArrow``, the same output;
+``--per_element`` takes them the per-element way, as JSON lines always go.
 Every row that cannot be embedded becomes one JSON line under ``OUTPUT/failed/``, and every
 file that cannot be read one line naming it. The parts are staged and published only when the
 job succeeds (:mod:`pipelines.output_dir`); a rerun resumes. See docs/embed_text.md.
@@ -36,7 +39,7 @@ import apache_beam as beam
 import numpy as np
 
 import beam_jax as bj
-from pipelines import embed_text_plan, minilm
+from pipelines import embed_columnar, embed_text_plan, minilm
 from pipelines import input_files as inp
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
@@ -201,6 +204,21 @@ class EmbedTextSummary:
 
 def _build(
     pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done, launch
+):
+    """Adds the job to ``pipeline``; returns its embedding transform (to start its worker)."""
+    if inputs.format != "jsonl" and not args.per_element:
+        embed = embed_columnar.build(pipeline, args, inputs, id_type, staging, done, launch)
+    else:
+        embed = _build_per_element(pipeline, args, inputs, id_type, staging, done, launch)
+    if launch.planned and not embed_text_plan.in_process(pipeline.options):
+        # The model loads and the planned shapes compile while the input is read (in the
+        # pipeline's first stage; in-process runners start it in run()).
+        _ = pipeline | "StartEmbedWorker" >> embed.start_workers()
+    return embed
+
+
+def _build_per_element(
+    pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done, launch
 ) -> EmbedTexts:
     reads = (
         pipeline
@@ -220,10 +238,6 @@ def _build(
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
     )
-    if launch.planned and not embed_text_plan.in_process(pipeline.options):
-        # The model loads and the planned shapes compile while the input is read (in the
-        # pipeline's first stage; in-process runners start it in run()).
-        _ = pipeline | "StartEmbedWorker" >> embed.start_workers()
     results, dead = batches | "EmbedTexts" >> embed
     by_part = functools.partial(tp.by_part, part_rows=args.rows_per_part)
     _ = (

@@ -188,6 +188,13 @@ def _parser() -> argparse.ArgumentParser:
         "--batch_size); fewer sizes mean fewer compiles but more padded rows",
     )
     add(
+        "--per_element",
+        action="store_true",
+        help="Parquet and the built-in corpus: take rows one Python object at a time through "
+        "RunKernel, as JSON lines always do, instead of the default columnar path (Arrow "
+        "record batches through RunKernelOnArrow); the output is the same",
+    )
+    add(
         "--id_type",
         choices=("auto", "int", "string"),
         default="auto",

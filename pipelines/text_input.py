@@ -30,7 +30,16 @@ from pipelines import corpus
 from pipelines import text_rows as tr
 from pipelines.input_files import BOM, Inputs, open_file, open_lines
 
-__all__ = ["PartRows", "ReadRows", "UnreadableFile", "row_key", "split_row_key"]
+__all__ = [
+    "FileFault",
+    "PartRows",
+    "ReadRows",
+    "UnreadableFile",
+    "parquet_batches",
+    "python_values",
+    "row_key",
+    "split_row_key",
+]
 
 ROWS_PER_BATCH = 1024  # one encode_batch call each
 
@@ -63,7 +72,9 @@ class UnreadableFile:
     message: str
 
 
-class _Fault(Exception):
+class FileFault(Exception):
+    """A fault that ends a file's reading after ``position`` rows; ``error`` is the cause."""
+
     def __init__(self, position: int, error: BaseException):
         super().__init__(str(error))
         self.position, self.error = position, error
@@ -101,7 +112,7 @@ class ReadRows(beam.DoFn):
         path = self._inputs.files[file_index].path
         wanted, part_rows = self._wanted(file_index), self._part_rows
         if self._inputs.format == "parquet":
-            slabs = _parquet(path, part_rows, wanted)
+            slabs = (_arrow_slab(*b) for b in parquet_batches(path, part_rows, wanted))
         elif self._inputs.format == "jsonl":
             slabs = _grouped(_json_lines(path, wanted), part_rows)
         else:
@@ -114,7 +125,7 @@ class ReadRows(beam.DoFn):
                     self.PARTS, ((file_index, start), PartRows(positions, ids))
                 )
                 yield tr.RowBatch(ids, texts, problems, keys)
-        except _Fault as fault:
+        except FileFault as fault:
             self._unreadable.inc()
             error = fault.error
             yield beam.pvalue.TaggedOutput(
@@ -127,7 +138,15 @@ class ReadRows(beam.DoFn):
         return lambda position: (file_index, position // part_rows * part_rows) not in done
 
 
-def _parquet(path: str, part_rows: int, wanted: Callable[[int], bool]) -> Iterator[_Slab]:
+def parquet_batches(
+    path: str, part_rows: int, wanted: Callable[[int], bool]
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(first row's position, record batch of id and text)``: a file's wanted rows, in
+    batches of at most 1,024 rows of one part each.
+
+    Raises:
+        FileFault: The file cannot be read (on or after the rows already yielded).
+    """
     position = 0
     try:
         with open_file(path, CompressionTypes.UNCOMPRESSED) as f:
@@ -147,21 +166,21 @@ def _parquet(path: str, part_rows: int, wanted: Callable[[int], bool]) -> Iterat
                     start = position + offset
                     stop = min(batch.num_rows, offset + part_rows - start % part_rows)
                     if wanted(start):
-                        yield _arrow_slab(start, batch.slice(offset, stop - offset))
+                        yield start, batch.slice(offset, stop - offset)
                     offset = stop
                 position += batch.num_rows
     except Exception as e:  # noqa: BLE001 - a file's fault ends that file, named
-        raise _Fault(position, e) from e
+        raise FileFault(position, e) from e
 
 
 def _arrow_slab(start: int, batch: pa.RecordBatch) -> _Slab:
-    ids, id_problems = _python_values(batch.column("id"), "id")
-    texts, text_problems = _python_values(batch.column("text"), "text")
+    ids, id_problems = python_values(batch.column("id"), "id")
+    texts, text_problems = python_values(batch.column("text"), "text")
     problems = [a or b for a, b in zip(id_problems, text_problems, strict=True)]
     return list(range(start, start + batch.num_rows)), ids, texts, problems
 
 
-def _python_values(column: pa.Array, what: str) -> tuple[list[Any], list[str | None]]:
+def python_values(column: pa.Array, what: str) -> tuple[list[Any], list[str | None]]:
     """The column as Python values; invalid UTF-8 makes a row's problem, not an exception."""
     if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
         try:
@@ -194,7 +213,7 @@ def _json_lines(path: str, wanted: Callable[[int], bool]) -> Iterator[_Row]:
                     yield (position, *tr.parse_json_line(line))
                 position += 1  # lines read: where a fault in the next one is reported
     except Exception as e:  # noqa: BLE001 - a file's fault ends that file, named
-        raise _Fault(position, e) from e
+        raise FileFault(position, e) from e
 
 
 def _builtin(n: int | None, wanted: Callable[[int], bool]) -> Iterator[_Row]:
@@ -214,7 +233,7 @@ def _grouped(rows: Iterator[_Row], part_rows: int) -> Iterator[_Slab]:
                 yield _slab(slab)
                 slab = []
             slab.append(row)
-    except _Fault:
+    except FileFault:
         if slab:
             yield _slab(slab)
         raise

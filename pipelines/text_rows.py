@@ -3,8 +3,10 @@
 Rows travel in batches (:class:`RowBatch`); every batch is tokenized with one call to the
 Rust tokenizer, and each row that cannot be embedded becomes one dead-letter record with
 stage ``"validation"`` (no usable id, no text, invalid UTF-8 or Unicode, a line that is not
-a JSON object) or ``"tokenize"`` (no tokens besides ``[CLS]`` and ``[SEP]``, a text too long
-to be prose, a text the tokenizer rejects). Reading files is :mod:`pipelines.text_input`.
+a JSON object) or ``"tokenize"`` (a text too long to be prose, a text the tokenizer
+rejects). An empty or whitespace-only text is embedded, as sentence-transformers embeds it
+(its tokens are ``[CLS] [SEP]``). Reading files is :mod:`pipelines.text_input`; the
+columnar path for Parquet is :mod:`pipelines.embed_columnar`.
 
 The id keeps its type end to end: the output column has the input's Arrow type for
 Parquet, and ``int64`` or ``string`` for JSON lines (see :class:`IdType`).
@@ -38,6 +40,7 @@ from pipelines import minilm
 
 __all__ = [
     "DEAD_LETTERS",
+    "METRICS_NAMESPACE",
     "MAX_TOKENIZED_CHARS",
     "TOKENIZE",
     "VALIDATION",
@@ -49,6 +52,8 @@ __all__ = [
     "embeddings_table",
     "local_model_dir",
     "parse_json_line",
+    "row_problem",
+    "too_long_error",
 ]
 
 VALIDATION = bj.Stage.VALIDATION
@@ -70,12 +75,13 @@ def _short(value: Any, limit: int) -> str:
 
 
 class EmptyTextError(bj.InvalidElementError):
-    """A text has no tokens besides ``[CLS]`` and ``[SEP]``.
+    """A text has no tokens besides ``[CLS]`` and ``[SEP]`` where a step needs some.
 
     The text is empty, whitespace only, or made only of characters the BERT tokenizer
-    drops (control and format characters such as zero-width spaces). Such a text has no
-    meaningful embedding; drop or fix the row. (Unknown characters are not dropped: they
-    become ``[UNK]`` tokens, which are embedded like any other.)
+    drops (control and format characters such as zero-width spaces). The embedding job
+    embeds such a text as sentence-transformers does; ``pipelines.curate``, which trains on
+    the tokens between ``[CLS]`` and ``[SEP]``, dead-letters it. (Unknown characters are not
+    dropped: they become ``[UNK]`` tokens, which are embedded like any other.)
     """
 
 
@@ -242,6 +248,26 @@ def _describe_text(text: Any) -> str:
     return f"text of type {type(text).__name__}" if text is not None else "a null text"
 
 
+def row_problem(id_type: IdType, key: Any, text: Any, problem: str | None = None) -> str | None:
+    """Why a row read as ``(key, text)`` cannot be tokenized (``problem``, from reading it,
+    comes first), or None if it can."""
+    problem = problem or id_type.problem(key)
+    if problem is None and not isinstance(text, str):
+        problem = f"expected a string 'text', got {_describe_text(text)}"
+    return problem
+
+
+def too_long_error(chars: int, prefix_chars: int, tokens: int, max_length: int) -> TextTooLongError:
+    """The dead letter of a text of ``chars`` characters whose tokenized first
+    ``prefix_chars`` hold only ``tokens`` ids, fewer than ``max_length`` (special tokens
+    included in both)."""
+    return TextTooLongError(
+        f"the text is {chars:,} characters and its first {prefix_chars:,} hold only "
+        f"{tokens - 2} tokens, fewer than the {max_length - 2} embedded; it is "
+        "mostly whitespace or characters the tokenizer drops, not prose. Clean or split it"
+    )
+
+
 def tokenizer_prefix(text: str) -> str:
     """``text``, or its first ``MAX_TOKENIZED_CHARS`` characters cut back to a whitespace."""
     if len(text) <= MAX_TOKENIZED_CHARS:
@@ -285,9 +311,7 @@ class Tokenize(beam.DoFn):
         for i, (key, text, problem) in enumerate(
             zip(rows.ids, rows.texts, rows.problems, strict=True)
         ):
-            problem = problem or self._id_type.problem(key)
-            if problem is None and not isinstance(text, str):
-                problem = f"expected a string 'text', got {_describe_text(text)}"
+            problem = row_problem(self._id_type, key, text, problem)
             if problem is not None:
                 yield self._dead(bj.InvalidElementError(problem), VALIDATION, keys[i], text)
             else:
@@ -300,20 +324,13 @@ class Tokenize(beam.DoFn):
                 stage = VALIDATION if isinstance(encoded, bj.InvalidElementError) else TOKENIZE
                 yield self._dead(encoded, stage, keys[i], rows.texts[i])
             elif len(text) < len(rows.texts[i]) and len(encoded) < self._tokenizer.max_length:
-                error = TextTooLongError(
-                    f"the text is {len(rows.texts[i]):,} characters and its first {len(text):,} "
-                    f"hold only {len(encoded) - 2} tokens, fewer than the "
-                    f"{self._tokenizer.max_length - 2} embedded; it is mostly whitespace or "
-                    "characters the tokenizer drops, not prose. Clean or split it"
-                )
-                yield self._dead(error, TOKENIZE, keys[i], rows.texts[i])
-            elif len(encoded) <= 2:
-                error = EmptyTextError(
-                    "the text has no tokens besides [CLS] and [SEP] (it is empty, whitespace, "
-                    "or only characters the tokenizer drops)"
+                error = too_long_error(
+                    len(rows.texts[i]), len(text), len(encoded), self._tokenizer.max_length
                 )
                 yield self._dead(error, TOKENIZE, keys[i], rows.texts[i])
             else:
+                # An empty or whitespace-only text is [CLS] [SEP]: embedded, as
+                # sentence-transformers embeds it.
                 yield keys[i], {"input_ids": encoded}
 
     def _encode(self, texts: list[str]) -> list[np.ndarray | Exception]:

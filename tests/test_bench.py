@@ -40,3 +40,21 @@ def test_bench_runs_every_variant_and_writes_json(tmp_path):
         # beam_jax compiles only listed shapes: one batch size per bucket here.
         assert rows["beam_jax"]["compiles"] <= 3
         assert rows["beam_jax_arrow"]["compiles"] == rows["beam_jax"]["compiles"]
+
+
+def test_embed_text_bench_measures_the_host_alone(tmp_path):
+    """The host-only variants run the flagship end to end, both paths, with a trivial kernel."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import embed_text
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    out = tmp_path / "bench.json"
+    report = embed_text.main(
+        ["--variants", "host_only,host_only_per_element", "--texts", "60", "--rounds", "1",
+         "--json", str(out)]
+    )  # fmt: skip
+    assert json.loads(out.read_text())["variants"].keys() == {"host_only", "host_only_per_element"}
+    for variant in report["variants"].values():
+        assert variant["sentences_per_s"] > 0 and variant["compiles"] >= 1
+    assert report["ratios"]["host_only_vs_host_only_per_element"] > 0

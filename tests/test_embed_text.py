@@ -57,51 +57,51 @@ def _check_embeddings(table: pa.Table, expected: dict) -> None:
     assert cos.min() >= MIN_COSINE, f"id {ids[worst]}: cosine {cos[worst]:.6f}"
 
 
-def test_parquet_int32_ids_embeddings_and_dead_letters(tmp_path, reference):
+@pytest.mark.parametrize("path", ["columnar", "per_element"])
+def test_parquet_int32_ids_embeddings_and_dead_letters(tmp_path, reference, path):
     texts, embeddings, full_lengths, token_lengths = reference
     assert (full_lengths > 256).sum() >= 20  # long texts, truncated like sentence-transformers
     ids = [1000 + 7 * i for i in range(len(texts))]
-    # The fixture's "" and "   " have only [CLS] and [SEP]: the pipeline dead-letters them.
-    empty = {ids[i] for i in np.flatnonzero(token_lengths <= 2)}
-    assert len(empty) == 2
-    expected = {i: e for i, e in zip(ids, embeddings, strict=True) if i not in empty}
-    bad = {  # id -> (text, stage)
-        1: (None, "validation"),
-        2: ("", "tokenize"),
-        3: ("  \n\t  ", "tokenize"),
-        4: ("\u200b\u200b", "tokenize"),  # zero-width spaces: the tokenizer drops them
-    }
+    # The fixture's "" and "   " are [CLS] [SEP] only: embedded, as sentence-transformers does.
+    empty = np.flatnonzero(token_lengths <= 2)
+    assert [texts[i] for i in empty] == ["", "   "]
+    expected = dict(zip(ids, embeddings, strict=True))
+    # Texts the tokenizer reduces to [CLS] [SEP] too (zero-width spaces are dropped).
+    blank = {2: "", 3: "  \n\t  ", 4: "\u200b\u200b"}
+    expected.update({k: embeddings[empty[0]] for k in blank})
     table = pa.table(
         {
-            "id": pa.array([*ids, *bad, None], pa.int32()),
-            "text": pa.array([*texts, *(t for t, _ in bad.values()), "a text without an id"]),
+            "id": pa.array([*ids, *blank, 1, None], pa.int32()),
+            "text": pa.array([*texts, *blank.values(), None, "a text without an id"]),
         }
     )
-    path = tmp_path / "in.parquet"
-    pq.write_table(table, path, row_group_size=100)  # several row groups
+    source = tmp_path / "in.parquet"
+    pq.write_table(table, source, row_group_size=100)  # several row groups
     out = tmp_path / "out"
+    flags = ["--per_element"] if path == "per_element" else []
 
-    summary = embed_text.run(["--input", str(path), "--output", str(out), "--runner=FnApiRunner"])
+    summary = embed_text.run(
+        ["--input", str(source), "--output", str(out), "--runner=FnApiRunner", *flags]
+    )
 
     result, failed = _read_outputs(out)
     assert result.schema == pa.schema([("id", pa.int32()), ("embedding", pa.list_(pa.float32()))])
     _check_embeddings(result, expected)
-    got = {d["id"]: d["stage"] for d in failed}
-    assert got == {
-        **{k: stage for k, (_, stage) in bad.items()},
-        **{k: "tokenize" for k in empty},
-        None: "validation",
-    }
-    assert len(failed) == len(bad) + len(empty) + 1
-    for d in failed:
-        assert d["error"] and d["error_type"] in ("InvalidElementError", "EmptyTextError")
+    assert {d["id"] for d in failed} == {1, None} and len(failed) == 2
+    assert {d["error_type"] for d in failed} == {"InvalidElementError"}
+    assert "null text" in next(d for d in failed if d["id"] == 1)["error"]
     assert "no id" in next(d for d in failed if d["id"] is None)["error"]
+    assert all(d["stage"] == "validation" and d["file"] == str(source) for d in failed)
+    assert [d["row"] for d in sorted(failed, key=lambda d: d["row"])] == [
+        len(texts) + 3,
+        len(texts) + 4,
+    ]
 
     assert summary.rows == len(table) and summary.results == len(expected)
     assert summary.dead_letters_by_stage["validation"] == 2
-    assert summary.dead_letters_by_stage["tokenize"] == 3 + len(empty)
+    assert summary.dead_letters_by_stage["tokenize"] == 0
     assert_conserved(summary.totals())
-    assert_conserved(summary.kernel)  # nothing was lost inside RunKernel either
+    assert_conserved(summary.kernel)  # nothing was lost inside the kernel step either
     assert summary.kernel.elements == len(expected)
     assert 1.0 <= summary.padding_ratio < 2.0 and summary.compiles >= 1
 
@@ -110,6 +110,7 @@ def test_json_lines_string_ids_and_bad_rows(tmp_path, reference):
     texts, embeddings, _, _ = reference
     chosen = list(range(0, len(texts), 20))  # a dozen texts of assorted lengths
     good = {f"doc-{i}": (texts[i], embeddings[i]) for i in chosen}
+    good["ws"] = (" \t ", embeddings[texts.index("")])  # embedded as "" is
     lines = [json.dumps({"id": k, "text": t}) for k, (t, _) in good.items()]
     lines += [
         json.dumps({"id": "n42", "text": 42}),
@@ -118,7 +119,6 @@ def test_json_lines_string_ids_and_bad_rows(tmp_path, reference):
         json.dumps({"id": "missing"}),
         json.dumps({"text": "a row without an id"}),
         json.dumps({"id": 5, "text": "an integer id among string ids"}),
-        json.dumps({"id": "ws", "text": " \t "}),
         "this line is not JSON",
         "",  # blank lines are not rows
     ]
@@ -140,7 +140,6 @@ def test_json_lines_string_ids_and_bad_rows(tmp_path, reference):
             ("'missing'", "validation"),
             ("None", "validation"),  # no id
             ("5", "validation"),  # wrong id type
-            ("'ws'", "tokenize"),
             ("None", "validation"),  # not JSON
         ]
     )

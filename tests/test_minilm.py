@@ -44,10 +44,13 @@ def tokenizer():
     return minilm.Tokenizer()
 
 
-@pytest.fixture(scope="module")
-def reference():
-    meta = json.loads((FIXTURES / "minilm_reference.json").read_text(encoding="utf-8"))
-    with np.load(FIXTURES / "minilm_reference.npz", allow_pickle=False) as npz:
+# The built-in corpus (and hand-written texts), and a second, different real corpus: the
+# Python Language Reference's help topics (see tools/make_minilm_reference.py).
+@pytest.fixture(scope="module", params=["minilm_reference", "minilm_reference_topics"])
+def reference(request):
+    name = request.param
+    meta = json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
+    with np.load(FIXTURES / f"{name}.npz", allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
     offsets = np.concatenate([[0], np.cumsum(arrays["token_lengths"])])
     ids = [arrays["token_ids"][a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]

