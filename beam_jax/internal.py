@@ -34,6 +34,7 @@ from beam_jax.core.validation import Validated as Validated
 from beam_jax.engine.batching import BatchEngine as BatchEngine
 from beam_jax.engine.batching import Buffer as Buffer
 from beam_jax.engine.batching import FrontEnd as FrontEnd
+from beam_jax.engine.metrics import bucket_totals as bucket_totals
 from beam_jax.engine.worker import Worker as Worker
 from beam_jax.kernel.cache import enable_compilation_cache as enable_compilation_cache
 from beam_jax.kernel.compiled import Kernel as Kernel

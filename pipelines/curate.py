@@ -10,7 +10,7 @@ Each stage is one Beam pipeline run (any runner), and everything between runs go
 files under ``--output``, as it would between the driver and Dataflow workers::
 
     rows (id, text, label) ─▶ check, tokenize ─▶ data/records-*.parquet, data/stats.json
-                                └─ dead letters ─▶ failed/prepare-*.jsonl
+                                └─ dead letters ─▶ _failed/prepare-*.jsonl
     pass t = 0..P-1:  records ─▶ ReduceKernel(gradient) ─▶ passes/gradient-t.npz
                       driver: Adam step ─▶ passes/params-(t+1).npz   (shipped to the next pass)
     records ─▶ RunKernel(vmap(grad)) ─▶ scores-*.parquet (id, label, true_label, flipped,
@@ -225,7 +225,8 @@ def _remove_previous_outputs(output: str) -> None:
     patterns = [
         FileSystems.join(output, "data", "*"),
         FileSystems.join(output, "passes", "*.npz"),
-        FileSystems.join(output, "failed", "*.jsonl"),
+        FileSystems.join(output, "_failed", "*.jsonl"),
+        FileSystems.join(output, "failed", "*.jsonl"),  # before dead letters moved to _failed/
         FileSystems.join(output, "scores-*-of-*.parquet"),
         FileSystems.join(output, "summary.json"),
         FileSystems.join(output, "curate.png"),
@@ -313,7 +314,7 @@ def run(argv: Sequence[str] | None = None) -> CurateSummary:
     stats, counters, id_type = prepare(args, options)
     prepared = time.perf_counter()
     if sum(stats["labels"].values()) == 0:
-        raise ValueError(f"no usable rows; see the dead letters in {args.output}/failed/")
+        raise ValueError(f"no usable rows; see the dead letters in {args.output}/_failed/")
     classes = tuple(sorted(stats["labels"]))
     job = cp.Job(
         output=args.output,

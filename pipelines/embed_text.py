@@ -5,7 +5,7 @@ in batches with the Rust tokenizer (truncating at 256 tokens, as sentence-transf
 embeds them with the pure-JAX encoder of :mod:`pipelines.minilm` in token-length buckets
 through ``beam_jax.RunKernel``, and writes ``id`` + ``embedding`` (``list<float32>``, 384
 values) to Parquet in parts named by input file and row range (:mod:`pipelines.text_parts`).
-Every row that cannot be embedded becomes one JSON line under ``OUTPUT/failed/``, and every
+Every row that cannot be embedded becomes one JSON line under ``OUTPUT/_failed/``, and every
 file that cannot be read one line naming it. The parts are staged and published only when the
 job succeeds (:mod:`pipelines.output_dir`); a rerun resumes. See docs/embed_text.md.
 
@@ -37,7 +37,7 @@ import numpy as np
 
 import beam_jax as bj
 from pipelines import input_files as inp
-from pipelines import minilm
+from pipelines import minilm, progress, run_report
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
 from pipelines import text_rows as tr
@@ -50,6 +50,7 @@ from pipelines.embed_text_flags import (
     parse_args,
 )
 from pipelines.output_dir import OutputDir, OutputExistsError
+from pipelines.run_console import RunConsole, failure_line, verbose_requested
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -123,7 +124,7 @@ class EmbedTextSummary:
     Attributes:
         rows: Input rows read (blank JSON lines are not rows).
         results: Embeddings written.
-        dead_letters: Rows written to ``failed/``, total and per stage.
+        dead_letters: Rows written to ``_failed/``, total and per stage.
         padding_ratio: Padded / real tokens, counting padded batch rows.
         compiles: Batch shapes compiled (per worker process, summed).
         compile_seconds: Time spent compiling them.
@@ -182,7 +183,9 @@ class EmbedTextSummary:
         )
 
 
-def _build(pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done) -> None:
+def _build(
+    pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done, progress_dir=None
+) -> None:
     bucketing = bj.Bucketing(
         boundaries={"L": args.buckets},
         batch_size=args.batch_size,
@@ -206,6 +209,9 @@ def _build(pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str,
         model_dir=args.model_dir,
         compilation_cache_dir=args.compilation_cache_dir,
     )
+    if progress_dir is not None:  # counted by the workers, printed by the driver
+        _ = results | "ProgressDone" >> beam.ParDo(progress.CountProgress(progress_dir, "done"))
+        _ = dead | "ProgressDead" >> beam.ParDo(progress.CountProgress(progress_dir, "dead"))
     by_part = functools.partial(tp.by_part, part_rows=args.rows_per_part)
     _ = (
         {
@@ -323,10 +329,13 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
     }
     reused = output.prepare(job, overwrite=args.overwrite)
     pipeline = beam.Pipeline(options=options)
-    _build(pipeline, args, inputs, id_type, output.staging, tp.done_parts(reused, inputs))
+    console = RunConsole("embed_text", args, options, output.path)
+    done = tp.done_parts(reused, inputs)
+    _build(pipeline, args, inputs, id_type, output.staging, done, console.progress_dir)
     try:
-        result = pipeline.run()
-        result.wait_until_finish()
+        with console:
+            result = pipeline.run()
+            result.wait_until_finish()
     except Exception as e:
         _explain_failure(e, output, len(reused))
         raise
@@ -334,16 +343,21 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
     print(summary, flush=True)
     _check_threshold(summary, args.threshold, len(inputs.files), output, reused)
     output.publish({"job": job, "summary": str(summary)})
+    run_report.write_metrics(run_report.metrics_record("embed_text", summary, result), output.path)
     return summary
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger().setLevel(logging.WARNING)
     try:
-        run()
+        run(argv)
     except (OutputExistsError, FileNotFoundError, bj.DeadLetterThresholdError) as e:
         # Errors about the user's files, whose message says what to do: no traceback.
         sys.exit(f"embed_text: {type(e).__name__}: {e}")
+    except Exception as e:
+        if verbose_requested(argv):
+            raise
+        sys.exit(failure_line("embed_text", e))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ INTERNAL = {
     "Plan", "PaddedBatch", "Layout", "Validated", "Kernel", "SumRows", "Worker",
     "BatchEngine", "Buffer", "FrontEnd", "BatchOutputs", "check_outputs", "nonfinite_rows",
     "BucketFill", "DecodedBatch", "decode_batch", "outputs_to_arrow", "ArrowCoder",
-    "bucket_index", "default_batch_sizes", "padded_total", "padding_ratio",
+    "bucket_index", "default_batch_sizes", "padded_total", "padding_ratio", "bucket_totals",
     "enable_compilation_cache", "is_out_of_memory", "select_devices",
 }
 
