@@ -397,9 +397,9 @@ def _plot(summary: CurateSummary, scores, flipped, output: str) -> None:
             dst.write(src.read())
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger().setLevel(logging.WARNING)
-    run()
+    run(argv)
 
 
 if __name__ == "__main__":
