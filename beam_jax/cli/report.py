@@ -129,7 +129,7 @@ def plot_report(record: dict[str, Any], path: str):
     dead = axes[4]
     dead.bar(list(stages), list(stages.values()), color="#c44e52")
     dead.set_title(f"dead letters by stage ({sum(stages.values()):,})")
-    dead.set_ylim(0, max(1, *stages.values()) * 1.1)
+    dead.set_ylim(0, max([1, *stages.values()]) * 1.1)
     dead.tick_params(axis="x", labelrotation=30)
     axes[5].axis("off")
     axes[5].text(0, 0.5, render(record).split("\n\n")[0], family="monospace", fontsize=8,
