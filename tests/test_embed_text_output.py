@@ -64,7 +64,7 @@ def test_a_run_that_fails_at_run_time_leaves_earlier_output_intact(tmp_path, mon
 
 def test_output_that_holds_files_is_refused_without_overwrite(tmp_path):
     out, before = _good_output(tmp_path)
-    with pytest.raises(od.OutputExistsError, match="already holds 2 files.*--overwrite"):
+    with pytest.raises(od.OutputExistsError, match="already holds 3 files.*--overwrite"):
         ft.run(tmp_path / "first.jsonl", out)
     assert _files(out) == before
 
