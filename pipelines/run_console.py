@@ -36,14 +36,16 @@ _QUIET_LOGGERS = ("apache_beam", "jax", "absl")
 _STEP = re.compile(r"while running '([^']+)'")
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """Adds ``--verbose``, ``--no-progress`` and ``--progress_seconds`` to ``parser``."""
+def add_flags(parser: argparse.ArgumentParser, *, progress: bool = True) -> None:
+    """Adds ``--verbose``, and with ``progress`` ``--no-progress`` and ``--progress_seconds``."""
     parser.add_argument(
         "--verbose",
         action="store_true",
         help="show Beam's and JAX's logs (and the workers') on the terminal; by default a "
-        "local run writes them to OUTPUT/_unfinished/run.log",
+        "local run writes them to a log file in OUTPUT",
     )
+    if not progress:
+        return
     parser.add_argument(
         "--no-progress",
         "--no_progress",
@@ -71,9 +73,17 @@ class RunConsole:
         args: The job's flags (``verbose``, ``progress``, ``progress_seconds``).
         options: Beam's options (the runner decides whether the run is local).
         output: The job's output directory; a local one holds the log.
+        log_name: The log's path under ``output``.
     """
 
-    def __init__(self, name: str, args: argparse.Namespace, options: PipelineOptions, output):
+    def __init__(
+        self,
+        name: str,
+        args: argparse.Namespace,
+        options: PipelineOptions,
+        output: str,
+        log_name: str = f"_unfinished/{LOG_NAME}",
+    ):
         from pipelines.embed_text_flags import is_local  # it imports this module's flags
 
         self.name = name
@@ -82,7 +92,7 @@ class RunConsole:
         self.seconds = float(getattr(args, "progress_seconds", 2.0))
         self.progress_dir = (
             tempfile.mkdtemp(prefix=f"{name}-progress-")
-            if self.local and getattr(args, "progress", True)
+            if self.local and getattr(args, "progress", False)
             else None
         )
         self.log_path = None
@@ -91,14 +101,20 @@ class RunConsole:
                 handle, self.log_path = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
                 os.close(handle)
             else:
-                self.log_path = os.path.join(output, "_unfinished", LOG_NAME)
+                self.log_path = os.path.join(output, *log_name.split("/"))
         self.printer: progress.ProgressPrinter | None = None
         self._saved_fd: int | None = None
         self._levels: dict[str, int] = {}
 
     def __enter__(self) -> RunConsole:
         terminal = sys.stderr
-        if not self.verbose:
+        root = logging.getLogger()
+        self._root_level = root.level
+        if self.verbose:  # INFO from Beam and JAX, as Beam's own examples show it
+            if not root.handlers:
+                logging.basicConfig()
+            root.setLevel(logging.INFO)
+        else:
             for name in _QUIET_LOGGERS:
                 logger = logging.getLogger(name)
                 self._levels[name] = logger.level
@@ -128,8 +144,9 @@ class RunConsole:
             with open(self.log_path, "a") as f:
                 f.write(f"\n{time.strftime('%Y-%m-%d %H:%M:%S')} {self.name} failed:\n")
                 f.write("".join(traceback.format_exception(kind, error, tb)))
-        if error is not None:
-            error.run_log = self.log_path  # for failure_line
+        if error is not None:  # for failure_line
+            error.run_log = self.log_path
+            error.run_local = self.local
         if self._saved_fd is not None:
             sys.stderr.flush()
             os.dup2(self._saved_fd, 2)
@@ -137,6 +154,7 @@ class RunConsole:
             self._saved_fd = None
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
+        logging.getLogger().setLevel(self._root_level)
         if self.progress_dir is not None:
             shutil.rmtree(self.progress_dir, ignore_errors=True)
 
@@ -150,5 +168,10 @@ def failure_line(name: str, error: BaseException) -> str:
     step = _STEP.findall(str(error))
     where = f" in step '{step[-1]}'" if step else ""
     log: Any = getattr(error, "run_log", None)
-    details = f"traceback and worker logs in {log}" if log else "rerun with --verbose for details"
+    if log:
+        details = f"traceback and worker logs in {log}"
+    elif getattr(error, "run_local", True):
+        details = "rerun with --verbose for details"
+    else:
+        details = "the workers' logs are with the runner, e.g. Dataflow's job page, Logs"
     return f"{name} failed{where}: {type(error).__name__}: {first} ({details})"

@@ -54,15 +54,21 @@ def test_a_multiprocess_run_shows_progress_from_its_workers_and_nothing_else(tmp
     assert dead.column("id").to_pylist() == [3]
 
 
-def test_no_progress_switches_it_off_and_the_terminal_shows_only_the_summary(tmp_path, capfd):
+def test_no_progress_switches_it_off_and_verbose_shows_beam_s_logs(tmp_path, capfd, caplog):
     source = ft.write_json_lines(tmp_path / "in.jsonl", _rows(8))
     summary = ft.run(source, tmp_path / "out", "--no-progress", "--progress_seconds=0.1")
     captured = capfd.readouterr()
     assert _progress_lines(captured.err) == [] and captured.err == ""
     assert captured.out.strip().splitlines() == [str(summary)]
-    # The same run with progress on prints it (in process, from the same files).
-    summary = ft.run(source, tmp_path / "again", "--progress_seconds=0.1")
-    assert _progress_lines(capfd.readouterr().err)[-1] == (8, 1)
+    # With progress on (in process, from the same files) and --verbose: Beam's INFO logs too.
+    ft.run(source, tmp_path / "again", "--progress_seconds=0.1", "--verbose")
+    err = capfd.readouterr().err
+    assert _progress_lines(err)[-1] == (8, 1)
+    # (pytest's handler takes the records that a plain run prints to stderr)
+    infos = [
+        r for r in caplog.records if r.name.startswith("apache_beam") and r.levelname == "INFO"
+    ]
+    assert infos and not (tmp_path / "again" / "_unfinished").exists()
 
 
 def test_a_failed_job_ends_with_one_line_naming_the_step_and_the_log(tmp_path, monkeypatch, capfd):
