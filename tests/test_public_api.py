@@ -40,7 +40,7 @@ SUBPACKAGES = ("core", "kernel", "engine", "transforms", "arrow")
 
 def _public(module) -> set[str]:
     return {n for n in dir(module) if not n.startswith("_")} - set(SUBPACKAGES) - {
-        "internal", "testing"
+        "internal", "testing", "cli"  # cli: the beam-jax command, a subpackage
     }
 
 
