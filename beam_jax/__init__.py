@@ -4,6 +4,8 @@ What pipeline authors use is importable from here; the machinery underneath (the
 the compiled kernel, the batch engine, Arrow decoding) is in ``beam_jax.internal``.
 """
 
+# First: drops a warning that `import apache_beam` logs on every machine without its GCP extras.
+from beam_jax import _quiet  # noqa: F401  # isort: skip
 from beam_jax._errors import BeamJaxError as BeamJaxError
 from beam_jax._errors import CompileError as CompileError
 from beam_jax._errors import DeadLetterThresholdError as DeadLetterThresholdError

@@ -43,6 +43,7 @@ from beam_jax.engine.fit import FitReport as FitReport
 from beam_jax.engine.fit import fit_batch_limits as fit_batch_limits
 from beam_jax.engine.fit import fit_plan as fit_plan
 from beam_jax.engine.metrics import BufferMetrics as BufferMetrics
+from beam_jax.engine.metrics import bucket_totals as bucket_totals
 from beam_jax.engine.worker import Worker as Worker
 from beam_jax.kernel.cache import enable_compilation_cache as enable_compilation_cache
 from beam_jax.kernel.compiled import Kernel as Kernel

@@ -10,7 +10,7 @@ Each stage is one Beam pipeline run (any runner), and everything between runs go
 files under ``--output``, as it would between the driver and Dataflow workers::
 
     rows (id, text, label) ─▶ check, tokenize ─▶ data/records-*.parquet, data/stats.json
-                                └─ dead letters ─▶ failed/prepare-*.jsonl
+                                └─ dead letters ─▶ _failed/prepare-*.jsonl
     pass t = 0..P-1:  records ─▶ ReduceKernel(gradient) ─▶ passes/gradient-t.npz
                       driver: Adam step ─▶ passes/params-(t+1).npz   (shipped to the next pass)
     records ─▶ RunKernel(vmap(grad)) ─▶ scores-*.parquet (id, label, true_label, flipped,
@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -57,7 +58,7 @@ from pipelines import curate_model as cm
 from pipelines import curate_passes as cp
 from pipelines import curate_report as report
 from pipelines import embed_text_flags as flags
-from pipelines import input_files, labelled_corpus
+from pipelines import input_files, labelled_corpus, run_console
 from pipelines import text_rows as tr
 
 __all__ = ["CurateSummary", "parse_args", "run"]
@@ -72,6 +73,7 @@ DEFAULT_FLIP_FRACTION = 0.1
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_NUM_BUCKETS = 6
 DEFAULT_RUNNER = "FnApiRunner"
+LOG = "_run.log"  # Beam's and the workers' logs, unless --verbose
 TOP_FRACTION = 0.1  # precision is reported for the top 10% of records by score
 # Records are written in row groups of 256, which the passes spread over the workers.
 _ROWS_PER_TABLE = 256
@@ -138,6 +140,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         help="JAX persistent compilation cache, so each pass loads its compiled shapes; default "
         f"{flags.DEFAULT_CACHE} on the local runners; 'none' turns it off",
     )
+    run_console.add_flags(parser, progress=False)
     args, rest = parser.parse_known_args(argv)
     if not 0 <= args.flip_fraction < 1:
         parser.error(f"--flip_fraction must be within [0, 1), got {args.flip_fraction}")
@@ -225,10 +228,12 @@ def _remove_previous_outputs(output: str) -> None:
     patterns = [
         FileSystems.join(output, "data", "*"),
         FileSystems.join(output, "passes", "*.npz"),
-        FileSystems.join(output, "failed", "*.jsonl"),
+        FileSystems.join(output, "_failed", "*.jsonl"),
+        FileSystems.join(output, "failed", "*.jsonl"),  # before dead letters moved to _failed/
         FileSystems.join(output, "scores-*-of-*.parquet"),
         FileSystems.join(output, "summary.json"),
         FileSystems.join(output, "curate.png"),
+        FileSystems.join(output, LOG),
     ]
     old = [m.path for r in FileSystems.match(patterns) for m in r.metadata_list]
     if old:
@@ -310,37 +315,39 @@ def run(argv: Sequence[str] | None = None) -> CurateSummary:
     report.require_matplotlib()
     _remove_previous_outputs(args.output)
 
-    stats, counters, id_type = prepare(args, options)
-    prepared = time.perf_counter()
-    if sum(stats["labels"].values()) == 0:
-        raise ValueError(f"no usable rows; see the dead letters in {args.output}/failed/")
-    classes = tuple(sorted(stats["labels"]))
-    job = cp.Job(
-        output=args.output,
-        noise=data.LabelNoise(classes, args.flip_fraction, args.seed),
-        bucketing=bj.Bucketing(
-            boundaries={"L": _boundaries(args, stats["lengths"])},
-            batch_size=args.batch_size,
-            batch_sizes=args.batch_sizes,
-        ),
-        options=options,
-        compilation_cache_dir=args.compilation_cache_dir,
-    )
-    config = cm.ModelConfig(num_classes=len(classes), hash_bits=args.hash_bits, dim=args.dim)
-    params = cm.init_params(config, args.seed)
-    cp.save_params(params, job.params_path(0))
-    optimizer = cm.Adam(learning_rate=args.learning_rate)
-    state = optimizer.init(params)
-    passes = []
-    for step in range(args.passes):
-        grad, stats_t = cp.gradient_pass(job, step)
-        params, state = optimizer.update(grad, state, params)
-        cp.save_params(params, job.params_path(step + 1))
-        passes.append(stats_t)
-        logging.info("pass %d: loss %.4f, %.1f s", step, stats_t.loss, stats_t.seconds)
-    trained = time.perf_counter()
+    console = run_console.RunConsole("curate", args, options, args.output, log_name=LOG)
+    with console:  # Beam's and the workers' logs go to OUTPUT/_run.log unless --verbose
+        stats, counters, id_type = prepare(args, options)
+        prepared = time.perf_counter()
+        if sum(stats["labels"].values()) == 0:
+            raise ValueError(f"no usable rows; see the dead letters in {args.output}/_failed/")
+        classes = tuple(sorted(stats["labels"]))
+        job = cp.Job(
+            output=args.output,
+            noise=data.LabelNoise(classes, args.flip_fraction, args.seed),
+            bucketing=bj.Bucketing(
+                boundaries={"L": _boundaries(args, stats["lengths"])},
+                batch_size=args.batch_size,
+                batch_sizes=args.batch_sizes,
+            ),
+            options=options,
+            compilation_cache_dir=args.compilation_cache_dir,
+        )
+        config = cm.ModelConfig(num_classes=len(classes), hash_bits=args.hash_bits, dim=args.dim)
+        params = cm.init_params(config, args.seed)
+        cp.save_params(params, job.params_path(0))
+        optimizer = cm.Adam(learning_rate=args.learning_rate)
+        state = optimizer.init(params)
+        passes = []
+        for step in range(args.passes):
+            grad, stats_t = cp.gradient_pass(job, step)
+            params, state = optimizer.update(grad, state, params)
+            cp.save_params(params, job.params_path(step + 1))
+            passes.append(stats_t)
+            logging.info("pass %d: loss %.4f, %.1f s", step, stats_t.loss, stats_t.seconds)
+        trained = time.perf_counter()
 
-    kernel = cp.score_pass(job, args.passes, id_type.arrow_type)
+        kernel = cp.score_pass(job, args.passes, id_type.arrow_type)
     scores, flipped = _evaluate(args.output)
     auroc, precision = {}, {}
     if flipped.any() and not flipped.all():
@@ -396,9 +403,14 @@ def _plot(summary: CurateSummary, scores, flipped, output: str) -> None:
             dst.write(src.read())
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger().setLevel(logging.WARNING)
-    run()
+    try:
+        run(argv)
+    except Exception as e:
+        if run_console.verbose_requested(argv):
+            raise
+        sys.exit(run_console.failure_line("curate", e))
 
 
 if __name__ == "__main__":

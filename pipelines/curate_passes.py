@@ -4,7 +4,7 @@ A training pass sums every record's loss gradient with ``beam_jax.ReduceKernel``
 padded, masked; partial sums combined across bundles and workers) at the parameters the
 driver saved for that step, and writes the sum to a file for the driver. The scoring pass
 runs ``beam_jax.RunKernel`` over the same records for their GraNd and EL2N scores and writes
-them to Parquet. Records that fail in a kernel are dead letters under ``failed/``.
+them to Parquet. Records that fail in a kernel are dead letters under ``_failed/``.
 
 Example:
     >>> grad, stats = gradient_pass(job, step=0)  # doctest: +SKIP
@@ -39,13 +39,13 @@ _ROWS_PER_TABLE = 1024
 
 
 def write_dead_letters(dead, output: str, name: str) -> None:
-    """Dead letters as JSON lines under ``OUTPUT/failed/NAME-*.jsonl`` (no file if none)."""
+    """Dead letters as JSON lines under ``OUTPUT/_failed/NAME-*.jsonl`` (no file if none)."""
     _ = (
         dead
         | f"{name}ToJson" >> beam.Map(lambda record: tp.dead_letter_json(record))
         | f"{name}WriteFailed"
         >> beam.io.WriteToText(
-            FileSystems.join(output, "failed", name), file_name_suffix=".jsonl", skip_if_empty=True
+            FileSystems.join(output, "_failed", name), file_name_suffix=".jsonl", skip_if_empty=True
         )
     )
 
@@ -111,7 +111,7 @@ def save_params(params: dict, path: str) -> None:
 def _save_reduction(reduction: bj.Reduction, path: str) -> None:
     if reduction.total is None:
         raise bj.KernelError(
-            "no record reached the gradient sum (all were dead-lettered); see failed/"
+            "no record reached the gradient sum (all were dead-lettered); see _failed/"
         )
     save_params({"total": reduction.total, "count": np.int64(reduction.count)}, path)
 

@@ -326,7 +326,7 @@ def build(
     staging: str,
     done: frozenset[tuple[int, int]],
     launch: Any,
-) -> EmbedTextColumns:
+) -> tuple[EmbedTextColumns, Any, Any]:
     """Adds the columnar job to ``pipeline``: read, embed, write parts and unreadable files.
 
     Args:
@@ -340,7 +340,8 @@ def build(
             buckets, and whether its planned shapes compile at worker start.
 
     Returns:
-        The embedding transform, whose worker the caller may start early.
+        The embedding transform (whose worker the caller may start early), and its results
+        (record batches) and dead letters.
     """
     part_rows = args.rows_per_part
     reads = (
@@ -379,4 +380,4 @@ def build(
     _ = reads[ReadColumns.UNREADABLE] | "WriteUnreadable" >> beam.ParDo(
         tp.WriteUnreadable(staging, inputs)
     )
-    return embed
+    return embed, results, dead

@@ -8,7 +8,7 @@ values) to Parquet in parts named by input file and row range (:mod:`pipelines.t
 Parquet and the built-in corpus take the columnar path (:mod:`pipelines.embed_columnar`):
 Arrow record batches through ``beam_jax.RunKernelOnArrow``, the same output;
 ``--per_element`` takes them the per-element way, as JSON lines always go.
-Every row that cannot be embedded becomes one JSON line under ``OUTPUT/failed/``, and every
+Every row that cannot be embedded becomes one JSON line under ``OUTPUT/_failed/``, and every
 file that cannot be read one line naming it. The parts are staged and published only when the
 job succeeds (:mod:`pipelines.output_dir`); a rerun resumes. See docs/embed_text.md.
 
@@ -34,12 +34,13 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
 
 import beam_jax as bj
-from pipelines import embed_columnar, embed_text_plan, minilm
+from pipelines import embed_columnar, embed_text_plan, minilm, progress, run_report
 from pipelines import input_files as inp
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
@@ -53,6 +54,7 @@ from pipelines.embed_text_flags import (
     parse_args,
 )
 from pipelines.output_dir import OutputDir, OutputExistsError
+from pipelines.run_console import RunConsole, failure_line, verbose_requested
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -140,7 +142,7 @@ class EmbedTextSummary:
     Attributes:
         rows: Input rows read (blank JSON lines are not rows).
         results: Embeddings written.
-        dead_letters: Rows written to ``failed/``, total and per stage.
+        dead_letters: Rows written to ``_failed/``, total and per stage.
         padding_ratio: Padded / real tokens, counting padded batch rows.
         compiles: Batch shapes compiled (per worker process, summed).
         compile_seconds: Time spent compiling them, summed over compiles (most run in
@@ -203,13 +205,31 @@ class EmbedTextSummary:
 
 
 def _build(
-    pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done, launch
+    pipeline,
+    args,
+    inputs: inp.Inputs,
+    id_type: tr.IdType,
+    staging: str,
+    done,
+    launch,
+    progress_dir: str | None = None,
 ):
     """Adds the job to ``pipeline``; returns its embedding transform (to start its worker)."""
     if inputs.format != "jsonl" and not args.per_element:
-        embed = embed_columnar.build(pipeline, args, inputs, id_type, staging, done, launch)
+        embed, results, dead = embed_columnar.build(
+            pipeline, args, inputs, id_type, staging, done, launch
+        )
+        count = len  # record batches of results
     else:
-        embed = _build_per_element(pipeline, args, inputs, id_type, staging, done, launch)
+        embed, results, dead = _build_per_element(
+            pipeline, args, inputs, id_type, staging, done, launch
+        )
+        count = None
+    if progress_dir is not None:  # counted by the workers, printed by the driver
+        _ = results | "ProgressDone" >> beam.ParDo(
+            progress.CountProgress(progress_dir, "done", size=count)
+        )
+        _ = dead | "ProgressDead" >> beam.ParDo(progress.CountProgress(progress_dir, "dead"))
     if launch.planned and not embed_text_plan.in_process(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the
         # pipeline's first stage; in-process runners start it in run()).
@@ -219,7 +239,7 @@ def _build(
 
 def _build_per_element(
     pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done, launch
-) -> EmbedTexts:
+) -> tuple[EmbedTexts, Any, Any]:
     reads = (
         pipeline
         | "Files" >> beam.Create(range(len(inputs.files)))
@@ -256,7 +276,7 @@ def _build_per_element(
     _ = reads[ti.ReadRows.UNREADABLE] | "WriteUnreadable" >> beam.ParDo(
         tp.WriteUnreadable(staging, inputs)
     )
-    return embed
+    return embed, results, dead
 
 
 def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSummary:
@@ -360,15 +380,19 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
     launch = embed_text_plan.plan_for(args, inputs, embed_text_plan.local_devices(options))
     print(launch, flush=True)
     pipeline = beam.Pipeline(options=options)
+    console = RunConsole("embed_text", args, options, output.path)
     done = tp.done_parts(reused, inputs)
-    embed = _build(pipeline, args, inputs, id_type, output.staging, done, launch)
+    embed = _build(
+        pipeline, args, inputs, id_type, output.staging, done, launch, console.progress_dir
+    )
     try:
-        if launch.planned and embed_text_plan.in_process(options):
-            # This process runs the pipeline: the model loads and the planned shapes
-            # compile while Beam starts and reads the input.
-            embed.start_worker_here()
-        result = pipeline.run()
-        result.wait_until_finish()
+        with console:
+            if launch.planned and embed_text_plan.in_process(options):
+                # This process runs the pipeline: the model loads and the planned shapes
+                # compile while Beam starts and reads the input.
+                embed.start_worker_here()
+            result = pipeline.run()
+            result.wait_until_finish()
     except Exception as e:
         _explain_failure(e, output, len(reused))
         raise
@@ -378,16 +402,21 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
     print(summary, flush=True)
     _check_threshold(summary, args.threshold, len(inputs.files), output, reused)
     output.publish({"job": job, "summary": str(summary)})
+    run_report.write_metrics(run_report.metrics_record("embed_text", summary, result), output.path)
     return summary
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger().setLevel(logging.WARNING)
     try:
-        run()
+        run(argv)
     except (OutputExistsError, FileNotFoundError, bj.DeadLetterThresholdError) as e:
         # Errors about the user's files, whose message says what to do: no traceback.
         sys.exit(f"embed_text: {type(e).__name__}: {e}")
+    except Exception as e:
+        if verbose_requested(argv):
+            raise
+        sys.exit(failure_line("embed_text", e))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
+from pipelines import run_console
+
 __all__ = [
     "DEFAULT_BUCKETS",
     "DEFAULT_CACHE",
@@ -104,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.embed_text",
         description="Embed the 'text' of every row with all-MiniLM-L6-v2 (JAX); write 'id' and "
-        "'embedding' to Parquet and failed rows to OUTPUT/failed/*.jsonl.",
+        "'embedding' to Parquet and failed rows to OUTPUT/_failed/*.jsonl.",
         epilog="Beam's flags (--runner, --project, --region, --temp_location, --setup_file, "
         "--sdk_container_image, ...) pass through; any other flag is an error. See "
         "docs/embed_text.md.",
@@ -212,6 +214,7 @@ def _parser() -> argparse.ArgumentParser:
         f"loads its compiled shapes instead of compiling them; default {DEFAULT_CACHE} on "
         "the local runners, none elsewhere; 'none' turns it off",
     )
+    run_console.add_flags(parser)
     return parser
 
 

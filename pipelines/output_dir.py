@@ -24,7 +24,7 @@ from typing import Any
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.text_parts import EMBEDDINGS, FAILED, write_atomically
+from pipelines.text_parts import DEAD_LETTER_DIR, EMBEDDINGS, FAILED, write_atomically
 
 __all__ = ["OutputDir", "OutputExistsError"]
 
@@ -32,8 +32,12 @@ STAGING = "_unfinished"
 JOB = "_job.json"
 PUBLISHING = "_publishing.json"
 RECORD = "_embed_text.json"
+METRICS = "_metrics.json"  # written by pipelines.run_report after publishing
 DEAD_LETTERS = "dead_letters.jsonl"
-_OURS = re.compile(rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}|{RECORD})$")
+# failed/...: where dead letters were published before they moved to _failed/.
+_OURS = re.compile(
+    rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}|failed/failed-.+\.jsonl|{RECORD}|{METRICS})$"
+)
 
 
 class OutputExistsError(FileExistsError):
@@ -118,8 +122,9 @@ class OutputDir:
         if FileSystems.exists(record):
             FileSystems.delete([record])  # no record: the directory is between two outputs
         staged = set(self._list(self.staging)) & new
-        failed = f"{self.path}/failed"
-        if any(n.startswith("failed/") for n in staged) and not FileSystems.exists(failed):
+        failed = f"{self.path}/{DEAD_LETTER_DIR}"
+        has_failed = any(n.startswith(f"{DEAD_LETTER_DIR}/") for n in staged)
+        if has_failed and not FileSystems.exists(failed):
             FileSystems.mkdirs(failed)  # a local rename needs it; a bucket has no directories
         moves = sorted(staged)
         if moves:

@@ -2,7 +2,7 @@
 
 A part is rows ``[start, end)`` of one input file (lines, for JSON lines). Once every row
 of a part has an embedding or a dead letter, :class:`WriteParts` writes its dead letters
-to ``failed/failed-SOURCE-START-END.jsonl`` (if it has any), then its embeddings to
+to ``_failed/failed-SOURCE-START-END.jsonl`` (if it has any), then its embeddings to
 ``embeddings-SOURCE-START-END.parquet``: that file, written last, marks the part done.
 ``SOURCE`` is the file's stem and a hash of its path, ``START`` and ``END`` 12-digit row
 numbers. Each file is written under a temporary name and renamed, so a part is whole or
@@ -35,6 +35,7 @@ from pipelines.input_files import BUILTIN, Inputs
 from pipelines.text_input import PartRows, UnreadableFile, split_row_key
 
 __all__ = [
+    "DEAD_LETTER_DIR",
     "EMBEDDINGS",
     "FAILED",
     "READ",
@@ -50,7 +51,10 @@ __all__ = [
 
 READ = bj.Stage.READ  # the stage of a file that could not be read
 EMBEDDINGS = re.compile(r"^embeddings-(?P<source>.+)-(?P<start>\d{12})-(?P<end>\d{12})\.parquet$")
-FAILED = re.compile(r"^failed/failed-.+\.jsonl$")
+# Dead letters sit in "_failed/": dataset readers (pyarrow, pandas, DuckDB globs of
+# "*.parquet") skip names that start with "_", so OUTPUT reads as one Parquet dataset.
+DEAD_LETTER_DIR = "_failed"
+FAILED = re.compile(rf"^{DEAD_LETTER_DIR}/failed-.+\.jsonl$")
 
 
 def embeddings_name(source: str, start: int, end: int) -> str:
@@ -58,11 +62,11 @@ def embeddings_name(source: str, start: int, end: int) -> str:
 
 
 def failed_name(source: str, start: int, end: int) -> str:
-    return f"failed/failed-{source}-{start:012d}-{end:012d}.jsonl"
+    return f"{DEAD_LETTER_DIR}/failed-{source}-{start:012d}-{end:012d}.jsonl"
 
 
 def unreadable_name(source: str, after_row: int) -> str:
-    return f"failed/failed-{source}-unreadable-{after_row:012d}.jsonl"
+    return f"{DEAD_LETTER_DIR}/failed-{source}-unreadable-{after_row:012d}.jsonl"
 
 
 def done_parts(names: Iterable[str], inputs: Inputs) -> frozenset[tuple[int, int]]:
@@ -205,7 +209,7 @@ def write_part(
 
 
 class WriteUnreadable(beam.DoFn):
-    """An ``UnreadableFile`` in; its one dead letter written to its own file under ``failed/``."""
+    """An ``UnreadableFile`` in; its one dead letter written to its own file under ``_failed/``."""
 
     def __init__(self, directory: str, inputs: Inputs):
         self._directory = directory

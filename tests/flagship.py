@@ -28,7 +28,7 @@ def read_outputs(out: pathlib.Path) -> tuple[pa.Table, list[dict]]:
     files = sorted(glob.glob(str(out / "embeddings-*.parquet")))
     table = pa.concat_tables(pq.read_table(f) for f in files) if files else None
     failed = []
-    for path in sorted(glob.glob(str(out / "failed" / "*.jsonl"))):
+    for path in sorted(glob.glob(str(out / "_failed" / "*.jsonl"))):
         failed += [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
     return table, failed
 

@@ -299,7 +299,7 @@ def test_bad_rows_are_dead_lettered(tmp_path):
 
     failed = [
         json.loads(x)
-        for f in sorted(out.glob("failed/*.jsonl"))
+        for f in sorted(out.glob("_failed/*.jsonl"))
         for x in f.read_text().splitlines()
     ]
     got = sorted((repr(d["id"]), d["stage"]) for d in failed)

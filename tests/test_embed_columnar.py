@@ -31,7 +31,7 @@ def _outputs(out: pathlib.Path) -> tuple[dict[str, pa.Table], dict[str, list[dic
     """Every embeddings part (by name) and every dead-letter file's lines (by name)."""
     parts = {pathlib.Path(p).name: pq.read_table(p) for p in glob.glob(str(out / "*.parquet"))}
     failed = {}
-    for path in glob.glob(str(out / "failed" / "*.jsonl")):
+    for path in glob.glob(str(out / "_failed" / "*.jsonl")):
         lines = [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
         failed[pathlib.Path(path).name] = [
             {k: v for k, v in d.items() if k != "traceback"} for d in lines

@@ -40,7 +40,7 @@ def _read_outputs(out: pathlib.Path) -> tuple[pa.Table, list[dict]]:
     assert files, f"no embeddings written under {out}"
     table = pa.concat_tables(pq.read_table(f) for f in files)
     failed = []
-    for path in sorted(glob.glob(str(out / "failed" / "*.jsonl"))):
+    for path in sorted(glob.glob(str(out / "_failed" / "*.jsonl"))):
         failed += [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
     return table, failed
 

@@ -64,7 +64,7 @@ def test_a_run_that_fails_at_run_time_leaves_earlier_output_intact(tmp_path, mon
 
 def test_output_that_holds_files_is_refused_without_overwrite(tmp_path):
     out, before = _good_output(tmp_path)
-    with pytest.raises(od.OutputExistsError, match="already holds 2 files.*--overwrite"):
+    with pytest.raises(od.OutputExistsError, match="already holds 3 files.*--overwrite"):
         ft.run(tmp_path / "first.jsonl", out)
     assert _files(out) == before
 
@@ -134,13 +134,13 @@ def test_unfinished_parts_of_another_job_are_refused_unless_overwrite(tmp_path):
 
 def test_a_publish_cut_short_is_finished_by_the_next_run(tmp_path):
     out = od.OutputDir(str(tmp_path / "out"))
-    (tmp_path / "out" / "failed").mkdir(parents=True)
+    (tmp_path / "out" / "_failed").mkdir(parents=True)
     (tmp_path / "out" / "embeddings-old-000000000000-000000000009.parquet").write_bytes(b"old")
     out.prepare({"inputs": "a"}, overwrite=True)
     staging = tmp_path / "out" / "_unfinished"
     new = [
         "embeddings-a-000000000000-000000000003.parquet",
-        "failed/failed-a-000000000000-000000000003.jsonl",
+        "_failed/failed-a-000000000000-000000000003.jsonl",
     ]
     for name in new:
         (staging / name).parent.mkdir(exist_ok=True)

@@ -36,7 +36,7 @@ INTERNAL = {
     "Plan", "PaddedBatch", "Layout", "Validated", "Kernel", "SumRows", "Worker",
     "BatchEngine", "Buffer", "FrontEnd", "BatchOutputs", "check_outputs", "nonfinite_rows",
     "BucketFill", "DecodedBatch", "decode_batch", "outputs_to_arrow", "ArrowCoder",
-    "bucket_index", "default_batch_sizes", "padded_total", "padding_ratio",
+    "bucket_index", "default_batch_sizes", "padded_total", "padding_ratio", "bucket_totals",
     "enable_compilation_cache", "is_out_of_memory", "select_devices",
     # fitting batch sizes to memory
     "FitReport", "FitRow", "ShapeBytes", "analyse_shape", "fit_batch_limits", "fit_plan",
@@ -50,7 +50,7 @@ SUBPACKAGES = ("core", "kernel", "engine", "transforms", "arrow", "inference")
 
 def _public(module) -> set[str]:
     return {n for n in dir(module) if not n.startswith("_")} - set(SUBPACKAGES) - {
-        "internal", "testing"
+        "internal", "testing", "cli"  # cli: the beam-jax command, a subpackage
     }
 
 

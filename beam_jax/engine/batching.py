@@ -219,9 +219,11 @@ class BatchEngine:
             batch = buffer.padded()
             # A shape seen for the first time compiles while the batch in flight runs.
             signature = [(x.shape, x.dtype) for x in batch.leaves]
-            worker.kernel.precompile(
+            compiled = worker.kernel.precompile(
                 worker.params, [(signature, tuple(batch.lengths))], self._plan.layout.treedef
             )
+            if compiled:
+                self._metrics.bucket_compiles(buffer.bucket, compiled)
         except Exception as e:  # noqa: BLE001 - handled below, outside this block
             error = e
         while len(self._inflight) >= self._max_in_flight:
@@ -339,10 +341,14 @@ class BatchEngine:
     ) -> Iterator[Any]:
         """Count a successful call, check its outputs and hand them to the front end."""
         m = self._metrics
-        m.batch_latency_ms.update(int((time.perf_counter() - started) * 1000))
+        latency_ms = int((time.perf_counter() - started) * 1000)
+        m.batch_latency_ms.update(latency_ms)
         m.batches.inc()
         m.padded_size.inc(batch.padded_volume)
         m.real_size.inc(batch.real_volume)
+        m.bucket_batch(
+            buffer.bucket, len(rows), batch.padded_volume, batch.real_volume, latency_ms
+        )
         error = None
         try:
             checked, bad = self._front.check(outputs, batch)

@@ -12,6 +12,13 @@ from apache_beam.metrics.metric import MetricsFilter
 from beam_jax.core.dead_letter import METRICS_NAMESPACE, STAGES
 
 NAMESPACE = METRICS_NAMESPACE
+# Per-bucket metrics are named "bucket/<label>/<name>", e.g. "bucket/32/elements".
+BUCKET_PREFIX = "bucket/"
+
+
+def bucket_label(bucket: tuple[int, ...]) -> str:
+    """A bucket's boundaries as one string: ``(32,)`` -> ``"32"``, ``(16, 64)`` -> ``"16x64"``."""
+    return "x".join(str(int(b)) for b in bucket)
 
 
 class KernelMetrics:
@@ -43,6 +50,9 @@ class KernelMetrics:
         self.batch_capacity = c("batch_capacity")
         self.batch_fill_percent = Metrics.distribution(namespace, "batch_fill_percent")
 
+        self._namespace = namespace
+        self._per_bucket: dict[tuple[Any, str], Any] = {}
+
     def compiled(self, n: int, seconds: float, waited: float = 0.0) -> None:
         """``n`` shapes compiled in ``seconds``; batches waited ``waited`` seconds for them."""
         if n:
@@ -61,6 +71,29 @@ class KernelMetrics:
     def dead_letter(self, stage: str) -> None:
         self.dead_letters.inc()
         self.dead_letters_by_stage[stage].inc()
+
+    def _bucket(self, bucket: tuple[int, ...], name: str, distribution: bool = False):
+        key = (bucket, name)
+        metric = self._per_bucket.get(key)
+        if metric is None:
+            full = f"{BUCKET_PREFIX}{bucket_label(bucket)}/{name}"
+            make = Metrics.distribution if distribution else Metrics.counter
+            metric = self._per_bucket[key] = make(self._namespace, full)
+        return metric
+
+    def bucket_batch(
+        self, bucket: tuple[int, ...], rows: int, padded: int, real: int, latency_ms: int
+    ) -> None:
+        """One successful kernel call on ``bucket``: its rows, sizes and latency."""
+        self._bucket(bucket, "elements").inc(rows)
+        self._bucket(bucket, "batches").inc()
+        self._bucket(bucket, "padded_size").inc(padded)
+        self._bucket(bucket, "real_size").inc(real)
+        self._bucket(bucket, "batch_latency_ms", distribution=True).update(latency_ms)
+
+    def bucket_compiles(self, bucket: tuple[int, ...], n: int) -> None:
+        """``n`` new batch shapes of ``bucket`` were compiled."""
+        self._bucket(bucket, "compiles").inc(n)
 
 
 # --- cross-bundle mode: flush causes and time waited in Beam state ----------------------
@@ -204,6 +237,8 @@ class Summary:
 def _counter_totals(metrics: dict) -> dict[str, int]:
     totals: dict[str, int] = {}
     for c in metrics["counters"]:
+        if c.key.metric.name.startswith(BUCKET_PREFIX):
+            continue
         # Committed values where the runner reports them (they exclude retried attempts).
         value = c.committed if c.committed is not None else c.attempted
         totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + (value or 0)
@@ -265,3 +300,54 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
         buffering=_buffering(totals, waits),
         compile_wait_seconds=totals.get("compile_wait_ms", 0) / 1000.0,
     )
+
+
+def bucket_totals(result: Any, namespace: str = NAMESPACE) -> dict[str, dict[str, float]]:
+    """Per-bucket totals of a finished pipeline's kernel metrics, keyed by bucket label.
+
+    Each bucket has ``elements`` (rows run), ``batches``, ``padded_size``, ``real_size``,
+    ``padding_ratio``, ``compiles`` (batch shapes compiled at launch) and
+    ``mean_batch_latency_ms``. Buckets are ordered by their boundaries.
+
+    Example:
+        >>> bucket_totals(result)["32"]["elements"]  # doctest: +SKIP
+        1200
+    """
+    metrics = result.metrics().query(MetricsFilter().with_namespace(namespace))
+    out: dict[tuple[int, ...], dict[str, float]] = {}
+
+    def slot(name: str) -> tuple[dict[str, float], str] | None:
+        if not name.startswith(BUCKET_PREFIX):
+            return None
+        label, _, field = name[len(BUCKET_PREFIX) :].partition("/")
+        key = tuple(int(b) for b in label.split("x"))
+        return out.setdefault(key, {"latency_sum": 0, "latency_count": 0}), field
+
+    for c in metrics["counters"]:
+        found = slot(c.key.metric.name)
+        if found:
+            stats, field = found
+            value = c.committed if c.committed is not None else c.attempted
+            stats[field] = stats.get(field, 0) + (value or 0)
+    for d in metrics["distributions"]:
+        found = slot(d.key.metric.name)
+        v = d.committed if d.committed is not None else d.attempted
+        if found and v is not None:
+            stats, _ = found
+            stats["latency_sum"] += v.sum
+            stats["latency_count"] += v.count
+    result_by_label = {}
+    for key in sorted(out):
+        s = out[key]
+        real, count = s.get("real_size", 0), s.pop("latency_count")
+        total = s.pop("latency_sum")
+        result_by_label[bucket_label(key)] = {
+            "elements": int(s.get("elements", 0)),
+            "batches": int(s.get("batches", 0)),
+            "padded_size": int(s.get("padded_size", 0)),
+            "real_size": int(real),
+            "padding_ratio": s.get("padded_size", 0) / real if real else float("nan"),
+            "compiles": int(s.get("compiles", 0)),
+            "mean_batch_latency_ms": total / count if count else float("nan"),
+        }
+    return result_by_label

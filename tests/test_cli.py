@@ -1,0 +1,156 @@
+"""The ``beam-jax`` command on real Parquet and JSON-lines files, its plots, and its report
+of a real run's metrics."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tomllib
+
+import beam_jax as bj
+from beam_jax.cli import main as cli
+from beam_jax.cli import plan, report
+from beam_jax.internal import padding_ratio
+from tests import flagship as ft
+
+matplotlib_image = pytest.importorskip("matplotlib.image")
+
+ROOT = pathlib.Path(__file__).parent.parent
+RED = np.array([0xC4, 0x4E, 0x52]) / 255  # the boundary lines' colour
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _lengths(n: int = 400, seed: int = 0) -> np.ndarray:
+    """Long-tailed lengths, as tokens of prose are."""
+    return np.random.default_rng(seed).zipf(1.6, n).clip(1, 300).astype(np.int64) + 3
+
+
+def _plan_json(capsys, *argv) -> dict:
+    assert cli.main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _red_columns(png: pathlib.Path, left_fraction: float) -> int:
+    """Vertical runs of the boundary colour in the left part of the image: drawn lines."""
+    image = matplotlib_image.imread(png)[..., :3]
+    part = image[:, : int(image.shape[1] * left_fraction)]
+    red = (np.abs(part - RED) < 0.08).all(axis=-1).sum(axis=0) >= 20
+    return int(np.count_nonzero(np.diff(red.astype(int)) == 1) + red[0])
+
+
+def test_the_console_script_is_declared_and_every_subcommand_has_help(capsys):
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts["beam-jax"].partition(":")
+    assert (module, function) == ("beam_jax.cli.main", "main")
+    for command in (["--help"], ["plan", "--help"], ["report", "--help"], ["embed", "--help"],
+                    ["curate", "--help"]):  # fmt: skip
+        with pytest.raises(SystemExit) as done:
+            cli.main(command)
+        assert done.value.code == 0, command
+        out = capsys.readouterr().out
+        assert "usage:" in out, command
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    top = capsys.readouterr().out
+    assert all(name in top for name in ("plan", "report", "embed", "curate"))
+
+
+def test_plan_of_a_parquet_list_column_gives_the_planner_s_boundaries_for_each_budget(
+    tmp_path, capsys
+):
+    lengths = _lengths()
+    values = pa.array([np.zeros(n, np.int32) for n in lengths], pa.list_(pa.int32()))
+    pq.write_table(
+        pa.table({"id": np.arange(len(lengths)), "tokens": values}), tmp_path / "a.parquet"
+    )
+    got = _plan_json(capsys, "--input", str(tmp_path / "a.parquet"), "--column", "tokens",
+                     "--max-buckets", "5")  # fmt: skip
+    assert got["lengths"]["rows"] == len(lengths) and got["lengths"]["max"] == lengths.max()
+    assert [p["num_buckets"] for p in got["plans"]] == [1, 2, 3, 4, 5]
+    for p in got["plans"]:
+        expected = bj.plan_boundaries(lengths, p["num_buckets"])
+        assert tuple(p["boundaries"]) == expected
+        assert p["padding_ratio"] == pytest.approx(padding_ratio(lengths, expected))
+        assert sum(b["elements"] for b in p["buckets"]) == len(lengths)
+    ratios = [p["padding_ratio"] for p in got["plans"]]
+    assert ratios == sorted(ratios, reverse=True) and ratios[0] > ratios[-1]
+
+
+def test_plan_of_json_lines_texts_in_tokens_draws_one_line_per_boundary(tmp_path, capsys):
+    rows = [{"id": i, "text": " ".join(["word"] * int(n))} for i, n in enumerate(_lengths(300))]
+    source = ft.write_json_lines(tmp_path / "rows.jsonl", rows)
+    png = tmp_path / "plan.png"
+    assert cli.main(["plan", "--input", str(source), "--column", "text", "--tokenizer",
+                     "minilm", "--max-buckets", "4", "--plot", str(png)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    # "word" is one token; [CLS] and [SEP] add two, and the flagship truncates at 256.
+    tokens = np.minimum(_lengths(300) + 2, 256)
+    best = bj.plan_boundaries(tokens, 4)
+    line = next(r for r in out.splitlines() if r.split()[:1] == ["4"])
+    assert line.split() == ["4", f"{padding_ratio(tokens, best):.2f}", ",".join(map(str, best))]
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    assert _red_columns(png, left_fraction=0.58) == len(best)
+    # The same through the figure: the boundaries as vertical lines, the curve over 1..4.
+    fig = plan.plot_plan(tokens, plan.plan_budgets(tokens, 4), str(tmp_path / "again.png"))
+    hist, curve = fig.axes
+    assert sorted(line.get_xdata()[0] for line in hist.lines) == list(best)
+    assert list(curve.lines[0].get_xdata()) == [1, 2, 3, 4]
+
+
+def test_plan_of_json_lines_chars_and_a_wrong_column_or_measure(tmp_path, capsys):
+    source = ft.write_json_lines(tmp_path / "rows.jsonl",
+                                 [{"id": i, "text": "x" * (i + 1)} for i in range(20)])  # fmt: skip
+    got = _plan_json(capsys, "--input", str(source), "--column", "text", "--max-buckets", "2")
+    assert got["lengths"]["min"] == 1 and got["lengths"]["max"] == 20
+    assert got["plans"][1]["boundaries"] == list(bj.plan_boundaries(np.arange(1, 21), 2))
+    with pytest.raises(SystemExit, match=r"no column 'txt'; it has \['id', 'text'\]"):
+        cli.main(["plan", "--input", str(source), "--column", "txt"])
+    with pytest.raises(SystemExit, match="--measure list needs a list column"):
+        cli.main(["plan", "--input", str(source), "--column", "text", "--measure", "list"])
+    with pytest.raises(SystemExit, match="matches no file"):
+        cli.main(["plan", "--input", str(tmp_path / "none-*.parquet"), "--column", "text"])
+
+
+def test_a_run_s_metrics_file_feeds_the_report_and_its_plot(tmp_path, capsys):
+    rows = [{"id": i, "text": t} for i, t in enumerate(ft.texts(12))] + [{"id": 99, "text": ""}]
+    out = tmp_path / "out"
+    summary = ft.run(ft.write_json_lines(tmp_path / "in.jsonl", rows), out, "--no-progress")
+    capsys.readouterr()
+    record = json.loads((out / "_metrics.json").read_text())
+    assert record["pipeline"] == "embed_text" and record["summary"]["results"] == 12
+    assert sum(b["elements"] for b in record["buckets"].values()) == summary.results
+    stages = record["summary"]["dead_letters_by_stage"]
+    assert sum(stages.values()) == 1  # the empty text
+    (stage,) = [s for s, n in stages.items() if n]
+
+    png = tmp_path / "report.png"
+    assert cli.main(["report", str(out), "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "per bucket:" in text and f"{stage}: 1" in text
+    for label, b in record["buckets"].items():
+        assert any(line.split()[:2] == [label, str(b["elements"])] for line in text.splitlines())
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    fig = report.plot_report(record, str(tmp_path / "again.png"))
+    elements = fig.axes[0]
+    assert [p.get_height() for p in elements.patches] == [
+        b["elements"] for b in record["buckets"].values()
+    ]
+    assert [t.get_text() for t in fig.axes[4].get_xticklabels()] == list(
+        record["summary"]["dead_letters_by_stage"]
+    )
+    with pytest.raises(SystemExit, match="not a run's metrics file"):
+        cli.main(["report", str(out / "_embed_text.json")])
+
+
+def test_beam_jax_help_prints_no_warning():
+    done = subprocess.run([sys.executable, "-m", "beam_jax.cli.main", "--help"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and "plan" in done.stdout
+    assert done.stderr == "", done.stderr
