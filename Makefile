@@ -21,6 +21,7 @@ run: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint docker/Dockerfile docker/Dockerfile.cpu
 
 # --strict: a broken link, a nav entry to a missing page or a docstring the reference

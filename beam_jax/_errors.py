@@ -71,7 +71,6 @@ class CompileError(KernelError):
     """
 
 
-
 class InferenceBatchError(BeamJaxError, RuntimeError):
     """Elements of one ``RunInference`` batch failed in a beam_jax model handler.
 

@@ -451,19 +451,22 @@ def main(argv: list[str] | None = None) -> dict:
         cold = runs["pipeline"][0]["seconds"]
         warm = statistics.median(r["seconds"] for r in runs["pipeline"][1:])
         cold_warm = {"pipeline_cold_s": cold, "pipeline_warm_s": warm}
-        print(f"pipeline: {cold:.1f} s with an empty compilation cache (round 1), {warm:.1f} s "
-              "with it warm (later rounds, median)")
+        print(
+            f"pipeline: {cold:.1f} s with an empty compilation cache (round 1), {warm:.1f} s "
+            "with it warm (later rounds, median)"
+        )
         for other in ("sentence_transformers", "runinference"):
             if other in results:
                 theirs = results[other]["seconds_median"]
                 cold_warm[f"pipeline_vs_{other}_cold"] = theirs / cold
                 cold_warm[f"pipeline_vs_{other}_warm"] = theirs / warm
-                print(f"pipeline_vs_{other}: {theirs / cold:.2f}x cold, "
-                      f"{theirs / warm:.2f}x warm")
+                print(f"pipeline_vs_{other}: {theirs / cold:.2f}x cold, {theirs / warm:.2f}x warm")
     if cosine is not None:
         print(f"min cosine, pipeline vs sentence-transformers: {cosine:.6f}")
-    print(f"total {time.perf_counter() - started:.0f} s; load average now "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine)")
+    print(
+        f"total {time.perf_counter() - started:.0f} s; load average now "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine)"
+    )
     report = {
         "texts": data["n"],
         "tokens": data["tokens"],

@@ -289,8 +289,11 @@ def main(argv: list[str] | None = None) -> dict:
                     r["ratio_to_limit"] = r["elements_per_s"] / limit_rate
                 results[kernel][variant] = r
             # The bound: the slower of compute (limit) and I/O (read_only, when measured).
-            bound = min(r["elements_per_s"] for v, r in results[kernel].items()
-                        if v in ("limit", "read_only"))
+            bound = min(
+                r["elements_per_s"]
+                for v, r in results[kernel].items()
+                if v in ("limit", "read_only")
+            )
             for r in results[kernel].values():
                 r["ratio_to_bound"] = r["elements_per_s"] / bound
     print()

@@ -190,4 +190,3 @@ def _difference(earlier: dict | None, job: dict) -> str:
     if changed == ["inputs"]:
         return "the input files or their sizes or modification times differ"
     return "different " + ", ".join(changed)
-

@@ -190,9 +190,13 @@ def parse_json_line(line: str | bytes) -> tuple[Any, Any, str | None]:
             row = _loads(line.decode("utf-8", errors="replace"))
             key = row.get("id") if isinstance(row, dict) else None
             bad = line[max(0, e.start - 20) : e.end + 20]
-            return key, None, (
-                f"the line is not valid UTF-8 ({e.reason} at byte {e.start}, near {bad!r}); "
-                "re-encode the file as UTF-8"
+            return (
+                key,
+                None,
+                (
+                    f"the line is not valid UTF-8 ({e.reason} at byte {e.start}, near {bad!r}); "
+                    "re-encode the file as UTF-8"
+                ),
             )
     try:
         row = json.loads(line)

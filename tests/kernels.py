@@ -50,12 +50,16 @@ def _check(x):
 def failing_mean(params, element, lengths):
     """Masked mean times ``params``; raises at run time if the element holds SENTINEL."""
     x = jax.pure_callback(
-        _check, jax.ShapeDtypeStruct(element["x"].shape, element["x"].dtype), element["x"],
+        _check,
+        jax.ShapeDtypeStruct(element["x"].shape, element["x"].dtype),
+        element["x"],
         vmap_method="broadcast_all",
     )
     mask = bj.length_mask(lengths["L"], x.shape[0]).astype(jnp.float32)
-    return {"mean": jnp.sum(x * mask[:, None], axis=0) / lengths["L"].astype(jnp.float32)
-            * params, "scaled": x * params}
+    return {
+        "mean": jnp.sum(x * mask[:, None], axis=0) / lengths["L"].astype(jnp.float32) * params,
+        "scaled": x * params,
+    }
 
 
 def image_stats(params, element, lengths):

@@ -119,7 +119,7 @@ def test_plan_of_json_lines_chars_and_a_wrong_column_or_measure(tmp_path, capsys
 
 
 def test_a_run_s_metrics_file_feeds_the_report_and_its_plot(tmp_path, capsys):
-    rows = [{"id": i, "text": t} for i, t in enumerate(ft.texts(12))] + [{"id": 99, "text": ""}]
+    rows = [{"id": i, "text": t} for i, t in enumerate(ft.texts(12))] + [{"id": 99, "text": None}]
     out = tmp_path / "out"
     summary = ft.run(ft.write_json_lines(tmp_path / "in.jsonl", rows), out, "--no-progress")
     capsys.readouterr()
@@ -127,7 +127,7 @@ def test_a_run_s_metrics_file_feeds_the_report_and_its_plot(tmp_path, capsys):
     assert record["pipeline"] == "embed_text" and record["summary"]["results"] == 12
     assert sum(b["elements"] for b in record["buckets"].values()) == summary.results
     stages = record["summary"]["dead_letters_by_stage"]
-    assert sum(stages.values()) == 1  # the empty text
+    assert sum(stages.values()) == 1  # the null text
     (stage,) = [s for s, n in stages.items() if n]
 
     png = tmp_path / "report.png"

@@ -34,7 +34,15 @@ def _config() -> dict:
 
 def _public(module) -> set[str]:
     subpackages = {
-        "core", "kernel", "engine", "transforms", "arrow", "inference", "internal", "testing", "cli"
+        "core",
+        "kernel",
+        "engine",
+        "transforms",
+        "arrow",
+        "inference",
+        "internal",
+        "testing",
+        "cli",
     }
     return {n for n in dir(module) if not n.startswith("_")} - subpackages
 

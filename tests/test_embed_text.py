@@ -211,6 +211,7 @@ def test_local_runs_keep_a_compilation_cache_and_remote_runs_do_not(monkeypatch,
     assert args.compilation_cache_dir is None
     args, _ = embed_text.parse_args(["--runner", "DataflowRunner"])
     assert args.compilation_cache_dir is None
-    args, _ = embed_text.parse_args(["--runner", "DataflowRunner", "--compilation_cache_dir",
-                                     "gs://b/cache"])
+    args, _ = embed_text.parse_args(
+        ["--runner", "DataflowRunner", "--compilation_cache_dir", "gs://b/cache"]
+    )
     assert args.compilation_cache_dir == "gs://b/cache"

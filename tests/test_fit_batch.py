@@ -134,8 +134,11 @@ def test_a_shape_that_fails_to_compile_counts_as_not_fitting():
         10**6,
     )
     assert limits == {(8,): 2}
-    assert [(r.size, r.compiled, r.fits) for r in rows] == [(1, True, True), (2, True, True),
-                                                             (4, False, False)]
+    assert [(r.size, r.compiled, r.fits) for r in rows] == [
+        (1, True, True),
+        (2, True, True),
+        (4, False, False),
+    ]
 
 
 def test_hidden_bytes_count_towards_the_total_and_untrust_the_row():
@@ -145,7 +148,9 @@ def test_hidden_bytes_count_towards_the_total_and_untrust_the_row():
     limits, rows = search_limits([(8,)], {(8,): (1, 2, 4, 8)}, analyse, budget=30)
     assert limits == {(8,): 4}
     assert [(r.size, r.total, r.analysed.trusted, r.fits) for r in rows] == [
-        (1, 21, True, True), (4, 28, False, True), (8, 36, False, False)
+        (1, 21, True, True),
+        (4, 28, False, True),
+        (8, 36, False, False),
     ]
 
 
@@ -278,8 +283,9 @@ def _run(elements, outdir=None, **kw):
     results, dead = (
         p
         | beam.Create(elements)
-        | bj.RunKernel(attention, spec=SPEC, keyed=True, load_params=attention_params, **kw)
-        .with_exception_handling()
+        | bj.RunKernel(
+            attention, spec=SPEC, keyed=True, load_params=attention_params, **kw
+        ).with_exception_handling()
     )
     if outdir is not None:
         outdir.mkdir()
@@ -332,8 +338,7 @@ def test_results_equal_those_with_fixed_batch_sizes_through_run_kernel(tmp_path)
         per_bucket[bucket] = per_bucket.get(bucket, 0) + 1
     assert summary.batches >= sum(math.ceil(n / fixed[(b,)]) for b, n in per_bucket.items())
     assert summary.out_of_memory == 0
-    assert report.compiles <= summary.compiles <= len(Plan(
-        SPEC, bucketing, num_devices=4).shapes())
+    assert report.compiles <= summary.compiles <= len(Plan(SPEC, bucketing, num_devices=4).shapes())
 
 
 def test_one_size_pads_every_batch_of_a_bucket_to_its_fitted_size():
@@ -374,8 +379,7 @@ def test_out_of_memory_after_a_fitted_choice_says_how_far_the_analysis_was_off()
             bucketing=bj.Bucketing(boundaries={"L": (4,)}, batch_size=8),
             fit_to_memory=bj.FitToMemory(budget_bytes=1 << 20),
             devices=[0],
-        )
-        .with_exception_handling()
+        ).with_exception_handling()
     )
     assert_that(results | beam.Keys(), equal_to(list(range(24))))
     result = run(p)

@@ -22,10 +22,11 @@ def run_plan(kernel, plan, params, elements):
     for bucket in {plan.bucket_for(it.lengths) for it in items}:
         idx = [i for i, it in enumerate(items) if plan.bucket_for(it.lengths) == bucket]
         for start in range(0, len(idx), plan.max_batch(bucket)):
-            chunk = idx[start:start + plan.max_batch(bucket)]
+            chunk = idx[start : start + plan.max_batch(bucket)]
             batch = plan.pad(bucket, [items[i] for i in chunk])
-            res = plan.unbatch(kernel.run(params, batch, plan.layout.treedef), batch,
-                               [items[i] for i in chunk])
+            res = plan.unbatch(
+                kernel.run(params, batch, plan.layout.treedef), batch, [items[i] for i in chunk]
+            )
             for i, r in zip(chunk, res, strict=True):
                 out[i] = r
     return out
@@ -42,11 +43,13 @@ def test_masked_kernel_gives_the_same_answer_padded_as_alone(lengths, seed):
     placed = kernel.put_params(params)
     got = run_plan(kernel, plan, placed, elements)
     for e, g in zip(elements, got, strict=True):
-        alone = np.asarray(jax.jit(kernels.masked_attention_pool)(
-            params, e, {"L": jnp.int32(e["x"].shape[0])}))
+        alone = np.asarray(
+            jax.jit(kernels.masked_attention_pool)(params, e, {"L": jnp.int32(e["x"].shape[0])})
+        )
         np.testing.assert_allclose(g, alone, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(g, kernels.reference_attention_pool(params, e["x"]),
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            g, kernels.reference_attention_pool(params, e["x"]), rtol=1e-4, atol=1e-5
+        )
     # Only listed shapes were ever compiled.
     listed = {
         tuple((shape, str(np.dtype(dtype))) for shape, dtype in plan.leaf_shapes(b, s))
@@ -74,8 +77,10 @@ def test_each_shape_compiles_once_and_precompile_covers_the_set():
     assert kernel.precompile(params, shapes, plan.layout.treedef) == len(plan.shapes())
     assert kernel.precompile(params, shapes, plan.layout.treedef) == 0
     rng = np.random.default_rng(0)
-    elements = [{"x": rng.standard_normal((n, kernels.D)).astype(np.float32)}
-                for n in rng.integers(1, 33, 50)]
+    elements = [
+        {"x": rng.standard_normal((n, kernels.D)).astype(np.float32)}
+        for n in rng.integers(1, 33, 50)
+    ]
     run_plan(kernel, plan, params, elements)
     assert kernel.compiles == len(plan.shapes())
     assert kernel.compile_seconds > 0

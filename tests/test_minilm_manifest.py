@@ -100,6 +100,15 @@ def test_embed_text_refuses_a_tampered_model_at_launch(tmp_path):
     with open(tampered / "tokenizer.json", "ab") as f:
         f.write(b" ")
     with pytest.raises(minilm.ModelFileMismatchError, match="tokenizer.json"):
-        embed_text.run(["--builtin_texts", "5", "--output", str(tmp_path / "out"),
-                        "--model_dir", str(tampered), "--runner=FnApiRunner"])
+        embed_text.run(
+            [
+                "--builtin_texts",
+                "5",
+                "--output",
+                str(tmp_path / "out"),
+                "--model_dir",
+                str(tampered),
+                "--runner=FnApiRunner",
+            ]
+        )
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.parquet"))

@@ -76,8 +76,9 @@ def test_shape_set_is_listed_before_the_job():
 def ragged_batches(draw):
     """A spec with 1-2 ragged axes over 1-3 leaves, plus a batch of elements for one bucket."""
     names = ["A", "B"][: draw(st.integers(1, 2))]
-    bounds = {n: tuple(sorted(draw(st.sets(st.integers(1, 9), min_size=1, max_size=3))))
-              for n in names}
+    bounds = {
+        n: tuple(sorted(draw(st.sets(st.integers(1, 9), min_size=1, max_size=3)))) for n in names
+    }
     leaves = {}
     for i in range(draw(st.integers(1, 3))):
         shape = tuple(draw(st.lists(st.sampled_from([*names, 1, 2, 3]), min_size=0, max_size=3)))
@@ -97,10 +98,19 @@ def ragged_batches(draw):
         el = {}
         for k, spec in leaves.items():
             shape = spec.resolve(lengths)
-            el[k] = np.asarray(
-                draw(st.lists(st.integers(-5, 5), min_size=int(np.prod(shape)),
-                              max_size=int(np.prod(shape))))
-            ).reshape(shape).astype(spec.dtype)
+            el[k] = (
+                np.asarray(
+                    draw(
+                        st.lists(
+                            st.integers(-5, 5),
+                            min_size=int(np.prod(shape)),
+                            max_size=int(np.prod(shape)),
+                        )
+                    )
+                )
+                .reshape(shape)
+                .astype(spec.dtype)
+            )
         elements.append(el)
     return plan, elements
 
@@ -120,8 +130,9 @@ def test_pad_then_unpad_round_trips(case):
         # The padded shape is one of the listed shapes.
         assert (bucket, batch.size) in plan.shapes()
         assert batch.num_real == len(group) and batch.size >= len(group)
-        for leaf, (shape, dtype) in zip(batch.leaves, plan.leaf_shapes(bucket, batch.size),
-                                        strict=True):
+        for leaf, (shape, dtype) in zip(
+            batch.leaves, plan.leaf_shapes(bucket, batch.size), strict=True
+        ):
             assert leaf.shape == shape and leaf.dtype == dtype
         # The identity kernel's outputs, cut back, are the inputs.
         outputs = plan.layout.unflatten(batch.leaves)

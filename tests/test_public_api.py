@@ -11,47 +11,110 @@ from beam_jax.engine.options import KernelOptions, KernelOptionsKwargs
 
 TOP_LEVEL = {
     # transforms and their results
-    "RunKernel", "RunKernelOnArrow", "ReduceKernel", "Reduction", "RunKernelResult",
+    "RunKernel",
+    "RunKernelOnArrow",
+    "ReduceKernel",
+    "Reduction",
+    "RunKernelResult",
     "ReadArrowBatches",
     # Beam ML front ends
-    "JaxModelHandler", "KeyedJaxModelHandler", "RunKernelOnRows",
+    "JaxModelHandler",
+    "KeyedJaxModelHandler",
+    "RunKernelOnRows",
     # configuration
-    "ArraySpec", "Bucketing", "Validation", "KernelOptions", "ArrowColumns", "FitToMemory",
+    "ArraySpec",
+    "Bucketing",
+    "Validation",
+    "KernelOptions",
+    "ArrowColumns",
+    "FitToMemory",
     "CrossBundle",
-    "default_boundaries", "plan_boundaries", "plan_bucketing", "BucketingPlan",
+    "default_boundaries",
+    "plan_boundaries",
+    "plan_bucketing",
+    "BucketingPlan",
     # inside a kernel
-    "length_mask", "BatchLengths",
+    "length_mask",
+    "BatchLengths",
     # parameters
-    "read_params", "write_params",
+    "read_params",
+    "write_params",
     # dead letters and metrics
-    "FailedElement", "DEAD_LETTERS", "Stage", "Summary", "summarize", "metric_totals",
+    "FailedElement",
+    "DEAD_LETTERS",
+    "Stage",
+    "Summary",
+    "summarize",
+    "metric_totals",
     "BufferingSummary",
     # errors
-    "BeamJaxError", "SpecError", "InputFileError", "InvalidElementError",
-    "ElementTooLargeError", "KernelError", "CompileError", "DeadLetterThresholdError",
+    "BeamJaxError",
+    "SpecError",
+    "InputFileError",
+    "InvalidElementError",
+    "ElementTooLargeError",
+    "KernelError",
+    "CompileError",
+    "DeadLetterThresholdError",
     "InferenceBatchError",
 }
 
 INTERNAL = {
-    "Plan", "PaddedBatch", "Layout", "Validated", "Kernel", "SumRows", "Worker",
-    "BatchEngine", "Buffer", "FrontEnd", "BatchOutputs", "check_outputs", "nonfinite_rows",
-    "BucketFill", "DecodedBatch", "decode_batch", "outputs_to_arrow", "ArrowCoder",
-    "bucket_index", "default_batch_sizes", "padded_total", "padding_ratio", "bucket_totals",
-    "enable_compilation_cache", "is_out_of_memory", "select_devices",
+    "Plan",
+    "PaddedBatch",
+    "Layout",
+    "Validated",
+    "Kernel",
+    "SumRows",
+    "Worker",
+    "BatchEngine",
+    "Buffer",
+    "FrontEnd",
+    "BatchOutputs",
+    "check_outputs",
+    "nonfinite_rows",
+    "BucketFill",
+    "DecodedBatch",
+    "decode_batch",
+    "outputs_to_arrow",
+    "ArrowCoder",
+    "bucket_index",
+    "default_batch_sizes",
+    "padded_total",
+    "padding_ratio",
+    "bucket_totals",
+    "enable_compilation_cache",
+    "is_out_of_memory",
+    "select_devices",
     # fitting batch sizes to memory
-    "FitReport", "FitRow", "ShapeBytes", "analyse_shape", "fit_batch_limits", "fit_plan",
+    "FitReport",
+    "FitRow",
+    "ShapeBytes",
+    "analyse_shape",
+    "fit_batch_limits",
+    "fit_plan",
     "search_limits",
     # cross-bundle batching
-    "encode_tree", "decode_tree", "BufferMetrics", "BufferedElement", "BufferedElementCoder",
+    "encode_tree",
+    "decode_tree",
+    "BufferMetrics",
+    "BufferedElement",
+    "BufferedElementCoder",
 }
 
 SUBPACKAGES = ("core", "kernel", "engine", "transforms", "arrow", "inference")
 
 
 def _public(module) -> set[str]:
-    return {n for n in dir(module) if not n.startswith("_")} - set(SUBPACKAGES) - {
-        "internal", "testing", "cli"  # cli: the beam-jax command, a subpackage
-    }
+    return (
+        {n for n in dir(module) if not n.startswith("_")}
+        - set(SUBPACKAGES)
+        - {
+            "internal",
+            "testing",
+            "cli",  # cli: the beam-jax command, a subpackage
+        }
+    )
 
 
 def test_top_level_exports_exactly_what_pipeline_authors_use():

@@ -34,18 +34,23 @@ def _ids(batch):
 
 def test_bad_files_become_dead_letters_naming_them_and_good_rows_are_all_read(files):
     p = pipeline()
-    batches, dead = p | bj.ReadArrowBatches(
-        str(files / "*.parquet"), columns=["id", "x"], max_rows=3
-    ).with_exception_handling()
+    batches, dead = (
+        p
+        | bj.ReadArrowBatches(
+            str(files / "*.parquet"), columns=["id", "x"], max_rows=3
+        ).with_exception_handling()
+    )
     assert_that(batches | "Ids" >> bj_flat_ids(), equal_to(list(range(20))))
     assert_that(
         dead | "Files" >> _map(lambda r: (r.key.rsplit("/", 1)[-1], r.stage)),
-        equal_to([
-            ("c_truncated.parquet", "read"),
-            ("d_not_parquet.parquet", "read"),
-            ("e_empty.parquet", "read"),
-            ("f_other_columns.parquet", "read"),
-        ]),
+        equal_to(
+            [
+                ("c_truncated.parquet", "read"),
+                ("d_not_parquet.parquet", "read"),
+                ("e_empty.parquet", "read"),
+                ("f_other_columns.parquet", "read"),
+            ]
+        ),
         label="Dead",
     )
 

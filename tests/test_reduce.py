@@ -15,14 +15,17 @@ D = kernels.D
 SPEC = {"x": ArraySpec(("L", D)), "y": ArraySpec(("L",))}
 
 
-
 def examples(n, seed=0):
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
         length = int(rng.integers(1, 30))
-        out.append({"x": rng.standard_normal((length, D)).astype(np.float32),
-                    "y": rng.standard_normal(length).astype(np.float32)})
+        out.append(
+            {
+                "x": rng.standard_normal((length, D)).astype(np.float32),
+                "y": rng.standard_normal(length).astype(np.float32),
+            }
+        )
     return out
 
 
@@ -38,9 +41,13 @@ def reference(elements):
 
 
 def reduce_transform(**kw):
-    return ReduceKernel(kernels.squared_error_grad, spec=SPEC,
-                        bucketing=Bucketing(boundaries={"L": (8, 16, 32)}, batch_size=8),
-                        load_params=kernels.regression_params, **kw)
+    return ReduceKernel(
+        kernels.squared_error_grad,
+        spec=SPEC,
+        bucketing=Bucketing(boundaries={"L": (8, 16, 32)}, batch_size=8),
+        load_params=kernels.regression_params,
+        **kw,
+    )
 
 
 def test_full_batch_gradient_equals_the_sum_over_every_element():
@@ -68,14 +75,19 @@ def test_bad_elements_are_left_out_of_the_sum_and_dead_lettered():
     good = examples(40, seed=1)
     nan = examples(1, seed=2)[0]
     nan["x"][0, 0] = np.nan
-    bad = [("bad_dim", {"x": np.ones((3, D + 1), np.float32), "y": np.ones(3, np.float32)}),
-           ("nan", nan)]
+    bad = [
+        ("bad_dim", {"x": np.ones((3, D + 1), np.float32), "y": np.ones(3, np.float32)}),
+        ("nan", nan),
+    ]
     keyed = [(f"g{i}", e) for i, e in enumerate(good)] + bad
     p = pipeline()
-    total, dead = (p | beam.Create(keyed)
-                   | reduce_transform(keyed=True,
-                                      validation=Validation(check_outputs_finite=True))
-                   .with_exception_handling())
+    total, dead = (
+        p
+        | beam.Create(keyed)
+        | reduce_transform(
+            keyed=True, validation=Validation(check_outputs_finite=True)
+        ).with_exception_handling()
+    )
     want_grad, _ = reference(good)
 
     def check(reductions):
@@ -84,8 +96,11 @@ def test_bad_elements_are_left_out_of_the_sum_and_dead_lettered():
         np.testing.assert_allclose(r.total["grad"]["w"], want_grad, rtol=1e-4)
 
     assert_that(total, check)
-    assert_that(dead | beam.Map(lambda r: (r.key, r.stage)),
-                equal_to([("bad_dim", "validation"), ("nan", "output")]), label="Dead")
+    assert_that(
+        dead | beam.Map(lambda r: (r.key, r.stage)),
+        equal_to([("bad_dim", "validation"), ("nan", "output")]),
+        label="Dead",
+    )
     assert_conserved(run(p))
 
 
@@ -100,7 +115,7 @@ def test_one_reduction_per_window():
         | reduce_transform()
         | beam.Map(lambda r: (r.count, round(float(r.total["loss"]), 1)))
     )
-    want = [(20, round(reference(elements[i:i + 20])[1], 1)) for i in (0, 20, 40)]
+    want = [(20, round(reference(elements[i : i + 20])[1], 1)) for i in (0, 20, 40)]
     assert_that(totals, equal_to(want))
     run(p)
 

@@ -22,7 +22,6 @@ from tests.beam_helpers import pipeline, run
 VOCAB, D = rk.VOCAB, rk.D
 
 
-
 SPEC = {
     "ids": ArraySpec(("L",), np.int32, valid_range=(0, VOCAB)),
     "dense": {"x": ArraySpec(("L", D), np.float32), "scale": ArraySpec((), np.float32)},
@@ -33,8 +32,10 @@ def good(n, seed=0):
     rng = np.random.default_rng(seed)
     return {
         "ids": rng.integers(0, VOCAB, n).astype(np.int32),
-        "dense": {"x": rng.standard_normal((n, D)).astype(np.float32),
-                  "scale": np.float32(seed % 5 + 1)},
+        "dense": {
+            "x": rng.standard_normal((n, D)).astype(np.float32),
+            "scale": np.float32(seed % 5 + 1),
+        },
     }
 
 
@@ -42,8 +43,10 @@ def expected(element):
     table = rk.embed_params()["table"]
     ids = np.asarray(element["ids"]).astype(np.int64)
     x = np.asarray(element["dense"]["x"], np.float32)
-    return {"embedding": table[ids].mean(0),
-            "dense": x.sum(0) * np.float32(element["dense"]["scale"])}
+    return {
+        "embedding": table[ids].mean(0),
+        "dense": x.sum(0) * np.float32(element["dense"]["scale"]),
+    }
 
 
 def with_(n, path, value):
@@ -83,47 +86,102 @@ def bad_inputs():
         ("missing_leaf", without(3, "dense"), "missing keys ['dense']"),
         ("extra_leaf", {**good(3), "mask": np.ones(3)}, "unexpected keys ['mask']"),
         ("nested_missing", without(3, "dense", "scale"), "at ['dense']: missing keys ['scale']"),
-        ("nested_wrong_structure", with_(3, ["dense"], (np.ones((3, D)), np.float32(1))),
-         "at ['dense']: expected a dict with keys ['scale', 'x'], received tuple"),
-        ("not_array", with_(3, ["ids"], [1, 2, 3]),
-         "at ['ids']: expected an array of shape ('L',) and dtype int32, received list"),
-        ("string_dtype", with_(2, ["ids"], np.array(["a", "b"])),
-         "dtype <U1 cannot be cast to int32"),
-        ("object_dtype", with_(2, ["ids"], np.array([1, "a"], dtype=object)),
-         "dtype object cannot be cast to int32"),
-        ("object_of_arrays", with_(2, ["dense", "x"], _object_of_arrays()),
-         "It is an object array (e.g. of arrays or Python objects)"),
-        ("masked_array", with_(2, ["dense", "x"], np.ma.masked_array(
-            [[1e6] * D, [1.0] * D], mask=[[True] * D, [False] * D], dtype=np.float32)),
-         "numpy.ma.MaskedArray, with 4 masked entries whose mask would be dropped"),
-        ("matrix", with_(2, ["dense", "x"], np.matrix(np.ones((2, D), np.float32))),
-         "numpy.matrix, which is always 2-D"),
-        ("record_array", with_(2, ["ids"], np.rec.fromarrays([np.arange(2), np.arange(2)],
-                                                             names="a,b")),
-         "It is a structured (record) array with fields ['a', 'b']"),
+        (
+            "nested_wrong_structure",
+            with_(3, ["dense"], (np.ones((3, D)), np.float32(1))),
+            "at ['dense']: expected a dict with keys ['scale', 'x'], received tuple",
+        ),
+        (
+            "not_array",
+            with_(3, ["ids"], [1, 2, 3]),
+            "at ['ids']: expected an array of shape ('L',) and dtype int32, received list",
+        ),
+        (
+            "string_dtype",
+            with_(2, ["ids"], np.array(["a", "b"])),
+            "dtype <U1 cannot be cast to int32",
+        ),
+        (
+            "object_dtype",
+            with_(2, ["ids"], np.array([1, "a"], dtype=object)),
+            "dtype object cannot be cast to int32",
+        ),
+        (
+            "object_of_arrays",
+            with_(2, ["dense", "x"], _object_of_arrays()),
+            "It is an object array (e.g. of arrays or Python objects)",
+        ),
+        (
+            "masked_array",
+            with_(
+                2,
+                ["dense", "x"],
+                np.ma.masked_array(
+                    [[1e6] * D, [1.0] * D], mask=[[True] * D, [False] * D], dtype=np.float32
+                ),
+            ),
+            "numpy.ma.MaskedArray, with 4 masked entries whose mask would be dropped",
+        ),
+        (
+            "matrix",
+            with_(2, ["dense", "x"], np.matrix(np.ones((2, D), np.float32))),
+            "numpy.matrix, which is always 2-D",
+        ),
+        (
+            "record_array",
+            with_(2, ["ids"], np.rec.fromarrays([np.arange(2), np.arange(2)], names="a,b")),
+            "It is a structured (record) array with fields ['a', 'b']",
+        ),
         ("float_ids", with_(3, ["ids"], np.ones(3)), "dtype float64 cannot be cast to int32"),
-        ("complex_x", with_(3, ["dense", "x"], np.ones((3, D), np.complex64)),
-         "dtype complex64 cannot be cast to float32"),
-        ("wrong_rank", with_(3, ["dense", "x"], np.ones(3, np.float32)),
-         "expected rank 2 (shape ('L', 4)), received rank 1 with shape (3,)"),
-        ("wrong_fixed_dim", with_(3, ["dense", "x"], np.ones((3, D + 1), np.float32)),
-         "axis 1 must have size 4, received shape (3, 5)"),
-        ("scale_not_scalar", with_(3, ["dense", "scale"], np.ones(1, np.float32)),
-         "expected rank 0 (shape ()), received rank 1 with shape (1,)"),
-        ("lengths_disagree", lengths, "ragged axis 'L' has length 3 at ['dense']['x'] axis 0 "
-         "but 4 at ['ids'] axis 0"),
+        (
+            "complex_x",
+            with_(3, ["dense", "x"], np.ones((3, D), np.complex64)),
+            "dtype complex64 cannot be cast to float32",
+        ),
+        (
+            "wrong_rank",
+            with_(3, ["dense", "x"], np.ones(3, np.float32)),
+            "expected rank 2 (shape ('L', 4)), received rank 1 with shape (3,)",
+        ),
+        (
+            "wrong_fixed_dim",
+            with_(3, ["dense", "x"], np.ones((3, D + 1), np.float32)),
+            "axis 1 must have size 4, received shape (3, 5)",
+        ),
+        (
+            "scale_not_scalar",
+            with_(3, ["dense", "scale"], np.ones(1, np.float32)),
+            "expected rank 0 (shape ()), received rank 1 with shape (1,)",
+        ),
+        (
+            "lengths_disagree",
+            lengths,
+            "ragged axis 'L' has length 3 at ['dense']['x'] axis 0 but 4 at ['ids'] axis 0",
+        ),
         ("empty", good(0), "ragged axis 'L' has length 0"),
-        ("too_long", good(17), "has length 17 at ['dense']['x'] axis 0, which exceeds the "
-         "largest bucket (16)"),
+        (
+            "too_long",
+            good(17),
+            "has length 17 at ['dense']['x'] axis 0, which exceeds the largest bucket (16)",
+        ),
         ("nan_input", nan_x, "received NaN or Inf values"),
         ("inf_input", inf_x, "received NaN or Inf values"),
-        ("id_out_of_range", with_(3, ["ids"], np.array([1, VOCAB, 2], np.int32)),
-         f"values must lie in [0, {VOCAB}), received values from 1 to {VOCAB}"),
-        ("negative_id", with_(3, ["ids"], np.array([-1, 0, 2], np.int32)),
-         "received values from -1 to 2"),
+        (
+            "id_out_of_range",
+            with_(3, ["ids"], np.array([1, VOCAB, 2], np.int32)),
+            f"values must lie in [0, {VOCAB}), received values from 1 to {VOCAB}",
+        ),
+        (
+            "negative_id",
+            with_(3, ["ids"], np.array([-1, 0, 2], np.int32)),
+            "received values from -1 to 2",
+        ),
         ("too_many_bytes", good(16), "element is 324 bytes, more than max_element_bytes=300"),
-        ("huge_bad", with_(4, ["dense", "x"], np.zeros((4, 250_000), np.float32)),
-         "axis 1 must have size 4"),
+        (
+            "huge_bad",
+            with_(4, ["dense", "x"], np.zeros((4, 250_000), np.float32)),
+            "axis 1 must have size 4",
+        ),
     ]
 
 
@@ -145,8 +203,9 @@ def close_to(expected_pairs):
         assert len(got) == len(actual) and sorted(got) == sorted(k for k, _ in expected_pairs)
         for key, want in expected_pairs:
             for name in want:
-                np.testing.assert_allclose(got[key][name], want[name], rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{key} {name}")
+                np.testing.assert_allclose(
+                    got[key][name], want[name], rtol=1e-5, atol=1e-6, err_msg=f"{key} {name}"
+                )
 
     return check
 
@@ -200,11 +259,21 @@ def test_bad_input_matrix_each_kind_gives_exactly_one_dead_letter():
 def test_truncate_instead_of_dead_letter():
     p = pipeline()
     long = good(20, seed=3)
-    results = p | beam.Create([("long", long)]) | RunKernel(
-        rk.embed_mean, spec=SPEC, load_params=rk.embed_params, keyed=True,
-        bucketing=Bucketing(boundaries={"L": (4, 8, 16)}, batch_size=8, oversize="truncate"))
-    cut = {"ids": long["ids"][:16],
-           "dense": {"x": long["dense"]["x"][:16], "scale": long["dense"]["scale"]}}
+    results = (
+        p
+        | beam.Create([("long", long)])
+        | RunKernel(
+            rk.embed_mean,
+            spec=SPEC,
+            load_params=rk.embed_params,
+            keyed=True,
+            bucketing=Bucketing(boundaries={"L": (4, 8, 16)}, batch_size=8, oversize="truncate"),
+        )
+    )
+    cut = {
+        "ids": long["ids"][:16],
+        "dense": {"x": long["dense"]["x"][:16], "scale": long["dense"]["scale"]},
+    }
     assert_that(results, close_to([("long", expected(cut))]))
     assert_conserved(run(p))
 
@@ -222,14 +291,20 @@ def test_bisection_isolates_failures_within_the_stated_bound():
     results, dead = (
         p
         | beam.Create(elements)
-        | RunKernel(kernels.failing_mean, spec={"x": ArraySpec(("L", kernels.D))}, keyed=True,
-                    bucketing=Bucketing(boundaries={"L": (4,)}, batch_size=n),
-                    load_params=lambda: np.float32(1.0))
-        .with_exception_handling()
+        | RunKernel(
+            kernels.failing_mean,
+            spec={"x": ArraySpec(("L", kernels.D))},
+            keyed=True,
+            bucketing=Bucketing(boundaries={"L": (4,)}, batch_size=n),
+            load_params=lambda: np.float32(1.0),
+        ).with_exception_handling()
     )
     assert_that(results | beam.Keys(), equal_to(sorted(set(range(n)) - failing)))
-    assert_that(dead | beam.Map(lambda r: (r.key, r.stage)),
-                equal_to([(i, "kernel") for i in failing]), label="Dead")
+    assert_that(
+        dead | beam.Map(lambda r: (r.key, r.stage)),
+        equal_to([(i, "kernel") for i in failing]),
+        label="Dead",
+    )
     summary = assert_conserved(run(p))
     # One batch of n with k failing elements costs at most 1 + 2 k ceil(log2 n) calls.
     bound = 1 + 2 * len(failing) * math.ceil(math.log2(n))
@@ -243,13 +318,19 @@ def test_non_finite_outputs_go_to_dead_letters_when_checked():
         results, dead = (
             p
             | beam.Create(elements)
-            | RunKernel(rk.divide_by_value, spec={"x": ArraySpec(("L", 1))}, keyed=True,
-                        bucketing=Bucketing(boundaries={"L": (4,)}),
-                        validation=Validation(check_outputs_finite=check))
-            .with_exception_handling()
+            | RunKernel(
+                rk.divide_by_value,
+                spec={"x": ArraySpec(("L", 1))},
+                keyed=True,
+                bucketing=Bucketing(boundaries={"L": (4,)}),
+                validation=Validation(check_outputs_finite=check),
+            ).with_exception_handling()
         )
-        assert_that(dead | beam.Map(lambda r: (r.key, r.stage)),
-                    equal_to([(k, "output") for k in want_dead]), label="Dead")
+        assert_that(
+            dead | beam.Map(lambda r: (r.key, r.stage)),
+            equal_to([(k, "output") for k in want_dead]),
+            label="Dead",
+        )
         assert_that(results | beam.Keys(), equal_to([k for k in range(4) if k not in want_dead]))
         assert_conserved(run(p))
 
@@ -262,13 +343,20 @@ def test_out_of_memory_splits_lowers_the_batch_limit_and_isolates_a_poison_eleme
     results, dead = (
         p
         | beam.Create(elements)
-        | RunKernel(rk.memory_hungry, spec={"x": ArraySpec(("L", 2))}, keyed=True,
-                    bucketing=Bucketing(boundaries={"L": (4,)}, batch_size=8), devices=[0])
-        .with_exception_handling()
+        | RunKernel(
+            rk.memory_hungry,
+            spec={"x": ArraySpec(("L", 2))},
+            keyed=True,
+            bucketing=Bucketing(boundaries={"L": (4,)}, batch_size=8),
+            devices=[0],
+        ).with_exception_handling()
     )
     assert_that(results | beam.Keys(), equal_to([i for i in range(40) if i != 21]))
-    assert_that(dead | beam.Map(lambda r: (r.key, r.stage, "RESOURCE_EXHAUSTED" in r.message)),
-                equal_to([(21, "kernel", True)]), label="Dead")
+    assert_that(
+        dead | beam.Map(lambda r: (r.key, r.stage, "RESOURCE_EXHAUSTED" in r.message)),
+        equal_to([(21, "kernel", True)]),
+        label="Dead",
+    )
     summary = assert_conserved(run(p))
     # The first batch of 8 did not fit and both halves of 4 did: the limit dropped to 4 once,
     # and the poison element alone did not drag it lower.
@@ -290,8 +378,12 @@ def test_worker_crash_fails_the_job_loudly_and_a_rerun_is_complete(tmp_path):
         _ = (
             p
             | beam.Create(elements, reshuffle=True)
-            | RunKernel(rk.Crasher(marker), spec={"x": ArraySpec(("L", 2))}, keyed=True,
-                        bucketing=Bucketing(boundaries={"L": (2,)}, batch_size=4))
+            | RunKernel(
+                rk.Crasher(marker),
+                spec={"x": ArraySpec(("L", 2))},
+                keyed=True,
+                bucketing=Bucketing(boundaries={"L": (2,)}, batch_size=4),
+            )
             | beam.Map(lambda kv: str(kv[0]))
             | beam.io.WriteToText(str(out), shard_name_template="")
         )
@@ -335,29 +427,39 @@ def test_dead_letters_are_plain_json_with_bounded_echo():
             raise RuntimeError("no repr")
 
     record = bj.FailedElement.from_exception(
-        ValueError("boom"), stage="validation", element={"text": huge}, key=huge)
+        ValueError("boom"), stage="validation", element={"text": huge}, key=huge
+    )
     data = json.loads(record.to_json())
     assert set(data) == {"key", "element", "stage", "error_type", "message", "traceback"}
     assert len(record.to_json()) < 20_000
-    odd = bj.FailedElement.from_exception(ValueError("x"), stage="kernel", element=BrokenRepr(),
-                                          key=BrokenRepr())
+    odd = bj.FailedElement.from_exception(
+        ValueError("x"), stage="kernel", element=BrokenRepr(), key=BrokenRepr()
+    )
     assert "repr raised RuntimeError" in odd.element and "repr raised" in odd.key
 
 
 # Random pytrees: arrays of random dtype, rank and shape (NaN, empty), wrong containers.
 _arrays = hnp.arrays(
-    dtype=st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.bool_, np.complex64,
-                           np.uint8, np.float16]),
+    dtype=st.sampled_from(
+        [np.float32, np.float64, np.int32, np.int64, np.bool_, np.complex64, np.uint8, np.float16]
+    ),
     shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=20),
     elements=None,
 )
-_leaves = st.one_of(_arrays, st.none(), st.integers(), st.text(max_size=5),
-                    st.just(np.array(["a", "b"])), st.floats())
+_leaves = st.one_of(
+    _arrays,
+    st.none(),
+    st.integers(),
+    st.text(max_size=5),
+    st.just(np.array(["a", "b"])),
+    st.floats(),
+)
 _trees = st.recursive(
     _leaves,
     lambda children: st.one_of(
-        st.dictionaries(st.sampled_from(["ids", "dense", "x", "scale", "zz"]), children,
-                        max_size=3),
+        st.dictionaries(
+            st.sampled_from(["ids", "dense", "x", "scale", "zz"]), children, max_size=3
+        ),
         st.lists(children, max_size=3),
     ),
     max_leaves=6,
@@ -365,8 +467,11 @@ _trees = st.recursive(
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(st.one_of(_trees, st.integers(1, 16).map(lambda n: good(n, n))), min_size=1,
-                max_size=25))
+@given(
+    st.lists(
+        st.one_of(_trees, st.integers(1, 16).map(lambda n: good(n, n))), min_size=1, max_size=25
+    )
+)
 def test_fuzzed_elements_never_escape_and_are_conserved(elements):
     keyed = list(enumerate(elements))
     p = pipeline()
@@ -385,8 +490,10 @@ def test_fuzzed_elements_never_escape_and_are_conserved(elements):
 def test_a_long_error_text_keeps_its_last_line():
     # Errors raised in a JAX callback arrive as XLA text with the actual error last.
     frames = "".join(f'  File "/jax/_src/x{i}.py", line {i}, in f\n' for i in range(2000))
-    text = f"INTERNAL: CpuCallback error: Traceback (most recent call last):\n{frames}" \
-           "RuntimeError: RESOURCE_EXHAUSTED: Out of memory (the line users need)"
+    text = (
+        f"INTERNAL: CpuCallback error: Traceback (most recent call last):\n{frames}"
+        "RuntimeError: RESOURCE_EXHAUSTED: Out of memory (the line users need)"
+    )
     record = bj.FailedElement.from_exception(RuntimeError(text), stage="kernel", element=1)
     assert record.message.startswith("INTERNAL: CpuCallback error")
     assert record.message.endswith("RESOURCE_EXHAUSTED: Out of memory (the line users need)")

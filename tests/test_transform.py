@@ -14,7 +14,6 @@ from tests.beam_helpers import pipeline, run
 D = kernels.D
 
 
-
 def mean_spec():
     return {"x": ArraySpec(("L", D), np.float32)}
 
@@ -40,8 +39,9 @@ def close_to(expected, rtol=1e-5):
         assert len(got) == len(actual), "duplicate keys"
         assert sorted(got) == sorted(k for k, _ in expected), (sorted(got), expected)
         for key, want in expected:
-            for g, w in zip(jax.tree_util.tree_leaves(got[key]), jax.tree_util.tree_leaves(want),
-                            strict=True):
+            for g, w in zip(
+                jax.tree_util.tree_leaves(got[key]), jax.tree_util.tree_leaves(want), strict=True
+            ):
                 assert g.shape == w.shape, (key, g.shape, w.shape)
                 np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6, err_msg=str(key))
 
@@ -66,10 +66,13 @@ def test_two_ragged_axes_keyed_and_cut_back():
     elements = []
     for i in range(30):
         h, w = (int(v) for v in rng.integers(1, 20, 2))
-        elements.append((i, {"image": rng.random((h, w, 3), dtype=np.float32),
-                             "bias": np.float32(i)}))
-    expected = [(k, {"mean": v["image"].mean((0, 1)) + v["bias"], "scaled": v["image"] * 3})
-                for k, v in elements]
+        elements.append(
+            (i, {"image": rng.random((h, w, 3), dtype=np.float32), "bias": np.float32(i)})
+        )
+    expected = [
+        (k, {"mean": v["image"].mean((0, 1)) + v["bias"], "scaled": v["image"] * 3})
+        for k, v in elements
+    ]
     p = pipeline()
     results = (
         p
@@ -130,10 +133,18 @@ def invalid_cases():
         ("not_array", {"x": "text"}, "validation", "InvalidElementError"),
         ("empty", {"x": np.ones((0, D), np.float32)}, "validation", "InvalidElementError"),
         ("too_long", {"x": np.ones((17, D), np.float32)}, "validation", "ElementTooLargeError"),
-        ("raises_a", {"x": np.full((3, D), kernels.SENTINEL, np.float32)}, "kernel",
-         "JaxRuntimeError"),
-        ("raises_b", {"x": np.full((9, D), kernels.SENTINEL, np.float32)}, "kernel",
-         "JaxRuntimeError"),
+        (
+            "raises_a",
+            {"x": np.full((3, D), kernels.SENTINEL, np.float32)},
+            "kernel",
+            "JaxRuntimeError",
+        ),
+        (
+            "raises_b",
+            {"x": np.full((9, D), kernels.SENTINEL, np.float32)},
+            "kernel",
+            "JaxRuntimeError",
+        ),
     ]
 
 
@@ -162,8 +173,12 @@ def test_valid_invalid_and_failing_elements_are_accounted_exactly():
     assert_that(dead, check_records, label="Records")
     summary = assert_conserved(run(p))
     assert summary.results == 40
-    assert summary.dead_letters_by_stage == {"validation": 9, "compile": 0, "kernel": 2,
-                                             "output": 0}
+    assert summary.dead_letters_by_stage == {
+        "validation": 9,
+        "compile": 0,
+        "kernel": 2,
+        "output": 0,
+    }
 
 
 def test_without_exception_handling_a_bad_element_fails_the_pipeline():
@@ -196,14 +211,20 @@ def test_shape_that_fails_to_compile_dead_letters_only_its_bucket():
     results, dead = (
         p
         | beam.Create(elements)
-        | RunKernel(picky, spec=mean_spec(), keyed=True,
-                    bucketing=Bucketing(boundaries={"L": (8, 16)}, batch_size=4))
-        .with_exception_handling()
+        | RunKernel(
+            picky,
+            spec=mean_spec(),
+            keyed=True,
+            bucketing=Bucketing(boundaries={"L": (8, 16)}, batch_size=4),
+        ).with_exception_handling()
     )
     long_keys = [k for k, v in elements if v["x"].shape[0] > 8]
     assert_that(results | beam.Keys(), equal_to([k for k, _ in elements if k not in long_keys]))
-    assert_that(dead | beam.Map(lambda r: (r.key, r.stage, r.error_type)),
-                equal_to([(k, "compile", "TypeError") for k in long_keys]), label="Dead")
+    assert_that(
+        dead | beam.Map(lambda r: (r.key, r.stage, r.error_type)),
+        equal_to([(k, "compile", "TypeError") for k in long_keys]),
+        label="Dead",
+    )
     assert_conserved(run(p))
 
 
@@ -220,10 +241,14 @@ def test_parameters_load_once_per_process_and_multiprocess_results_match(tmp_pat
         _ = (
             p
             | beam.Create(elements, reshuffle=True)
-            | RunKernel(kernels.failing_mean, spec=mean_spec(), load_params=loader, keyed=True,
-                        bucketing=Bucketing(boundaries={"L": (4, 8, 16)}, batch_size=8),
-                        output_spec={"mean": ArraySpec((D,), None),
-                                     "scaled": ArraySpec(("L", D), None)})
+            | RunKernel(
+                kernels.failing_mean,
+                spec=mean_spec(),
+                load_params=loader,
+                keyed=True,
+                bucketing=Bucketing(boundaries={"L": (4, 8, 16)}, batch_size=8),
+                output_spec={"mean": ArraySpec((D,), None), "scaled": ArraySpec(("L", D), None)},
+            )
             | beam.Map(lambda kv: f"{kv[0]} {kv[1]['mean'].astype(np.float32).tobytes().hex()}")
             | beam.io.WriteToText(str(out), shard_name_template="")
         )
@@ -245,13 +270,17 @@ def test_unkeyed_and_batched_kernel():
     results = (
         p
         | beam.Create(values)
-        | RunKernel(batched_sum, spec=mean_spec(), batched=True, precompile=True,
-                    bucketing=Bucketing(boundaries={"L": (8, 16)}, batch_size=8),
-                    validation=Validation(check_outputs_finite=True))
+        | RunKernel(
+            batched_sum,
+            spec=mean_spec(),
+            batched=True,
+            precompile=True,
+            bucketing=Bucketing(boundaries={"L": (8, 16)}, batch_size=8),
+            validation=Validation(check_outputs_finite=True),
+        )
         | beam.Map(float)
     )
     assert_that(results, equal_to([float(n * D) for n in range(1, 17)]))
     summary = assert_conserved(run(p))
     # precompile compiled the whole listed set (2 buckets x sizes {4, 8}) and nothing else.
     assert summary.compiles == 4
-

@@ -12,8 +12,9 @@ SPEC = {"x": ArraySpec(("L", 3), np.float32), "ids": ArraySpec(("L",), np.int32)
 
 def plan(**kw):
     oversize = kw.pop("oversize", "dead_letter")
-    return Plan(SPEC, Bucketing(boundaries={"L": (4, 8)}, oversize=oversize),
-                validation=Validation(**kw))
+    return Plan(
+        SPEC, Bucketing(boundaries={"L": (4, 8)}, oversize=oversize), validation=Validation(**kw)
+    )
 
 
 def good(n=3):
@@ -25,21 +26,43 @@ INVALID = [
     ("None", None, "received NoneType None"),
     ("missing leaf", {"x": np.ones((2, 3))}, "missing keys \\['ids'\\]"),
     ("extra leaf", {**good(), "y": np.ones(2)}, "unexpected keys \\['y'\\]"),
-    ("not an array", {"x": [[1.0, 2.0, 3.0]], "ids": np.arange(1)},
-     "at \\['x'\\]: expected an array of shape \\('L', 3\\) and dtype float32, received list"),
-    ("string dtype", {"x": np.array([["a", "b", "c"]]), "ids": np.arange(1)},
-     "dtype <U1 cannot be cast to float32"),
-    ("complex dtype", {"x": np.ones((2, 3), np.complex64), "ids": np.arange(2)},
-     "dtype complex64 cannot be cast to float32"),
-    ("wrong rank", {"x": np.ones((2, 3, 1)), "ids": np.arange(2)},
-     "expected rank 2 \\(shape \\('L', 3\\)\\), received rank 3 with shape \\(2, 3, 1\\)"),
-    ("wrong fixed dim", {"x": np.ones((2, 4)), "ids": np.arange(2)},
-     "axis 1 must have size 3, received shape \\(2, 4\\)"),
-    ("lengths disagree", {"x": np.ones((2, 3)), "ids": np.arange(5)},
-     "ragged axis 'L' has length 5 at \\['ids'\\] axis 0 but 2 at \\['x'\\] axis 0"),
+    (
+        "not an array",
+        {"x": [[1.0, 2.0, 3.0]], "ids": np.arange(1)},
+        "at \\['x'\\]: expected an array of shape \\('L', 3\\) and dtype float32, received list",
+    ),
+    (
+        "string dtype",
+        {"x": np.array([["a", "b", "c"]]), "ids": np.arange(1)},
+        "dtype <U1 cannot be cast to float32",
+    ),
+    (
+        "complex dtype",
+        {"x": np.ones((2, 3), np.complex64), "ids": np.arange(2)},
+        "dtype complex64 cannot be cast to float32",
+    ),
+    (
+        "wrong rank",
+        {"x": np.ones((2, 3, 1)), "ids": np.arange(2)},
+        "expected rank 2 \\(shape \\('L', 3\\)\\), received rank 3 with shape \\(2, 3, 1\\)",
+    ),
+    (
+        "wrong fixed dim",
+        {"x": np.ones((2, 4)), "ids": np.arange(2)},
+        "axis 1 must have size 3, received shape \\(2, 4\\)",
+    ),
+    (
+        "lengths disagree",
+        {"x": np.ones((2, 3)), "ids": np.arange(5)},
+        "ragged axis 'L' has length 5 at \\['ids'\\] axis 0 but 2 at \\['x'\\] axis 0",
+    ),
     ("empty", good(0), "ragged axis 'L' has length 0 .* Validation\\(allow_empty=True\\)"),
-    ("too long", good(9), "has length 9 .* exceeds the largest bucket \\(8\\); add a larger "
-     "boundary or set Bucketing\\(oversize='truncate'\\)"),
+    (
+        "too long",
+        good(9),
+        "has length 9 .* exceeds the largest bucket \\(8\\); add a larger "
+        "boundary or set Bucketing\\(oversize='truncate'\\)",
+    ),
 ]
 
 
@@ -96,8 +119,7 @@ def test_jax_arrays_are_accepted():
 
 def test_array_likes_with_hidden_semantics_are_refused_by_name_or_honoured():
     # The issue's case: a masked mean would silently use the masked 1e6 values.
-    masked = np.ma.masked_array([[1e6, 1e6, 1e6], [1.0, 2.0, 3.0]],
-                                mask=[[True] * 3, [False] * 3])
+    masked = np.ma.masked_array([[1e6, 1e6, 1e6], [1.0, 2.0, 3.0]], mask=[[True] * 3, [False] * 3])
     with pytest.raises(bj.InvalidElementError, match="MaskedArray, with 3 masked entries"):
         plan().validate({"x": masked, "ids": np.arange(2)})
     # Nothing masked: plain data, honoured as such.

@@ -71,7 +71,7 @@ def _json_rows(pattern: str) -> list[dict]:
 def test_the_example_pipeline_runs_through_beams_yaml_main_on_parquet(tmp_path, expected):
     source = tmp_path / "in.parquet"
     pq.write_table(
-        pa.table({"id": pa.array([*TEXTS, 4], pa.int64()), "text": [*TEXTS.values(), "  "]}),
+        pa.table({"id": pa.array([*TEXTS, 4], pa.int64()), "text": [*TEXTS.values(), None]}),
         source,
     )
     output = tmp_path / "out" / "embeddings"
@@ -85,7 +85,7 @@ def test_the_example_pipeline_runs_through_beams_yaml_main_on_parquet(tmp_path, 
     assert sorted(r["id"] for r in rows) == sorted(TEXTS)
     for r in rows:
         np.testing.assert_allclose(r["embedding"], expected[r["id"]], rtol=1e-5, atol=1e-6)
-    assert [(f["element"]["id"], f["msg"].split("]")[0]) for f in failed] == [("4", "[tokenize")]
+    assert [(f["element"]["id"], f["msg"].split("]")[0]) for f in failed] == [("4", "[validation")]
 
 
 def _json_pipeline(source, output) -> str:
@@ -140,7 +140,7 @@ def _flagship_plan():
 
 def test_without_error_handling_a_bad_row_fails_the_pipeline_and_says_how_to_keep_going():
     p = pipeline()
-    rows = p | beam.Create([beam.Row(id=1, text="fine"), beam.Row(id=2, text="")])
+    rows = p | beam.Create([beam.Row(id=1, text="fine"), beam.Row(id=2, text=None)])
     from pipelines.embed_yaml import EmbedText
 
     _ = rows | EmbedText()

@@ -346,9 +346,7 @@ class BatchEngine:
         m.batches.inc()
         m.padded_size.inc(batch.padded_volume)
         m.real_size.inc(batch.real_volume)
-        m.bucket_batch(
-            buffer.bucket, len(rows), batch.padded_volume, batch.real_volume, latency_ms
-        )
+        m.bucket_batch(buffer.bucket, len(rows), batch.padded_volume, batch.real_volume, latency_ms)
         error = None
         try:
             checked, bad = self._front.check(outputs, batch)

@@ -198,9 +198,7 @@ class KernelTransform(beam.PTransform):
     Subclasses build their DoFn in ``expand`` and call ``_outputs`` on its tagged outputs.
     """
 
-    def __init__(
-        self, fn: Callable[..., Any], *, spec: Any, options: KernelOptions | None, kwargs
-    ):
+    def __init__(self, fn: Callable[..., Any], *, spec: Any, options: KernelOptions | None, kwargs):
         super().__init__()
         if not callable(fn):
             raise SpecError(f"the kernel fn must be callable, got {fn!r}.")
@@ -272,6 +270,7 @@ class KernelTransform(beam.PTransform):
         clone.__dict__.update(self.__dict__)
         clone.cross_bundle = config
         return clone
+
     def start_workers(self) -> StartWorkers:
         """A transform to apply to the pipeline root (``pipeline | t.start_workers()``): the
         worker of this transform is built in the pipeline's first stage, so its parameters

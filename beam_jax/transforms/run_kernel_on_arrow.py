@@ -206,15 +206,11 @@ class RunKernelOnArrow(KernelTransform):
                     )
 
     def expand(self, pcoll):
-        dofn = _ArrowFrontEnd(
-            self.fn, self.spec, self.options, self._handle_errors, self.columns
-        )
+        dofn = _ArrowFrontEnd(self.fn, self.spec, self.options, self._handle_errors, self.columns)
         outputs = pcoll | "RunKernelOnArrow" >> beam.ParDo(dofn).with_output_types(
             pa.RecordBatch
         ).with_outputs(DEAD_LETTERS, main="results")
-        return self._outputs(
-            pcoll, outputs.results, outputs[DEAD_LETTERS], count_inputs=_num_rows
-        )
+        return self._outputs(pcoll, outputs.results, outputs[DEAD_LETTERS], count_inputs=_num_rows)
 
 
 def _num_rows(element) -> int:
