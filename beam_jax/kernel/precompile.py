@@ -31,7 +31,7 @@ class BackgroundCompile:
 
     Example:
         >>> import numpy as np
-        >>> kernel = Kernel(lambda p, x, lengths: x.sum())
+        >>> kernel = Kernel(lambda p, x, lengths: x.sum(), devices=[0])  # one device
         >>> job = BackgroundCompile(kernel, None, [([((2, 3), np.float32)], ())], None)
         >>> job.wait(), kernel.compiles
         (True, 1)
