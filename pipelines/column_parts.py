@@ -18,15 +18,12 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
 import beam_jax as bj
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
-from pipelines import text_rows as tr
-from pipelines.input_files import Inputs
 
 __all__ = [
     "KEY",
@@ -83,7 +80,7 @@ def dead_by_part(record: bj.FailedElement, part_rows: int) -> Any:
     return (file_index, position // part_rows * part_rows), (position, record)
 
 
-class WritePartColumns(beam.DoFn):
+class WritePartColumns(tp.WriteParts):
     """``((file_index, start), {"rows", "results", "dead"})`` in; the part's files written.
 
     As ``text_parts.WriteParts``, from record batches: the embeddings of a part are sorted
@@ -94,14 +91,6 @@ class WritePartColumns(beam.DoFn):
         inputs: The run's inputs, for file names.
         schema: The embeddings' Arrow schema.
     """
-
-    def __init__(self, directory: str, inputs: Inputs, schema: pa.Schema):
-        self._directory = directory
-        self._inputs = inputs
-        self._schema = schema
-
-    def setup(self):
-        self._parts = beam.metrics.Metrics.counter(tr.METRICS_NAMESPACE, "parts_written")
 
     def process(self, element: Any) -> Iterator[str]:
         (file_index, start), groups = element

@@ -29,6 +29,7 @@ from pipelines import corpus, minilm
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
 from pipelines import text_rows as tr
+from pipelines.embed_step import EmbedStep
 from pipelines.input_files import Inputs
 
 __all__ = ["EmbedTextColumns", "ReadColumns", "TokenizeColumns", "build"]
@@ -259,7 +260,7 @@ def _char_lengths(texts: list[str]) -> np.ndarray:
     return np.fromiter(map(len, texts), np.int64, len(texts))
 
 
-class EmbedTextColumns(beam.PTransform):
+class EmbedTextColumns(EmbedStep):
     """Record batches of ``key``, ``id``, ``text`` in; record batches of ``key`` and
     ``output`` (``fixed_size_list<float32, 384>``) and ``FailedElement``s out.
 
@@ -282,40 +283,23 @@ class EmbedTextColumns(beam.PTransform):
         compilation_cache_dir: str | None = None,
         precompile: bool = False,
     ):
-        super().__init__()
+        super().__init__(
+            TokenizeColumns(id_type, model_dir),
+            bj.RunKernelOnArrow(
+                minilm.embed_element,
+                spec={INPUT_IDS: bj.ArraySpec(("L",), np.int32)},
+                columns=bj.ArrowColumns(leaves={INPUT_IDS: INPUT_IDS}, id=KEY),
+                bucketing=bucketing,
+                load_params=functools.partial(tr.load_params, model_dir),
+                compilation_cache_dir=compilation_cache_dir,
+                precompile=precompile,
+            ).with_exception_handling(),
+            tokens_type=pa.RecordBatch,
+        )
         self.id_type = id_type
         self.bucketing = bucketing
         self.model_dir = model_dir
         self.compilation_cache_dir = compilation_cache_dir
-        self._embed = bj.RunKernelOnArrow(
-            minilm.embed_element,
-            spec={INPUT_IDS: bj.ArraySpec(("L",), np.int32)},
-            columns=bj.ArrowColumns(leaves={INPUT_IDS: INPUT_IDS}, id=KEY),
-            bucketing=bucketing,
-            load_params=functools.partial(tr.load_params, model_dir),
-            compilation_cache_dir=compilation_cache_dir,
-            precompile=precompile,
-        ).with_exception_handling()
-
-    def start_workers(self) -> beam.PTransform:
-        """Apply to the pipeline: the model loads and its shapes compile from its start."""
-        return self._embed.start_workers()
-
-    def start_worker_here(self) -> None:
-        """Load the model and start compiling in this process (in-process runners)."""
-        self._embed.start_worker_here()
-
-    def forget_worker_here(self) -> None:
-        """Drop that worker if the pipeline did not take it."""
-        self._embed.forget_worker_here()
-
-    def expand(self, batches):
-        tokens = batches | "Tokenize" >> beam.ParDo(
-            TokenizeColumns(self.id_type, self.model_dir)
-        ).with_output_types(pa.RecordBatch).with_outputs(tr.DEAD_LETTERS, main="tokens")
-        results, kernel_dead = tokens.tokens | "Embed" >> self._embed
-        dead = (tokens[tr.DEAD_LETTERS], kernel_dead) | "AllDeadLetters" >> beam.Flatten()
-        return bj.RunKernelResult(results, dead)
 
 
 def build(

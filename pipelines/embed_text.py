@@ -45,6 +45,7 @@ from pipelines import input_files as inp
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
 from pipelines import text_rows as tr
+from pipelines.embed_step import EmbedStep
 from pipelines.embed_text_flags import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_BUCKETS,
@@ -67,7 +68,7 @@ __all__ = [
 ]
 
 
-class EmbedTexts(beam.PTransform):
+class EmbedTexts(EmbedStep):
     """``RowBatch``es in; ``(key, float32[384])`` results and ``FailedElement``s out.
 
     A row's key is its id, unless the batch gives ``keys`` (this job's are ``"file:row"``,
@@ -95,44 +96,27 @@ class EmbedTexts(beam.PTransform):
         compilation_cache_dir: str | None = None,
         precompile: bool = False,
     ):
-        super().__init__()
-        self.id_type = id_type
-        self.bucketing = bucketing or bj.Bucketing(
+        bucketing = bucketing or bj.Bucketing(
             boundaries={"L": DEFAULT_BUCKETS},
             batch_size=DEFAULT_BATCH_SIZE,
             max_padded_size=DEFAULT_MAX_TOKENS,
         )
+        super().__init__(
+            tr.Tokenize(id_type, model_dir),
+            bj.RunKernel(
+                minilm.embed_element,
+                spec={"input_ids": bj.ArraySpec(("L",), np.int32)},
+                bucketing=bucketing,
+                load_params=functools.partial(tr.load_params, model_dir),
+                keyed=True,
+                compilation_cache_dir=compilation_cache_dir,
+                precompile=precompile,
+            ).with_exception_handling(),
+        )
+        self.id_type = id_type
+        self.bucketing = bucketing
         self.model_dir = model_dir
         self.compilation_cache_dir = compilation_cache_dir
-        self._embed = bj.RunKernel(
-            minilm.embed_element,
-            spec={"input_ids": bj.ArraySpec(("L",), np.int32)},
-            bucketing=self.bucketing,
-            load_params=functools.partial(tr.load_params, model_dir),
-            keyed=True,
-            compilation_cache_dir=compilation_cache_dir,
-            precompile=precompile,
-        ).with_exception_handling()
-
-    def start_workers(self) -> beam.PTransform:
-        """Apply to the pipeline: the model loads and its shapes compile from its start."""
-        return self._embed.start_workers()
-
-    def start_worker_here(self) -> None:
-        """Load the model and start compiling in this process (in-process runners)."""
-        self._embed.start_worker_here()
-
-    def forget_worker_here(self) -> None:
-        """Drop that worker if the pipeline did not take it."""
-        self._embed.forget_worker_here()
-
-    def expand(self, batches):
-        tokens = batches | "Tokenize" >> beam.ParDo(
-            tr.Tokenize(self.id_type, self.model_dir)
-        ).with_outputs(tr.DEAD_LETTERS, main="tokens")
-        results, kernel_dead = tokens.tokens | "Embed" >> self._embed
-        dead = (tokens[tr.DEAD_LETTERS], kernel_dead) | "AllDeadLetters" >> beam.Flatten()
-        return bj.RunKernelResult(results, dead)
 
 
 @dataclasses.dataclass(frozen=True)
