@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -116,6 +117,51 @@ def test_plan_of_json_lines_chars_and_a_wrong_column_or_measure(tmp_path, capsys
         cli.main(["plan", "--input", str(source), "--column", "text", "--measure", "list"])
     with pytest.raises(SystemExit, match="matches no file"):
         cli.main(["plan", "--input", str(tmp_path / "none-*.parquet"), "--column", "text"])
+
+
+def test_plan_with_a_kernel_lists_each_shape_s_analysed_bytes_and_the_batch_limits(
+    tmp_path, capsys
+):
+    lengths = _lengths(300)
+    values = pa.array([np.zeros(n, np.int32) for n in lengths], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"x": values}), tmp_path / "a.parquet")
+    argv = ["--input", str(tmp_path / "a.parquet"), "--column", "x", "--max-buckets", "3",
+            "--kernel", "tests.cli_kernels:attention", "--memory-budget-mib", "4"]  # fmt: skip
+    got = _plan_json(capsys, *argv)
+    memory = got["memory"]
+    budget = 4 << 20
+    assert memory["budget_bytes"] == budget and memory["axis"] == "L"
+    assert memory["boundaries"] == got["plans"][-1]["boundaries"]
+    limits = [memory["limits"][str(b)] for b in memory["boundaries"]]
+    assert limits == sorted(limits, reverse=True) and limits[-1] < limits[0]  # attention
+    for b, limit in zip(memory["boundaries"], limits, strict=True):
+        rows = {r["batch_size"]: r for r in memory["rows"] if r["bucket"] == [b]}
+        assert all(r["limit"] == limit for r in rows.values())
+        assert rows[limit]["chosen"] and rows[limit]["total_bytes"] <= budget
+        assert rows[limit]["total_bytes"] == (
+            rows[limit]["argument_bytes"] + rows[limit]["output_bytes"]
+            + rows[limit]["temp_bytes"] + rows[limit]["hidden_bytes"]
+            + rows[limit]["generated_code_bytes"] - rows[limit]["alias_bytes"]
+        )  # fmt: skip
+        above = [s for s in rows if s > limit]
+        if limit < 64:  # the next allowed size was analysed and does not fit
+            assert above and rows[min(above)]["total_bytes"] > budget
+            assert not rows[min(above)]["fits"]
+
+    assert cli.main(["plan", *argv]) == 0
+    text = capsys.readouterr().out
+    assert "memory of tests.cli_kernels:attention" in text
+    assert "total_mib" in text and "trusted" in text and "fits" in text
+    assert (
+        "batch limit per bucket: "
+        + ", ".join(f"{b}: {v}" for b, v in zip(memory["boundaries"], limits, strict=True))
+        in text
+    )
+    if jax.default_backend() == "cpu":  # CPU devices report no memory: a budget is needed
+        with pytest.raises(SystemExit, match="needs --memory-budget-mib"):
+            cli.main(["plan", *argv[:-2]])
+    with pytest.raises(SystemExit, match="neither 'minilm' nor 'module:attr'"):
+        cli.main(["plan", *argv[:-3], "nope", "--memory-budget-mib", "4"])
 
 
 def test_a_run_s_metrics_file_feeds_the_report_and_its_plot(tmp_path, capsys):

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from beam_jax.cli import lengths as lens
+from beam_jax.cli import memory as mem
 from beam_jax.core.boundaries import plan_boundaries
 from beam_jax.core.buckets import boundary_index
 
@@ -168,6 +169,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add("--tokenizer", help="'minilm' (the embed pipeline's) or a tokenizer.json file")
     add("--plot", metavar="PNG", help="draw the histogram, boundaries and padding curve")
     add("--json", action="store_true", help="print JSON instead of tables")
+    mem.add_arguments(parser)
     parser.set_defaults(main=main)
     return parser
 
@@ -185,6 +187,7 @@ def main(args: argparse.Namespace) -> int:
     plans = plan_budgets(lengths, args.max_buckets, args.max_size)
     if args.plot:
         plot_plan(lengths, plans, args.plot, title=f"{args.input} : {args.column}")
+    memory = mem.analyse(args, plans)
     if args.json:
         out = {
             "input": args.input,
@@ -192,6 +195,8 @@ def main(args: argparse.Namespace) -> int:
             "lengths": _summary(lengths),
             "plans": [dataclasses.asdict(p) for p in plans],
         }
+        if memory is not None:
+            out["memory"] = memory
         print(json.dumps(out, indent=1))
         return 0
     s = _summary(lengths)
@@ -208,6 +213,8 @@ def main(args: argparse.Namespace) -> int:
     print()
     print(f"per bucket, with {plans[-1].num_buckets} buckets:")
     print(format_table(plans[-1].buckets))
+    if memory is not None:
+        print(f"\n{mem.format_memory(memory)}")
     if args.plot:
         print(f"\nplot: {args.plot}")
     return 0
