@@ -49,6 +49,25 @@ class Buffer(Protocol):
         """All rows, or ``rows`` of them, as one padded batch."""
 
 
+class RowBuffer:
+    """A ``Buffer`` of validated elements, each with its front end's tag (where it came
+    from): ``items`` holds ``(tag, Validated)`` pairs, padded by ``plan`` on demand."""
+
+    def __init__(self, plan: Plan, bucket: Bucket, slot: Any):
+        self.bucket = bucket
+        self.slot = slot
+        self.items: list[tuple[Any, Any]] = []
+        self._plan = plan
+
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+    def padded(self, rows: np.ndarray | None = None) -> PaddedBatch:
+        chosen = self.items if rows is None else [self.items[int(r)] for r in rows]
+        return self._plan.pad(self.bucket, [item for _, item in chosen])
+
+
 class FrontEnd(Protocol):
     """What a transform's DoFn tells the engine."""
 

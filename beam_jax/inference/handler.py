@@ -25,8 +25,7 @@ from beam_jax._errors import InferenceBatchError, SpecError
 from beam_jax.core.buckets import Bucket
 from beam_jax.core.dead_letter import VALIDATION, FailedElement
 from beam_jax.core.plan import PaddedBatch, Plan
-from beam_jax.core.validation import Validated
-from beam_jax.engine.batching import BatchEngine, check_row_outputs
+from beam_jax.engine.batching import BatchEngine, RowBuffer, check_row_outputs
 from beam_jax.engine.metrics import KernelMetrics
 from beam_jax.engine.options import KernelOptions, KernelOptionsKwargs, resolve_options
 from beam_jax.engine.worker import Worker, make_plan
@@ -66,24 +65,6 @@ def default_length_fn(plan: Plan) -> Callable[[Any], int] | None:
     return None
 
 
-class _Rows:
-    """One bucket's rows of a RunInference batch (the engine's ``Buffer``)."""
-
-    def __init__(self, plan: Plan, bucket: Bucket, slot: Any):
-        self.bucket = bucket
-        self.slot = slot
-        self.items: list[tuple[int, Validated]] = []  # (index in the batch, element)
-        self._plan = plan
-
-    @property
-    def size(self) -> int:
-        return len(self.items)
-
-    def padded(self, rows: np.ndarray | None = None) -> PaddedBatch:
-        chosen = self.items if rows is None else [self.items[int(r)] for r in rows]
-        return self._plan.pad(self.bucket, [item for _, item in chosen])
-
-
 class _BatchRun:
     """The engine's front end for one ``run_inference`` call: results by batch index."""
 
@@ -92,10 +73,10 @@ class _BatchRun:
         self.results: list[Any] = [None] * size
         self.failures: list[tuple[int, str, BaseException]] = []
 
-    def new_buffer(self, bucket: Bucket, slot: Any, capacity: int) -> _Rows:
-        return _Rows(self._plan, bucket, slot)
+    def new_buffer(self, bucket: Bucket, slot: Any, capacity: int) -> RowBuffer:
+        return RowBuffer(self._plan, bucket, slot)
 
-    def release(self, buffer: _Rows) -> None:
+    def release(self, buffer: RowBuffer) -> None:
         pass
 
     def check(self, outputs: Any, batch: PaddedBatch):
@@ -108,7 +89,7 @@ class _BatchRun:
             self.results[index] = result
         yield from ()
 
-    def source(self, buffer: _Rows, row: int) -> int:
+    def source(self, buffer: RowBuffer, row: int) -> int:
         return buffer.items[row][0]
 
     def dead_letter(self, error: BaseException, stage: str, source: int) -> None:

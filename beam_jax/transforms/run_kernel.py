@@ -6,36 +6,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.utils.windowed_value import WindowedValue
 from typing_extensions import Unpack
 
 from beam_jax.core.buckets import Bucket
 from beam_jax.core.dead_letter import DEAD_LETTERS, VALIDATION
-from beam_jax.core.plan import PaddedBatch
-from beam_jax.core.validation import Validated
-from beam_jax.engine.batching import check_row_outputs
+from beam_jax.engine.batching import RowBuffer, check_row_outputs
 from beam_jax.engine.options import KernelOptions, KernelOptionsKwargs
 from beam_jax.transforms.base import KernelTransform, Source, WorkerDoFn, validate_element
 from beam_jax.transforms.cross_bundle import CrossBundleFrontEnd, buffered_outputs
-
-
-class _RowBuffer:
-    """A bucket's buffered elements (the engine's ``Buffer`` for RunKernel)."""
-
-    def __init__(self, front: ElementsFrontEnd, bucket: Bucket, slot: Any):
-        self.bucket = bucket
-        self.slot = slot
-        self.items: list[tuple[Source, Validated]] = []
-        self._plan = front._plan
-
-    @property
-    def size(self) -> int:
-        return len(self.items)
-
-    def padded(self, rows: np.ndarray | None = None) -> PaddedBatch:
-        chosen = self.items if rows is None else [self.items[int(r)] for r in rows]
-        return self._plan.pad(self.bucket, [item for _, item in chosen])
 
 
 class ElementsFrontEnd(WorkerDoFn):
@@ -67,10 +46,10 @@ class ElementsFrontEnd(WorkerDoFn):
         buffer.items.append((source, item))
         yield from self._engine.added(buffer)
 
-    def new_buffer(self, bucket: Bucket, slot: Any, capacity: int) -> _RowBuffer:
-        return _RowBuffer(self, bucket, slot)
+    def new_buffer(self, bucket: Bucket, slot: Any, capacity: int) -> RowBuffer:
+        return RowBuffer(self._plan, bucket, slot)
 
-    def source(self, buffer: _RowBuffer, row: int) -> Source:
+    def source(self, buffer: RowBuffer, row: int) -> Source:
         return buffer.items[row][0]
 
     def check(self, outputs, batch):
