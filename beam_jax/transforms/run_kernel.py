@@ -78,6 +78,7 @@ class RunKernel(KernelTransform):
     Beam state across bundles instead (see ``CrossBundle`` and docs/streaming.md).
 
     Examples:
+        >>> import numpy as np
         >>> import beam_jax as bj
         >>> spec = {"x": bj.ArraySpec(("L", 64), np.float32)}
         >>> def mean(params, element, lengths):
