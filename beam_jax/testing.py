@@ -6,7 +6,7 @@ import os
 from collections import Counter
 from typing import Any
 
-from beam_jax.engine.metrics import NAMESPACE, Summary, summarize
+from beam_jax._src.engine.metrics import NAMESPACE, Summary, summarize
 
 
 def assert_conserved(result: Any, *, namespace: str = NAMESPACE) -> Summary:

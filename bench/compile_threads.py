@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import numpy as np
 
+    from beam_jax._src.kernel.precompile import BackgroundCompile
     from beam_jax.internal import Kernel
-    from beam_jax.kernel.precompile import BackgroundCompile
     from pipelines import minilm
 
     kernel = Kernel(minilm.embed_element)

@@ -49,8 +49,8 @@ from data import DIM, MAX_LEN, sample_lengths  # noqa: E402
 from kernels import KERNELS, load_params  # noqa: E402
 
 import beam_jax as bj  # noqa: E402
-from beam_jax.engine import metrics as engine_metrics  # noqa: E402
-from beam_jax.engine.metrics import FLUSH_CAUSES, _wait_quantile  # noqa: E402
+from beam_jax._src.engine import metrics as engine_metrics  # noqa: E402
+from beam_jax._src.engine.metrics import FLUSH_CAUSES, _wait_quantile  # noqa: E402
 
 MODES = ("large_bundle", "small_bundle", "cross_bundle", "fnapi_large", "fnapi_cross")
 SPEC = {"x": bj.ArraySpec(("L", DIM), np.float32)}
@@ -79,7 +79,7 @@ class _Counter:
 
 
 class InProcessMetrics:
-    """Stands in for ``apache_beam.metrics.Metrics`` in ``beam_jax.engine.metrics``: the
+    """Stands in for ``apache_beam.metrics.Metrics`` in ``beam_jax._src.engine.metrics``: the
     direct runner's streaming mode keeps only one bundle's metric updates per step, so the
     benchmark counts in this process (the direct runner runs DoFns here)."""
 

@@ -16,8 +16,8 @@ import pytest
 import tomllib
 
 import beam_jax as bj
-from beam_jax.cli import main as cli
-from beam_jax.cli import plan, report
+from beam_jax._src.cli import main as cli
+from beam_jax._src.cli import plan, report
 from beam_jax.internal import padding_ratio
 from tests import flagship as ft
 
@@ -49,7 +49,7 @@ def _red_columns(png: pathlib.Path, left_fraction: float) -> int:
 def test_the_console_script_is_declared_and_every_subcommand_has_help(capsys):
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, function = scripts["beam-jax"].partition(":")
-    assert (module, function) == ("beam_jax.cli.main", "main")
+    assert (module, function) == ("beam_jax._src.cli.main", "main")
     for command in (["--help"], ["plan", "--help"], ["report", "--help"], ["embed", "--help"],
                     ["curate", "--help"]):  # fmt: skip
         with pytest.raises(SystemExit) as done:
@@ -196,7 +196,7 @@ def test_a_run_s_metrics_file_feeds_the_report_and_its_plot(tmp_path, capsys):
 
 
 def test_beam_jax_help_prints_no_warning():
-    done = subprocess.run([sys.executable, "-m", "beam_jax.cli.main", "--help"],
+    done = subprocess.run([sys.executable, "-m", "beam_jax", "--help"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
     assert done.returncode == 0 and "plan" in done.stdout
     assert done.stderr == "", done.stderr

@@ -12,8 +12,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import FixedWindows, TimestampedValue
 
 import beam_jax as bj
-from beam_jax.core.tree_codec import decode_tree, encode_tree
-from beam_jax.transforms.cross_bundle import BufferedElement, BufferedElementCoder
+from beam_jax._src.core.tree_codec import decode_tree, encode_tree
+from beam_jax._src.transforms.cross_bundle import BufferedElement, BufferedElementCoder
 from tests import kernels
 from tests.beam_helpers import pipeline, run
 from tests.stream_helpers import Collect, runner_time, streaming_pipeline

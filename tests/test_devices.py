@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from jax.sharding import NamedSharding, PartitionSpec
 
 import beam_jax as bj
-from beam_jax.engine import worker as _worker
+from beam_jax._src.engine import worker as _worker
 from beam_jax.internal import Kernel, select_devices
 from tests import _runner_job as job
 from tests import kernels

@@ -5,7 +5,7 @@ import pathlib
 import re
 
 import beam_jax as bj
-from beam_jax.engine.metrics import FLUSH_CAUSES, WAIT_BOUNDS_MS, KernelMetrics
+from beam_jax._src.engine.metrics import FLUSH_CAUSES, WAIT_BOUNDS_MS, KernelMetrics
 
 GUIDE = pathlib.Path(__file__).parent.parent / "docs" / "guide.md"
 

@@ -11,6 +11,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
+from beam_jax._src.kernel.memory import hidden_fusion_bytes
 from beam_jax.internal import (
     Kernel,
     Plan,
@@ -20,7 +21,6 @@ from beam_jax.internal import (
     fit_plan,
     search_limits,
 )
-from beam_jax.kernel.memory import hidden_fusion_bytes
 from beam_jax.testing import assert_conserved
 from tests import reliability_kernels as rk
 from tests.beam_helpers import pipeline, run

@@ -15,7 +15,7 @@ from apache_beam.ml.inference.base import RunInference
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
-from beam_jax.inference.handler import _value_length
+from beam_jax._src.inference.handler import _value_length
 from tests.beam_helpers import pipeline, run
 from tests.kernels import D, attention_params, masked_attention_pool, reference_attention_pool
 

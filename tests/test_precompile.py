@@ -8,8 +8,8 @@ import numpy as np
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
+from beam_jax._src.kernel.precompile import BackgroundCompile
 from beam_jax.internal import Kernel
-from beam_jax.kernel.precompile import BackgroundCompile
 from beam_jax.testing import CountingLoader, assert_conserved
 from tests.beam_helpers import pipeline, run
 
@@ -114,7 +114,7 @@ def test_start_workers_builds_the_worker_once_in_the_first_stage(tmp_path):
 
 
 def test_start_workers_alone_builds_and_keeps_a_worker(tmp_path):
-    from beam_jax.transforms import base
+    from beam_jax._src.transforms import base
 
     loader = CountingLoader(tmp_path / "loads", np.float32(1.0))
     embed = bj.RunKernel(
@@ -131,7 +131,7 @@ def test_start_workers_alone_builds_and_keeps_a_worker(tmp_path):
 def test_a_full_batch_whose_shape_is_compiling_waits_while_ready_shapes_run():
     from apache_beam.transforms.window import GlobalWindow
 
-    from beam_jax.transforms.run_kernel import ElementsFrontEnd
+    from beam_jax._src.transforms.run_kernel import ElementsFrontEnd
 
     release = threading.Event()
 

@@ -7,7 +7,7 @@ import typing
 
 import beam_jax as bj
 import beam_jax.internal as internal
-from beam_jax.engine.options import KernelOptions, KernelOptionsKwargs
+from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
 
 TOP_LEVEL = {
     # transforms and their results
@@ -154,11 +154,11 @@ def test_imports_only_go_down_the_layers():
     beside kernel and is used by transforms; inference (RunInference's model handlers, a
     front end of the engine, and RunKernel on YAML rows) sits on top of transforms."""
     rank = {"core": 0, "arrow": 1, "kernel": 1, "engine": 2, "transforms": 3, "inference": 4}
-    root = pathlib.Path(bj.__file__).parent
+    root = pathlib.Path(bj.__file__).parent / "_src"
     for package, level in rank.items():
         for path in (root / package).glob("*.py"):
-            module = importlib.import_module(f"beam_jax.{package}.{path.stem}")
+            module = importlib.import_module(f"beam_jax._src.{package}.{path.stem}")
             text = path.read_text()
             for other, other_level in rank.items():
-                if other != package and f"from beam_jax.{other}" in text:
+                if other != package and f"from beam_jax._src.{other}" in text:
                     assert other_level < level, (module.__name__, other)

@@ -7,7 +7,7 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
-from beam_jax.arrow.io import _ReadRowGroup
+from beam_jax._src.arrow.io import _ReadRowGroup
 from tests.beam_helpers import pipeline, run
 
 

@@ -252,7 +252,7 @@ def test_run_kernel_on_rows_in_yaml_equals_run_kernel_and_dead_letters_bad_rows(
 
 
 def test_run_kernel_on_rows_explains_a_bad_configuration():
-    from beam_jax.inference.rows import RunKernelOnRows
+    from beam_jax._src.inference.rows import RunKernelOnRows
 
     fields = {"x": {"shape": ["L", D]}}
     with pytest.raises(bj.SpecError, match="not an importable 'module.function'"):

@@ -1,0 +1,220 @@
+"""``beam-jax plan``: the best bucket boundaries of a column for each compile budget.
+
+For budgets 1..K, :func:`plan_budgets` runs the library's planner
+(``beam_jax.plan_boundaries``, an exact dynamic programme) on the column's lengths and
+measures the padding each plan gives. The text table, ``--json`` and ``--plot`` are views
+of the same :class:`BudgetPlan` list. Per-bucket columns come from :data:`BUCKET_COLUMNS`:
+each is a function ``(lengths in the bucket, boundary) -> value``, so a further column
+(e.g. the memory a bucket's batch needs) is one more entry.
+
+Example:
+    >>> plans = plan_budgets(np.array([3, 4, 8, 8, 30]), max_buckets=2)
+    >>> [(p.num_buckets, p.boundaries) for p in plans]
+    [(1, (30,)), (2, (8, 30))]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from beam_jax._src.cli import lengths as lens
+from beam_jax._src.cli import memory as mem
+from beam_jax._src.core.boundaries import plan_boundaries
+from beam_jax._src.core.buckets import boundary_index
+
+__all__ = ["BUCKET_COLUMNS", "BudgetPlan", "add_parser", "main", "plan_budgets", "plot_plan"]
+
+# Per-bucket columns: name -> f(lengths of the bucket's elements, the boundary) -> number.
+BUCKET_COLUMNS: dict[str, Callable[[np.ndarray, int], float]] = {
+    "elements": lambda x, b: int(len(x)),
+    "longest": lambda x, b: int(x.max()) if len(x) else 0,
+    "padding": lambda x, b: float(b * len(x) / max(int(x.sum()), 1)) if len(x) else float("nan"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetPlan:
+    """The best boundaries for one budget, and what they give.
+
+    Attributes:
+        num_buckets: The budget (the plan may use fewer when there are fewer lengths).
+        boundaries: The boundaries.
+        padding_ratio: Padded over real length of the column (batch rows excluded).
+        buckets: One dict per boundary: ``boundary`` and the :data:`BUCKET_COLUMNS`.
+    """
+
+    num_buckets: int
+    boundaries: tuple[int, ...]
+    padding_ratio: float
+    buckets: tuple[dict[str, Any], ...]
+
+
+def plan_budgets(
+    lengths: np.ndarray, max_buckets: int = 8, max_size: int | None = None
+) -> list[BudgetPlan]:
+    """A :class:`BudgetPlan` for each budget 1..``max_buckets``.
+
+    Args:
+        lengths: The column's lengths (non-negative ints).
+        max_buckets: The largest budget.
+        max_size: If given, the last boundary is exactly this; longer elements count as it.
+    """
+    lengths = np.maximum(np.asarray(lengths, np.int64), 1)
+    if max_size is not None:
+        lengths = np.minimum(lengths, max_size)
+    plans = []
+    for k in range(1, max_buckets + 1):
+        bounds = plan_boundaries(lengths, k, max_size=max_size)
+        index = np.minimum(boundary_index(np.asarray(bounds), lengths), len(bounds) - 1)
+        padded = int(np.asarray(bounds, np.int64)[index].sum())
+        buckets = []
+        for i, b in enumerate(bounds):
+            inside = lengths[index == i]
+            row: dict[str, Any] = {"boundary": int(b)}
+            row.update({name: f(inside, int(b)) for name, f in BUCKET_COLUMNS.items()})
+            buckets.append(row)
+        plans.append(BudgetPlan(k, tuple(bounds), padded / int(lengths.sum()), tuple(buckets)))
+    return plans
+
+
+def _summary(lengths: np.ndarray) -> dict[str, Any]:
+    q = np.percentile(lengths, [50, 90, 99]) if len(lengths) else [0, 0, 0]
+    return {
+        "rows": int(len(lengths)),
+        "min": int(lengths.min()),
+        "mean": float(lengths.mean()),
+        "p50": float(q[0]),
+        "p90": float(q[1]),
+        "p99": float(q[2]),
+        "max": int(lengths.max()),
+    }
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows of dicts as aligned text columns (floats with two decimals)."""
+    if not rows:
+        return ""
+    heads = list(rows[0])
+    cell = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
+    cells = [[cell(r.get(h, "")) for h in heads] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    line = lambda vs: "  ".join(v.rjust(w) for v, w in zip(vs, widths, strict=True))  # noqa: E731
+    return "\n".join([line(heads), *(line(c) for c in cells)])
+
+
+def plot_plan(lengths: np.ndarray, plans: Sequence[BudgetPlan], path: str, *, title: str = ""):
+    """Draws the length histogram with the largest budget's boundaries (one dashed line
+    each), and padding versus number of buckets; saves a PNG to ``path``.
+
+    Returns:
+        The matplotlib ``Figure`` (axes 0: histogram, axes 1: the padding curve).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    hist, curve = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    chosen = plans[-1]
+    top = max(int(lengths.max()), chosen.boundaries[-1])
+    hist.hist(lengths, bins=min(100, max(10, top)), range=(0, top + 1), color="#4c72b0")
+    for b in chosen.boundaries:
+        hist.axvline(b, color="#c44e52", linestyle="--", linewidth=1)
+    hist.set_xlabel("length")
+    hist.set_ylabel("elements")
+    hist.set_title(
+        f"{len(lengths):,} lengths; {len(chosen.boundaries)} boundaries "
+        f"(padding {chosen.padding_ratio:.2f}x)"
+    )
+    ks = [p.num_buckets for p in plans]
+    curve.plot(ks, [p.padding_ratio for p in plans], marker="o", color="#c44e52")
+    curve.set_xlabel("buckets (compiled shapes per batch size)")
+    curve.set_ylabel("padded / real length")
+    curve.set_xticks(ks)
+    curve.set_title("padding versus buckets")
+    curve.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=100)
+    return fig
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "plan",
+        help="best bucket boundaries of a column for each compile budget",
+        description="Read one column of Parquet or JSON-lines files, and print for each "
+        "budget 1..K the bucket boundaries that minimise padding and the padding ratio they "
+        "give (padded / real length); optionally draw them.",
+    )
+    add = parser.add_argument
+    add("--input", required=True, help="a Parquet or JSON-lines file, glob or directory")
+    add("--column", required=True, help="the column to measure")
+    add("--max-buckets", type=int, default=8, help="the largest budget K (default 8)")
+    add("--max-size", type=int, help="the last boundary, e.g. the model's longest input")
+    add(
+        "--measure",
+        choices=lens.MEASURES,
+        default="auto",
+        help="list lengths, string chars or bytes, or token counts (auto: lists' lengths, "
+        "strings' tokens with --tokenizer, else chars)",
+    )
+    add("--tokenizer", help="'minilm' (the embed pipeline's) or a tokenizer.json file")
+    add("--plot", metavar="PNG", help="draw the histogram, boundaries and padding curve")
+    add("--json", action="store_true", help="print JSON instead of tables")
+    mem.add_arguments(parser)
+    parser.set_defaults(main=main)
+    return parser
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.max_buckets < 1:
+        sys.exit(f"beam-jax plan: --max-buckets must be >= 1, got {args.max_buckets}")
+    try:
+        column = lens.read_column(args.input, args.column)
+        lengths = lens.column_lengths(column, args.measure, args.tokenizer)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        sys.exit(f"beam-jax plan: {e.args[0] if isinstance(e, KeyError) else e}")
+    if len(lengths) == 0:
+        sys.exit(f"beam-jax plan: column {args.column!r} of {args.input} has no non-null values")
+    plans = plan_budgets(lengths, args.max_buckets, args.max_size)
+    if args.plot:
+        plot_plan(lengths, plans, args.plot, title=f"{args.input} : {args.column}")
+    memory = mem.analyse(args, plans)
+    if args.json:
+        out = {
+            "input": args.input,
+            "column": args.column,
+            "lengths": _summary(lengths),
+            "plans": [dataclasses.asdict(p) for p in plans],
+        }
+        if memory is not None:
+            out["memory"] = memory
+        print(json.dumps(out, indent=1))
+        return 0
+    s = _summary(lengths)
+    print(
+        f"{args.column}: {s['rows']:,} values, length min {s['min']}, median {s['p50']:.0f}, "
+        f"p90 {s['p90']:.0f}, p99 {s['p99']:.0f}, max {s['max']}"
+    )
+    print()
+    print(format_table([
+        {"buckets": p.num_buckets, "padding": p.padding_ratio,
+         "boundaries": ",".join(map(str, p.boundaries))}
+        for p in plans
+    ]))  # fmt: skip
+    print()
+    print(f"per bucket, with {plans[-1].num_buckets} buckets:")
+    print(format_table(plans[-1].buckets))
+    if memory is not None:
+        print(f"\n{mem.format_memory(memory)}")
+    if args.plot:
+        print(f"\nplot: {args.plot}")
+    return 0

@@ -1,0 +1,230 @@
+"""Bucketing configuration: boundaries per ragged axis and batch sizes per bucket."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from beam_jax._src.errors import SpecError
+
+Bucket = tuple[int, ...]
+
+
+def default_boundaries(max_size: int, *, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from ``smallest`` up to ``max_size``, ending exactly at ``max_size``.
+
+    This is the documented default when a ragged axis is given only its largest size.
+
+    Examples:
+        >>> default_boundaries(384)
+        (16, 32, 64, 128, 256, 384)
+    """
+    if max_size < 1:
+        raise SpecError(f"max_size must be >= 1, got {max_size}.")
+    out = []
+    b = smallest
+    while b < max_size:
+        out.append(b)
+        b *= 2
+    out.append(max_size)
+    return tuple(out)
+
+
+def default_batch_sizes(max_batch: int) -> tuple[int, ...]:
+    """Powers of two below ``max_batch``, then ``max_batch`` itself.
+
+    Examples:
+        >>> default_batch_sizes(48)
+        (1, 2, 4, 8, 16, 32, 48)
+    """
+    out = []
+    b = 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    out.append(max_batch)
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucketing:
+    """How elements are grouped into padded batches.
+
+    Each ragged axis has sorted bucket boundaries; an element goes to the smallest boundary
+    that fits on every axis, so a bucket is one boundary per axis. The batch dimension is
+    padded up to one of ``batch_sizes``, so the kernel only ever sees
+    ``len(buckets) x len(batch_sizes)`` shapes, all known before the job starts.
+
+    Examples:
+        >>> b = Bucketing(boundaries={"L": 512}, batch_size=32, max_padded_size=4096)
+        >>> b.boundaries["L"]
+        (16, 32, 64, 128, 256, 512)
+
+    Args:
+        boundaries: per ragged-axis name, either a strictly increasing sequence of
+            boundaries or one ``int`` maximum, expanded with ``default_boundaries``.
+        batch_size: the most elements in one batch; an ``int`` for every bucket, or a mapping
+            from bucket (a tuple with one boundary per axis, in spec order) to ``int``.
+        max_padded_size: optional budget on batch rows x padded bucket volume (e.g. padded
+            tokens per batch), so long buckets get smaller batches.
+        batch_sizes: the allowed sizes of the padded batch dimension; default powers of two up
+            to the largest batch size, then that size. A mapping from bucket to sizes gives
+            each bucket its own (as ``plan_bucketing`` does).
+        oversize: what to do with an element longer than the largest boundary:
+            ``"dead_letter"`` (default) or ``"truncate"`` to the largest boundary.
+    """
+
+    boundaries: Mapping[str, Sequence[int] | int] = dataclasses.field(default_factory=dict)
+    batch_size: int | Mapping[Bucket, int] = 32
+    max_padded_size: int | None = None
+    batch_sizes: tuple[int, ...] | Mapping[Bucket, tuple[int, ...]] | None = None
+    oversize: Literal["dead_letter", "truncate"] = "dead_letter"
+
+    def __post_init__(self):
+        if not isinstance(self.boundaries, Mapping):
+            raise SpecError(
+                f"boundaries must map ragged-axis names to boundaries, got {self.boundaries!r}; "
+                "e.g. boundaries={'L': (64, 128, 256)}."
+            )
+        norm = {}
+        for name, value in self.boundaries.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = default_boundaries(value)
+            value = tuple(int(v) for v in value)
+            if not value or value[0] < 1 or list(value) != sorted(set(value)):
+                raise SpecError(
+                    f"boundaries for axis {name!r} must be positive and strictly increasing, "
+                    f"got {value}."
+                )
+            norm[name] = value
+        object.__setattr__(self, "boundaries", norm)
+        sizes = (
+            self.batch_size.values() if isinstance(self.batch_size, Mapping) else [self.batch_size]
+        )
+        for s in sizes:
+            if not isinstance(s, int) or isinstance(s, bool) or s < 1:
+                raise SpecError(f"batch_size must be a positive int, got {s!r}.")
+        if isinstance(self.batch_size, Mapping):
+            object.__setattr__(
+                self, "batch_size", {tuple(k): int(v) for k, v in self.batch_size.items()}
+            )
+        if self.max_padded_size is not None and self.max_padded_size < 1:
+            raise SpecError(f"max_padded_size must be positive, got {self.max_padded_size}.")
+        if isinstance(self.batch_sizes, Mapping):
+            object.__setattr__(
+                self,
+                "batch_sizes",
+                {tuple(k): _sizes(v, k) for k, v in self.batch_sizes.items()},
+            )
+        elif self.batch_sizes is not None:
+            object.__setattr__(self, "batch_sizes", _sizes(self.batch_sizes))
+        if self.oversize not in ("dead_letter", "truncate"):
+            raise SpecError(f"oversize must be 'dead_letter' or 'truncate', got {self.oversize!r}.")
+
+    @classmethod
+    def from_sample(
+        cls,
+        lengths: Mapping[str, Sequence[int]],
+        *,
+        num_buckets: int = 8,
+        max_size: int | Mapping[str, int] | None = None,
+        **kwargs: Any,
+    ) -> Bucketing:
+        """Bucketing whose boundaries minimise padding over a sample of lengths.
+
+        Each axis gets at most ``num_buckets`` boundaries chosen by ``plan_boundaries``, so
+        the compile budget is ``num_buckets`` per axis times the batch sizes.
+
+        Examples:
+            >>> b = Bucketing.from_sample({"L": [3, 4, 4, 9, 30]}, num_buckets=2, max_size=64)
+            >>> b.boundaries["L"]
+            (9, 64)
+
+        Args:
+            lengths: per ragged-axis name, a sample of that axis's lengths.
+            num_buckets: the most boundaries per axis.
+            max_size: the largest boundary (one ``int`` for every axis, or per axis), so
+                longer elements than the sample's still fit; default the sample's maximum.
+            **kwargs: the other ``Bucketing`` fields (``batch_size``, ``max_padded_size``...).
+        """
+        from beam_jax._src.core.boundaries import plan_boundaries
+
+        if not isinstance(lengths, Mapping) or not lengths:
+            raise SpecError(
+                f"lengths must map ragged-axis names to samples of lengths, got "
+                f"{type(lengths).__name__}; e.g. Bucketing.from_sample({{'L': lengths}})."
+            )
+        boundaries = {}
+        for name, sample in lengths.items():
+            top = max_size.get(name) if isinstance(max_size, Mapping) else max_size
+            boundaries[name] = plan_boundaries(sample, num_buckets, max_size=top)
+        return cls(boundaries=boundaries, **kwargs)
+
+    def batch_sizes_for(self, bucket: Bucket) -> tuple[int, ...] | None:
+        """The allowed batch sizes of ``bucket`` as given (``None``: the defaults)."""
+        if isinstance(self.batch_sizes, Mapping):
+            if bucket not in self.batch_sizes:
+                raise SpecError(
+                    f"batch_sizes has no entry for bucket {bucket}; it has "
+                    f"{sorted(self.batch_sizes)}. Give every bucket its sizes."
+                )
+            return self.batch_sizes[bucket]
+        return self.batch_sizes
+
+    def max_batch_size(self, bucket: Bucket) -> int:
+        """The largest number of elements in a batch of ``bucket``, before any budget."""
+        if isinstance(self.batch_size, Mapping):
+            if bucket not in self.batch_size:
+                raise SpecError(
+                    f"batch_size has no entry for bucket {bucket}; it has "
+                    f"{sorted(self.batch_size)}. Give every bucket a size."
+                )
+            return self.batch_size[bucket]
+        return self.batch_size
+
+
+def _sizes(sizes, bucket=None) -> tuple[int, ...]:
+    where = "" if bucket is None else f" for bucket {tuple(bucket)}"
+    try:
+        bs = tuple(int(b) for b in sizes)
+    except (TypeError, ValueError):
+        bs = ()
+    if not bs or bs[0] < 1 or list(bs) != sorted(set(bs)):
+        raise SpecError(
+            f"batch_sizes{where} must be positive and strictly increasing ints, got {sizes!r}."
+        )
+    return bs
+
+
+def boundary_index(boundaries: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per length, the index of the smallest boundary that fits it: the one bucketing rule.
+
+    ``len(boundaries)`` where no boundary fits. Every path (one element, Arrow columns,
+    boundary planning) assigns buckets through this function.
+
+    Examples:
+        >>> boundary_index(np.array([4, 8]), np.array([1, 4, 5, 9])).tolist()
+        [0, 0, 1, 2]
+    """
+    return np.searchsorted(boundaries, lengths, side="left")
+
+
+def bucket_index(boundaries: tuple[np.ndarray, ...], lengths: np.ndarray) -> np.ndarray:
+    """Per row of ``lengths`` (``int[n, num_axes]``), its bucket's flat index.
+
+    Buckets are numbered in ``itertools.product(*boundaries)`` order. Lengths must fit the
+    largest boundary of every axis (validation guarantees it).
+    """
+    lengths = np.asarray(lengths)
+    if not boundaries:
+        return np.zeros(len(lengths), np.int64)
+    index = [boundary_index(b, lengths[:, k]) for k, b in enumerate(boundaries)]
+    return np.ravel_multi_index(index, [len(b) for b in boundaries])
+
+
+def round_up(n: int, multiple: int) -> int:
+    return int(math.ceil(n / multiple) * multiple)

@@ -1,0 +1,297 @@
+"""The batching plan: buckets, batch sizes, padding and unpadding (pure numpy)."""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import dataclasses
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from beam_jax._src.core.buckets import (
+    Bucket,
+    Bucketing,
+    bucket_index,
+    default_batch_sizes,
+    round_up,
+)
+from beam_jax._src.core.outputs import BatchOutputs, check_outputs
+from beam_jax._src.core.spec import Layout, as_layout
+from beam_jax._src.core.validation import Validated, Validation, validate
+from beam_jax._src.errors import SpecError
+
+_ALIGN = 64
+_BUCKET_MEMO_SIZE = 1 << 16
+
+
+def aligned_full(shape: tuple[int, ...], value: Any, dtype: Any) -> np.ndarray:
+    """``np.full`` with the data 64-byte aligned.
+
+    XLA:CPU reads an aligned host array in place, so a batch is not copied again on its
+    way to the kernel (measured 0.5 ms per 8 MB batch on CPU; numpy alone aligns to 16).
+    """
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    offset = (-raw.ctypes.data) % _ALIGN
+    out = raw[offset : offset + nbytes].view(dtype).reshape(shape)
+    out.fill(value)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedBatch:
+    """One padded batch, ready for the kernel.
+
+    Attributes:
+        bucket: one boundary per ragged axis.
+        leaves: the padded leaves, each with a leading batch dimension of ``size``.
+        lengths: per ragged-axis name, ``int32[size]`` true lengths (0 on padded rows).
+        num_real: how many leading rows are real elements.
+        size: the padded batch dimension.
+    """
+
+    bucket: Bucket
+    leaves: tuple[np.ndarray, ...]
+    lengths: dict[str, np.ndarray]
+    num_real: int
+    size: int
+
+    @property
+    def padded_volume(self) -> int:
+        """Batch rows times the bucket's volume: the work the kernel does."""
+        return self.size * math.prod(self.bucket)
+
+    @property
+    def real_volume(self) -> int:
+        """The real rows' volumes summed: the work that was asked for."""
+        if not self.lengths:
+            return self.num_real
+        stacked = np.stack([v[: self.num_real] for v in self.lengths.values()], axis=1)
+        return int(np.prod(stacked.astype(np.int64), axis=1).sum())
+
+    def lengths_matrix(self, names: Sequence[str]) -> np.ndarray:
+        """``int[num_real, len(names)]``: the real rows' lengths, axes in ``names`` order."""
+        if not names:
+            return np.zeros((self.num_real, 0), np.int64)
+        return np.stack([self.lengths[n][: self.num_real] for n in names], axis=1)
+
+
+class Plan:
+    """Everything about batching that can be decided before the job starts.
+
+    Examples:
+        >>> import numpy as np
+        >>> from beam_jax import ArraySpec, Bucketing
+        >>> plan = Plan(ArraySpec(("L",)), Bucketing(boundaries={"L": (4, 8)}, batch_size=2))
+        >>> plan.bucket_for((5,)), len(plan.shapes())
+        ((8,), 4)
+
+    Args:
+        spec: the element spec (an ``ArraySpec`` or a pytree of them).
+        bucketing: bucket boundaries and batch sizes.
+        validation: input checks.
+        output_spec: optional pytree of ``ArraySpec`` matching the kernel's per-element
+            output; its named axes are cut back to each element's own length.
+        num_devices: batch sizes are rounded up to a multiple of this, so batches shard
+            evenly over the worker's devices.
+    """
+
+    def __init__(
+        self,
+        spec: Any,
+        bucketing: Bucketing | None = None,
+        *,
+        validation: Validation | None = None,
+        output_spec: Any = None,
+        num_devices: int = 1,
+    ):
+        self.layout: Layout = as_layout(spec)
+        self.bucketing = bucketing or Bucketing()
+        self.validation = validation or Validation()
+        self.output_layout = None if output_spec is None else as_layout(output_spec)
+        self.num_devices = int(num_devices)
+        names = self.layout.axis_names
+        missing = [n for n in names if n not in self.bucketing.boundaries]
+        if missing:
+            raise SpecError(
+                f"ragged axes {missing} have no bucket boundaries; give them, e.g. "
+                f"Bucketing(boundaries={{{missing[0]!r}: 512}}) for the default powers of two "
+                "up to 512, or plan them from a sample with plan_boundaries()."
+            )
+        unknown = [n for n in self.bucketing.boundaries if n not in names]
+        if unknown:
+            raise SpecError(
+                f"Bucketing names axes {unknown} that no leaf of the spec uses; the spec's "
+                f"ragged axes are {list(names)}."
+            )
+        if self.output_layout is not None:
+            out_unknown = [n for n in self.output_layout.axis_names if n not in names]
+            if out_unknown:
+                raise SpecError(
+                    f"output_spec names axes {out_unknown} that are not ragged input axes "
+                    f"{list(names)}."
+                )
+        self.boundaries = tuple(self.bucketing.boundaries[n] for n in names)
+        self._bounds = tuple(np.asarray(b, np.int64) for b in self.boundaries)
+        self._bucket_memo: dict[tuple[int, ...], Bucket] = {}
+        self.max_sizes = {n: b[-1] for n, b in zip(names, self.boundaries, strict=True)}
+        self.buckets: tuple[Bucket, ...] = tuple(itertools.product(*self.boundaries))
+        self._sizes = {b: self._batch_sizes_for(b) for b in self.buckets}
+
+    def _batch_sizes_for(self, bucket: Bucket) -> tuple[int, ...]:
+        top = self.bucketing.max_batch_size(bucket)
+        base = self.bucketing.batch_sizes_for(bucket) or default_batch_sizes(top)
+        sizes = sorted({round_up(s, self.num_devices) for s in base if s <= top})
+        if not sizes:
+            sizes = [round_up(base[0], self.num_devices)]
+        if self.bucketing.max_padded_size is not None:
+            volume = math.prod(bucket)
+            fit = [s for s in sizes if s * volume <= self.bucketing.max_padded_size]
+            sizes = fit or sizes[:1]
+        return tuple(sizes)
+
+    def batch_sizes(self, bucket: Bucket) -> tuple[int, ...]:
+        """The padded batch sizes ``bucket`` can use, smallest first."""
+        return self._sizes[bucket]
+
+    def with_batch_limits(self, limits: Mapping[Bucket, int], *, one_size: bool = False) -> Plan:
+        """This plan with each bucket's batch sizes cut at ``limits[bucket]`` (one of them).
+
+        With ``one_size`` every batch of a bucket is padded to its limit, so the compile set
+        is one shape per bucket. Used when batch limits are fitted to memory (``FitToMemory``).
+        """
+        sizes = {}
+        for bucket, allowed in self._sizes.items():
+            limit = limits.get(bucket, allowed[-1])
+            if limit not in allowed:
+                raise SpecError(
+                    f"batch limit {limit} of bucket {bucket} is not one of its allowed batch "
+                    f"sizes {allowed}."
+                )
+            sizes[bucket] = (limit,) if one_size else tuple(s for s in allowed if s <= limit)
+        out = copy.copy(self)
+        out._sizes = sizes
+        return out
+
+    def max_batch(self, bucket: Bucket) -> int:
+        """How many real elements fill a batch of ``bucket``."""
+        return self._sizes[bucket][-1]
+
+    def padded_batch_size(self, bucket: Bucket, n: int) -> int:
+        """The smallest allowed batch dimension holding ``n`` elements."""
+        sizes = self._sizes[bucket]
+        i = bisect.bisect_left(sizes, n)
+        if i == len(sizes):
+            raise SpecError(f"{n} elements exceed the largest batch size {sizes[-1]}.")
+        return sizes[i]
+
+    def shapes(self) -> list[tuple[Bucket, int]]:
+        """Every ``(bucket, batch size)`` the kernel can see: the complete compile set."""
+        return [(b, s) for b in self.buckets for s in self._sizes[b]]
+
+    def leaf_shapes(self, bucket: Bucket, size: int) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """The padded shape and dtype of every leaf for one batch shape."""
+        sizes = dict(zip(self.layout.axis_names, bucket, strict=True))
+        return [((size, *s.resolve(sizes)), s.dtype) for s in self.layout.specs]
+
+    def validate(self, element: Any) -> Validated:
+        """Validate one element; see ``beam_jax.Validation``."""
+        return validate(
+            self.layout,
+            element,
+            validation=self.validation,
+            max_sizes=self.max_sizes,
+            truncate=self.bucketing.oversize == "truncate",
+        )
+
+    def bucket_indices(self, lengths: np.ndarray) -> np.ndarray:
+        """Per row of ``lengths`` (``int[n, num_axes]``), the index of its bucket in
+        ``buckets``: the smallest boundary that fits, on every axis."""
+        return bucket_index(self._bounds, lengths)
+
+    def bucket_for(self, lengths: Sequence[int]) -> Bucket:
+        """The smallest bucket that fits ``lengths`` (one per ragged axis).
+
+        The per-element path: ``bucket_indices`` for one row, memoised by the lengths (a
+        dict lookup instead of numpy calls on the per-element hot path).
+        """
+        key = tuple(lengths)
+        bucket = self._bucket_memo.get(key)
+        if bucket is None:
+            row = np.asarray([key], np.int64).reshape(1, len(self.boundaries))
+            bucket = self.buckets[int(self.bucket_indices(row)[0])]
+            if len(self._bucket_memo) < _BUCKET_MEMO_SIZE:
+                self._bucket_memo[key] = bucket
+        return bucket
+
+    def check_outputs(self, outputs: Any, size: int) -> BatchOutputs:
+        """Check one batch's outputs against the output contract (see ``core.outputs``)."""
+        return check_outputs(outputs, size, self.output_layout, self.layout.axis_names)
+
+    def pad(self, bucket: Bucket, items: Sequence[Validated]) -> PaddedBatch:
+        """Pad ``items`` (all of ``bucket``) into one batch of an allowed size."""
+        n = len(items)
+        size = self.padded_batch_size(bucket, n)
+        sizes = dict(zip(self.layout.axis_names, bucket, strict=True))
+        leaves = []
+        for j, spec in enumerate(self.layout.specs):
+            shape = (size, *spec.resolve(sizes))
+            if not spec.ragged_axes and size == n:
+                out = aligned_full(shape, spec.pad_value, spec.dtype)
+                np.stack([it.leaves[j] for it in items], out=out)
+                leaves.append(out)
+                continue
+            out = aligned_full(shape, spec.pad_value, spec.dtype)
+            for i, it in enumerate(items):
+                leaf = it.leaves[j]
+                out[(i, *(slice(0, d) for d in leaf.shape))] = leaf
+            leaves.append(out)
+        lengths = {}
+        for k, name in enumerate(self.layout.axis_names):
+            col = np.zeros((size,), np.int32)
+            col[:n] = [it.lengths[k] for it in items]
+            lengths[name] = col
+        return PaddedBatch(bucket, tuple(leaves), lengths, n, size)
+
+    def unbatch(self, outputs: Any, batch: PaddedBatch, items: Sequence[Validated]) -> list[Any]:
+        """Check batched kernel outputs and split them into one pytree per real element.
+
+        Raises:
+            KernelError: the outputs break the contract (see ``check_outputs``).
+        """
+        checked = self.check_outputs(outputs, batch.size)
+        return self.split_outputs(checked, np.arange(len(items)), items)
+
+    def split_outputs(
+        self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]
+    ) -> list[Any]:
+        """Split checked batch outputs into one pytree for each of ``rows``.
+
+        Output axes named in ``output_spec`` are cut to each element's own length.
+
+        Args:
+            outputs: the batch's outputs, from ``check_outputs``.
+            rows: which batch rows to return.
+            items: the validated elements of those rows, in the same order.
+        """
+        rows = np.asarray(rows, np.int64)
+        # One writable host copy of each leaf's rows; elements get views into it.
+        blocks = [np.array(leaf[rows]) for leaf in outputs.leaves]
+        result = []
+        for i, item in enumerate(items):
+            per = []
+            for block, cut in zip(blocks, outputs.cuts, strict=True):
+                row = block[i, ...]
+                if cut:
+                    index = [slice(None)] * row.ndim
+                    for axis, k in cut:
+                        index[axis] = slice(0, item.lengths[k])
+                    row = row[tuple(index)]
+                per.append(row)
+            result.append(outputs.treedef.unflatten(per))
+        return result

@@ -1,0 +1,119 @@
+"""The settings every kernel transform shares, stated once (a frozen, validated dataclass)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
+
+from beam_jax._src.core.buckets import Bucketing
+from beam_jax._src.core.fit import FitToMemory
+from beam_jax._src.core.validation import Validation
+from beam_jax._src.engine.metrics import NAMESPACE
+from beam_jax._src.errors import SpecError
+from beam_jax._src.kernel.devices import device_indices
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """How a kernel transform batches, validates, loads parameters and places work.
+
+    ``RunKernel``, ``RunKernelOnArrow`` and ``ReduceKernel`` take these as keyword
+    arguments (``RunKernel(fn, spec=..., bucketing=...)``) or whole
+    (``RunKernel(fn, spec=..., options=KernelOptions(...))``).
+
+    Examples:
+        >>> opts = KernelOptions(bucketing=Bucketing(boundaries={"L": 256}), precompile=True)
+        >>> opts.bucketing.boundaries["L"][-1], opts.precompile
+        (256, True)
+
+    Args:
+        bucketing: bucket boundaries per ragged axis and batch sizes.
+        load_params: zero-argument callable run once per worker process; its result is
+            placed on the devices and passed to the kernel as ``params``.
+        validation: input checks (casting, NaN handling, byte limit, output checks).
+        output_spec: pytree of ``ArraySpec`` for the per-element outputs; named axes are cut
+            back to each element's own length.
+        batched: the function already handles a leading batch axis; don't vmap it. It then
+            gets ``lengths`` as a ``BatchLengths`` whose ``valid`` marks the real rows.
+        devices: the devices of each worker to use; default all local devices.
+        precompile: compile every listed shape when a worker starts, in background
+            threads; a batch whose shape is still compiling waits while others run.
+        compilation_cache_dir: enables JAX's persistent compilation cache there (refused
+            if other users can write to it: the cache runs code from that directory).
+        metrics_namespace: the Beam metrics namespace.
+        fit_to_memory: per bucket, the largest allowed batch size whose compiled program
+            fits a memory budget (``FitToMemory``), chosen at worker start; default off.
+    """
+
+    bucketing: Bucketing = dataclasses.field(default_factory=Bucketing)
+    load_params: Callable[[], Any] | None = None
+    validation: Validation = dataclasses.field(default_factory=Validation)
+    output_spec: Any = None
+    batched: bool = False
+    devices: Sequence[Any] | str | None = None
+    precompile: bool = False
+    compilation_cache_dir: str | None = None
+    metrics_namespace: str = NAMESPACE
+    fit_to_memory: FitToMemory | None = None
+
+    def __post_init__(self):
+        if self.bucketing is None:
+            object.__setattr__(self, "bucketing", Bucketing())
+        if self.validation is None:
+            object.__setattr__(self, "validation", Validation())
+        if not isinstance(self.bucketing, Bucketing):
+            raise SpecError(f"bucketing must be a Bucketing, got {self.bucketing!r}.")
+        if not isinstance(self.validation, Validation):
+            raise SpecError(f"validation must be a Validation, got {self.validation!r}.")
+        if self.fit_to_memory is not None and not isinstance(self.fit_to_memory, FitToMemory):
+            raise SpecError(
+                f"fit_to_memory must be a FitToMemory or None, got {self.fit_to_memory!r}; "
+                "e.g. fit_to_memory=FitToMemory(budget_bytes=1 << 30)."
+            )
+        if self.load_params is not None and not callable(self.load_params):
+            raise SpecError(
+                f"load_params must be a zero-argument callable returning the parameters, got "
+                f"{self.load_params!r}; e.g. load_params=lambda: bj.read_params(path)."
+            )
+        if not isinstance(self.metrics_namespace, str) or not self.metrics_namespace:
+            raise SpecError(
+                f"metrics_namespace must be a non-empty str, got {self.metrics_namespace!r}."
+            )
+        if self.devices is not None and not isinstance(self.devices, str):
+            # Device objects cannot be pickled into a DoFn; workers re-resolve the indices.
+            object.__setattr__(self, "devices", device_indices(self.devices))
+
+
+class KernelOptionsKwargs(TypedDict, total=False):
+    """``KernelOptions`` as keyword arguments (for ``Unpack`` in transform signatures).
+
+    A test keeps its keys and types equal to ``KernelOptions``'s fields.
+    """
+
+    bucketing: Bucketing
+    load_params: Callable[[], Any] | None
+    validation: Validation
+    output_spec: Any
+    batched: bool
+    devices: Sequence[Any] | str | None
+    precompile: bool
+    compilation_cache_dir: str | None
+    metrics_namespace: str
+    fit_to_memory: FitToMemory | None
+
+
+def resolve_options(options: KernelOptions | None, kwargs: dict[str, Any]) -> KernelOptions:
+    """``options`` with ``kwargs`` applied on top; unknown names fail with the known ones."""
+    fields = {f.name for f in dataclasses.fields(KernelOptions)}
+    unknown = sorted(set(kwargs) - fields)
+    if unknown:
+        raise SpecError(
+            f"unknown option(s) {unknown}; the kernel options are {sorted(fields)} (see "
+            "beam_jax.KernelOptions)."
+        )
+    if options is None:
+        return KernelOptions(**kwargs)
+    if not isinstance(options, KernelOptions):
+        raise SpecError(f"options must be a KernelOptions, got {options!r}.")
+    return dataclasses.replace(options, **kwargs) if kwargs else options

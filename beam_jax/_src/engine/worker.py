@@ -1,0 +1,136 @@
+"""What one worker process holds once: parameters on device, the compiled kernel, limits."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from beam_jax._src.core.buckets import Bucket
+from beam_jax._src.core.plan import Plan
+from beam_jax._src.engine.fit import FitReport, fit_batch_limits
+from beam_jax._src.engine.options import KernelOptions
+from beam_jax._src.kernel.cache import enable_compilation_cache
+from beam_jax._src.kernel.compiled import Kernel
+from beam_jax._src.kernel.precompile import BackgroundCompile
+
+
+def make_plan(spec: Any, options: KernelOptions, num_devices: int = 1) -> Plan:
+    """The batching plan of ``spec`` under ``options`` for ``num_devices`` devices."""
+    return Plan(
+        spec,
+        options.bucketing,
+        validation=options.validation,
+        output_spec=options.output_spec,
+        num_devices=num_devices,
+    )
+
+
+class Worker:
+    """Per-process state shared by all DoFn instances and threads of one transform.
+
+    Built once per process through ``apache_beam.utils.shared``: parameters are loaded and
+    placed on the devices once, and every shape is compiled once.
+
+    Args:
+        fn: the function the kernel runs (per element, or batched per ``options.batched``).
+        spec: the element spec.
+        options: the transform's options.
+    """
+
+    def __init__(self, fn: Callable[..., Any], spec: Any, options: KernelOptions):
+        if options.compilation_cache_dir:
+            enable_compilation_cache(options.compilation_cache_dir)
+        self.options = options
+        self.kernel = Kernel(fn, batched=options.batched, devices=options.devices)
+        self.plan = make_plan(spec, options, self.kernel.num_devices)
+        raw = options.load_params() if options.load_params is not None else None
+        self.params = self.kernel.put_params(raw)
+        self.fit: FitReport | None = None
+        if options.fit_to_memory is not None:
+            # Batch limits fitted to memory: the plan keeps only the sizes up to them.
+            self.fit = fit_batch_limits(self.kernel, self.params, self.plan, options.fit_to_memory)
+            self.plan = self.plan.with_batch_limits(
+                self.fit.limits, one_size=options.fit_to_memory.one_size
+            )
+        self._lock = threading.Lock()
+        self._limits = {b: self.plan.max_batch(b) for b in self.plan.buckets}
+        self._reported = (0, 0.0, 0.0)
+        self._background: BackgroundCompile | None = None
+        self._compile_order = sorted(
+            self.plan.shapes(), key=lambda bs: bs[1] != self.plan.max_batch(bs[0])
+        )
+        self._rank = {shape: i for i, shape in enumerate(self._compile_order)}
+        if options.precompile:
+            # Started here and not waited for: reading and tokenizing go on meanwhile, and
+            # a batch waits only for its own shape.
+            self._background = BackgroundCompile(
+                self.kernel, self.params, self._listed_shapes(), self.plan.layout.treedef
+            )
+
+    def _listed_shapes(self) -> list:
+        """Every listed shape, those full batches use (each bucket's largest size) first."""
+        names = self.plan.layout.axis_names
+        return [(self.plan.leaf_shapes(b, s), names) for b, s in self._compile_order]
+
+    def compile_rank(self, buffer) -> int:
+        """Where ``buffer``'s batch shape comes in the start-up compile order."""
+        size = self.plan.padded_batch_size(
+            buffer.bucket, min(buffer.size, self.limit(buffer.bucket))
+        )
+        return self._rank.get((buffer.bucket, size), len(self._rank))
+
+    def precompile(self) -> int:
+        """Compile every listed shape now; returns how many compiles that took."""
+        return self.kernel.precompile(
+            self.params, self._listed_shapes(), self.plan.layout.treedef, background=True
+        )
+
+    def ready(self, bucket: Bucket, n: int) -> bool:
+        """Whether a batch of ``n`` rows of ``bucket`` can run without waiting for a
+        compile: its shape is compiled, or no start-up compile is running (the batch then
+        compiles its shape itself, as without ``precompile``)."""
+        if self._background is None or self._background.done():
+            return True
+        if n > self._limits[bucket]:
+            return True  # run in chunks by the engine; not worth holding back
+        size = self.plan.padded_batch_size(bucket, n)
+        return self.kernel.is_compiled(
+            self.plan.leaf_shapes(bucket, size),
+            tuple(sorted(self.plan.layout.axis_names)),
+            self.plan.layout.treedef,
+        )
+
+    def wait_precompiled(self) -> None:
+        """Wait for the start-up compiles, if any are still running (counted as waiting)."""
+        if self._background is not None and not self._background.done():
+            start = time.perf_counter()
+            self._background.wait()
+            with self.kernel._lock:
+                self.kernel.wait_seconds += time.perf_counter() - start
+
+    def limit(self, bucket: Bucket) -> int:
+        """How many elements a batch of ``bucket`` may hold now (lowered after OOM)."""
+        return self._limits[bucket]
+
+    def lower_limit(self, bucket: Bucket, new_limit: int) -> bool:
+        """Lower ``bucket``'s batch limit to ``new_limit`` for the rest of this worker's life.
+
+        Returns whether the limit changed.
+        """
+        with self._lock:
+            if 1 <= new_limit < self._limits[bucket]:
+                self._limits[bucket] = new_limit
+                return True
+            return False
+
+    def take_compile_stats(self) -> tuple[int, float, float]:
+        """Compiles, compile seconds and seconds batches waited for compiles, not yet
+        reported to metrics."""
+        with self._lock:
+            k = self.kernel
+            now = (k.compiles, k.compile_seconds, k.wait_seconds)
+            done = self._reported
+            self._reported = now
+        return now[0] - done[0], now[1] - done[1], now[2] - done[2]

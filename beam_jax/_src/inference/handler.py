@@ -1,0 +1,344 @@
+"""JaxModelHandler: beam_jax's batch engine behind Beam's ``RunInference(handler)``.
+
+Beam's ``RunInference`` owns the batching (``BatchElements``) and calls the handler once
+per batch. The handler gives ``BatchElements`` a length function and bucket boundaries
+equal to the plan's (so Beam groups elements of one bucket together), loads the
+parameters and compiles through a ``Worker`` that Beam's model sharing keeps once per
+process, and runs each batch through the ``BatchEngine`` that ``RunKernel`` uses: padded
+to its bucket and to one of the plan's batch sizes, with true lengths, out-of-memory
+splitting and bisection of failing rows. Every compile is one of ``Plan.shapes()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult
+from typing_extensions import Unpack
+
+from beam_jax._src.core.buckets import Bucket
+from beam_jax._src.core.dead_letter import VALIDATION, FailedElement
+from beam_jax._src.core.plan import PaddedBatch, Plan
+from beam_jax._src.engine.batching import BatchEngine, RowBuffer, check_row_outputs
+from beam_jax._src.engine.metrics import KernelMetrics
+from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs, resolve_options
+from beam_jax._src.engine.worker import Worker, make_plan
+from beam_jax._src.errors import InferenceBatchError, SpecError
+from beam_jax._src.kernel.params import read_params
+
+_SHOWN_FAILURES = 20
+METRICS_NAMESPACE = "BeamML_Jax"
+"""RunInference's own metrics (``num_inferences``, ...) for this handler, as Beam's
+handlers use ``BeamML_PyTorch`` and the like; the engine's go to ``options``' namespace."""
+
+
+def _leaf_length(leaf: int, axis: int, element: Any) -> int:
+    """The length of one axis of one leaf; 0 for an element of the wrong structure (it is
+    rejected with a clear message when the batch is validated, not inside Beam's batching)."""
+    try:
+        return int(np.shape(jax.tree_util.tree_leaves(element)[leaf])[axis])
+    except Exception:  # noqa: BLE001 - the length only routes; validation explains
+        return 0
+
+
+def _value_length(length_fn: Callable[[Any], int], element: Any) -> int:
+    """``length_fn`` of a ``(key, value)`` pair's value."""
+    try:
+        return length_fn(element[1])
+    except Exception:  # noqa: BLE001 - as _leaf_length
+        return 0
+
+
+def default_length_fn(plan: Plan) -> Callable[[Any], int] | None:
+    """The length of an element's one ragged axis, read from the first leaf that has it;
+    ``None`` when the spec has no ragged axis or several (give ``batch_length_fn``)."""
+    if len(plan.layout.axis_names) != 1:
+        return None
+    for leaf, spec in enumerate(plan.layout.specs):
+        if spec.ragged_axes:
+            return functools.partial(_leaf_length, leaf, spec.ragged_axes[0][0])
+    return None
+
+
+class _BatchRun:
+    """The engine's front end for one ``run_inference`` call: results by batch index."""
+
+    def __init__(self, plan: Plan, size: int):
+        self._plan = plan
+        self.results: list[Any] = [None] * size
+        self.failures: list[tuple[int, str, BaseException]] = []
+
+    def new_buffer(self, bucket: Bucket, slot: Any, capacity: int) -> RowBuffer:
+        return RowBuffer(self._plan, bucket, slot)
+
+    def release(self, buffer: RowBuffer) -> None:
+        pass
+
+    def check(self, outputs: Any, batch: PaddedBatch):
+        return check_row_outputs(self._plan, outputs, batch)
+
+    def emit(self, buffer, rows, keep, outputs, batch) -> Iterator[Any]:
+        chosen = [buffer.items[int(rows[k])] for k in keep]
+        split = self._plan.split_outputs(outputs, keep, [item for _, item in chosen])
+        for (index, _), result in zip(chosen, split, strict=True):
+            self.results[index] = result
+        yield from ()
+
+    def source(self, buffer: RowBuffer, row: int) -> int:
+        return buffer.items[row][0]
+
+    def dead_letter(self, error: BaseException, stage: str, source: int) -> None:
+        self.failures.append((source, stage, error))
+
+
+def _drain(outputs: Iterator[Any]) -> None:
+    for _ in outputs:
+        pass
+
+
+class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
+    """Run a JAX function with ``RunInference``, batched the way ``RunKernel`` batches.
+
+    Example:
+        >>> import numpy as np
+        >>> import beam_jax as bj
+        >>> def mean(params, element, lengths):
+        ...     return element["x"].sum(0) / lengths["L"]  # padding is zeros
+        >>> spec = {"x": bj.ArraySpec(("L", 64), np.float32)}
+        >>> handler = bj.JaxModelHandler(
+        ...     mean, spec=spec, bucketing=bj.Bucketing(boundaries={"L": 512}, batch_size=32)
+        ... )
+        >>> model = handler.load_model()  # what RunInference does once per process
+        >>> batch = [{"x": np.ones((5, 64), np.float32)}, {"x": np.ones((9, 64), np.float32)}]
+        >>> results = handler.run_inference(batch, model)  # PredictionResults, in order
+        >>> [r.inference.shape for r in results], [float(r.inference[0]) for r in results]
+        ([(64,), (64,)], [1.0, 1.0])
+        >>> from apache_beam.ml.inference.base import RunInference
+        >>> predictions = elements | RunInference(handler)  # doctest: +SKIP
+
+    Each batch Beam forms is validated against ``spec``, grouped by bucket, padded to the
+    bucket and to one of the plan's batch sizes, and run by the engine under ``RunKernel``;
+    each element's result is a ``PredictionResult(example, inference, model_id)``.
+
+    Args:
+        fn: ``fn(params, element, lengths)``, as for ``RunKernel``.
+        spec: an ``ArraySpec`` or a pytree of them describing one element.
+        params_path: a ``.safetensors`` or ``.npz`` file (local or any Beam file system)
+            read once per process as the parameters; ``update_model_path`` replaces it
+            (RunInference's model updates). Exclusive with ``load_params``.
+        batch_length_fn: the length Beam's ``BatchElements`` buckets elements by; default
+            the element's one ragged axis (none when the spec has several).
+        max_batch_duration_secs: how long Beam's stateful ``BatchElements`` may hold a
+            batch; its length buckets exist only on that path. ``None`` turns both off.
+        min_batch_size: Beam's smallest batch; default the plan's largest batch (a fixed
+            batch size, so batches fill the compiled shapes).
+        options: a ``KernelOptions``; keyword options given here override its fields.
+        **kwargs: the fields of ``KernelOptions``.
+
+    Raises:
+        SpecError: the options, spec and bucketing do not fit together.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        spec: Any,
+        params_path: str | None = None,
+        batch_length_fn: Callable[[Any], int] | None = None,
+        max_batch_duration_secs: float | None = 1.0,
+        min_batch_size: int | None = None,
+        options: KernelOptions | None = None,
+        **kwargs: Unpack[KernelOptionsKwargs],
+    ):
+        if not callable(fn):
+            raise SpecError(f"the kernel fn must be callable, got {fn!r}.")
+        self._fn = fn
+        self._spec = spec
+        self._options = resolve_options(options, kwargs)
+        if params_path is not None and self._options.load_params is not None:
+            raise SpecError(
+                "give either params_path or load_params, not both; params_path is what "
+                "RunInference's model updates replace."
+            )
+        self._params_path = params_path
+        plan = self.plan()
+        length_fn = batch_length_fn or default_length_fn(plan)
+        top = max(plan.max_batch(b) for b in plan.buckets)
+        if min_batch_size is not None and not 1 <= min_batch_size <= top:
+            raise SpecError(
+                f"min_batch_size must be within [1, {top}] (the plan's largest batch), got "
+                f"{min_batch_size}; raise Bucketing.batch_size for larger batches."
+            )
+        # Beam's buckets are lower-inclusive (bisect_right), beam_jax's boundaries
+        # upper-inclusive: Beam's b + 1 groups exactly the lengths of beam_jax's b.
+        beam_bounds = [b + 1 for b in plan.boundaries[0][:-1]] if len(plan.boundaries) == 1 else []
+        if batch_length_fn is None and not beam_bounds:
+            length_fn = None  # one bucket (or several axes): nothing for Beam to sort by
+        elif max_batch_duration_secs is None:
+            length_fn = None  # Beam buckets by length only on its stateful path
+        try:
+            super().__init__(
+                min_batch_size=top if min_batch_size is None else min_batch_size,
+                max_batch_size=top,
+                max_batch_duration_secs=max_batch_duration_secs,
+                batch_length_fn=length_fn,
+                batch_bucket_boundaries=beam_bounds if length_fn and beam_bounds else None,
+            )
+        except TypeError as e:  # ModelHandler's length buckets arrived in Beam 2.77
+            raise SpecError(
+                f"this apache-beam's ModelHandler lacks length-bucketed batching ({e}); "
+                "JaxModelHandler needs apache-beam>=2.77: pip install 'beam_jax[yaml]'."
+            ) from e
+        self._metrics: KernelMetrics | None = None
+
+    def plan(self, num_devices: int = 1) -> Plan:
+        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""
+        return make_plan(self._spec, self._options, num_devices)
+
+    # --- RunInference's ModelHandler interface ------------------------------------------
+
+    def load_model(self) -> Worker:
+        """Parameters on the devices and the kernel, once per process (Beam shares it)."""
+        options = self._options
+        if self._params_path is not None:
+            options = dataclasses.replace(
+                options, load_params=functools.partial(read_params, self._params_path)
+            )
+        return Worker(self._fn, self._spec, options)
+
+    def run_inference(
+        self,
+        batch: Sequence[Any],
+        model: Worker,
+        inference_args: dict[str, Any] | None = None,
+    ) -> list[PredictionResult]:
+        """Run one Beam batch through the engine; one ``PredictionResult`` per element.
+
+        Raises:
+            InferenceBatchError: elements failed (validation, compile, kernel or output);
+                its ``failures`` names each one. RunInference then fails or dead-letters
+                the whole batch, as it does for every handler.
+        """
+        results = self._run(batch, model)
+        return [
+            PredictionResult(x, r, self._params_path) for x, r in zip(batch, results, strict=True)
+        ]
+
+    def get_num_bytes(self, batch: Sequence[Any]) -> int:
+        """Bytes of the elements' arrays (Beam's default pickles the whole batch)."""
+        return sum(
+            int(np.asarray(leaf).nbytes)
+            for element in batch
+            for leaf in jax.tree_util.tree_leaves(element)
+        )
+
+    def get_metrics_namespace(self) -> str:
+        return METRICS_NAMESPACE
+
+    def update_model_path(self, model_path: str | None = None) -> None:
+        """Read the parameters from ``model_path`` at the next load (RunInference's side
+        input model updates). The next load builds a new worker: its shapes compile again,
+        from JAX's caches where they hit."""
+        if model_path:
+            if self._options.load_params is not None:
+                raise SpecError(
+                    "this handler loads its parameters with load_params; give params_path "
+                    "instead for RunInference's model updates to replace them."
+                )
+            self._params_path = model_path
+
+    def share_model_across_processes(self) -> bool:
+        # Device arrays cannot be proxied to other processes; each process loads its own.
+        return False
+
+    # --- the engine ---------------------------------------------------------------------
+
+    def _kernel_metrics(self) -> KernelMetrics:
+        if self._metrics is None:
+            self._metrics = KernelMetrics(self._options.metrics_namespace)
+        return self._metrics
+
+    def _run(self, batch: Sequence[Any], worker: Worker) -> list[Any]:
+        metrics = self._kernel_metrics()
+        plan = worker.plan
+        run = _BatchRun(plan, len(batch))
+
+        def report_compiles() -> None:
+            metrics.compiled(*worker.take_compile_stats())
+
+        engine = BatchEngine(
+            worker, metrics, run, handle_errors=True, report_compiles=report_compiles
+        )
+        metrics.elements_in.inc(len(batch))
+        items = []
+        for index, example in enumerate(batch):
+            try:
+                items.append((index, plan.validate(example)))
+            except Exception as e:  # noqa: BLE001 - reported per element below
+                _drain(engine.reject(e, VALIDATION, [index]))
+        if not run.failures:  # the batch fails anyway: don't run the kernel for it
+            for index, item in items:
+                buffer = engine.buffer(plan.bucket_for(item.lengths))
+                buffer.items.append((index, item))
+                _drain(engine.added(buffer))
+            _drain(engine.flush())
+        if run.failures:
+            raise _batch_error(batch, run.failures)
+        metrics.results.inc(len(batch))
+        return run.results
+
+
+def _batch_error(batch: Sequence[Any], failures) -> InferenceBatchError:
+    failures = sorted(failures, key=lambda f: f[0])
+    records = tuple(
+        FailedElement.from_exception(error, stage=stage, element=batch[index], key=index)
+        for index, stage, error in failures
+    )
+    first = records[0]
+    shown = ", ".join(str(r.key) for r in records[:_SHOWN_FAILURES])
+    more = ", ..." if len(records) > _SHOWN_FAILURES else ""
+    return InferenceBatchError(
+        f"{len(records)} of the {len(batch)} elements of this RunInference batch failed "
+        f"(elements [{shown}{more}] failed); the first, element {first.key}, at stage "
+        f"{first.stage!r}: {first.error_type}: {first.message} RunInference fails or "
+        "dead-letters whole batches; this error's `failures` holds one FailedElement per "
+        "failing element. For per-element dead letters that keep every good result, use "
+        "beam_jax.RunKernel(...).with_exception_handling().",
+        records,
+        len(batch),
+    )
+
+
+class KeyedJaxModelHandler(KeyedModelHandler):
+    """``JaxModelHandler`` for ``(key, example)`` pairs; results are ``(key, prediction)``.
+
+    Beam's ``KeyedModelHandler`` would hand the pairs themselves to the length function;
+    this one measures the example, so Beam's length buckets still apply.
+
+    Example:
+        >>> handler = KeyedJaxModelHandler(mean, spec=spec, bucketing=bucketing)  # doctest: +SKIP
+        >>> keyed_predictions = pairs | RunInference(handler)  # doctest: +SKIP
+
+    Args:
+        fn: as for ``JaxModelHandler``.
+        **kwargs: the arguments of ``JaxModelHandler``.
+    """
+
+    def __init__(self, fn: Callable[..., Any], **kwargs: Any):
+        super().__init__(JaxModelHandler(fn, **kwargs))
+
+    def batch_elements_kwargs(self):
+        kwargs = dict(self._unkeyed.batch_elements_kwargs())
+        if "length_fn" in kwargs:
+            kwargs["length_fn"] = functools.partial(_value_length, kwargs["length_fn"])
+        return kwargs
+
+    def plan(self, num_devices: int = 1) -> Plan:
+        """The unkeyed handler's plan."""
+        return self._unkeyed.plan(num_devices)

@@ -1,0 +1,184 @@
+"""RunKernelOnRows: ``RunKernel`` on schema'd rows, configured by plain values (Beam YAML).
+
+Beam YAML passes rows (``beam.Row``) between transforms and configures each transform
+with YAML scalars, lists and mappings. ``RunKernelOnRows`` takes the kernel by its dotted
+name and the element spec as field shapes, turns each row's fields into arrays, runs them
+through ``RunKernel`` (so batching, padding, compiles and per-element dead letters are
+RunKernel's), and emits rows of the key field and the output as a flat list of floats.
+Failed rows follow Beam YAML's error handling: with ``error_handling: {output: NAME}`` each
+is one ``(element, msg, stack)`` row on ``NAME``; without it the pipeline fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.typehints.row_type import RowTypeConstraint
+
+from beam_jax._src.core.buckets import Bucketing
+from beam_jax._src.core.dead_letter import FailedElement
+from beam_jax._src.core.spec import ArraySpec
+from beam_jax._src.errors import InvalidElementError, SpecError
+from beam_jax._src.kernel.params import read_params
+from beam_jax._src.transforms.run_kernel import RunKernel
+
+
+def load_callable(name: str, what: str) -> Callable[..., Any]:
+    """The function ``module.attribute`` names."""
+    module, _, attribute = str(name).rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise SpecError(
+            f"{what} {name!r} is not an importable 'module.function' ({type(e).__name__}: {e});"
+            " install the module where the pipeline runs, or fix the name."
+        ) from e
+    if not callable(fn):
+        raise SpecError(f"{what} {name!r} names {fn!r}, which is not callable.")
+    return fn
+
+
+def _field_spec(name: str, config: Any) -> ArraySpec:
+    if not isinstance(config, Mapping) or "shape" not in config:
+        raise SpecError(
+            f"field {name!r} needs a mapping with a shape, e.g. {{shape: [L, 64], dtype: "
+            f"float32}}; got {config!r}."
+        )
+    return ArraySpec(tuple(config["shape"]), config.get("dtype", "float32"))
+
+
+def _element(row: Any, specs: Mapping[str, ArraySpec]) -> dict[str, Any]:
+    """A row's fields as arrays; a flat list (as Parquet stores ``list<float>``) is reshaped
+    to the spec when it has at most one ragged axis. A field that does not convert is
+    passed on as it is, for RunKernel's validation to reject with its message."""
+    element = {}
+    for name, spec in specs.items():
+        value = getattr(row, name, None)
+        try:
+            array = np.asarray(value, spec.dtype)
+            if array.ndim == 1 and len(spec.shape) > 1 and len(spec.ragged_axes) <= 1:
+                array = array.reshape(tuple(-1 if isinstance(d, str) else d for d in spec.shape))
+            value = array
+        except (TypeError, ValueError):
+            pass
+        element[name] = value
+    return element
+
+
+def _keyed(row: Any, key_field: str, specs) -> tuple[Any, dict[str, np.ndarray]]:
+    return getattr(row, key_field, None), _element(row, specs)
+
+
+def _output_row(pair: tuple[Any, Any], key_field: str, output_field: str) -> beam.Row:
+    key, output = pair
+    values = np.asarray(output, np.float64).reshape(-1).tolist()
+    return beam.Row(**{key_field: key, output_field: values})
+
+
+def _error_row(record: FailedElement) -> beam.Row:
+    return beam.Row(
+        element=str(record.element),
+        msg=f"[{record.stage}] {record.error_type}: {record.message} (key {record.key!r})",
+        stack=record.traceback,
+    )
+
+
+def _fail(record: FailedElement) -> None:
+    raise InvalidElementError(
+        f"row {record.key!r} failed at stage {record.stage!r} ({record.error_type}: "
+        f"{record.message}); add `error_handling: {{output: failed}}` to the transform's "
+        "config to send such rows to an output instead of failing the pipeline."
+    )
+
+
+class RunKernelOnRows(beam.PTransform):
+    """``RunKernel`` for Beam YAML: rows in, ``(key, output)`` rows out.
+
+    Example (YAML)::
+
+        - type: RunKernelOnRows
+          config:
+            kernel: mypackage.kernels.mean_pool
+            fields: {x: {shape: [L, 64], dtype: float32}}
+            boundaries: {L: [32, 128, 512]}
+            params_path: gs://bucket/params.safetensors
+
+    Args:
+        kernel: ``module.function`` of the kernel, ``fn(params, element, lengths)`` where
+            ``element`` maps each field to its padded array.
+        fields: per input field, its ``shape`` (ints and ragged-axis names) and ``dtype``.
+        boundaries: per ragged axis, its bucket boundaries.
+        batch_size: the most elements in one batch.
+        key_field: the field that identifies a row; it is copied to the output row.
+        output_field: the name of the output field (the output flattened to floats).
+        params_path: a ``.safetensors`` or ``.npz`` parameter file, read once per worker.
+        precompile: compile every listed shape when a worker starts.
+        error_handling: Beam YAML's ``{output: NAME}``.
+    """
+
+    def __init__(
+        self,
+        kernel: str,
+        fields: Mapping[str, Mapping[str, Any]],
+        boundaries: Mapping[str, Sequence[int]],
+        batch_size: int = 32,
+        key_field: str = "id",
+        output_field: str = "output",
+        params_path: str | None = None,
+        precompile: bool = False,
+        error_handling: Mapping[str, Any] | None = None,
+    ):
+        super().__init__()
+        if not isinstance(fields, Mapping) or not fields:
+            raise SpecError(f"fields must map field names to shapes, got {fields!r}.")
+        self._specs = {name: _field_spec(name, c) for name, c in fields.items()}
+        self._run = RunKernel(
+            load_callable(kernel, "kernel"),
+            spec=self._specs,
+            keyed=True,
+            bucketing=Bucketing(
+                boundaries={k: tuple(v) for k, v in boundaries.items()}, batch_size=batch_size
+            ),
+            load_params=None
+            if params_path is None
+            else functools.partial(read_params, params_path),
+            precompile=precompile,
+        ).with_exception_handling()
+        self._key_field = key_field
+        self._output_field = output_field
+        if error_handling is not None and "output" not in error_handling:
+            raise SpecError(
+                f"error_handling must name an output, e.g. {{output: failed}}; got "
+                f"{dict(error_handling)!r}."
+            )
+        self._error_output = None if error_handling is None else error_handling["output"]
+
+    def plan(self, num_devices: int = 1):
+        """The batching plan (``plan().shapes()`` lists every shape the kernel compiles)."""
+        return self._run.plan(num_devices)
+
+    def expand(self, rows):
+        key_type = Any
+        if isinstance(rows.element_type, RowTypeConstraint):
+            key_type = dict(rows.element_type._fields).get(self._key_field, Any)
+        pairs = rows | "ToArrays" >> beam.Map(_keyed, self._key_field, self._specs)
+        results, dead = pairs | "RunKernel" >> self._run
+        schema = RowTypeConstraint.from_fields(
+            [(self._key_field, key_type), (self._output_field, list[float])]
+        )
+        good = results | "ToRows" >> beam.Map(
+            _output_row, self._key_field, self._output_field
+        ).with_output_types(schema)
+        if self._error_output is None:
+            _ = dead | "FailOnError" >> beam.Map(_fail)
+            return good
+        error_schema = RowTypeConstraint.from_fields(
+            [("element", str), ("msg", str), ("stack", str)]
+        )
+        bad = dead | "ErrorRows" >> beam.Map(_error_row).with_output_types(error_schema)
+        return {"output": good, self._error_output: bad}

@@ -1,0 +1,46 @@
+"""Wrappers that turn a user's function into a variant the kernel runs (as Optax wraps)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from beam_jax._src.kernel.compiled import BatchLengths, per_element
+
+
+class SumRows:
+    """``fn`` as a batched function returning its outputs summed over the real rows.
+
+    Padded rows are masked out on the device before the sum, so the result is exact
+    whatever the padding; the sum keeps a leading axis of 1 (a "batch" of one sum). This is
+    how ``ReduceKernel`` turns a per-element function into a full-dataset reduction.
+
+    Examples:
+        >>> import numpy as np
+        >>> summed = SumRows(lambda p, x, lengths: x * 2.0)
+        >>> lengths = BatchLengths({}, np.array([True, True, False]))
+        >>> summed(None, np.array([1.0, 2.0, 100.0]), lengths).tolist()
+        [6.0]
+
+    Args:
+        fn: ``fn(params, element, lengths)`` per element, or per batch if ``batched``.
+        batched: ``fn`` already takes whole batches and returns per-row outputs.
+    """
+
+    def __init__(self, fn: Callable[..., Any], *, batched: bool = False):
+        self.fn = fn
+        self.batched = batched
+        self._rows = fn if batched else per_element(fn)
+
+    def __call__(self, params: Any, element: Any, lengths: BatchLengths) -> Any:
+        out = self._rows(params, element, lengths)
+        valid = lengths.valid
+
+        def row_sum(o):
+            keep = valid.reshape((-1,) + (1,) * (o.ndim - 1))
+            return jnp.sum(jnp.where(keep, o, jnp.zeros((), o.dtype)), axis=0, keepdims=True)
+
+        return jax.tree_util.tree_map(row_sum, out)

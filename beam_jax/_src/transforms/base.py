@@ -1,0 +1,325 @@
+"""What every kernel transform shares: the worker DoFn, exception handling, the threshold."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+from apache_beam.transforms import window as beam_window
+from apache_beam.utils import shared
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_jax._src.core.dead_letter import DEAD_LETTERS, FailedElement, describe
+from beam_jax._src.core.plan import Plan
+from beam_jax._src.core.validation import check_key
+from beam_jax._src.engine.batching import BatchEngine
+from beam_jax._src.engine.cross_bundle import CrossBundle
+from beam_jax._src.engine.metrics import KernelMetrics
+from beam_jax._src.engine.options import KernelOptions, resolve_options
+from beam_jax._src.engine.worker import Worker, make_plan
+from beam_jax._src.errors import DeadLetterThresholdError, InvalidElementError, SpecError
+
+
+class RunKernelResult(NamedTuple):
+    """The outputs of a kernel transform's ``.with_exception_handling()``.
+
+    Attributes:
+        results: the transform's results, as without exception handling.
+        dead_letters: one ``FailedElement`` per element that produced no result.
+    """
+
+    results: beam.PCollection
+    dead_letters: beam.PCollection
+
+
+class Source(NamedTuple):
+    """How a dead letter describes its row: key, a bounded echo, and where it belongs."""
+
+    key: Any
+    element: Any
+    timestamp: Any
+    window: Any
+
+
+def validate_element(plan: Plan, element: Any, keyed: bool) -> tuple[Any, Any, Any, Any]:
+    """``(key, value, validated, error)`` of one input element: ``validated`` is ``None``
+    and ``error`` the exception when the element (or its key) is invalid."""
+    key, value = None, element
+    try:
+        if keyed:
+            if not isinstance(element, tuple | list) or len(element) != 2:
+                raise InvalidElementError(
+                    f"keyed=True expects (key, value) pairs, received {describe(element)}."
+                )
+            key, value = element
+            check_key(key)
+        return key, value, plan.validate(value), None
+    except Exception as e:  # noqa: BLE001 - every invalid element is dead-lettered
+        return key, value, None, e
+
+
+class _Holder:
+    # apache_beam.utils.shared needs a weak-referenceable object.
+    def __init__(self, worker: Worker):
+        self.worker = worker
+
+
+class WorkerDoFn(beam.DoFn):
+    """A DoFn whose instances in one process share one ``Worker`` (params, compiled shapes),
+    each running its batches through a ``BatchEngine`` of which it is the front end.
+
+    Subclasses implement the ``FrontEnd`` methods the engine needs (``new_buffer``,
+    ``check``, ``emit``, ``source``) and ``process``.
+    """
+
+    def __init__(self, fn: Callable[..., Any], spec: Any, options: KernelOptions, handle_errors):
+        self._fn = fn
+        self._spec = spec
+        self._options = options
+        self._handle_errors = handle_errors
+        self._shared = shared.Shared()
+        self._tag = uuid.uuid4().hex
+        # Set by a transform whose start_workers() may have started this process's worker.
+        self._start_id: str | None = None
+
+    def setup(self):
+        fn, spec, options, start_id = self._fn, self._spec, self._options, self._start_id
+        self._holder = self._shared.acquire(
+            lambda: _Holder(_take_started(start_id) or Worker(fn, spec, options)), tag=self._tag
+        )
+        self._worker = self._holder.worker
+        self._plan = self._worker.plan
+        self._metrics = KernelMetrics(options.metrics_namespace)
+
+    def start_bundle(self):
+        # A fresh engine per bundle: nothing of a failed bundle is carried into the next.
+        self._engine = BatchEngine(
+            self._worker,
+            self._metrics,
+            self,
+            handle_errors=self._handle_errors,
+            report_compiles=self._report_compiles,
+        )
+
+    def finish_bundle(self) -> Iterator[Any]:
+        yield from self._engine.flush()
+        # Start-up compiles still running are waited for, so that the bundle's metrics
+        # count every compile and no compile outlives the worker's work.
+        self._worker.wait_precompiled()
+        self._report_compiles()
+
+    def _report_compiles(self) -> None:
+        self._metrics.compiled(*self._worker.take_compile_stats())
+
+    def release(self, buffer) -> None:
+        """Buffers are dropped after their batch lands, unless a subclass reuses them."""
+
+    def dead_letter(self, error: BaseException, stage: str, source: Source) -> Any:
+        record = FailedElement.from_exception(
+            error, stage=stage, element=source.element, key=source.key
+        )
+        return beam.pvalue.TaggedOutput(
+            DEAD_LETTERS, WindowedValue(record, source.timestamp, (source.window,))
+        )
+
+
+# Workers started early by start_workers(), until the transform's own DoFn takes them.
+_STARTED: dict[str, Worker] = {}
+_STARTED_LOCK = threading.Lock()
+
+
+def _take_started(start_id: str | None) -> Worker | None:
+    with _STARTED_LOCK:
+        return _STARTED.pop(start_id, None) if start_id else None
+
+
+def _start(start_id: str, fn, spec, options: KernelOptions) -> None:
+    with _STARTED_LOCK:
+        if start_id in _STARTED:
+            return
+    worker = Worker(fn, spec, options)
+    with _STARTED_LOCK:
+        _STARTED.setdefault(start_id, worker)
+
+
+class _StartWorker(beam.DoFn):
+    """Builds the worker of a kernel transform in the first stage that runs in a process:
+    parameters load and, with ``precompile``, shapes compile while earlier stages read."""
+
+    def __init__(self, fn, spec, options: KernelOptions, start_id: str):
+        self._args = (fn, spec, options)
+        self._start_id = start_id
+
+    def setup(self):
+        _start(self._start_id, *self._args)
+
+    def process(self, element) -> Iterator[Any]:
+        return iter(())
+
+
+class StartWorkers(beam.PTransform):
+    """Apply to the pipeline to start a kernel transform's worker as the pipeline starts.
+
+    Example:
+        >>> embed = RunKernel(fn, spec=spec, precompile=True)  # doctest: +SKIP
+        >>> _ = pipeline | embed.start_workers()  # doctest: +SKIP
+    """
+
+    def __init__(self, transform: KernelTransform):
+        super().__init__()
+        self._transform = transform
+
+    def expand(self, pbegin):
+        t = self._transform
+        return (
+            pbegin
+            | "Impulse" >> beam.Impulse()
+            | "Start" >> beam.ParDo(_StartWorker(t.fn, t.spec, t.options, t._start_id))
+        )
+
+
+def _check_threshold(bad: int, total: int, threshold: float):
+    if total and bad / total > threshold:
+        raise DeadLetterThresholdError(
+            f"{bad} of {total} elements failed ({bad / total:.2%}), more than the threshold "
+            f"{threshold:.2%}; inspect the dead letters, fix the data or kernel, or raise "
+            "with_exception_handling(threshold=...)."
+        )
+
+
+class KernelTransform(beam.PTransform):
+    """The base of RunKernel, RunKernelOnArrow and ReduceKernel: the function, spec and
+    options, Beam-style exception handling with a failure threshold, and the plan.
+
+    Subclasses build their DoFn in ``expand`` and call ``_outputs`` on its tagged outputs.
+    """
+
+    def __init__(self, fn: Callable[..., Any], *, spec: Any, options: KernelOptions | None, kwargs):
+        super().__init__()
+        if not callable(fn):
+            raise SpecError(f"the kernel fn must be callable, got {fn!r}.")
+        self.fn = fn
+        self.spec = spec
+        self.options = resolve_options(options, kwargs)
+        self.plan()  # the spec, bucketing and output spec must fit together: fail now
+        self._start_id = uuid.uuid4().hex
+        self._handle_errors = False
+        self._threshold = 1.0
+        self._threshold_windowing = None
+        self.cross_bundle: CrossBundle | None = None  # bundle mode
+
+    supports_cross_bundle = True
+
+    @property
+    def metrics_namespace(self) -> str:
+        return self.options.metrics_namespace
+
+    def with_exception_handling(self, *, threshold: float = 1.0, threshold_windowing: Any = None):
+        """Send failed elements to a dead-letter output instead of failing the bundle.
+
+        The transform then returns ``RunKernelResult(results, dead_letters)``, whose dead
+        letters are ``FailedElement`` records, one per failed element.
+
+        Args:
+            threshold: the largest tolerated ratio of dead letters to inputs; above it the
+                pipeline fails with ``DeadLetterThresholdError``. ``1.0`` never fails.
+            threshold_windowing: windowing in which the ratio is computed; default global.
+        """
+        if not 0.0 <= threshold <= 1.0:
+            raise SpecError(f"threshold must be within [0, 1], got {threshold}.")
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone._handle_errors = True
+        clone._threshold = threshold
+        clone._threshold_windowing = threshold_windowing
+        return clone
+
+    def with_cross_bundle_batching(self, config: CrossBundle | None = None, **kwargs):
+        """Batch across bundles: buffer elements in Beam state until a batch is full, has
+        waited ``max_wait_s`` or its window ends (see ``CrossBundle`` and docs/streaming.md).
+
+        Returns a copy of the transform; combine with ``with_exception_handling`` in either
+        order.
+
+        Example:
+            >>> run = RunKernel(fn, spec=spec).with_cross_bundle_batching(  # doctest: +SKIP
+            ...     max_wait_s=0.5, shards=4, when="unbounded")
+
+        Args:
+            config: a ``CrossBundle``; keyword arguments given here override its fields.
+            **kwargs: the fields of ``CrossBundle`` (``max_wait_s``, ``shards``, ``when``,
+                ``clock``).
+        """
+        if not self.supports_cross_bundle:
+            raise SpecError(
+                f"{type(self).__name__} does not batch across bundles: its inputs are whole "
+                "record batches, already batched; use RunKernel or ReduceKernel for "
+                "streaming elements one at a time."
+            )
+        if config is None:
+            config = CrossBundle(**kwargs)
+        elif not isinstance(config, CrossBundle):
+            raise SpecError(f"config must be a CrossBundle, got {config!r}.")
+        elif kwargs:
+            config = dataclasses.replace(config, **kwargs)
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.cross_bundle = config
+        return clone
+
+    def start_workers(self) -> StartWorkers:
+        """A transform to apply to the pipeline root (``pipeline | t.start_workers()``): the
+        worker of this transform is built in the pipeline's first stage, so its parameters
+        load and (with ``precompile``) its shapes compile in the background while earlier
+        stages read the input, instead of when the first element arrives.
+
+        Only a worker process that runs that first stage starts early (on a local runner:
+        the one process; on Dataflow: one worker, whose compiles fill a shared
+        compilation cache); the others start as before.
+        """
+        return StartWorkers(self)
+
+    def start_worker_here(self) -> None:
+        """Build this process's worker now (parameters loaded, with ``precompile`` shapes
+        compiling in the background), for a runner that runs the pipeline in this process
+        (the in-process FnApiRunner): Beam's own start-up then overlaps the compiles.
+        Elsewhere the worker is unused; its compiles still fill a compilation cache."""
+        _start(self._start_id, self.fn, self.spec, self.options)
+
+    def forget_worker_here(self) -> None:
+        """Drop a worker ``start_worker_here`` built that the pipeline did not take (e.g.
+        it failed first), so it is not kept for the rest of the process."""
+        _take_started(self._start_id)
+
+    def plan(self, num_devices: int = 1) -> Plan:
+        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""
+        return make_plan(self.spec, self.options, num_devices)
+
+    def _outputs(self, pcoll, results, dead_letters, count_inputs=lambda _: 1):
+        """The transform's result; with a threshold, also the check that enforces it.
+
+        Args:
+            count_inputs: how many elements one input holds (rows of an Arrow batch).
+        """
+        if not self._handle_errors:
+            return results
+        if self._threshold < 1.0:
+            windowing = self._threshold_windowing or beam_window.GlobalWindows()
+            total = (
+                pcoll
+                | "WindowTotal" >> beam.WindowInto(windowing)
+                | "CountEach" >> beam.Map(count_inputs)
+                | "CountTotal" >> beam.CombineGlobally(sum).as_singleton_view()
+            )
+            _ = (
+                dead_letters
+                | "WindowBad" >> beam.WindowInto(windowing)
+                | "OneEachBad" >> beam.Map(lambda _: 1)
+                | "CountBad" >> beam.CombineGlobally(sum).without_defaults()
+                | "CheckThreshold" >> beam.Map(_check_threshold, total, self._threshold)
+            )
+        return RunKernelResult(results, dead_letters)

@@ -1,0 +1,258 @@
+"""Cross-bundle batching: elements keyed by (bucket, shard), buffered in Beam state per key
+and window, and run by the batch engine when a batch is full, has waited long enough, or its
+window ends.
+
+Two steps replace the front end's one ``ParDo``:
+
+1. ``_KeyByBucket`` validates each element exactly as bundle mode does (invalid ones become
+   the same dead letters), picks its bucket and a shard round-robin, and encodes the element
+   with ``core/tree_codec`` (no pickle), so an element that cannot be stored fails here, as a
+   dead letter, not later inside the runner.
+2. A stateful front end (``CrossBundleFrontEnd`` mixed into RunKernel's or ReduceKernel's
+   DoFn) adds elements to ``BagState``, sets a processing-time timer when a buffer gets its
+   first element and an event-time timer at the window's end, and flushes: it reads the bag,
+   clears it, validates again (deterministic: the element passed once) and hands the rows to
+   ``BatchEngine.launch``. Batches land as in bundle mode (at the next launch or at the end
+   of the bundle), so dead letters, thresholds, metrics and compile counts are the engine's.
+
+State is per key *and window*, so a batch never mixes windows; results keep their element's
+timestamp and window (the event-time timer at the window's end holds the watermark, so no
+result is late for its own window).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+from apache_beam import typehints
+from apache_beam.coders import VarIntCoder
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import (
+    BagStateSpec,
+    ReadModifyWriteStateSpec,
+    TimerSpec,
+    on_timer,
+)
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION, FailedElement
+from beam_jax._src.core.tree_codec import decode_tree, encode_tree
+from beam_jax._src.engine.cross_bundle import CrossBundle
+from beam_jax._src.engine.metrics import BufferMetrics, KernelMetrics
+from beam_jax._src.engine.worker import make_plan
+from beam_jax._src.transforms.base import Source, validate_element
+
+
+class BufferedElement(NamedTuple):
+    """One element as it waits in Beam state.
+
+    Attributes:
+        payload: ``encode_tree((key, value))`` of the element as it entered the transform.
+        timestamp_micros: its event timestamp.
+        arrival: processing time (seconds) it entered its buffer; 0 before that.
+    """
+
+    payload: bytes
+    timestamp_micros: int
+    arrival: float
+
+
+class BufferedElementCoder(beam.coders.Coder):
+    """Encodes ``BufferedElement`` without pickle (registered when beam_jax is imported)."""
+
+    def encode(self, value: BufferedElement) -> bytes:
+        return encode_tree(tuple(value))
+
+    def decode(self, encoded: bytes) -> BufferedElement:
+        return BufferedElement(*decode_tree(encoded))
+
+    def estimate_size(self, value: BufferedElement) -> int:
+        return len(value.payload) + 32
+
+    def is_deterministic(self) -> bool:
+        return False
+
+    def to_type_hint(self):
+        return BufferedElement
+
+    def __eq__(self, other):
+        return type(self) is type(other)
+
+    def __hash__(self):
+        return hash(type(self))
+
+
+beam.coders.registry.register_coder(BufferedElement, BufferedElementCoder)
+
+# Keys are (bucket index, shard): a tuple of ints, encoded by Beam's deterministic
+# TupleCoder(VarIntCoder, VarIntCoder), as stateful ParDos require.
+KEYED = typehints.KV[typehints.Tuple[int, int], BufferedElement]
+
+
+def _dead_letter(error: BaseException, stage: str, key, element, timestamp, window):
+    record = FailedElement.from_exception(error, stage=stage, element=element, key=key)
+    return beam.pvalue.TaggedOutput(
+        DEAD_LETTERS, beam.utils.windowed_value.WindowedValue(record, timestamp, (window,))
+    )
+
+
+class _KeyByBucket(beam.DoFn):
+    """Validate, choose ``(bucket, shard)`` and encode each element (step 1)."""
+
+    def __init__(self, spec, options, handle_errors: bool, keyed: bool, config: CrossBundle):
+        self._spec = spec
+        self._options = options
+        self._handle_errors = handle_errors
+        self._keyed = keyed
+        self._shards = config.shards
+
+    def setup(self):
+        # Bucket assignment does not depend on the device count (only batch sizes do).
+        self._plan = make_plan(self._spec, self._options)
+        self._index = {b: i for i, b in enumerate(self._plan.buckets)}
+        self._metrics = KernelMetrics(self._options.metrics_namespace)
+        self._sent: collections.Counter[int] = collections.Counter()
+
+    def process(
+        self, element, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam
+    ) -> Iterator[Any]:
+        self._metrics.elements_in.inc()
+        key, value, item, error = validate_element(self._plan, element, self._keyed)
+        if error is None:
+            try:
+                payload = encode_tree((key, value))
+            except TypeError as e:  # an element state cannot hold: dead-lettered here
+                error = e
+        if error is not None:
+            if not self._handle_errors:
+                raise error
+            self._metrics.dead_letter(VALIDATION)
+            yield _dead_letter(error, VALIDATION, key, value, timestamp, window)
+            return
+        index = self._index[self._plan.bucket_for(item.lengths)]
+        shard = self._sent[index] % self._shards
+        self._sent[index] += 1
+        yield (index, shard), BufferedElement(payload, timestamp.micros, 0.0)
+
+
+BUFFER = BagStateSpec("buffer", BufferedElementCoder())
+COUNT = ReadModifyWriteStateSpec("count", VarIntCoder())
+MAX_WAIT = TimerSpec("max_wait", TimeDomain.REAL_TIME)
+WINDOW_END = TimerSpec("window_end", TimeDomain.WATERMARK)
+_BUFFER, _COUNT = beam.DoFn.StateParam(BUFFER), beam.DoFn.StateParam(COUNT)
+_MAX_WAIT, _WINDOW_END = beam.DoFn.TimerParam(MAX_WAIT), beam.DoFn.TimerParam(WINDOW_END)
+
+
+class CrossBundleFrontEnd:
+    """The stateful half (step 2), mixed in before an elements front end (a ``WorkerDoFn``
+    whose buffers hold ``(Source, Validated)`` items), e.g.
+    ``class _Buffered(CrossBundleFrontEnd, ElementsFrontEnd)``.
+    """
+
+    cross_bundle: CrossBundle  # set by ``buffered_outputs``
+
+    def setup(self):
+        super().setup()
+        self._buffer_metrics = BufferMetrics(self._options.metrics_namespace)
+
+    def process(
+        self,
+        element,
+        window=beam.DoFn.WindowParam,
+        buffer=_BUFFER,
+        count=_COUNT,
+        max_wait=_MAX_WAIT,
+        window_end=_WINDOW_END,
+    ) -> Iterator[Any]:
+        (index, _), stored = element
+        held = count.read() or 0
+        now = self.cross_bundle.clock()
+        if not held:
+            max_wait.set(Timestamp.of(now + self.cross_bundle.max_wait_s))
+            window_end.set(window.max_timestamp())
+        buffer.add(stored._replace(arrival=now))
+        count.write(held + 1)
+        if held + 1 >= self._worker.limit(self._plan.buckets[index]):
+            yield from self._flush_state(index, window, buffer, count, max_wait, "full")
+
+    @on_timer(MAX_WAIT)
+    def _on_max_wait(
+        self,
+        key=beam.DoFn.KeyParam,
+        window=beam.DoFn.WindowParam,
+        buffer=_BUFFER,
+        count=_COUNT,
+        max_wait=_MAX_WAIT,
+    ) -> Iterator[Any]:
+        yield from self._flush_state(key[0], window, buffer, count, max_wait, "timer")
+
+    @on_timer(WINDOW_END)
+    def _on_window_end(
+        self,
+        key=beam.DoFn.KeyParam,
+        window=beam.DoFn.WindowParam,
+        buffer=_BUFFER,
+        count=_COUNT,
+        max_wait=_MAX_WAIT,
+    ) -> Iterator[Any]:
+        yield from self._flush_state(key[0], window, buffer, count, max_wait, "window_end")
+
+    def _flush_state(self, index, window, buffer, count, max_wait, cause) -> Iterator[Any]:
+        """Read and clear one key's buffer, then launch its rows as one batch."""
+        stored = list(buffer.read())
+        buffer.clear()
+        count.clear()
+        max_wait.clear()
+        if not stored:
+            return
+        now = self.cross_bundle.clock()
+        self._buffer_metrics.flushed(
+            cause, [max(0, round((now - s.arrival) * 1000)) for s in stored]
+        )
+        rows = self.new_buffer(self._plan.buckets[index], window, len(stored))
+        for s in stored:
+            key, value = decode_tree(s.payload)
+            source = Source(key, value, Timestamp(micros=s.timestamp_micros), window)
+            error = None
+            try:
+                item = self._plan.validate(value)
+            except Exception as e:  # noqa: BLE001 - cannot happen for a deterministic spec
+                error = e
+            if error is not None:
+                yield from self._engine.reject(error, VALIDATION, [source])
+                continue
+            rows.items.append((source, item))
+        if rows.size:
+            yield from self._engine.launch(rows)
+        # Land the batch before the callback returns: results of a timer firing come out
+        # of that firing (the direct runner drops a timer bundle's finish_bundle outputs
+        # once the watermark has passed), and every runner handles that alike.
+        yield from self._engine.flush()
+        yield from self.flushed()
+
+    def flushed(self) -> Iterator[Any]:
+        """Outputs due once a flush's batches landed (ReduceKernel: its partial sums)."""
+        return iter(())
+
+
+def buffered_outputs(
+    pcoll, front: Any, config: CrossBundle, *, spec, options, handle_errors, keyed, main: str
+):
+    """Apply cross-bundle batching: ``(main outputs, dead letters)``.
+
+    Args:
+        front: the stateful front end DoFn (a ``CrossBundleFrontEnd`` subclass instance).
+        main: the tag of the front end's main output.
+    """
+    front.cross_bundle = config
+    keyed_out = pcoll | "KeyByBucket" >> beam.ParDo(
+        _KeyByBucket(spec, options, handle_errors, keyed, config)
+    ).with_output_types(KEYED).with_outputs(DEAD_LETTERS, main="keyed")
+    outputs = keyed_out.keyed | "RunBatches" >> beam.ParDo(front).with_outputs(
+        DEAD_LETTERS, main=main
+    )
+    dead = (keyed_out[DEAD_LETTERS], outputs[DEAD_LETTERS]) | "DeadLetters" >> beam.Flatten()
+    return outputs[main], dead
