@@ -8,15 +8,15 @@ the compiled kernel, the batch engine, Arrow decoding) is in ``beam_jax.internal
 from beam_jax import _quiet  # noqa: F401  # isort: skip
 from beam_jax._src.arrow.columns import ArrowColumns as ArrowColumns
 from beam_jax._src.arrow.io import ReadArrowBatches as ReadArrowBatches
-from beam_jax._src.core.boundaries import plan_boundaries as plan_boundaries
-from beam_jax._src.core.bucket_plan import BucketingPlan as BucketingPlan
-from beam_jax._src.core.bucket_plan import plan_bucketing as plan_bucketing
-from beam_jax._src.core.buckets import Bucketing as Bucketing
-from beam_jax._src.core.buckets import default_boundaries as default_boundaries
+from beam_jax._src.bucketing.boundaries import plan_boundaries as plan_boundaries
+from beam_jax._src.bucketing.bucket_plan import BucketingPlan as BucketingPlan
+from beam_jax._src.bucketing.bucket_plan import plan_bucketing as plan_bucketing
+from beam_jax._src.bucketing.buckets import Bucketing as Bucketing
+from beam_jax._src.bucketing.fit import FitToMemory as FitToMemory
+from beam_jax._src.bucketing.rule import default_boundaries as default_boundaries
 from beam_jax._src.core.dead_letter import DEAD_LETTERS as DEAD_LETTERS
 from beam_jax._src.core.dead_letter import FailedElement as FailedElement
 from beam_jax._src.core.dead_letter import Stage as Stage
-from beam_jax._src.core.fit import FitToMemory as FitToMemory
 from beam_jax._src.core.spec import ArraySpec as ArraySpec
 from beam_jax._src.core.validation import Validation as Validation
 from beam_jax._src.engine.cross_bundle import CrossBundle as CrossBundle

@@ -1,5 +1,6 @@
 """The public surface: what pipeline authors import, what power users reach one level down."""
 
+import ast
 import dataclasses
 import importlib
 import pathlib
@@ -149,16 +150,75 @@ def test_kernel_options_are_stated_once_and_the_kwargs_type_matches():
         assert str(hints[name]).replace(" | None", "") in str(resolved[name]), name
 
 
+def _imports(path: pathlib.Path) -> set[str]:
+    """Every module ``path`` imports, at its top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """``beam_jax``'s modules and the ``beam_jax`` modules each imports (lazily or not)."""
+    root = pathlib.Path(bj.__file__).parent
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return {
+        name: {m for m in _imports(path) if m in modules and m != name}
+        for name, path in modules.items()
+    } | {"__paths__": modules}  # type: ignore[dict-item]
+
+
 def test_imports_only_go_down_the_layers():
-    """core < kernel < engine < transforms; arrow (columns, decode, fill, encode, io) sits
-    beside kernel and is used by transforms; inference (RunInference's model handlers, a
-    front end of the engine, and RunKernel on YAML rows) sits on top of transforms."""
-    rank = {"core": 0, "arrow": 1, "kernel": 1, "engine": 2, "transforms": 3, "inference": 4}
+    """bucketing < core < arrow, kernel < engine < transforms < inference < cli: a module
+    imports only from its own layer and those below (lazy imports included)."""
+    rank = {"bucketing": 0, "core": 1, "arrow": 2, "kernel": 2, "engine": 3, "transforms": 4,
+            "inference": 5, "cli": 6}  # fmt: skip
     root = pathlib.Path(bj.__file__).parent / "_src"
+    assert {p.name for p in root.iterdir() if (p / "__init__.py").exists()} == set(rank)
     for package, level in rank.items():
         for path in (root / package).glob("*.py"):
             module = importlib.import_module(f"beam_jax._src.{package}.{path.stem}")
-            text = path.read_text()
-            for other, other_level in rank.items():
-                if other != package and f"from beam_jax._src.{other}" in text:
-                    assert other_level < level, (module.__name__, other)
+            for imported in _imports(path):
+                other = imported.split(".")[2] if imported.startswith("beam_jax._src.") else None
+                if other in rank and other != package:
+                    assert rank[other] < level, (module.__name__, imported)
+
+
+def test_beam_jax_never_imports_pipelines():
+    """The CLI reaches the flagship by registered names (entry points), never by import."""
+    paths = _module_graph()["__paths__"]
+    for name, path in paths.items():
+        bad = {m for m in _imports(path) if m == "pipelines" or m.startswith("pipelines.")}
+        assert not bad, (name, bad)
+
+
+def test_the_import_graph_of_beam_jax_has_no_cycles():
+    graph = _module_graph()
+    del graph["__paths__"]
+    # A package's own __init__ importing its submodules is not a cycle through them.
+    edges = {
+        name: {m for m in deps if not (name == "beam_jax" or m.startswith(name + "."))}
+        for name, deps in graph.items()
+    }
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                raise AssertionError(f"import cycle: {' -> '.join(path + [node, nxt])}")
+            if nxt not in state:
+                visit(nxt, path + [node])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from beam_jax._src.arrow.decode import DecodedBatch
-from beam_jax._src.core.buckets import Bucket
+from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.plan import PaddedBatch, Plan, aligned_full
 
 

@@ -22,6 +22,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.json as pj
 
+from beam_jax._src.cli import registry
+
 __all__ = ["MEASURES", "column_lengths", "read_column", "tokenizer_counts"]
 
 MEASURES = ("auto", "list", "chars", "bytes", "tokens")
@@ -67,22 +69,13 @@ def read_column(pattern: str, column: str) -> pa.ChunkedArray:
 
 
 def tokenizer_counts(name: str) -> Callable[[list[str]], list[int]]:
-    """Token counts per text: ``"minilm"`` (the flagship's, truncated at 256 tokens with
-    [CLS] and [SEP], as it embeds them) or a ``tokenizer.json`` file (no truncation)."""
-    if name == "minilm":
-        from pipelines import minilm
-        from pipelines import text_rows as tr
-
-        tokenizer = minilm.Tokenizer(tr.local_model_dir())
-        return lambda texts: [
-            len(ids) for ids in tokenizer.encode_batch([tr.tokenizer_prefix(t) for t in texts])
-        ]
+    """Token counts per text: a ``tokenizer.json`` file (no truncation), a registered name
+    (``minilm``: the flagship's, truncated at 256 tokens with [CLS] and [SEP], as it embeds
+    them) or ``module:attr``, a zero-argument callable returning ``texts -> counts``."""
+    if not os.path.isfile(name):
+        return registry.load(registry.TOKENIZERS, name, "--tokenizer")()
     import tokenizers
 
-    if not os.path.isfile(name):
-        raise FileNotFoundError(
-            f"--tokenizer {name!r} is neither 'minilm' nor a tokenizer.json file"
-        )
     rust = tokenizers.Tokenizer.from_file(name)
     rust.no_padding()
     rust.no_truncation()

@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs one subcommand; returns its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in pipelines.PIPELINES:
+    if argv and argv[0] in pipelines.names():
         # The pipelines parse their own flags (and Beam's), so they get argv untouched.
         return pipelines.run_pipeline(argv[0], argv[1:])
     args = _parser().parse_args(argv)

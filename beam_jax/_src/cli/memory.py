@@ -6,7 +6,8 @@ the batch sizes the search needs, and lists each analysed shape's argument, outp
 temporary and generated-code bytes, whether XLA's figure is complete (``trusted``), whether
 it fits the budget, and the bucket's chosen batch limit.
 
-``--kernel`` is ``minilm`` (the flagship's encoder) or ``module:attr``, a zero-argument
+``--kernel`` is a registered name (``minilm``, the flagship's encoder, registered by
+``pipelines/``) or ``module:attr``, a zero-argument
 callable returning a dict with ``fn`` (the per-element kernel, ``fn(params, element,
 lengths)``), ``spec`` (the element spec, with exactly one ragged axis) and optionally
 ``load_params`` (zero-argument callable) and ``batched`` (bool).
@@ -15,11 +16,12 @@ lengths)``), ``spec`` (the element spec, with exactly one ragged axis) and optio
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from beam_jax._src.cli import registry
+from beam_jax._src.cli.table import format_table
 
 __all__ = ["KERNEL_HELP", "add_arguments", "analyse", "format_memory", "load_kernel"]
 
@@ -27,9 +29,10 @@ MIB = 1 << 20
 
 KERNEL_HELP = (
     "also list XLA's analysed memory of each (bucket, batch size) shape and the chosen batch "
-    "limit per bucket: 'minilm' (the flagship's encoder) or 'module:attr', a zero-argument "
-    "callable returning a dict with 'fn' (fn(params, element, lengths)), 'spec' (one ragged "
-    "axis) and optional 'load_params' (zero-argument callable) and 'batched' (bool)"
+    "limit per bucket: a registered name ('minilm', the flagship's encoder) or 'module:attr', "
+    "a zero-argument callable returning a dict with 'fn' (fn(params, element, lengths)), "
+    "'spec' (one ragged axis) and optional 'load_params' (zero-argument callable) and "
+    "'batched' (bool)"
 )
 
 
@@ -58,32 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _minilm() -> dict[str, Any]:
-    import numpy as np
-
-    import beam_jax as bj
-    from pipelines import minilm
-    from pipelines import text_rows as tr
-
-    return {
-        "fn": minilm.embed_element,
-        "spec": {"input_ids": bj.ArraySpec(("L",), np.int32)},
-        "load_params": functools.partial(tr.load_params, None),
-    }
-
-
 def load_kernel(name: str) -> dict[str, Any]:
-    """The kernel dict named by ``--kernel`` (``minilm`` or ``module:attr``)."""
-    if name == "minilm":
-        return _minilm()
-    module, _, attr = name.partition(":")
-    if not module or not attr:
-        raise ValueError(f"--kernel {name!r} is neither 'minilm' nor 'module:attr'")
-    try:
-        factory = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--kernel {name!r}: {e}") from e
-    kernel = factory()
+    """The kernel dict named by ``--kernel`` (a registered name or ``module:attr``)."""
+    kernel = registry.load(registry.KERNELS, name, "--kernel")()
     if not isinstance(kernel, dict) or "fn" not in kernel or "spec" not in kernel:
         raise ValueError(
             f"--kernel {name!r} must return a dict with keys 'fn' and 'spec' (optional "
@@ -164,8 +144,6 @@ def analyse(args: argparse.Namespace, plans: Sequence[Any]) -> dict[str, Any] | 
 
 def format_memory(memory: dict[str, Any]) -> str:
     """The memory section as text: a header and one row per analysed shape (MiB)."""
-    from beam_jax._src.cli.plan import format_table
-
     mib = lambda n: n / MIB  # noqa: E731
     rows = [
         {

@@ -1,7 +1,9 @@
-"""``beam-jax embed`` and ``beam-jax curate``: the pipelines of ``pipelines/``, by name.
+"""``beam-jax NAME``: the pipelines packages register (``beam-jax embed``, ``beam-jax curate``).
 
-Every argument after the name goes to the pipeline's own flags (its ``--help`` lists
-them, Beam's flags included), exactly as ``python -m pipelines.embed_text`` takes them.
+A package registers a pipeline under the ``beam_jax.pipelines`` entry-point group as
+``NAME = "package.module:ATTR"``, where ``ATTR`` is ``(module whose main(argv) runs it,
+one-line help)``. Every argument after the name goes to the pipeline's own flags (its
+``--help`` lists them, Beam's flags included), exactly as ``python -m MODULE`` takes them.
 """
 
 from __future__ import annotations
@@ -9,18 +11,19 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 
-__all__ = ["PIPELINES", "run_pipeline"]
+from beam_jax._src.cli import registry
 
-# name -> (module, one-line help)
-PIPELINES = {
-    "embed": ("pipelines.embed_text", "sentence embeddings (MiniLM in JAX) of a text column"),
-    "curate": ("pipelines.curate", "find mislabelled records by per-record gradient scores"),
-}
+__all__ = ["names", "run_pipeline"]
+
+
+def names() -> dict[str, tuple[str, str]]:
+    """``{name: (module, one-line help)}`` of the registered pipelines."""
+    return {name: ep.load() for name, ep in registry.registered(registry.PIPELINES).items()}
 
 
 def add_parsers(subparsers) -> None:
     """Lists the pipelines in ``beam-jax --help`` (their flags are the pipelines' own)."""
-    for name, (module, text) in PIPELINES.items():
+    for name, (module, text) in names().items():
         subparsers.add_parser(
             name, help=f"{text} (python -m {module}; see beam-jax {name} --help)", add_help=False
         )
@@ -28,6 +31,6 @@ def add_parsers(subparsers) -> None:
 
 def run_pipeline(name: str, argv: Sequence[str]) -> int:
     """Runs pipeline ``name``'s ``main`` with ``argv``."""
-    module = importlib.import_module(PIPELINES[name][0])
+    module = importlib.import_module(names()[name][0])
     module.main(list(argv))
     return 0

@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from beam_jax._src.bucketing.boundaries import plan_boundaries
+from beam_jax._src.bucketing.rule import boundary_index
 from beam_jax._src.cli import lengths as lens
 from beam_jax._src.cli import memory as mem
-from beam_jax._src.core.boundaries import plan_boundaries
-from beam_jax._src.core.buckets import boundary_index
+from beam_jax._src.cli.table import format_table
 
 __all__ = ["BUCKET_COLUMNS", "BudgetPlan", "add_parser", "main", "plan_budgets", "plot_plan"]
 
@@ -97,18 +98,6 @@ def _summary(lengths: np.ndarray) -> dict[str, Any]:
     }
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Rows of dicts as aligned text columns (floats with two decimals)."""
-    if not rows:
-        return ""
-    heads = list(rows[0])
-    cell = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
-    cells = [[cell(r.get(h, "")) for h in heads] for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
-    line = lambda vs: "  ".join(v.rjust(w) for v, w in zip(vs, widths, strict=True))  # noqa: E731
-    return "\n".join([line(heads), *(line(c) for c in cells)])
-
-
 def plot_plan(lengths: np.ndarray, plans: Sequence[BudgetPlan], path: str, *, title: str = ""):
     """Draws the length histogram with the largest budget's boundaries (one dashed line
     each), and padding versus number of buckets; saves a PNG to ``path``.
@@ -166,7 +155,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="list lengths, string chars or bytes, or token counts (auto: lists' lengths, "
         "strings' tokens with --tokenizer, else chars)",
     )
-    add("--tokenizer", help="'minilm' (the embed pipeline's) or a tokenizer.json file")
+    add(
+        "--tokenizer",
+        help="a tokenizer.json file, a registered name ('minilm': the embed pipeline's) or "
+        "'module:attr' (a zero-argument callable returning texts -> token counts)",
+    )
     add("--plot", metavar="PNG", help="draw the histogram, boundaries and padding curve")
     add("--json", action="store_true", help="print JSON instead of tables")
     mem.add_arguments(parser)

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from beam_jax._src.cli.plan import format_table
+from beam_jax._src.cli.table import format_table
 
 __all__ = ["add_parser", "load_metrics", "main", "plot_report", "render"]
 

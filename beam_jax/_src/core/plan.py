@@ -12,13 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from beam_jax._src.core.buckets import (
-    Bucket,
-    Bucketing,
-    bucket_index,
-    default_batch_sizes,
-    round_up,
-)
+from beam_jax._src.bucketing.buckets import Bucketing
+from beam_jax._src.bucketing.rule import Bucket, bucket_index, default_batch_sizes, round_up
 from beam_jax._src.core.outputs import BatchOutputs, check_outputs
 from beam_jax._src.core.spec import Layout, as_layout
 from beam_jax._src.core.validation import Validated, Validation, validate

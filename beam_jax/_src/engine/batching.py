@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from beam_jax._src.core.buckets import Bucket
+from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import COMPILE, KERNEL, OUTPUT
 from beam_jax._src.core.outputs import all_finite, nonfinite_rows
 from beam_jax._src.core.plan import PaddedBatch, Plan

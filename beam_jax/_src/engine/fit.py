@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from beam_jax._src.core.buckets import Bucket
-from beam_jax._src.core.fit import FitRow, FitToMemory, search_limits
+from beam_jax._src.bucketing.fit import FitRow, FitToMemory, search_limits
+from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.plan import Plan
+from beam_jax._src.engine.options import make_plan
 from beam_jax._src.errors import SpecError
 from beam_jax._src.kernel.compiled import Kernel
 from beam_jax._src.kernel.memory import analyse_shape, device_free_bytes, params_bytes
@@ -155,8 +156,6 @@ def fit_plan(fn: Callable[..., Any], spec: Any, options: Any) -> FitReport:
         spec: the element spec.
         options: ``KernelOptions`` with ``fit_to_memory`` set.
     """
-    from beam_jax._src.engine.worker import make_plan
-
     policy = options.fit_to_memory
     if policy is None:
         raise SpecError(

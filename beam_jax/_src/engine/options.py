@@ -6,8 +6,9 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
-from beam_jax._src.core.buckets import Bucketing
-from beam_jax._src.core.fit import FitToMemory
+from beam_jax._src.bucketing.buckets import Bucketing
+from beam_jax._src.bucketing.fit import FitToMemory
+from beam_jax._src.core.plan import Plan
 from beam_jax._src.core.validation import Validation
 from beam_jax._src.engine.metrics import NAMESPACE
 from beam_jax._src.errors import SpecError
@@ -117,3 +118,14 @@ def resolve_options(options: KernelOptions | None, kwargs: dict[str, Any]) -> Ke
     if not isinstance(options, KernelOptions):
         raise SpecError(f"options must be a KernelOptions, got {options!r}.")
     return dataclasses.replace(options, **kwargs) if kwargs else options
+
+
+def make_plan(spec: Any, options: KernelOptions, num_devices: int = 1) -> Plan:
+    """The batching plan of ``spec`` under ``options`` for ``num_devices`` devices."""
+    return Plan(
+        spec,
+        options.bucketing,
+        validation=options.validation,
+        output_spec=options.output_spec,
+        num_devices=num_devices,
+    )

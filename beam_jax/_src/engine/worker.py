@@ -7,24 +7,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from beam_jax._src.core.buckets import Bucket
-from beam_jax._src.core.plan import Plan
+from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.engine.fit import FitReport, fit_batch_limits
-from beam_jax._src.engine.options import KernelOptions
+from beam_jax._src.engine.options import KernelOptions, make_plan
 from beam_jax._src.kernel.cache import enable_compilation_cache
 from beam_jax._src.kernel.compiled import Kernel
 from beam_jax._src.kernel.precompile import BackgroundCompile
-
-
-def make_plan(spec: Any, options: KernelOptions, num_devices: int = 1) -> Plan:
-    """The batching plan of ``spec`` under ``options`` for ``num_devices`` devices."""
-    return Plan(
-        spec,
-        options.bucketing,
-        validation=options.validation,
-        output_spec=options.output_spec,
-        num_devices=num_devices,
-    )
 
 
 class Worker:

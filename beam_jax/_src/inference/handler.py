@@ -21,13 +21,18 @@ import numpy as np
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult
 from typing_extensions import Unpack
 
-from beam_jax._src.core.buckets import Bucket
+from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import VALIDATION, FailedElement
 from beam_jax._src.core.plan import PaddedBatch, Plan
 from beam_jax._src.engine.batching import BatchEngine, RowBuffer, check_row_outputs
 from beam_jax._src.engine.metrics import KernelMetrics
-from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs, resolve_options
-from beam_jax._src.engine.worker import Worker, make_plan
+from beam_jax._src.engine.options import (
+    KernelOptions,
+    KernelOptionsKwargs,
+    make_plan,
+    resolve_options,
+)
+from beam_jax._src.engine.worker import Worker
 from beam_jax._src.errors import InferenceBatchError, SpecError
 from beam_jax._src.kernel.params import read_params
 

@@ -20,7 +20,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.typehints.row_type import RowTypeConstraint
 
-from beam_jax._src.core.buckets import Bucketing
+from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.core.dead_letter import FailedElement
 from beam_jax._src.core.spec import ArraySpec
 from beam_jax._src.errors import InvalidElementError, SpecError

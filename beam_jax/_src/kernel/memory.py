@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from beam_jax._src.core.fit import ShapeBytes
+from beam_jax._src.bucketing.fit import ShapeBytes
 from beam_jax._src.errors import CompileError
 from beam_jax._src.kernel.compiled import Kernel
 

@@ -19,8 +19,8 @@ from beam_jax._src.core.validation import check_key
 from beam_jax._src.engine.batching import BatchEngine
 from beam_jax._src.engine.cross_bundle import CrossBundle
 from beam_jax._src.engine.metrics import KernelMetrics
-from beam_jax._src.engine.options import KernelOptions, resolve_options
-from beam_jax._src.engine.worker import Worker, make_plan
+from beam_jax._src.engine.options import KernelOptions, make_plan, resolve_options
+from beam_jax._src.engine.worker import Worker
 from beam_jax._src.errors import DeadLetterThresholdError, InvalidElementError, SpecError
 
 

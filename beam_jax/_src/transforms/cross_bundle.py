@@ -42,7 +42,7 @@ from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION, FailedEleme
 from beam_jax._src.core.tree_codec import decode_tree, encode_tree
 from beam_jax._src.engine.cross_bundle import CrossBundle
 from beam_jax._src.engine.metrics import BufferMetrics, KernelMetrics
-from beam_jax._src.engine.worker import make_plan
+from beam_jax._src.engine.options import make_plan
 from beam_jax._src.transforms.base import Source, validate_element
 
 

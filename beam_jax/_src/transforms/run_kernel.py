@@ -9,7 +9,7 @@ import apache_beam as beam
 from apache_beam.utils.windowed_value import WindowedValue
 from typing_extensions import Unpack
 
-from beam_jax._src.core.buckets import Bucket
+from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax._src.engine.batching import RowBuffer, check_row_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs

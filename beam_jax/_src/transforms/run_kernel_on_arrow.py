@@ -17,7 +17,7 @@ from beam_jax._src.arrow.decode import decode_batch
 from beam_jax._src.arrow.encode import outputs_to_arrow
 from beam_jax._src.arrow.fill import BucketFill
 from beam_jax._src.arrow.io import source_of
-from beam_jax._src.core.buckets import Bucket
+from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax._src.engine.batching import check_row_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from beam_jax._src.core.buckets import boundary_index
+from beam_jax._src.bucketing.rule import boundary_index
 from beam_jax._src.errors import SpecError
 
 # Rows of the DP's cost matrix computed at once; bounds memory to ~_CHUNK x distinct lengths.

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from beam_jax._src.core.boundaries import plan_boundaries
-from beam_jax._src.core.buckets import Bucketing, boundary_index, round_up
+from beam_jax._src.bucketing.boundaries import plan_boundaries
+from beam_jax._src.bucketing.buckets import Bucketing
+from beam_jax._src.bucketing.rule import boundary_index, round_up
 from beam_jax._src.errors import SpecError
 
 
