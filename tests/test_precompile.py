@@ -131,7 +131,7 @@ def test_start_workers_alone_builds_and_keeps_a_worker(tmp_path):
 def test_a_full_batch_whose_shape_is_compiling_waits_while_ready_shapes_run():
     from apache_beam.transforms.window import GlobalWindow
 
-    from beam_jax._src.transforms.run_kernel import ElementsFrontEnd
+    from beam_jax._src.transforms.elements import ElementsDoFn
 
     release = threading.Event()
 
@@ -145,7 +145,7 @@ def test_a_full_batch_whose_shape_is_compiling_waits_while_ready_shapes_run():
         batched=True, precompile=True,
         bucketing=bj.Bucketing(boundaries={"L": (4, 8)}, batch_size=4, batch_sizes=(4,)),
     )  # fmt: skip
-    dofn = ElementsFrontEnd(total, spec, options, handle_errors=False, keyed=False)
+    dofn = ElementsDoFn(total, spec, options, handle_errors=False, keyed=False)
     dofn.setup()
     try:
         worker = dofn._worker

@@ -430,7 +430,9 @@ def test_dead_letters_are_plain_json_with_bounded_echo():
         ValueError("boom"), stage="validation", element={"text": huge}, key=huge
     )
     data = json.loads(record.to_json())
-    assert set(data) == {"key", "element", "stage", "error_type", "message", "traceback"}
+    assert set(data) == {"key", "element", "stage", "error_type", "message", "traceback",
+                         "source", "row", "key_type"}  # fmt: skip
+    assert bj.FailedElement.from_dict(data) == record
     assert len(record.to_json()) < 20_000
     odd = bj.FailedElement.from_exception(
         ValueError("x"), stage="kernel", element=BrokenRepr(), key=BrokenRepr()

@@ -76,33 +76,58 @@ def describe(value: Any, limit: int = MAX_ECHO_CHARS) -> str:
     return _truncate(text, limit)
 
 
-def encodable_key(key: Any) -> Any:
-    """``key`` itself if JSON and Parquet can hold it, else its bounded repr."""
-    if key is None or isinstance(key, bool | int | float | str):
-        if isinstance(key, str):
-            return _truncate(key, MAX_ECHO_CHARS)
-        return key
+_SCALARS = (bool, int, float, str)
+
+
+def _keyable(key: Any) -> Any:
+    """``key`` as JSON/Parquet can hold it with its type, or raises ``TypeError``."""
+    if key is None or isinstance(key, _SCALARS):
+        return _truncate(key, MAX_ECHO_CHARS) if isinstance(key, str) else key
     if isinstance(key, np.generic) and key.dtype.kind in "biuf":
         return key.item()
+    if isinstance(key, tuple) and type(key) is tuple:
+        return tuple(_keyable(k) for k in key)
+    raise TypeError(type(key).__name__)
+
+
+def encodable_key(key: Any) -> tuple[Any, str | None]:
+    """``(key, None)`` when JSON and Parquet can hold ``key`` with its type (``None``, bool,
+    int, float, str, numpy numbers, and tuples of these, nested), else ``(stand-in, type
+    name)``: bytes decode to text, anything else becomes its bounded repr."""
+    try:
+        return _keyable(key), None
+    except TypeError:
+        pass
     if isinstance(key, bytes):
-        return _truncate(key.decode("utf-8", errors="backslashreplace"), MAX_ECHO_CHARS)
-    return describe(key)
+        text = key.decode("utf-8", errors="backslashreplace")
+        return _truncate(text, MAX_ECHO_CHARS), "bytes"
+    return describe(key), type(key).__name__
 
 
 @dataclasses.dataclass(frozen=True)
 class FailedElement:
-    """Why one element produced no result.
+    """Why one element produced no result, and where it came from.
 
-    Every field is a plain ``str`` (or a JSON scalar for ``key``), so records can be written
-    to JSON lines or Parquet without pickling; echoes of the element are bounded in size.
+    Every field is a plain value (``str``, ``int`` or ``None``; ``key`` a JSON scalar or a
+    tuple of them), so records can be written to JSON lines or Parquet without pickling;
+    echoes of the element are bounded in size. This module builds every record
+    (``from_exception``, ``from_error``), whichever transform or reader failed; the schema
+    of records written to files is in docs/dead_letters.md.
 
     Attributes:
-        key: the element's key for keyed input (``None`` otherwise).
+        key: the element's key: the Beam key of keyed input, the id column of the Arrow
+            path, the element's index in its batch for ``RunInference``; ``None`` otherwise.
+            It keeps its type (tuples stay tuples) unless ``key_type`` is set.
         element: a truncated description of the failed element.
-        stage: where it failed: ``"validation"``, ``"compile"``, ``"kernel"`` or ``"output"``.
+        stage: where it failed: ``"validation"``, ``"compile"``, ``"kernel"``, ``"output"``
+            or ``"read"`` (or a pipeline's own stage).
         error_type: the exception's class name.
         message: the exception's message.
         traceback: the formatted traceback, truncated.
+        source: the input the element was read from (a file path), when known.
+        row: the element's row in ``source`` (0-based), when known.
+        key_type: ``None`` when ``key`` has its original type; else that type's name, and
+            ``key`` holds a stand-in (bytes decoded as UTF-8, other types their repr).
     """
 
     key: Any
@@ -111,10 +136,26 @@ class FailedElement:
     error_type: str
     message: str
     traceback: str
+    source: str | None = None
+    row: int | None = None
+    key_type: str | None = None
+
+    def __post_init__(self):
+        if self.row is not None and (not isinstance(self.row, int) or self.row < 0):
+            raise ValueError(f"row must be a non-negative int or None, got {self.row!r}.")
+        if self.source is not None and not isinstance(self.source, str):
+            raise ValueError(f"source must be a str (a path) or None, got {self.source!r}.")
 
     @classmethod
     def from_exception(
-        cls, error: BaseException, *, stage: str, element: Any, key: Any = None
+        cls,
+        error: BaseException,
+        *,
+        stage: str,
+        element: Any,
+        key: Any = None,
+        source: str | None = None,
+        row: int | None = None,
     ) -> FailedElement:
         """The record of ``error``, raised for ``element`` at ``stage``.
 
@@ -123,20 +164,67 @@ class FailedElement:
         """
         cause = error.__cause__ if error.__cause__ is not None else error
         trace = "".join(tb.format_exception(type(error), error, error.__traceback__))
-        return cls(
-            key=encodable_key(key),
-            element=describe(element),
+        return cls.from_error(
+            type(cause).__name__,
+            str(cause),
             stage=stage,
-            error_type=type(cause).__name__,
-            message=_keep_ends(str(cause), MAX_MESSAGE_CHARS),
-            traceback=_keep_ends(trace, MAX_TRACEBACK_CHARS),
+            element=describe(element),
+            key=key,
+            source=source,
+            row=row,
+            traceback=trace,
         )
+
+    @classmethod
+    def from_error(
+        cls,
+        error_type: str,
+        message: str,
+        *,
+        stage: str,
+        element: Any,
+        key: Any = None,
+        source: str | None = None,
+        row: int | None = None,
+        traceback: str = "",
+    ) -> FailedElement:
+        """The record of an error known by its type name and message (no exception object,
+        e.g. one reported by another process); ``element`` is a description (a ``str``,
+        kept) or a value (described)."""
+        key, key_type = encodable_key(key)
+        return cls(
+            key=key,
+            element=element if isinstance(element, str) else describe(element),
+            stage=stage,
+            error_type=error_type,
+            message=_keep_ends(message, MAX_MESSAGE_CHARS),
+            traceback=_keep_ends(traceback, MAX_TRACEBACK_CHARS),
+            source=source,
+            row=None if row is None else int(row),
+            key_type=key_type,
+        )
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> FailedElement:
+        """A record read back from a file (``to_dict``/``to_json`` output, or a row of the
+        schema in docs/dead_letters.md): lists become tuples again (JSON has no tuples)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - names)
+        if unknown:
+            raise ValueError(
+                f"not a dead letter: unknown field(s) {unknown}; the fields are {sorted(names)}."
+            )
+        return cls(**{**fields, "key": _untuple(fields.get("key"))})
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a dict of plain values (a row for Parquet or a DataFrame)."""
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
-        """The record as one line of JSON, keys sorted; ``FailedElement(**json.loads(line))``
-        reads it back."""
+        """The record as one line of JSON, keys sorted; ``FailedElement.from_dict(
+        json.loads(line))`` reads it back."""
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _untuple(value: Any) -> Any:
+    return tuple(_untuple(v) for v in value) if isinstance(value, list) else value

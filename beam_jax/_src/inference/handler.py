@@ -21,10 +21,10 @@ import numpy as np
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult
 from typing_extensions import Unpack
 
-from beam_jax._src.bucketing.rule import Bucket
-from beam_jax._src.core.dead_letter import VALIDATION, FailedElement
-from beam_jax._src.core.plan import PaddedBatch, Plan
-from beam_jax._src.engine.batching import BatchEngine, RowBuffer, check_row_outputs
+from beam_jax._src.core.dead_letter import FailedElement
+from beam_jax._src.core.plan import Plan
+from beam_jax._src.engine.batching import BatchEngine
+from beam_jax._src.engine.elements import ElementFrontEnd, PerElement
 from beam_jax._src.engine.metrics import KernelMetrics
 from beam_jax._src.engine.options import (
     KernelOptions,
@@ -68,37 +68,6 @@ def default_length_fn(plan: Plan) -> Callable[[Any], int] | None:
         if spec.ragged_axes:
             return functools.partial(_leaf_length, leaf, spec.ragged_axes[0][0])
     return None
-
-
-class _BatchRun:
-    """The engine's front end for one ``run_inference`` call: results by batch index."""
-
-    def __init__(self, plan: Plan, size: int):
-        self._plan = plan
-        self.results: list[Any] = [None] * size
-        self.failures: list[tuple[int, str, BaseException]] = []
-
-    def new_buffer(self, bucket: Bucket, slot: Any, capacity: int) -> RowBuffer:
-        return RowBuffer(self._plan, bucket, slot)
-
-    def release(self, buffer: RowBuffer) -> None:
-        pass
-
-    def check(self, outputs: Any, batch: PaddedBatch):
-        return check_row_outputs(self._plan, outputs, batch)
-
-    def emit(self, buffer, rows, keep, outputs, batch) -> Iterator[Any]:
-        chosen = [buffer.items[int(rows[k])] for k in keep]
-        split = self._plan.split_outputs(outputs, keep, [item for _, item in chosen])
-        for (index, _), result in zip(chosen, split, strict=True):
-            self.results[index] = result
-        yield from ()
-
-    def source(self, buffer: RowBuffer, row: int) -> int:
-        return buffer.items[row][0]
-
-    def dead_letter(self, error: BaseException, stage: str, source: int) -> None:
-        self.failures.append((source, stage, error))
 
 
 def _drain(outputs: Iterator[Any]) -> None:
@@ -272,31 +241,30 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
     def _run(self, batch: Sequence[Any], worker: Worker) -> list[Any]:
         metrics = self._kernel_metrics()
         plan = worker.plan
-        run = _BatchRun(plan, len(batch))
+        results: list[Any] = [None] * len(batch)
+        failures: list[tuple[int, str, BaseException]] = []
+        front = ElementFrontEnd(
+            plan,
+            PerElement(plan, results.__setitem__),
+            lambda error, stage, index: failures.append((index, stage, error)),
+        )
 
         def report_compiles() -> None:
             metrics.compiled(*worker.take_compile_stats())
 
-        engine = BatchEngine(
-            worker, metrics, run, handle_errors=True, report_compiles=report_compiles
+        front.engine = BatchEngine(
+            worker, metrics, front, handle_errors=True, report_compiles=report_compiles
         )
         metrics.elements_in.inc(len(batch))
-        items = []
-        for index, example in enumerate(batch):
-            try:
-                items.append((index, plan.validate(example)))
-            except Exception as e:  # noqa: BLE001 - reported per element below
-                _drain(engine.reject(e, VALIDATION, [index]))
-        if not run.failures:  # the batch fails anyway: don't run the kernel for it
+        items = [(index, front.validate(index, x, [])) for index, x in enumerate(batch)]
+        if not failures:  # the batch fails anyway: don't run the kernel for it
             for index, item in items:
-                buffer = engine.buffer(plan.bucket_for(item.lengths))
-                buffer.items.append((index, item))
-                _drain(engine.added(buffer))
-            _drain(engine.flush())
-        if run.failures:
-            raise _batch_error(batch, run.failures)
+                _drain(front.add(index, item))
+            _drain(front.engine.flush())
+        if failures:
+            raise _batch_error(batch, failures)
         metrics.results.inc(len(batch))
-        return run.results
+        return results
 
 
 def _batch_error(batch: Sequence[Any], failures) -> InferenceBatchError:

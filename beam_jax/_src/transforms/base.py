@@ -13,15 +13,14 @@ from apache_beam.transforms import window as beam_window
 from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_jax._src.core.dead_letter import DEAD_LETTERS, FailedElement, describe
+from beam_jax._src.core.dead_letter import DEAD_LETTERS, FailedElement
 from beam_jax._src.core.plan import Plan
-from beam_jax._src.core.validation import check_key
 from beam_jax._src.engine.batching import BatchEngine
 from beam_jax._src.engine.cross_bundle import CrossBundle
 from beam_jax._src.engine.metrics import KernelMetrics
 from beam_jax._src.engine.options import KernelOptions, make_plan, resolve_options
 from beam_jax._src.engine.worker import Worker
-from beam_jax._src.errors import DeadLetterThresholdError, InvalidElementError, SpecError
+from beam_jax._src.errors import DeadLetterThresholdError, SpecError
 
 
 class RunKernelResult(NamedTuple):
@@ -37,29 +36,31 @@ class RunKernelResult(NamedTuple):
 
 
 class Source(NamedTuple):
-    """How a dead letter describes its row: key, a bounded echo, and where it belongs."""
+    """How a dead letter describes its row: key, a bounded echo, where it belongs (timestamp
+    and window) and where it was read from (``source`` file and ``row``, when known)."""
 
     key: Any
     element: Any
     timestamp: Any
     window: Any
+    source: str | None = None
+    row: int | None = None
 
 
-def validate_element(plan: Plan, element: Any, keyed: bool) -> tuple[Any, Any, Any, Any]:
-    """``(key, value, validated, error)`` of one input element: ``validated`` is ``None``
-    and ``error`` the exception when the element (or its key) is invalid."""
-    key, value = None, element
-    try:
-        if keyed:
-            if not isinstance(element, tuple | list) or len(element) != 2:
-                raise InvalidElementError(
-                    f"keyed=True expects (key, value) pairs, received {describe(element)}."
-                )
-            key, value = element
-            check_key(key)
-        return key, value, plan.validate(value), None
-    except Exception as e:  # noqa: BLE001 - every invalid element is dead-lettered
-        return key, value, None, e
+def dead_letter_output(error: BaseException, stage: str, source: Source) -> Any:
+    """The dead-letter output of one row: its ``FailedElement``, tagged ``DEAD_LETTERS``, in
+    the row's timestamp and window. Every front end's ``dead_letter`` is this function."""
+    record = FailedElement.from_exception(
+        error,
+        stage=stage,
+        element=source.element,
+        key=source.key,
+        source=source.source,
+        row=source.row,
+    )
+    return beam.pvalue.TaggedOutput(
+        DEAD_LETTERS, WindowedValue(record, source.timestamp, (source.window,))
+    )
 
 
 class _Holder:
@@ -72,8 +73,10 @@ class WorkerDoFn(beam.DoFn):
     """A DoFn whose instances in one process share one ``Worker`` (params, compiled shapes),
     each running its batches through a ``BatchEngine`` of which it is the front end.
 
-    Subclasses implement the ``FrontEnd`` methods the engine needs (``new_buffer``,
-    ``check``, ``emit``, ``source``) and ``process``.
+    A subclass either is a front end (implements the ``FrontEnd`` methods the engine
+    needs: ``new_buffer``, ``check``, ``emit``, ``source``) or holds one (an
+    ``ElementFrontEnd``, built in ``start_bundle`` with ``new_engine``), and implements
+    ``process``.
     """
 
     def __init__(self, fn: Callable[..., Any], spec: Any, options: KernelOptions, handle_errors):
@@ -97,10 +100,14 @@ class WorkerDoFn(beam.DoFn):
 
     def start_bundle(self):
         # A fresh engine per bundle: nothing of a failed bundle is carried into the next.
-        self._engine = BatchEngine(
+        self._engine = self.new_engine(self)
+
+    def new_engine(self, front: Any) -> BatchEngine:
+        """A ``BatchEngine`` of this DoFn's worker and metrics, with ``front`` its front end."""
+        return BatchEngine(
             self._worker,
             self._metrics,
-            self,
+            front,
             handle_errors=self._handle_errors,
             report_compiles=self._report_compiles,
         )
@@ -119,12 +126,7 @@ class WorkerDoFn(beam.DoFn):
         """Buffers are dropped after their batch lands, unless a subclass reuses them."""
 
     def dead_letter(self, error: BaseException, stage: str, source: Source) -> Any:
-        record = FailedElement.from_exception(
-            error, stage=stage, element=source.element, key=source.key
-        )
-        return beam.pvalue.TaggedOutput(
-            DEAD_LETTERS, WindowedValue(record, source.timestamp, (source.window,))
-        )
+        return dead_letter_output(error, stage, source)
 
 
 # Workers started early by start_workers(), until the transform's own DoFn takes them.
@@ -212,8 +214,6 @@ class KernelTransform(beam.PTransform):
         self._threshold_windowing = None
         self.cross_bundle: CrossBundle | None = None  # bundle mode
 
-    supports_cross_bundle = True
-
     @property
     def metrics_namespace(self) -> str:
         return self.options.metrics_namespace
@@ -254,12 +254,6 @@ class KernelTransform(beam.PTransform):
             **kwargs: the fields of ``CrossBundle`` (``max_wait_s``, ``shards``, ``when``,
                 ``clock``).
         """
-        if not self.supports_cross_bundle:
-            raise SpecError(
-                f"{type(self).__name__} does not batch across bundles: its inputs are whole "
-                "record batches, already batched; use RunKernel or ReduceKernel for "
-                "streaming elements one at a time."
-            )
         if config is None:
             config = CrossBundle(**kwargs)
         elif not isinstance(config, CrossBundle):

@@ -8,12 +8,14 @@ Two steps replace the front end's one ``ParDo``:
    the same dead letters), picks its bucket and a shard round-robin, and encodes the element
    with ``core/tree_codec`` (no pickle), so an element that cannot be stored fails here, as a
    dead letter, not later inside the runner.
-2. A stateful front end (``CrossBundleFrontEnd`` mixed into RunKernel's or ReduceKernel's
-   DoFn) adds elements to ``BagState``, sets a processing-time timer when a buffer gets its
-   first element and an event-time timer at the window's end, and flushes: it reads the bag,
-   clears it, validates again (deterministic: the element passed once) and hands the rows to
-   ``BatchEngine.launch``. Batches land as in bundle mode (at the next launch or at the end
-   of the bundle), so dead letters, thresholds, metrics and compile counts are the engine's.
+2. ``CrossBundleDoFn``, the stateful DoFn (the same ``ElementFrontEnd`` and ``Outputs``
+   strategy as bundle mode: RunKernel's per-element results or ReduceKernel's sums), adds
+   elements to ``BagState``, sets a processing-time timer when a buffer gets its first
+   element and an event-time timer at the window's end, and flushes: it reads the bag,
+   clears it and hands the rows to ``ElementFrontEnd.run_now``, which validates them again
+   (deterministic: each passed once) and runs them as one batch through the engine, landing
+   every batch inside the callback. Dead letters, thresholds, metrics and compile counts are
+   the engine's, as in bundle mode.
 
 State is per key *and window*, so a batch never mixes windows; results keep their element's
 timestamp and window (the event-time timer at the window's end holds the watermark, so no
@@ -38,12 +40,14 @@ from apache_beam.transforms.userstate import (
 )
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION, FailedElement
+from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax._src.core.tree_codec import decode_tree, encode_tree
 from beam_jax._src.engine.cross_bundle import CrossBundle
+from beam_jax._src.engine.elements import validate_element
 from beam_jax._src.engine.metrics import BufferMetrics, KernelMetrics
 from beam_jax._src.engine.options import make_plan
-from beam_jax._src.transforms.base import Source, validate_element
+from beam_jax._src.transforms.base import Source, dead_letter_output
+from beam_jax._src.transforms.elements import ElementsDoFn
 
 
 class BufferedElement(NamedTuple):
@@ -92,13 +96,6 @@ beam.coders.registry.register_coder(BufferedElement, BufferedElementCoder)
 KEYED = typehints.KV[typehints.Tuple[int, int], BufferedElement]
 
 
-def _dead_letter(error: BaseException, stage: str, key, element, timestamp, window):
-    record = FailedElement.from_exception(error, stage=stage, element=element, key=key)
-    return beam.pvalue.TaggedOutput(
-        DEAD_LETTERS, beam.utils.windowed_value.WindowedValue(record, timestamp, (window,))
-    )
-
-
 class _KeyByBucket(beam.DoFn):
     """Validate, choose ``(bucket, shard)`` and encode each element (step 1)."""
 
@@ -130,7 +127,7 @@ class _KeyByBucket(beam.DoFn):
             if not self._handle_errors:
                 raise error
             self._metrics.dead_letter(VALIDATION)
-            yield _dead_letter(error, VALIDATION, key, value, timestamp, window)
+            yield dead_letter_output(error, VALIDATION, Source(key, value, timestamp, window))
             return
         index = self._index[self._plan.bucket_for(item.lengths)]
         shard = self._sent[index] % self._shards
@@ -146,11 +143,9 @@ _BUFFER, _COUNT = beam.DoFn.StateParam(BUFFER), beam.DoFn.StateParam(COUNT)
 _MAX_WAIT, _WINDOW_END = beam.DoFn.TimerParam(MAX_WAIT), beam.DoFn.TimerParam(WINDOW_END)
 
 
-class CrossBundleFrontEnd:
-    """The stateful half (step 2), mixed in before an elements front end (a ``WorkerDoFn``
-    whose buffers hold ``(Source, Validated)`` items), e.g.
-    ``class _Buffered(CrossBundleFrontEnd, ElementsFrontEnd)``.
-    """
+class CrossBundleDoFn(ElementsDoFn):
+    """The stateful step (step 2): ``ElementsDoFn``'s front end and strategy, with elements
+    buffered in Beam state until a flush."""
 
     cross_bundle: CrossBundle  # set by ``buffered_outputs``
 
@@ -212,30 +207,14 @@ class CrossBundleFrontEnd:
         self._buffer_metrics.flushed(
             cause, [max(0, round((now - s.arrival) * 1000)) for s in stored]
         )
-        rows = self.new_buffer(self._plan.buckets[index], window, len(stored))
+        tagged = []
         for s in stored:
             key, value = decode_tree(s.payload)
-            source = Source(key, value, Timestamp(micros=s.timestamp_micros), window)
-            error = None
-            try:
-                item = self._plan.validate(value)
-            except Exception as e:  # noqa: BLE001 - cannot happen for a deterministic spec
-                error = e
-            if error is not None:
-                yield from self._engine.reject(error, VALIDATION, [source])
-                continue
-            rows.items.append((source, item))
-        if rows.size:
-            yield from self._engine.launch(rows)
-        # Land the batch before the callback returns: results of a timer firing come out
+            tagged.append((Source(key, value, Timestamp(micros=s.timestamp_micros), window), value))
+        # Every batch lands before the callback returns: results of a timer firing come out
         # of that firing (the direct runner drops a timer bundle's finish_bundle outputs
         # once the watermark has passed), and every runner handles that alike.
-        yield from self._engine.flush()
-        yield from self.flushed()
-
-    def flushed(self) -> Iterator[Any]:
-        """Outputs due once a flush's batches landed (ReduceKernel: its partial sums)."""
-        return iter(())
+        yield from self._front.run_now(self._plan.buckets[index], window, tagged)
 
 
 def buffered_outputs(
@@ -244,7 +223,7 @@ def buffered_outputs(
     """Apply cross-bundle batching: ``(main outputs, dead letters)``.
 
     Args:
-        front: the stateful front end DoFn (a ``CrossBundleFrontEnd`` subclass instance).
+        front: the stateful DoFn (a ``CrossBundleDoFn``).
         main: the tag of the front end's main output.
     """
     front.cross_bundle = config

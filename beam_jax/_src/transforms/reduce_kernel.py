@@ -13,13 +13,14 @@ from apache_beam.utils.windowed_value import WindowedValue
 from typing_extensions import Unpack
 
 from beam_jax._src.core.dead_letter import DEAD_LETTERS
+from beam_jax._src.core.plan import Plan
 from beam_jax._src.engine.batching import check_summed_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
 from beam_jax._src.errors import SpecError
 from beam_jax._src.kernel.wrappers import SumRows
 from beam_jax._src.transforms.base import KernelTransform
-from beam_jax._src.transforms.cross_bundle import CrossBundleFrontEnd, buffered_outputs
-from beam_jax._src.transforms.run_kernel import ElementsFrontEnd
+from beam_jax._src.transforms.cross_bundle import CrossBundleDoFn, buffered_outputs
+from beam_jax._src.transforms.elements import ElementsDoFn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +91,8 @@ class _SumPartials(beam.CombineFn):
         return Reduction(_finish(acc[0]), acc[1])
 
 
-class _SumFrontEnd(ElementsFrontEnd):
-    """Elements in, one partial sum per window and bundle out (the engine's reduce front end).
+class Summed:
+    """ReduceKernel's ``Outputs`` strategy: one partial sum per window and bundle (or flush).
 
     The kernel runs the user's function wrapped by ``SumRows``, so each batch comes back
     already summed over its real rows; batches never mix windows.
@@ -99,35 +100,25 @@ class _SumFrontEnd(ElementsFrontEnd):
 
     per_window = True
 
-    def start_bundle(self):
-        super().start_bundle()
+    def __init__(self, plan: Plan, metrics: Any):
+        self._plan = plan
+        self._metrics = metrics
         self._sums: dict[Any, tuple[Any, int]] = {}
 
     def check(self, outputs, batch):
         return check_summed_outputs(self._plan, outputs, batch)
 
-    def emit(self, buffer, rows, keep, outputs, batch) -> Iterator[Any]:
-        total, count = self._sums.get(buffer.slot, (None, 0))
+    def emit(self, tags, items, outputs, keep, slot) -> Iterator[Any]:
+        total, count = self._sums.get(slot, (None, 0))
         partial = jax.tree_util.tree_map(lambda x: np.sum(x, axis=0), outputs)
-        self._sums[buffer.slot] = (_add(total, _to_accumulator(partial)), count + len(keep))
+        self._sums[slot] = (_add(total, _to_accumulator(partial)), count + len(keep))
         self._metrics.results.inc(len(keep))
         return iter(())
 
-    def finish_bundle(self) -> Iterator[Any]:
-        yield from super().finish_bundle()
-        yield from self._emit_sums()
-
-    def _emit_sums(self) -> Iterator[Any]:
+    def finish(self) -> Iterator[Any]:
         sums, self._sums = self._sums, {}
         for window, partial in sums.items():
             yield WindowedValue(partial, window.max_timestamp(), (window,))
-
-
-class _BufferedSum(CrossBundleFrontEnd, _SumFrontEnd):
-    """ReduceKernel's front end in cross-bundle mode: each flush emits its partial sum."""
-
-    def flushed(self) -> Iterator[Any]:
-        return self._emit_sums()
 
 
 class ReduceKernel(KernelTransform):
@@ -179,13 +170,17 @@ class ReduceKernel(KernelTransform):
         options = dataclasses.replace(self.options, batched=True)
         config = self.cross_bundle
         if config is not None and config.applies_to(pcoll):
-            front = _BufferedSum(summed, self.spec, options, self._handle_errors, self.keyed)
+            front = CrossBundleDoFn(
+                summed, self.spec, options, self._handle_errors, self.keyed, outputs=Summed
+            )
             partials, dead = buffered_outputs(
                 pcoll, front, config, spec=self.spec, options=options,
                 handle_errors=self._handle_errors, keyed=self.keyed, main="partials",
             )  # fmt: skip
         else:
-            dofn = _SumFrontEnd(summed, self.spec, options, self._handle_errors, self.keyed)
+            dofn = ElementsDoFn(
+                summed, self.spec, options, self._handle_errors, self.keyed, outputs=Summed
+            )
             outputs = pcoll | "SumBatches" >> beam.ParDo(dofn).with_outputs(
                 DEAD_LETTERS, main="partials"
             )

@@ -180,8 +180,6 @@ class RunKernelOnArrow(KernelTransform):
         **kwargs: the fields of ``KernelOptions``, as for ``RunKernel``.
     """
 
-    supports_cross_bundle = False  # its inputs are record batches, batched already
-
     def __init__(
         self,
         fn: Callable[..., Any],
@@ -204,6 +202,19 @@ class RunKernelOnArrow(KernelTransform):
                         f"output_spec leaf of shape {spec.shape}: Arrow outputs carry a "
                         "ragged axis only as a leaf's first axis."
                     )
+
+    def with_cross_bundle_batching(self, config: Any = None, **kwargs: Any):
+        """Not for record batches: they arrive batched already.
+
+        Raises:
+            SpecError: always; use ``RunKernel`` or ``ReduceKernel`` for elements that
+                stream in one at a time.
+        """
+        raise SpecError(
+            f"{type(self).__name__} does not batch across bundles: its inputs are whole "
+            "record batches, already batched; use RunKernel or ReduceKernel for "
+            "streaming elements one at a time."
+        )
 
     def expand(self, pcoll):
         dofn = _ArrowFrontEnd(self.fn, self.spec, self.options, self._handle_errors, self.columns)

@@ -1,0 +1,188 @@
+"""The engine's front end for elements one at a time (no Beam): validate, bucket, buffer,
+check, emit.
+
+Every element path uses this one front end: RunKernel's and ReduceKernel's DoFns (bundle
+mode), the cross-bundle flush, and RunInference's handler. What differs between them is
+handed in, not subclassed:
+
+- an ``Outputs`` strategy: how a batch's checked outputs become results (one per element,
+  ``PerElement``; or one sum per window, ``transforms/reduce_kernel.py``'s ``Summed``), and
+  whether batches keep windows apart;
+- a ``dead_letter`` function: what one failed element's tag becomes (a tagged Beam output,
+  or an entry in the handler's list of failures).
+
+A tag is the front end's caller's description of an element (for the DoFns a ``Source``:
+key, element, timestamp, window, and where it was read from; for the handler, its index in
+Beam's batch): the engine hands it back with the element's result or its failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+import numpy as np
+
+from beam_jax._src.bucketing.rule import Bucket
+from beam_jax._src.core.dead_letter import VALIDATION, describe
+from beam_jax._src.core.plan import PaddedBatch, Plan
+from beam_jax._src.core.validation import Validated, check_key
+from beam_jax._src.engine.batching import BatchEngine, RowBuffer, check_row_outputs
+from beam_jax._src.errors import InvalidElementError
+
+
+def split_element(element: Any, keyed: bool) -> tuple[Any, Any]:
+    """``(key, value)`` of one input element (key ``None`` when not ``keyed``).
+
+    Raises:
+        InvalidElementError: a keyed element is not a ``(key, value)`` pair, or its key is
+            not one Beam can group by.
+    """
+    if not keyed:
+        return None, element
+    if not isinstance(element, tuple | list) or len(element) != 2:
+        raise InvalidElementError(
+            f"keyed=True expects (key, value) pairs, received {describe(element)}."
+        )
+    key, value = element
+    check_key(key)
+    return key, value
+
+
+def validate_element(plan: Plan, element: Any, keyed: bool) -> tuple[Any, Any, Any, Any]:
+    """``(key, value, validated, error)`` of one input element: ``validated`` is ``None``
+    and ``error`` the exception when the element (or its key) is invalid."""
+    key, value = None, element
+    try:
+        key, value = split_element(element, keyed)
+        return key, value, plan.validate(value), None
+    except Exception as e:  # noqa: BLE001 - every invalid element is dead-lettered
+        return key, value, None, e
+
+
+class Outputs(Protocol):
+    """What becomes of a batch's outputs: the strategy an ``ElementFrontEnd`` is given."""
+
+    per_window: bool
+    """Batches keep windows apart (outputs that combine a batch); else a batch may mix
+    windows and each result keeps its own element's."""
+
+    def check(self, outputs: Any, batch: PaddedBatch) -> tuple[Any, np.ndarray | bool]:
+        """``FrontEnd.check``: ``check_row_outputs`` or ``check_summed_outputs``."""
+
+    def emit(
+        self, tags: list[Any], items: list[Validated], outputs: Any, keep: np.ndarray, slot: Any
+    ) -> Iterator[Any]:
+        """Results of the rows kept from one batch: their tags and validated elements, the
+        batch's checked outputs, the kept rows' positions in them (``keep``), and the
+        batch's slot (its window, or ``None``)."""
+
+    def finish(self) -> Iterator[Any]:
+        """Outputs due when the batches of a bundle or a flush have landed."""
+
+
+class PerElement:
+    """One result per element: the outputs cut per row, each turned into an output by
+    ``result(tag, output)`` (e.g. a windowed value)."""
+
+    per_window = False
+
+    def __init__(self, plan: Plan, result: Callable[[Any, Any], Any], metrics: Any = None):
+        self._plan = plan
+        self._result = result
+        self._metrics = metrics
+
+    def check(self, outputs: Any, batch: PaddedBatch) -> tuple[Any, np.ndarray]:
+        return check_row_outputs(self._plan, outputs, batch)
+
+    def emit(self, tags, items, outputs, keep, slot) -> Iterator[Any]:
+        results = self._plan.split_outputs(outputs, keep, items)
+        if self._metrics is not None:
+            self._metrics.results.inc(len(results))
+        for tag, result in zip(tags, results, strict=True):
+            yield self._result(tag, result)
+
+    def finish(self) -> Iterator[Any]:
+        return iter(())
+
+
+class ElementFrontEnd:
+    """The ``FrontEnd`` of elements one at a time, for one ``BatchEngine``.
+
+    Build it, then its engine (``BatchEngine(worker, metrics, front, ...)``), then set
+    ``front.engine``; feed elements with ``add`` (or ``run_now`` for rows that must run at
+    once), and end with ``engine.flush()`` and ``outputs.finish()``.
+
+    Args:
+        plan: the worker's plan.
+        outputs: the ``Outputs`` strategy.
+        dead_letter: ``dead_letter(error, stage, tag)``, the output of one failed element.
+    """
+
+    def __init__(
+        self, plan: Plan, outputs: Outputs, dead_letter: Callable[[BaseException, str, Any], Any]
+    ):
+        self._plan = plan
+        self.outputs = outputs
+        self._dead_letter = dead_letter
+        self.engine: BatchEngine | None = None
+
+    # --- what callers use ---------------------------------------------------------------
+
+    def validate(self, tag: Any, value: Any, errors: list[Any]) -> Validated | None:
+        """``value`` validated, or ``None`` with its dead letter appended to ``errors``."""
+        try:
+            return self._plan.validate(value)
+        except Exception as e:  # noqa: BLE001 - every invalid element is dead-lettered
+            errors.extend(self.engine.reject(e, VALIDATION, [tag]))
+            return None
+
+    def add(self, tag: Any, item: Validated, slot: Any = None) -> Iterator[Any]:
+        """Buffer one validated element under its bucket (and ``slot`` when the strategy
+        keeps windows apart); run its batch if full."""
+        bucket = self._plan.bucket_for(item.lengths)
+        buffer = self.engine.buffer(bucket, slot if self.outputs.per_window else None)
+        buffer.items.append((tag, item))
+        yield from self.engine.added(buffer)
+
+    def reject(self, error: BaseException, tags: Iterable[Any]) -> Iterator[Any]:
+        """Elements that failed validation: one dead letter each (or raise)."""
+        return self.engine.reject(error, VALIDATION, tags)
+
+    def run_now(self, bucket: Bucket, slot: Any, tagged: Iterable[tuple[Any, Any]]):
+        """Validate ``(tag, value)`` pairs of one bucket, run them as one batch, and wait
+        for every batch (a cross-bundle flush)."""
+        buffer = self.new_buffer(bucket, slot, 0)
+        for tag, value in tagged:
+            errors: list[Any] = []
+            item = self.validate(tag, value, errors)
+            yield from errors
+            if item is not None:
+                buffer.items.append((tag, item))
+        if buffer.size:
+            yield from self.engine.launch(buffer)
+        yield from self.engine.flush()
+        yield from self.outputs.finish()
+
+    # --- the engine's FrontEnd ----------------------------------------------------------
+
+    def new_buffer(self, bucket: Bucket, slot: Any, capacity: int) -> RowBuffer:
+        return RowBuffer(self._plan, bucket, slot)
+
+    def release(self, buffer: RowBuffer) -> None:
+        pass
+
+    def check(self, outputs: Any, batch: PaddedBatch):
+        return self.outputs.check(outputs, batch)
+
+    def emit(self, buffer: RowBuffer, rows, keep, outputs, batch) -> Iterator[Any]:
+        chosen = [buffer.items[int(rows[k])] for k in keep]
+        tags = [tag for tag, _ in chosen]
+        items = [item for _, item in chosen]
+        return self.outputs.emit(tags, items, outputs, keep, buffer.slot)
+
+    def source(self, buffer: RowBuffer, row: int) -> Any:
+        return buffer.items[row][0]
+
+    def dead_letter(self, error: BaseException, stage: str, source: Any) -> Any:
+        return self._dead_letter(error, stage, source)
