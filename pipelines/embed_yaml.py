@@ -25,6 +25,7 @@ import numpy as np
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 import beam_jax as bj
+from beam_jax.internal import YamlErrors
 from pipelines import text_rows as tr
 from pipelines.embed_text import EmbedTexts
 
@@ -39,20 +40,8 @@ def _embedding_row(key: Any, vector: np.ndarray) -> beam.Row:
     return beam.Row(id=key, embedding=np.asarray(vector, np.float32).tolist())
 
 
-def _error_row(record: bj.FailedElement) -> beam.Row:
-    return beam.Row(
-        element=beam.Row(id=str(record.key), text=str(record.element)),
-        msg=f"[{record.stage}] {record.error_type}: {record.message}",
-        stack=record.traceback,
-    )
-
-
-def _fail(record: bj.FailedElement) -> None:
-    raise bj.InvalidElementError(
-        f"row {record.key!r} could not be embedded ([{record.stage}] {record.error_type}: "
-        f"{record.message}); add `error_handling: {{output: failed}}` to EmbedText's config "
-        "to send such rows to an output instead of failing the pipeline."
-    )
+def _element_row(record: bj.FailedElement) -> beam.Row:
+    return beam.Row(id=str(record.key), text=str(record.element))
 
 
 class EmbedText(beam.PTransform):
@@ -104,15 +93,8 @@ class EmbedText(beam.PTransform):
             [("id", self._id_python_type), ("embedding", list[float])]
         )
         good = results | "ToRows" >> beam.MapTuple(_embedding_row).with_output_types(schema)
-        if self._error_output is None:
-            _ = dead | "FailOnError" >> beam.Map(_fail)
-            return good
-        error_schema = RowTypeConstraint.from_fields(
-            [
-                ("element", RowTypeConstraint.from_fields([("id", str), ("text", str)])),
-                ("msg", str),
-                ("stack", str),
-            ]
+        element_type = RowTypeConstraint.from_fields([("id", str), ("text", str)])
+        bad = dead | "Errors" >> YamlErrors(
+            self._error_output, element=_element_row, element_type=element_type
         )
-        bad = dead | "ErrorRows" >> beam.Map(_error_row).with_output_types(error_schema)
-        return {"output": good, self._error_output: bad}
+        return good if bad is None else {"output": good, self._error_output: bad}

@@ -218,17 +218,15 @@ class WriteUnreadable(beam.DoFn):
     def process(self, fault: UnreadableFile) -> Iterator[str]:
         file = _file_name(self._inputs, fault.file_index)
         where = f"after row {fault.after_row}" if fault.after_row else "at all"
-        record = bj.FailedElement(
-            key=None,
-            element=file,
+        record = bj.FailedElement.from_error(
+            fault.error_type,
+            f"{file} cannot be read {where}: {fault.message}. No row past row "
+            f"{fault.after_row} of it has an embedding or a dead letter; fix or replace "
+            "the file and rerun",
             stage=READ,
-            error_type=fault.error_type,
-            message=(
-                f"{file} cannot be read {where}: {fault.message}. No row past row "
-                f"{fault.after_row} of it has an embedding or a dead letter; fix or replace "
-                "the file and rerun"
-            ),
-            traceback="",
+            element=file,
+            source=file,
+            row=fault.after_row,
         )
         line = dead_letter_json(record, id=None, file=file, row=fault.after_row)
         name = unreadable_name(self._inputs.files[fault.file_index].source, fault.after_row)

@@ -42,7 +42,7 @@ def test_bad_files_become_dead_letters_naming_them_and_good_rows_are_all_read(fi
     )
     assert_that(batches | "Ids" >> bj_flat_ids(), equal_to(list(range(20))))
     assert_that(
-        dead | "Files" >> _map(lambda r: (r.key.rsplit("/", 1)[-1], r.stage)),
+        dead | "Files" >> _map(lambda r: (r.source.rsplit("/", 1)[-1], r.stage)),
         equal_to(
             [
                 ("c_truncated.parquet", "read"),
@@ -55,7 +55,7 @@ def test_bad_files_become_dead_letters_naming_them_and_good_rows_are_all_read(fi
     )
 
     def check_messages(records):
-        by_file = {r.key.rsplit("/", 1)[-1]: r.message for r in records}
+        by_file = {r.source.rsplit("/", 1)[-1]: r.message for r in records}
         assert "has no column(s) ['x']" in by_file["f_other_columns.parquet"]
         for name, message in by_file.items():
             assert name in message, message

@@ -55,6 +55,9 @@ class BucketFill:
         self._dirty = [np.zeros(capacity, np.int64) for _ in self.leaves]
         self.lengths = aligned_full((capacity, len(bucket)), 0, np.int32)
         self.ids: list[pa.Array] = []
+        # Per row, the file it was read from and its row there (None and -1: not known).
+        self._files = np.full(capacity, None, object)
+        self._file_rows = np.full(capacity, -1, np.int64)
         self.size = 0
         self.slot: Any = None  # set by the front end: the window this batch belongs to
 
@@ -74,8 +77,14 @@ class BucketFill:
             leaf.reshape(len(leaf) * steps, -1)[index] = self.plan.layout.specs[j].pad_value
         self._dirty[j][rows] = keep
 
-    def add(self, decoded: DecodedBatch, rows: np.ndarray) -> None:
-        """Copy ``rows`` of ``decoded`` (at most ``free``) into the next batch rows.
+    def add(
+        self,
+        decoded: DecodedBatch,
+        rows: np.ndarray,
+        origin: tuple[str | None, int | None] = (None, None),
+    ) -> None:
+        """Copy ``rows`` of ``decoded`` (at most ``free``) into the next batch rows;
+        ``origin`` is the batch's file and the file row of its first row, when known.
 
         One ``take`` per leaf writes the rows' whole padded block straight from the Arrow
         values (padding positions read a dummy step and are then overwritten with the pad
@@ -110,6 +119,9 @@ class BucketFill:
                 block[~real] = spec.pad_value
             self._dirty[j][at : at + k] = steps
         self.lengths[at : at + k] = lengths
+        path, first = origin
+        self._files[at : at + k] = path
+        self._file_rows[at : at + k] = -1 if first is None else first + np.asarray(rows)
         if decoded.ids is not None:
             self.ids.append(decoded.ids.take(pa.array(rows)))
         self.size += k
@@ -146,6 +158,11 @@ class BucketFill:
         """Empty the batch, keeping the buffers for the next one."""
         self.ids = []
         self.size = 0
+
+    def origin(self, row: int) -> tuple[str | None, int | None]:
+        """``(file, row in that file)`` of filled row ``row``, where known."""
+        file_row = int(self._file_rows[row])
+        return self._files[row], None if file_row < 0 else file_row
 
     def id_column(self) -> pa.Array | None:
         """The ids of the filled rows (``None`` without an id column)."""

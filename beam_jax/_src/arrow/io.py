@@ -14,9 +14,12 @@ from apache_beam.metrics import Metrics
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, METRICS_NAMESPACE, FailedElement, Stage
 from beam_jax._src.errors import InputFileError, SpecError
 
-# Record batches carry the file they were read from in their schema metadata, so a row's
-# dead letter can name it.
+# Record batches carry where they were read from in their schema metadata, so a row's
+# dead letter can say: the file and row group (for the echo), the file, and the file row of
+# the batch's first row.
 SOURCE_KEY = b"beam_jax.source"
+FILE_KEY = b"beam_jax.file"
+FIRST_ROW_KEY = b"beam_jax.first_row"
 
 
 class ArrowCoder(beam.coders.Coder):
@@ -105,10 +108,13 @@ class _ReadRowGroup(beam.DoFn):
 
     def process(self, item):
         path, group, rows = item
-        error = None
+        error, first = None, None
         try:
             with FileSystems.open(path) as f:
-                table = pq.ParquetFile(f).read_row_group(group, columns=self._columns)
+                parquet = pq.ParquetFile(f)
+                if group < parquet.metadata.num_row_groups:
+                    first = sum(parquet.metadata.row_group(g).num_rows for g in range(group))
+                table = parquet.read_row_group(group, columns=self._columns)
         except Exception as e:  # noqa: BLE001 - a corrupt row group is reported, not fatal
             error = InputFileError(
                 f"cannot read row group {group} ({rows} rows) of Parquet file {path}: "
@@ -117,10 +123,17 @@ class _ReadRowGroup(beam.DoFn):
             )
         if error is not None:
             where = {"file": path, "row_group": group, "rows": rows}
-            yield _unreadable(error, self._handle_errors, "row_groups_failed", path, where)
+            yield _unreadable(
+                error, self._handle_errors, "row_groups_failed", path, where, row=first
+            )
             return
-        source = {SOURCE_KEY: f"{path} (row group {group})".encode()}
         for batch in _to_batches(table, self._max_rows):
+            source = {
+                SOURCE_KEY: f"{path} (row group {group})".encode(),
+                FILE_KEY: path.encode(),
+                FIRST_ROW_KEY: str(first).encode(),
+            }
+            first += batch.num_rows
             yield batch.replace_schema_metadata({**(batch.schema.metadata or {}), **source})
 
 
@@ -130,12 +143,33 @@ def source_of(batch: pa.RecordBatch) -> str | None:
     return None if value is None else value.decode()
 
 
-def _unreadable(error: Exception, handle_errors: bool, counter: str, path: str, element: dict):
-    """The failure path of both read steps: raise, or count and dead-letter what failed."""
+def origin_of(batch: pa.RecordBatch) -> tuple[str | None, int | None]:
+    """``(file, file row of the batch's first row)`` when ``ReadArrowBatches`` read
+    ``batch``, else ``(None, None)``."""
+    meta = batch.schema.metadata or {}
+    path, first = meta.get(FILE_KEY), meta.get(FIRST_ROW_KEY)
+    return (
+        None if path is None else path.decode(),
+        None if first is None else int(first.decode()),
+    )
+
+
+def _unreadable(
+    error: Exception,
+    handle_errors: bool,
+    counter: str,
+    path: str,
+    element: dict,
+    row: int | None = None,
+):
+    """The failure path of both read steps: raise, or count and dead-letter what failed
+    (its ``source`` the file; its ``row`` the row group's first row, when known)."""
     if not handle_errors:
         raise error
     Metrics.counter(METRICS_NAMESPACE, counter).inc()
-    record = FailedElement.from_exception(error, stage=Stage.READ, element=element, key=path)
+    record = FailedElement.from_exception(
+        error, stage=Stage.READ, element=element, source=path, row=row
+    )
     return beam.pvalue.TaggedOutput(DEAD_LETTERS, record)
 
 
@@ -151,7 +185,8 @@ class ReadArrowBatches(beam.PTransform):
     A file that cannot be read (truncated, not Parquet, lacking a column read) or a row
     group that cannot be decoded fails the job with an ``InputFileError`` naming the file;
     with ``.with_exception_handling()`` it becomes one ``FailedElement`` (stage ``"read"``,
-    key the file's path) and every other file and row group is still read.
+    ``source`` the file's path, ``row`` the row group's first row) and every other file
+    and row group is still read.
 
     Examples:
         >>> read = ReadArrowBatches("data/*.parquet", columns=["id", "x"], max_rows=4096)
@@ -182,7 +217,8 @@ class ReadArrowBatches(beam.PTransform):
         """Dead-letter unreadable files and row groups instead of failing the job.
 
         The transform then returns ``(batches, dead_letters)``, a ``RunKernelResult``-like
-        pair; dead letters are ``FailedElement`` records keyed by the file's path.
+        pair; dead letters are ``FailedElement`` records whose ``source`` is the file's
+        path.
         """
         clone = type(self).__new__(type(self))
         clone.__dict__.update(self.__dict__)

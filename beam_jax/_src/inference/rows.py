@@ -80,9 +80,9 @@ def _output_row(pair: tuple[Any, Any], key_field: str, output_field: str) -> bea
     return beam.Row(**{key_field: key, output_field: values})
 
 
-def _error_row(record: FailedElement) -> beam.Row:
+def _error_row(describe_element: Callable[[FailedElement], Any], record: FailedElement):
     return beam.Row(
-        element=str(record.element),
+        element=describe_element(record),
         msg=f"[{record.stage}] {record.error_type}: {record.message} (key {record.key!r})",
         stack=record.traceback,
     )
@@ -94,6 +94,45 @@ def _fail(record: FailedElement) -> None:
         f"{record.message}); add `error_handling: {{output: failed}}` to the transform's "
         "config to send such rows to an output instead of failing the pipeline."
     )
+
+
+def _element_text(record: FailedElement) -> str:
+    return str(record.element)
+
+
+class YamlErrors(beam.PTransform):
+    """Beam YAML's error handling of dead letters, for every YAML transform of beam_jax
+    and of pipelines built on it: without an error output, the first dead letter fails the
+    pipeline (naming the row and how to route it); with one, each becomes an
+    ``(element, msg, stack)`` row, ``msg`` being ``"[stage] ErrorType: message (key K)"``.
+
+    Args:
+        error_output: the ``error_handling`` output's name, or ``None``.
+        element: the ``element`` field of a record's row (default its bounded echo).
+        element_type: that field's type, for the rows' schema.
+    """
+
+    def __init__(
+        self,
+        error_output: str | None,
+        element: Callable[[FailedElement], Any] = _element_text,
+        element_type: Any = str,
+    ):
+        super().__init__()
+        self._error_output = error_output
+        self._element = element
+        self._element_type = element_type
+
+    def expand(self, dead):
+        if self._error_output is None:
+            _ = dead | "FailOnError" >> beam.Map(_fail)
+            return None
+        schema = RowTypeConstraint.from_fields(
+            [("element", self._element_type), ("msg", str), ("stack", str)]
+        )
+        return dead | "ErrorRows" >> beam.Map(
+            functools.partial(_error_row, self._element)
+        ).with_output_types(schema)
 
 
 class RunKernelOnRows(beam.PTransform):
@@ -174,11 +213,5 @@ class RunKernelOnRows(beam.PTransform):
         good = results | "ToRows" >> beam.Map(
             _output_row, self._key_field, self._output_field
         ).with_output_types(schema)
-        if self._error_output is None:
-            _ = dead | "FailOnError" >> beam.Map(_fail)
-            return good
-        error_schema = RowTypeConstraint.from_fields(
-            [("element", str), ("msg", str), ("stack", str)]
-        )
-        bad = dead | "ErrorRows" >> beam.Map(_error_row).with_output_types(error_schema)
-        return {"output": good, self._error_output: bad}
+        bad = dead | "Errors" >> YamlErrors(self._error_output)
+        return good if bad is None else {"output": good, self._error_output: bad}

@@ -98,6 +98,16 @@ class WorkerDoFn(beam.DoFn):
         self._plan = self._worker.plan
         self._metrics = KernelMetrics(options.metrics_namespace)
 
+    @property
+    def plan(self) -> Plan:
+        """The worker's plan (after ``setup``)."""
+        return self._plan
+
+    @property
+    def metrics(self) -> KernelMetrics:
+        """The kernel metrics every front end counts (``elements_in`` on arrival)."""
+        return self._metrics
+
     def start_bundle(self):
         # A fresh engine per bundle: nothing of a failed bundle is carried into the next.
         self._engine = self.new_engine(self)

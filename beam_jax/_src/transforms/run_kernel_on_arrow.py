@@ -16,7 +16,7 @@ from beam_jax._src.arrow.columns import ArrowColumns
 from beam_jax._src.arrow.decode import decode_batch
 from beam_jax._src.arrow.encode import outputs_to_arrow
 from beam_jax._src.arrow.fill import BucketFill
-from beam_jax._src.arrow.io import source_of
+from beam_jax._src.arrow.io import origin_of, source_of
 from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax._src.engine.batching import check_row_outputs
@@ -57,8 +57,12 @@ class _ArrowFrontEnd(WorkerDoFn):
         for batch in batches:
             yield from self._process_batch(batch, window)
 
-    def _row_source(self, key, element, window) -> Source:
-        return Source(key, element, window.max_timestamp(), window)
+    def _row_source(self, key, element, window, origin=(None, None), row=None) -> Source:
+        """A row's ``Source``; ``origin`` is its batch's file and first file row, ``row``
+        its row in the batch."""
+        path, first = origin
+        at = None if first is None or row is None else first + row
+        return Source(key, element, window.max_timestamp(), window, path, at)
 
     def _process_batch(self, batch: pa.RecordBatch, window) -> Iterator[Any]:
         plan = self._plan
@@ -79,8 +83,9 @@ class _ArrowFrontEnd(WorkerDoFn):
         except Exception as e:  # noqa: BLE001 - an undecodable batch: each row is dead-lettered
             error = e
         # A row's dead letter names the file it came from, when the batch says.
-        origin = source_of(batch)
-        where = {} if origin is None else {"file": origin}
+        read_from = source_of(batch)
+        where = {} if read_from is None else {"file": read_from}
+        origin = origin_of(batch)
         if error is not None:
             ids = batch.column(self._columns.id) if self._columns.id in batch.schema.names else None
             keys = [None if ids is None else ids[r].as_py() for r in range(batch.num_rows)]
@@ -88,7 +93,7 @@ class _ArrowFrontEnd(WorkerDoFn):
                 error,
                 VALIDATION,
                 (
-                    self._row_source(k, {"id": k, "row": r, **where}, window)
+                    self._row_source(k, {"id": k, "row": r, **where}, window, origin, r)
                     for r, k in enumerate(keys)
                 ),
             )
@@ -98,7 +103,11 @@ class _ArrowFrontEnd(WorkerDoFn):
             yield from self._engine.reject(
                 decoded.describe_failure(int(row)),
                 VALIDATION,
-                [self._row_source(key, {"id": key, "row": int(row), **where}, window)],
+                [
+                    self._row_source(
+                        key, {"id": key, "row": int(row), **where}, window, origin, int(row)
+                    )
+                ],
             )
         ok = np.flatnonzero(~decoded.failed)
         if not len(ok):
@@ -112,7 +121,7 @@ class _ArrowFrontEnd(WorkerDoFn):
             while len(rows):
                 fill = self._engine.buffer(bucket, window)
                 take = self._engine.room(fill)
-                fill.add(decoded, rows[:take])
+                fill.add(decoded, rows[:take], origin)
                 rows = rows[take:]
                 yield from self._engine.added(fill)
 
@@ -133,7 +142,8 @@ class _ArrowFrontEnd(WorkerDoFn):
         key = None if ids is None else ids[row].as_py()
         names = self._plan.layout.axis_names
         lengths = dict(zip(names, fill.lengths[row].tolist(), strict=True))
-        return self._row_source(key, {"id": key, "lengths": lengths}, fill.slot)
+        path, at = fill.origin(row)
+        return self._row_source(key, {"id": key, "lengths": lengths}, fill.slot, (path, at), 0)
 
     def check(self, outputs, batch):
         return check_row_outputs(self._plan, outputs, batch)
