@@ -44,13 +44,14 @@ __all__ = [
 ROWS_PER_BATCH = 1024  # one encode_batch call each
 
 
-def row_key(file_index: int, position: int) -> str:
-    """A row's key in RunKernel and in dead letters: which file, which row."""
-    return f"{file_index}:{position}"
+def row_key(file_index: int, position: int) -> tuple[int, int]:
+    """A row's key in RunKernel and in dead letters: which file, which row (a tuple, which
+    ``FailedElement.key`` keeps as one)."""
+    return (file_index, position)
 
 
-def split_row_key(key: str) -> tuple[int, int]:
-    file_index, position = key.split(":")
+def split_row_key(key: tuple[int, int]) -> tuple[int, int]:
+    file_index, position = key
     return int(file_index), int(position)
 
 
