@@ -71,7 +71,7 @@ __all__ = [
 class EmbedTexts(EmbedStep):
     """``RowBatch``es in; ``(key, float32[384])`` results and ``FailedElement``s out.
 
-    A row's key is its id, unless the batch gives ``keys`` (this job's are ``"file:row"``,
+    A row's key is its id, unless the batch gives ``keys`` (this job's are ``(file, row)`` tuples,
     so that each result finds its output part); dead letters carry the same key.
 
     Example:
