@@ -1,8 +1,11 @@
 """The machinery under beam_jax's transforms, for power users and tests.
 
-These pieces run without Beam: plan and pad batches yourself (``Plan``), compile and run a
-kernel on them (``Kernel``), or drive the engine from your own front end
-(``BatchEngine``). They follow the same validation and error rules as the transforms.
+Plan and pad batches yourself (``Plan``), compile and run a kernel on them (``Kernel``),
+or write a front end of your own: a ``WorkerDoFn`` holding an ``ElementFrontEnd`` (validate,
+bucket, buffer, check, emit through the ``BatchEngine``) with an ``Outputs`` strategy such
+as ``PerElement``, its rows described by ``Source`` and its failures made by
+``dead_letter_output`` (tests/test_custom_front_end.py is a complete one). All but the DoFn
+run without Beam, and follow the same validation and error rules as the transforms.
 
 Examples:
     >>> import numpy as np
