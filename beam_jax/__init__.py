@@ -26,6 +26,9 @@ from beam_jax.core.dead_letter import DEAD_LETTERS as DEAD_LETTERS
 from beam_jax.core.dead_letter import FailedElement as FailedElement
 from beam_jax.core.dead_letter import Stage as Stage
 from beam_jax.core.fit import FitToMemory as FitToMemory
+from beam_jax.core.packing import Packing as Packing
+from beam_jax.core.packing_plan import PackingPlan as PackingPlan
+from beam_jax.core.packing_plan import plan_packing as plan_packing
 from beam_jax.core.spec import ArraySpec as ArraySpec
 from beam_jax.core.validation import Validation as Validation
 from beam_jax.engine.cross_bundle import CrossBundle as CrossBundle

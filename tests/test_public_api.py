@@ -33,6 +33,9 @@ TOP_LEVEL = {
     "plan_boundaries",
     "plan_bucketing",
     "BucketingPlan",
+    "Packing",
+    "plan_packing",
+    "PackingPlan",
     # inside a kernel
     "length_mask",
     "BatchLengths",
@@ -100,6 +103,17 @@ INTERNAL = {
     "BufferMetrics",
     "BufferedElement",
     "BufferedElementCoder",
+    # sequence packing
+    "PackPlan",
+    "PackedBatch",
+    "PackResult",
+    "Refusal",
+    "SegmentInfo",
+    "Assignment",
+    "assign_rows",
+    "batch_rows",
+    "simulate_packing",
+    "PackingStats",
 }
 
 SUBPACKAGES = ("core", "kernel", "engine", "transforms", "arrow", "inference")
