@@ -139,11 +139,16 @@ def test_a_record_that_breaks_the_spec_is_refused_alone():
     good = {"ids": np.ones(3, np.int32), "w": np.ones((3, 2), np.float32)}
     uneven = {"ids": np.ones(3, np.int32), "w": np.ones((4, 2), np.float32)}
     wrong = {"ids": np.ones(3, np.int32), "w": np.ones((3, 5), np.float32)}
-    result = plan.pack([good, uneven, wrong])
-    assert [r.index for r in result.refused] == [1, 2]
+    result = plan.pack([good, uneven, wrong, {"ids": np.ones(3, np.int32)}, good])
+    assert [r.index for r in result.refused] == [1, 2, 3]
     assert "leaves sharing an axis name must agree" in str(result.refused[0].error)
     assert "expected ('L', 2)" in str(result.refused[1].error)
-    assert isinstance(result.refused[1].error, bj.InvalidElementError)
+    assert "record 3 does not have the spec's structure" in str(result.refused[2].error)
+    assert all(isinstance(r.error, bj.InvalidElementError) for r in result.refused)
+    assert sorted(i for b in result.batches for i in b.indices) == [0, 4]
+    assert "record 0 has 1 leaves, expected 2" in str(
+        plan.pack_leaves([[good["ids"]]]).refused[0].error
+    )
 
 
 def test_segment_info_positions_and_non_ragged_leaves():
@@ -361,3 +366,48 @@ def test_plan_packing_rejects_bad_arguments(kwargs, message):
 def test_simulate_packing_refuses_lengths_past_the_longest_row():
     with pytest.raises(bj.SpecError, match="exceeds the longest row"):
         simulate_packing([9], bj.Packing(row_lengths=8))
+
+
+MIXED_SPEC = {
+    "ids": bj.ArraySpec(("L",), np.int32),
+    "w": bj.ArraySpec(("L", 2), np.int32, pad_value=-5),
+    "t": bj.ArraySpec((3, "L"), np.int32),
+    "tag": bj.ArraySpec((), np.int32, pad_value=-1),
+}
+
+
+@PROPERTY
+@hypothesis.given(lengths=lengths_st, packing=packing_st, seed=st.integers(0, 2**16))
+def test_pytrees_of_mixed_leaves_round_trip_and_unpack_per_segment(lengths, packing, seed):
+    rng = np.random.default_rng(seed)
+    records = [
+        {
+            "ids": rng.integers(0, 100, n).astype(np.int32),
+            "w": rng.integers(-9, 9, (n, 2)).astype(np.int32),
+            "t": rng.integers(-9, 9, (3, n)).astype(np.int32),
+            "tag": np.int32(i),
+        }
+        for i, n in enumerate(lengths)
+    ]
+    plan = PackPlan(MIXED_SPEC, packing)
+    result = plan.pack(records)
+    names = plan.layout.names
+    outputs = []
+    for b in result.batches:
+        leaves = dict(zip(names, b.leaves, strict=True))
+        w, t, ids = leaves["['w']"], leaves["['t']"], b.segment_ids
+        sums = np.zeros((b.size, b.max_segments + 1), np.int64)
+        rows = np.arange(b.size)[:, None].repeat(ids.shape[1], 1)
+        np.add.at(sums, (rows, ids), w.sum(-1) + t.sum(1))
+        outputs.append({"sum": sums[:, 1:], "tag": leaves["['tag']"]})
+    got = plan.unpack(result, outputs)
+    for record, out in zip(records, got, strict=True):
+        if out is None:
+            assert len(record["ids"]) > packing.max_row_length
+            continue
+        assert out["tag"] == record["tag"]
+        assert out["sum"] == record["w"].sum() + record["t"].sum()
+    for b in result.batches:
+        for i, leaves in zip(b.indices, plan.unpack_inputs(b), strict=True):
+            for name, leaf in zip(names, leaves, strict=True):
+                np.testing.assert_array_equal(leaf, records[i][name[2:-2]])

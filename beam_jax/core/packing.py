@@ -489,23 +489,42 @@ class PackPlan:
 
     def pack(self, records: Sequence[Any]) -> PackResult:
         """Packs one buffer of records (pytrees matching the spec); see ``pack_leaves``."""
-        flat = [self.layout.treedef.flatten_up_to(r) for r in records]
-        return self.pack_leaves(flat)
+        flat, refused = [], {}
+        for i, record in enumerate(records):
+            try:
+                flat.append(self.layout.treedef.flatten_up_to(record))
+            except (TypeError, ValueError) as e:
+                refused[i] = InvalidElementError(
+                    f"record {i} does not have the spec's structure {self.layout.treedef}: "
+                    f"{e}; give every record the spec's keys and nesting."
+                )
+                flat.append(None)
+        return self._pack(flat, refused)
 
     def pack_leaves(self, records: Sequence[Sequence[np.ndarray]]) -> PackResult:
         """Packs one buffer of records given as flat leaves (in the layout's leaf order).
 
-        A record whose leaves do not match the spec, or longer than the longest row, is
-        refused on its own; every other record lands in exactly one segment of one row.
+        Records should already be validated (cast to the spec's dtypes, as the engine's
+        validation does); here only their shapes are checked. A record whose shapes do not
+        match the spec, or longer than the longest row, is refused on its own; every other
+        record lands in exactly one segment of one row.
         """
-        refused: dict[int, Exception] = {}
+        return self._pack(list(records), {})
+
+    def _pack(self, records: list, refused: dict[int, Exception]) -> PackResult:
         lengths = np.zeros(len(records), np.int64)
         for i, leaves in enumerate(records):
+            if i in refused:
+                continue
             try:
+                if len(leaves) != len(self.layout.specs):
+                    raise InvalidElementError(
+                        f"record {i} has {len(leaves)} leaves, expected "
+                        f"{len(self.layout.specs)} ({list(self.layout.names)})."
+                    )
                 lengths[i] = self.lengths_of(leaves)
             except InvalidElementError as e:
                 refused[i] = e
-                lengths[i] = 0
         ok = np.asarray(sorted(set(range(len(records))) - set(refused)), np.int64)
         assignment = assign_rows(lengths[ok], self.packing)
         top = self.packing.max_row_length
