@@ -282,7 +282,7 @@ def test_simulated_padding_equals_the_batches_packed(lengths, packing, buffer_si
 # --- planning -----------------------------------------------------------------------
 
 
-@hypothesis.settings(max_examples=40, deadline=5000, derandomize=True)
+@hypothesis.settings(max_examples=150, deadline=5000, derandomize=True)
 @hypothesis.given(
     lengths=st.lists(st.integers(1, 64), min_size=1, max_size=200),
     budget=st.integers(1, 5),
