@@ -30,12 +30,12 @@ from beam_jax.core.fit import search_limits as search_limits
 from beam_jax.core.outputs import BatchOutputs as BatchOutputs
 from beam_jax.core.outputs import check_outputs as check_outputs
 from beam_jax.core.outputs import nonfinite_rows as nonfinite_rows
+from beam_jax.core.packed_batch import PackedBatch as PackedBatch
+from beam_jax.core.packed_batch import PackPlan as PackPlan
+from beam_jax.core.packed_batch import PackResult as PackResult
+from beam_jax.core.packed_batch import Refusal as Refusal
+from beam_jax.core.packed_batch import SegmentInfo as SegmentInfo
 from beam_jax.core.packing import Assignment as Assignment
-from beam_jax.core.packing import PackedBatch as PackedBatch
-from beam_jax.core.packing import PackPlan as PackPlan
-from beam_jax.core.packing import PackResult as PackResult
-from beam_jax.core.packing import Refusal as Refusal
-from beam_jax.core.packing import SegmentInfo as SegmentInfo
 from beam_jax.core.packing import assign_rows as assign_rows
 from beam_jax.core.packing import batch_rows as batch_rows
 from beam_jax.core.packing_plan import PackingStats as PackingStats
