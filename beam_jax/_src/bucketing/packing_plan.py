@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from beam_jax._src.errors import SpecError
 from beam_jax._src.bucketing.packing import ALGORITHMS, Algorithm, Packing, assign_rows, batch_rows
+from beam_jax._src.errors import SpecError
 
 _SEGMENT_MULTIPLE = 8
 

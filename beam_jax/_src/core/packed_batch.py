@@ -27,15 +27,16 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from beam_jax._src.errors import ElementTooLargeError, InvalidElementError, KernelError, SpecError
-from beam_jax._src.bucketing.packing import Packing, assign_rows, batch_rows
+from beam_jax._src.bucketing.packing import Assignment, Packing, assign_rows, batch_rows
 from beam_jax._src.core.spec import as_layout
+from beam_jax._src.errors import ElementTooLargeError, InvalidElementError, KernelError, SpecError
 
 
 class SegmentInfo(NamedTuple):
@@ -314,6 +315,58 @@ class PackPlan:
             tuple(Refusal(i, refused[i]) for i in sorted(refused)),
             len(records),
         )
+
+    def lay_out(
+        self, records: Sequence[Sequence[np.ndarray]], rows: Sequence[int], row_length: int
+    ) -> PackedBatch:
+        """One batch of ``records`` (flat leaves, shapes already checked) in the rows given.
+
+        Records sharing a value of ``rows`` share a row, laid end to end in the order given;
+        rows are numbered by first appearance, and the batch has the smallest listed size
+        of ``row_length`` that holds them. The engine uses it to run a subset of a packed
+        batch's records (bisection, chunks after a lowered limit) in at most as many rows,
+        of the same length, as the batch held.
+
+        Raises:
+            SpecError: a row overflows ``row_length`` or ``max_segments``, or there are more
+                rows than the largest listed size of ``row_length``.
+        """
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        _, first, row = np.unique(rows, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")  # rows numbered by first appearance
+        row = np.argsort(order)[row.reshape(-1)] if len(rows) else row.reshape(-1)
+        n, num_rows = len(rows), len(first)
+        lengths = np.asarray([self.lengths_of(r) for r in records], np.int64).reshape(-1)
+        segment = np.zeros(n, np.int64)
+        offset = np.zeros(n, np.int64)
+        counts = np.zeros(num_rows, np.int64)
+        used = np.zeros(num_rows, np.int64)
+        for i in range(n):
+            r = row[i]
+            segment[i], offset[i] = counts[r], used[r]
+            counts[r] += 1
+            used[r] += lengths[i]
+        sizes = self.packing.sizes_for(row_length)
+        if num_rows and (
+            used.max() > row_length
+            or counts.max() > self.packing.max_segments
+            or num_rows > sizes[-1]
+        ):
+            raise SpecError(
+                f"cannot lay out {n} records in {num_rows} rows of length {row_length}: rows "
+                f"use up to {int(used.max())} slots and {int(counts.max())} segments "
+                f"(max_segments {self.packing.max_segments}), batches hold up to {sizes[-1]} "
+                "rows."
+            )
+        size = sizes[bisect.bisect_left(sizes, num_rows)] if num_rows else sizes[0]
+        assignment = Assignment(
+            row, segment, offset, np.full(num_rows, row_length, np.int64), used, counts,
+            np.zeros(0, np.int64),
+        )  # fmt: skip
+        return self._fill(
+            assignment, np.arange(n), lengths, list(records), row_length, size,
+            np.arange(num_rows),
+        )  # fmt: skip
 
     def _fill(self, assignment, ok, lengths, records, length, size, members) -> PackedBatch:
         where = np.full(len(assignment.row_lengths), -1, np.int64)

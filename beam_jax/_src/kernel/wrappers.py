@@ -44,3 +44,29 @@ class SumRows:
             return jnp.sum(jnp.where(keep, o, jnp.zeros((), o.dtype)), axis=0, keepdims=True)
 
         return jax.tree_util.tree_map(row_sum, out)
+
+
+class SegmentKernel:
+    """A packed kernel ``fn(params, element, segments)`` as the kernel calls it.
+
+    The compiled kernel passes ``(element, segments)`` as one argument (the packed row and
+    its ``SegmentInfo``, both batched along rows) and no per-axis lengths; this unpacks the
+    pair for ``fn``, per row (vmapped) or per batch when the transform is ``batched``.
+
+    Examples:
+        >>> import numpy as np
+        >>> k = SegmentKernel(lambda p, x, segments: x + segments)
+        >>> k(None, (np.ones(2), np.arange(2)), {}).tolist()
+        [1.0, 2.0]
+
+    Args:
+        fn: ``fn(params, element, segments)``: one packed row (or a batch of them) and its
+            ``SegmentInfo``; returns one output per segment, ``[max_segments, ...]``.
+    """
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    def __call__(self, params: Any, packed: Any, lengths: Any) -> Any:
+        element, segments = packed
+        return self.fn(params, element, segments)

@@ -14,6 +14,7 @@ from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, FailedElement
+from beam_jax._src.core.packed_plan import PackedPlan
 from beam_jax._src.core.plan import Plan
 from beam_jax._src.engine.batching import BatchEngine
 from beam_jax._src.engine.cross_bundle import CrossBundle
@@ -61,6 +62,15 @@ def dead_letter_output(error: BaseException, stage: str, source: Source) -> Any:
     return beam.pvalue.TaggedOutput(
         DEAD_LETTERS, WindowedValue(record, source.timestamp, (source.window,))
     )
+
+
+def refuse_packing(options: KernelOptions, what: str) -> None:
+    """Raise ``SpecError`` when ``options`` pack records: ``what`` does not pack yet."""
+    if options.packing is not None:
+        raise SpecError(
+            f"{what} does not support packing yet; packing runs with RunKernel (bundle "
+            "mode). Use bucketing here (drop packing=...), or RunKernel with packing."
+        )
 
 
 class _Holder:
@@ -264,6 +274,7 @@ class KernelTransform(beam.PTransform):
             **kwargs: the fields of ``CrossBundle`` (``max_wait_s``, ``shards``, ``when``,
                 ``clock``).
         """
+        refuse_packing(self.options, "with_cross_bundle_batching")
         if config is None:
             config = CrossBundle(**kwargs)
         elif not isinstance(config, CrossBundle):
@@ -299,8 +310,9 @@ class KernelTransform(beam.PTransform):
         it failed first), so it is not kept for the rest of the process."""
         _take_started(self._start_id)
 
-    def plan(self, num_devices: int = 1) -> Plan:
-        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""
+    def plan(self, num_devices: int = 1) -> Plan | PackedPlan:
+        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes): a
+        ``PackedPlan`` with ``packing``, else the bucketed ``Plan``."""
         return make_plan(self.spec, self.options, num_devices)
 
     def _outputs(self, pcoll, results, dead_letters, count_inputs=lambda _: 1):

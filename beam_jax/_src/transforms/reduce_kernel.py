@@ -18,7 +18,7 @@ from beam_jax._src.engine.batching import check_summed_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
 from beam_jax._src.errors import SpecError
 from beam_jax._src.kernel.wrappers import SumRows
-from beam_jax._src.transforms.base import KernelTransform
+from beam_jax._src.transforms.base import KernelTransform, refuse_packing
 from beam_jax._src.transforms.cross_bundle import CrossBundleDoFn, buffered_outputs
 from beam_jax._src.transforms.elements import ElementsDoFn
 
@@ -157,6 +157,7 @@ class ReduceKernel(KernelTransform):
         **kwargs: Unpack[KernelOptionsKwargs],
     ):
         super().__init__(fn, spec=spec, options=options, kwargs=kwargs)
+        refuse_packing(self.options, "ReduceKernel")
         if self.options.output_spec is not None:
             raise SpecError(
                 "ReduceKernel sums whole outputs, so output_spec (which cuts per-element "

@@ -22,7 +22,7 @@ from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax._src.engine.batching import check_row_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
 from beam_jax._src.errors import InvalidElementError, SpecError
-from beam_jax._src.transforms.base import KernelTransform, Source, WorkerDoFn
+from beam_jax._src.transforms.base import KernelTransform, Source, WorkerDoFn, refuse_packing
 
 
 class _ArrowFrontEnd(WorkerDoFn):
@@ -200,6 +200,7 @@ class RunKernelOnArrow(KernelTransform):
         **kwargs: Unpack[KernelOptionsKwargs],
     ):
         super().__init__(fn, spec=spec, options=options, kwargs=kwargs)
+        refuse_packing(self.options, "RunKernelOnArrow")
         self.columns = columns or ArrowColumns()
         if not isinstance(self.columns, ArrowColumns):
             raise SpecError(f"columns must be an ArrowColumns, got {self.columns!r}.")
