@@ -1,0 +1,274 @@
+"""RunKernel with packing, end to end through real pipelines: results equal the unpacked
+kernel's, per-record dead letters, the bisection bound, out of memory, metrics, shapes."""
+
+from __future__ import annotations
+
+import math
+
+import apache_beam as beam
+import jax
+import numpy as np
+import pytest
+from apache_beam.testing.util import assert_that, equal_to
+
+import beam_jax as bj
+from beam_jax import ArraySpec, Packing, RunKernel
+from beam_jax.testing import assert_conserved
+from tests import packed_kernels as pk
+from tests.beam_helpers import pipeline, run
+
+D = 3
+SPEC = {"x": ArraySpec(("L", D), np.float32), "w": ArraySpec((), np.float32)}
+
+
+def records(n: int, seed: int = 0, top: int = 12):
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "x": rng.standard_normal((int(rng.integers(1, top + 1)), D)).astype(np.float32),
+            "w": np.float32(rng.uniform(0.5, 2.0)),
+        }
+        for _ in range(n)
+    ]
+
+
+def rounded(out):
+    return (tuple(np.round(out["sum"], 4).tolist()), int(out["length"]))
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_packed_results_equal_the_unpacked_kernels(keyed):
+    data = records(60)
+    packing = Packing(row_lengths=(8, 16), rows_per_batch=(4, 8), max_segments=6)
+    inputs = list(enumerate(data)) if keyed else data
+    p = pipeline()
+    created = p | beam.Create(inputs)
+    packed = created | "Packed" >> RunKernel(
+        pk.segment_sum, spec=SPEC, keyed=keyed, packing=packing
+    )
+    bucketed = created | "Bucketed" >> RunKernel(
+        pk.bucketed_sum,
+        spec=SPEC,
+        keyed=keyed,
+        bucketing=bj.Bucketing(boundaries={"L": (4, 8, 16)}),
+    )
+    if keyed:
+        packed = packed | "RoundP" >> beam.MapTuple(lambda k, v: (k, rounded(v)))
+        bucketed = bucketed | "RoundB" >> beam.MapTuple(lambda k, v: (k, rounded(v)))
+    else:
+        packed = packed | "RoundP" >> beam.Map(rounded)
+        bucketed = bucketed | "RoundB" >> beam.Map(rounded)
+    both = (
+        (packed, bucketed)
+        | beam.Flatten()
+        | beam.Map(lambda v: (v, 1))
+        | beam.CombinePerKey(sum)
+        | beam.Values()
+    )
+    # Every result appears exactly twice: once packed, once bucketed.
+    assert_that(both, equal_to([2] * len(data)), label="Same")
+    want = [
+        (i, (tuple(np.round(r["x"].sum(0) * r["w"], 4).tolist()), len(r["x"])))
+        for i, r in enumerate(data)
+    ]
+    got = packed if keyed else packed | beam.Map(lambda v: v)
+    assert_that(got, equal_to(want if keyed else [v for _, v in want]), label="Exact")
+    run(p)
+
+
+def test_a_kernel_fault_dead_letters_that_record_alone_within_the_bound():
+    rng = np.random.default_rng(7)
+    n, failing = 40, {3, 17, 30}
+    elements = []
+    for i in range(n):
+        x = rng.uniform(1, 2, int(rng.integers(1, 5))).astype(np.float32)
+        if i in failing:
+            x[-1] = pk.SENTINEL
+        elements.append((i, x))
+    p = pipeline()
+    results, dead = (
+        p
+        | beam.Create(elements)
+        | RunKernel(
+            pk.failing_sum,
+            spec=ArraySpec(("L",), np.float32),
+            keyed=True,
+            packing=Packing(row_lengths=16, rows_per_batch=16, max_segments=8),
+        ).with_exception_handling()
+    )
+    want = {i: float(x.sum()) for i, x in elements if i not in failing}
+    assert_that(
+        results | beam.MapTuple(lambda k, v: (k, round(float(v), 4))),
+        equal_to([(i, round(v, 4)) for i, v in want.items()]),
+    )
+    assert_that(
+        dead | beam.Map(lambda r: (r.key, r.stage, "refuses" in r.message)),
+        equal_to([(i, "kernel", True) for i in failing]),
+        label="Dead",
+    )
+    summary = assert_conserved(run(p))
+    # One packed batch of n records with k failing ones: at most 1 + 2 k ceil(log2 n) calls.
+    bound = 1 + 2 * len(failing) * math.ceil(math.log2(n))
+    assert 1 + len(failing) < summary.kernel_calls <= bound, summary.kernel_calls
+
+
+def test_a_non_finite_output_dead_letters_its_record_only():
+    values = [[1.0, 2.0], [1.0, -1.0], [3.0], [0.0], [2.0, 2.0]]
+    elements = [(i, np.asarray(v, np.float32)) for i, v in enumerate(values)]
+    for check, want_dead in [(True, [1, 3]), (False, [])]:
+        p = pipeline()
+        results, dead = (
+            p
+            | beam.Create(elements)
+            | RunKernel(
+                pk.inverse_sum,
+                spec=ArraySpec(("L",), np.float32),
+                keyed=True,
+                packing=Packing(row_lengths=8, rows_per_batch=4, max_segments=4),
+                validation=bj.Validation(check_outputs_finite=check),
+            ).with_exception_handling()
+        )
+        assert_that(
+            dead | beam.Map(lambda r: (r.key, r.stage)),
+            equal_to([(i, "output") for i in want_dead]),
+            label="Dead",
+        )
+        assert_that(results | beam.Keys(), equal_to([i for i in range(5) if i not in want_dead]))
+        assert_conserved(run(p))
+
+
+def test_out_of_memory_splits_lowers_the_row_limit_and_isolates_a_poison_record():
+    rng = np.random.default_rng(8)
+    elements = [(i, rng.uniform(1, 2, 4).astype(np.float32)) for i in range(24)]
+    elements[9] = (9, np.full(4, pk.POISON, np.float32))
+    p = pipeline()
+    results, dead = (
+        p
+        | beam.Create(elements)
+        | RunKernel(
+            pk.memory_hungry,
+            spec=ArraySpec(("L",), np.float32),
+            keyed=True,
+            packing=Packing(row_lengths=8, rows_per_batch=(1, 2, 4), max_segments=2),
+            devices=[0],
+        ).with_exception_handling()
+    )
+    assert_that(results | beam.Keys(), equal_to([i for i in range(24) if i != 9]))
+    assert_that(
+        dead | beam.Map(lambda r: (r.key, r.stage, "RESOURCE_EXHAUSTED" in r.message)),
+        equal_to([(9, "kernel", True)]),
+        label="Dead",
+    )
+    summary = assert_conserved(run(p))
+    # Batches of 4 rows did not fit and both halves (2 rows each) did: the limit dropped to
+    # 2 rows once; the poison record alone did not drag it lower.
+    assert summary.batch_limit_lowered == 1
+    assert summary.out_of_memory >= 2
+
+
+def test_padding_counts_empty_slots_and_empty_rows():
+    # Four records of 4 fill two rows of 8; a batch of 4 rows leaves two rows empty.
+    elements = [np.ones(4, np.float32) * i for i in range(4)]
+    p = pipeline()
+    out = (
+        p
+        | beam.Create(elements)
+        | RunKernel(
+            pk.inverse_sum,
+            spec=ArraySpec(("L",), np.float32),
+            packing=Packing(row_lengths=8, rows_per_batch=4, max_segments=4),
+            validation=bj.Validation(check_outputs_finite=False),
+        )
+    )
+    assert_that(out | beam.combiners.Count.Globally(), equal_to([4]))
+    summary = assert_conserved(run(p))
+    assert summary.padding_ratio == pytest.approx(32 / 16)
+    assert summary.kernel_calls == 1
+
+
+def test_only_listed_shapes_compile():
+    pk.TRACED.clear()
+    packing = Packing(row_lengths=(4, 8, 16), rows_per_batch=(4, 8), max_segments=8)
+    run_kernel = RunKernel(
+        pk.traced_batched, spec=ArraySpec(("L",), np.float32), batched=True, packing=packing
+    )
+    data = [np.ones(int(n), np.float32) for n in np.random.default_rng(3).integers(1, 17, 90)]
+    p = pipeline()
+    out = p | beam.Create(data) | run_kernel
+    assert_that(out | beam.Map(lambda v: int(v)), equal_to([len(x) for x in data]))
+    run(p)
+    listed = {(s, n) for (n,), s in run_kernel.plan(len(jax.devices())).shapes()}
+    assert pk.TRACED and set(pk.TRACED) <= listed, (pk.TRACED, listed)
+
+
+def test_records_too_long_or_misshapen_are_validation_dead_letters():
+    elements = [(0, np.ones(3, np.float32)), (1, np.ones(9, np.float32)), (2, np.ones((2, 2)))]
+    p = pipeline()
+    results, dead = (
+        p
+        | beam.Create(elements)
+        | RunKernel(
+            pk.failing_sum,
+            spec=ArraySpec(("L",), np.float32),
+            keyed=True,
+            packing=Packing(row_lengths=8, rows_per_batch=4),
+        ).with_exception_handling()
+    )
+    assert_that(results, equal_to([(0, np.float32(3.0))]))
+    assert_that(
+        dead | beam.Map(lambda r: (r.key, r.stage)),
+        equal_to([(1, "validation"), (2, "validation")]),
+        label="Dead",
+    )
+    assert_conserved(run(p))
+
+
+def test_a_plan_packing_result_runs_and_lists_its_shapes():
+    rng = np.random.default_rng(0)
+    data = [rng.uniform(1, 2, int(n)).astype(np.float32) for n in rng.integers(1, 40, 120)]
+    chosen = bj.plan_packing([len(x) for x in data], max_size=40, compile_budget=2, buffer_size=50)
+    run_kernel = RunKernel(pk.failing_sum, spec=ArraySpec(("L",), np.float32), packing=chosen)
+    assert run_kernel.plan().shapes() == [((n,), s) for n, s in chosen.packing.shapes()]
+    assert len(run_kernel.plan().shapes()) <= 2
+    p = pipeline()
+    keyed = RunKernel(
+        pk.failing_sum, spec=ArraySpec(("L",), np.float32), keyed=True, packing=chosen
+    )
+    out = p | beam.Create(list(enumerate(data))) | keyed
+    assert_that(
+        out | beam.MapTuple(lambda k, v: (k, round(float(v), 3))),
+        equal_to([(i, round(float(x.sum()), 3)) for i, x in enumerate(data)]),
+    )
+    summary = assert_conserved(run(p))
+    assert summary.padding_ratio >= 1.0
+
+
+def test_specs_and_transforms_that_cannot_pack_are_refused_with_the_reason():
+    packing = Packing(row_lengths=8)
+    with pytest.raises(bj.SpecError, match="no ragged axis"):
+        RunKernel(pk.failing_sum, spec=ArraySpec((4,)), packing=packing)
+    with pytest.raises(bj.SpecError, match="several ragged axes"):
+        RunKernel(pk.failing_sum, spec=ArraySpec(("A", "B")), packing=packing)
+    with pytest.raises(bj.SpecError, match="bucketing and packing"):
+        RunKernel(
+            pk.failing_sum,
+            spec=ArraySpec(("L",)),
+            packing=packing,
+            bucketing=bj.Bucketing(boundaries={"L": 8}),
+        )
+    with pytest.raises(bj.SpecError, match="cannot name axes"):
+        RunKernel(
+            pk.failing_sum, spec=ArraySpec(("L",)), packing=packing, output_spec=ArraySpec(("L",))
+        )
+    with pytest.raises(bj.SpecError, match="packing must be"):
+        RunKernel(pk.failing_sum, spec=ArraySpec(("L",)), packing=8)
+    with pytest.raises(bj.SpecError, match="ReduceKernel does not support packing"):
+        bj.ReduceKernel(pk.failing_sum, spec=ArraySpec(("L",)), packing=packing)
+    with pytest.raises(bj.SpecError, match="RunKernelOnArrow does not support packing"):
+        bj.RunKernelOnArrow(pk.failing_sum, spec={"x": ArraySpec(("L",))}, packing=packing)
+    with pytest.raises(bj.SpecError, match="with_cross_bundle_batching does not support"):
+        RunKernel(
+            pk.failing_sum, spec=ArraySpec(("L",)), packing=packing
+        ).with_cross_bundle_batching(max_wait_s=1.0)
+    with pytest.raises(bj.SpecError, match="JaxModelHandler does not support packing"):
+        bj.JaxModelHandler(pk.failing_sum, spec=ArraySpec(("L",)), packing=packing)
