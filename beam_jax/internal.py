@@ -40,6 +40,8 @@ from beam_jax._src.core.packed_batch import PackPlan as PackPlan
 from beam_jax._src.core.packed_batch import PackResult as PackResult
 from beam_jax._src.core.packed_batch import Refusal as Refusal
 from beam_jax._src.core.packed_batch import SegmentInfo as SegmentInfo
+from beam_jax._src.core.packed_plan import PackedPlan as PackedPlan
+from beam_jax._src.core.packed_plan import PackedRows as PackedRows
 from beam_jax._src.core.plan import PaddedBatch as PaddedBatch
 from beam_jax._src.core.plan import Plan as Plan
 from beam_jax._src.core.spec import Layout as Layout
@@ -61,7 +63,11 @@ from beam_jax._src.engine.fit import FitReport as FitReport
 from beam_jax._src.engine.fit import fit_batch_limits as fit_batch_limits
 from beam_jax._src.engine.fit import fit_plan as fit_plan
 from beam_jax._src.engine.metrics import BufferMetrics as BufferMetrics
+from beam_jax._src.engine.metrics import KernelMetrics as KernelMetrics
 from beam_jax._src.engine.metrics import bucket_totals as bucket_totals
+from beam_jax._src.engine.packing import BucketStage as BucketStage
+from beam_jax._src.engine.packing import PackedBuffer as PackedBuffer
+from beam_jax._src.engine.packing import PackedStage as PackedStage
 from beam_jax._src.engine.worker import Worker as Worker
 from beam_jax._src.inference.rows import YamlErrors as YamlErrors
 from beam_jax._src.kernel.cache import enable_compilation_cache as enable_compilation_cache
@@ -69,6 +75,7 @@ from beam_jax._src.kernel.compiled import Kernel as Kernel
 from beam_jax._src.kernel.compiled import is_out_of_memory as is_out_of_memory
 from beam_jax._src.kernel.devices import select_devices as select_devices
 from beam_jax._src.kernel.memory import analyse_shape as analyse_shape
+from beam_jax._src.kernel.wrappers import SegmentKernel as SegmentKernel
 from beam_jax._src.kernel.wrappers import SumRows as SumRows
 from beam_jax._src.transforms.base import Source as Source
 from beam_jax._src.transforms.base import WorkerDoFn as WorkerDoFn

@@ -10,8 +10,11 @@ import jax
 import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import beam_jax as bj
+import beam_jax.internal
 from beam_jax import ArraySpec, Packing, RunKernel
 from beam_jax.testing import assert_conserved
 from tests import packed_kernels as pk
@@ -272,3 +275,64 @@ def test_specs_and_transforms_that_cannot_pack_are_refused_with_the_reason():
         ).with_cross_bundle_batching(max_wait_s=1.0)
     with pytest.raises(bj.SpecError, match="JaxModelHandler does not support packing"):
         bj.JaxModelHandler(pk.failing_sum, spec=ArraySpec(("L",)), packing=packing)
+
+
+class _Calls:
+    """A counter in place of a Beam metric, read back by the property below."""
+
+    def __init__(self):
+        self.n = 0
+
+    def inc(self, k: int = 1):
+        self.n += k
+
+
+_WORKER = {}
+
+
+def _engine_run(values, handle_errors=True):
+    """``values`` through one ElementFrontEnd + BatchEngine with packing (no Beam):
+    ``(results by index, dead letters by index, kernel calls)``."""
+    from beam_jax.internal import BatchEngine, ElementFrontEnd, KernelMetrics, PerElement
+
+    if not _WORKER:
+        packing = Packing(row_lengths=(8, 16), rows_per_batch=(4, 8), max_segments=5)
+        options = bj.KernelOptions(packing=packing)
+        _WORKER["w"] = bj.internal.Worker(pk.failing_sum, ArraySpec(("L",), np.float32), options)
+    worker = _WORKER["w"]
+    metrics = KernelMetrics()
+    metrics.kernel_calls = calls = _Calls()
+    results, dead = {}, {}
+    strategy = PerElement(worker.plan, lambda tag, out: results.__setitem__(tag, float(out)))
+    front = ElementFrontEnd(
+        worker.plan, strategy, lambda e, stage, tag: dead.__setitem__(tag, stage)
+    )
+    front.engine = BatchEngine(
+        worker, metrics, front, handle_errors=handle_errors, report_compiles=lambda: None
+    )
+    for i, v in enumerate(values):
+        for _ in front.add(i, worker.plan.validate(v)):
+            pass
+    for stream in (front.drain(), front.engine.flush(), front.outputs.finish()):
+        for _ in stream:
+            pass
+    return results, dead, calls.n
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 16), min_size=1, max_size=80),
+    failing=st.sets(st.integers(0, 79), max_size=4),
+)
+def test_property_packed_engine_results_dead_letters_and_call_bound(lengths, failing):
+    failing = {i for i in failing if i < len(lengths)}
+    values = [np.full(n, (i % 7) + 1, np.float32) for i, n in enumerate(lengths)]
+    _, _, batches = _engine_run(values)  # the same packing without faults: one call a batch
+    for i in failing:
+        values[i][-1] = pk.SENTINEL
+    results, dead, calls = _engine_run(values)
+    assert dead == {i: "kernel" for i in failing}
+    assert results == {i: float(v.sum()) for i, v in enumerate(values) if i not in failing}
+    # Each batch of n_b records with k_b failing ones: 1 + 2 k_b ceil(log2 n_b) calls at most.
+    bound = batches + 2 * len(failing) * math.ceil(math.log2(max(len(lengths), 2)))
+    assert calls <= bound, (calls, bound)

@@ -128,6 +128,14 @@ INTERNAL = {
     "batch_rows",
     "simulate_packing",
     "PackingStats",
+    # packing in the engine
+    "PackedPlan",
+    "PackedRows",
+    "PackedBuffer",
+    "PackedStage",
+    "BucketStage",
+    "SegmentKernel",
+    "KernelMetrics",
 }
 
 
