@@ -265,8 +265,6 @@ def test_specs_and_transforms_that_cannot_pack_are_refused_with_the_reason():
         )
     with pytest.raises(bj.SpecError, match="packing must be"):
         RunKernel(pk.failing_sum, spec=ArraySpec(("L",)), packing=8)
-    with pytest.raises(bj.SpecError, match="ReduceKernel does not support packing"):
-        bj.ReduceKernel(pk.failing_sum, spec=ArraySpec(("L",)), packing=packing)
     with pytest.raises(bj.SpecError, match="RunKernelOnArrow does not support packing"):
         bj.RunKernelOnArrow(pk.failing_sum, spec={"x": ArraySpec(("L",))}, packing=packing)
     with pytest.raises(bj.SpecError, match="with_cross_bundle_batching does not support"):
@@ -275,6 +273,38 @@ def test_specs_and_transforms_that_cannot_pack_are_refused_with_the_reason():
         ).with_cross_bundle_batching(max_wait_s=1.0)
     with pytest.raises(bj.SpecError, match="JaxModelHandler does not support packing"):
         bj.JaxModelHandler(pk.failing_sum, spec=ArraySpec(("L",)), packing=packing)
+
+
+def test_reduce_kernel_sums_real_segments_per_window_and_leaves_out_failures():
+    from apache_beam.transforms import window
+
+    rng = np.random.default_rng(5)
+    data = [rng.uniform(1, 2, int(rng.integers(1, 9))).astype(np.float32) for _ in range(60)]
+    data[7][0] = pk.SENTINEL
+    p = pipeline()
+    totals, dead = (
+        p
+        | beam.Create(list(enumerate(data)))
+        | beam.Map(lambda kv: window.TimestampedValue(kv, kv[0]))
+        | beam.WindowInto(window.FixedWindows(20))
+        | bj.ReduceKernel(
+            pk.failing_sum,
+            spec=ArraySpec(("L",), np.float32),
+            keyed=True,
+            packing=Packing(row_lengths=(8, 16), rows_per_batch=4, max_segments=4),
+            # One device: a host callback raising inside a batch sharded over several
+            # devices without shard_map aborts XLA:CPU (the summed kernel is batched).
+            devices=[0],
+        ).with_exception_handling()
+    )
+    want = [
+        (20 - (lo == 0), round(sum(float(x.sum()) for i, x in enumerate(data[lo : lo + 20], lo)
+                                   if i != 7), 2))
+        for lo in (0, 20, 40)
+    ]  # fmt: skip
+    assert_that(totals | beam.Map(lambda r: (r.count, round(float(r.total), 2))), equal_to(want))
+    assert_that(dead | beam.Map(lambda r: (r.key, r.stage)), equal_to([(7, "kernel")]), "Dead")
+    assert_conserved(run(p))
 
 
 class _Calls:

@@ -144,7 +144,7 @@ class ElementFrontEnd:
         if engine is None:
             self._stage = None
         elif isinstance(self._plan, PackedPlan):
-            self._stage = PackedStage(self._plan, engine)
+            self._stage = PackedStage(self._plan, engine, self.outputs.per_window)
         else:
             self._stage = BucketStage(self._plan, engine, self.outputs.per_window)
 

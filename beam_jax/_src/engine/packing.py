@@ -77,13 +77,15 @@ class PackedStage:
     Args:
         plan: the worker's ``PackedPlan``.
         engine: the front end's ``BatchEngine``.
+        per_window: batches keep slots (windows) apart: one stage per slot.
     """
 
-    def __init__(self, plan: PackedPlan, engine: Any):
+    def __init__(self, plan: PackedPlan, engine: Any, per_window: bool = False):
         self._plan = plan
         self._engine = engine
-        self._items: list[tuple[Any, Validated]] = []
-        self._slots = 0
+        self._per_window = per_window
+        self._items: dict[Any, list[tuple[Any, Validated]]] = {}
+        self._slots: dict[Any, int] = {}
         packing = plan.packing
         # Pack once the staged records fill two batches of the largest shape (or the
         # planner's buffer): enough for the rows to fill well, few repacks of the rest.
@@ -93,20 +95,21 @@ class PackedStage:
 
     def add(self, tag: Any, item: Validated, slot: Any = None) -> Iterator[Any]:
         """Stage one validated record; pack and run the full batches once enough wait."""
-        self._items.append((tag, item))
-        self._slots += item.lengths[0]
-        if self._slots >= self._min_slots or (
-            self._min_records and len(self._items) >= self._min_records
-        ):
-            yield from self._pack(final=False)
+        slot = slot if self._per_window else None
+        items = self._items.setdefault(slot, [])
+        items.append((tag, item))
+        slots = self._slots[slot] = self._slots.get(slot, 0) + item.lengths[0]
+        if slots >= self._min_slots or (self._min_records and len(items) >= self._min_records):
+            yield from self._pack(slot, final=False)
 
     def drain(self) -> Iterator[Any]:
         """Pack and run everything staged (the end of a bundle)."""
-        if self._items:
-            yield from self._pack(final=True)
+        for slot in list(self._items):
+            yield from self._pack(slot, final=True)
 
-    def _pack(self, final: bool) -> Iterator[Any]:
-        items, self._items = self._items, []
+    def _pack(self, slot: Any, final: bool) -> Iterator[Any]:
+        items = self._items.pop(slot)
+        self._slots.pop(slot)
         lengths = np.fromiter((item.lengths[0] for _, item in items), np.int64, len(items))
         assignment = assign_rows(lengths, self._plan.packing)
         if len(assignment.refused):  # validation refuses these first; kept for safety
@@ -127,15 +130,13 @@ class PackedStage:
                 continue
             order = records[np.lexsort((assignment.segment[records], batch_row[records]))]
             buffer = PackedBuffer(
-                self._plan, length, [items[int(i)] for i in order], batch_row[order]
+                self._plan, length, [items[int(i)] for i in order], batch_row[order], slot
             )
             yield from self._engine.launch(buffer)
         if keep:
             left = np.sort(np.concatenate(keep))
-            self._items = [items[int(i)] for i in left]
-            self._slots = int(lengths[left].sum())
-        else:
-            self._slots = 0
+            self._items[slot] = [items[int(i)] for i in left]
+            self._slots[slot] = int(lengths[left].sum())
 
 
 class BucketStage:
