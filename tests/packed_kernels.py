@@ -79,3 +79,22 @@ def traced_batched(params, element, segments):
     m = segments.lengths.shape[-1]
     onehot = segments.ids[:, :, None] == jnp.arange(1, m + 1)[None, None, :]
     return jnp.einsum("rl,rlm->rm", element, onehot.astype(element.dtype))
+
+
+def _refuse_rows(x, ids):
+    if np.any((x == SENTINEL).any(-1) & (ids > 0)):
+        raise ValueError(f"kernel refuses the value {SENTINEL}")
+    return x
+
+
+def failing_vector_sum(params, element, segments):
+    """Per segment, the sum of ``element["x"]`` (``[row_length, D]``) over its slots:
+    ``{"sum": [m, D]}``; raises when a real slot holds SENTINEL."""
+    x = jax.pure_callback(
+        _refuse_rows,
+        jax.ShapeDtypeStruct(element["x"].shape, element["x"].dtype),
+        element["x"],
+        segments.ids,
+        vmap_method="broadcast_all",
+    )
+    return {"sum": jnp.einsum("ld,lm->md", x, _one_hot(segments).astype(x.dtype))}

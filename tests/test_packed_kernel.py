@@ -265,8 +265,6 @@ def test_specs_and_transforms_that_cannot_pack_are_refused_with_the_reason():
         )
     with pytest.raises(bj.SpecError, match="packing must be"):
         RunKernel(pk.failing_sum, spec=ArraySpec(("L",)), packing=8)
-    with pytest.raises(bj.SpecError, match="RunKernelOnArrow does not support packing"):
-        bj.RunKernelOnArrow(pk.failing_sum, spec={"x": ArraySpec(("L",))}, packing=packing)
     with pytest.raises(bj.SpecError, match="with_cross_bundle_batching does not support"):
         RunKernel(
             pk.failing_sum, spec=ArraySpec(("L",)), packing=packing
@@ -366,3 +364,44 @@ def test_property_packed_engine_results_dead_letters_and_call_bound(lengths, fai
     # Each batch of n_b records with k_b failing ones: 1 + 2 k_b ceil(log2 n_b) calls at most.
     bound = batches + 2 * len(failing) * math.ceil(math.log2(max(len(lengths), 2)))
     assert calls <= bound, (calls, bound)
+
+
+def test_run_kernel_on_arrow_packs_rows_with_results_by_id_and_origins(tmp_path):
+    from tests.test_columnar import BAD, SPEC, records, write_parquet
+
+    xs = records(60)
+    path = str(tmp_path / "data.parquet")
+    write_parquet(path, xs)
+    ids = list(range(len(xs))) + list(BAD)
+    order = np.random.default_rng(1).permutation(len(ids))  # write_parquet's row order
+    file_row = {int(ids[j]): at for at, j in enumerate(order)}
+    p = pipeline()
+    results, dead = (
+        p
+        | bj.ReadArrowBatches(path, max_rows=7)
+        | bj.RunKernelOnArrow(
+            pk.failing_vector_sum,
+            spec=SPEC,
+            columns=bj.ArrowColumns(leaves={"x": "x"}, id="id"),
+            packing=Packing(row_lengths=(8, 16), rows_per_batch=4, max_segments=4),
+            metrics_namespace="arrow_packed",
+        ).with_exception_handling()
+    )
+    rows = results | beam.FlatMap(
+        lambda b: zip(b.column("id").to_pylist(), b.column("sum").to_pylist(), strict=True)
+    )
+
+    def same_sums(got):
+        got = dict(got)
+        assert sorted(got) == list(range(len(xs)))
+        for i, x in enumerate(xs):
+            np.testing.assert_allclose(got[i], x.sum(0), rtol=1e-5, atol=1e-5)
+
+    assert_that(rows, same_sums)
+    assert_that(
+        dead | beam.Map(lambda f: (f.key, f.stage, f.source == path, f.row)),
+        equal_to([(k, stage, True, file_row[k]) for k, (_, stage, _) in BAD.items()]),
+        label="Dead",
+    )
+    summary = assert_conserved(run(p), namespace="arrow_packed")
+    assert summary.padding_ratio >= 1.0

@@ -132,6 +132,7 @@ class PackedPlan:
                 "shapes, or use bucketing for per-position outputs."
             )
         self.max_sizes = {self.axis: self.packing.max_row_length}
+        self.truncate = False  # a record longer than the longest row is refused
         self.buckets: tuple[Bucket, ...] = tuple((n,) for n in self.packing.row_lengths)
         element = self.layout.treedef.unflatten([0] * len(self.layout.specs))
         self.kernel_treedef = jax.tree_util.tree_structure((element, SegmentInfo(0, 0, 0, 0)))

@@ -225,6 +225,11 @@ class Plan:
         return bucket
 
     @property
+    def truncate(self) -> bool:
+        """Elements longer than the largest bucket are cut to it (``oversize="truncate"``)."""
+        return self.bucketing.oversize == "truncate"
+
+    @property
     def kernel_treedef(self) -> Any:
         """The structure of the kernel's element argument (the spec's)."""
         return self.layout.treedef
