@@ -265,10 +265,6 @@ def test_specs_and_transforms_that_cannot_pack_are_refused_with_the_reason():
         )
     with pytest.raises(bj.SpecError, match="packing must be"):
         RunKernel(pk.failing_sum, spec=ArraySpec(("L",)), packing=8)
-    with pytest.raises(bj.SpecError, match="with_cross_bundle_batching does not support"):
-        RunKernel(
-            pk.failing_sum, spec=ArraySpec(("L",)), packing=packing
-        ).with_cross_bundle_batching(max_wait_s=1.0)
     with pytest.raises(bj.SpecError, match="JaxModelHandler does not support packing"):
         bj.JaxModelHandler(pk.failing_sum, spec=ArraySpec(("L",)), packing=packing)
 
@@ -303,6 +299,30 @@ def test_reduce_kernel_sums_real_segments_per_window_and_leaves_out_failures():
     assert_that(totals | beam.Map(lambda r: (r.count, round(float(r.total), 2))), equal_to(want))
     assert_that(dead | beam.Map(lambda r: (r.key, r.stage)), equal_to([(7, "kernel")]), "Dead")
     assert_conserved(run(p))
+
+
+def test_cross_bundle_mode_packs_flushes_with_per_record_results_and_dead_letters():
+    rng = np.random.default_rng(11)
+    data = [(i, rng.uniform(1, 2, int(rng.integers(1, 9))).astype(np.float32)) for i in range(50)]
+    data[12][1][0] = pk.SENTINEL
+    p = pipeline()
+    # buffer_size=6: a key's buffer is full at 6 records (plan_packing's buffer).
+    chosen = bj.plan_packing([len(x) for _, x in data], max_size=8, buffer_size=6)
+    results, dead = (
+        p
+        | beam.Create(data)
+        | RunKernel(pk.failing_sum, spec=ArraySpec(("L",), np.float32), keyed=True, packing=chosen)
+        .with_cross_bundle_batching(max_wait_s=3600, shards=2)
+        .with_exception_handling()
+    )
+    assert_that(
+        results | beam.MapTuple(lambda k, v: (k, round(float(v), 3))),
+        equal_to([(i, round(float(x.sum()), 3)) for i, x in data if i != 12]),
+    )
+    assert_that(dead | beam.Map(lambda r: (r.key, r.stage)), equal_to([(12, "kernel")]), "Dead")
+    summary = assert_conserved(run(p))
+    assert summary.buffering.waited == 50
+    assert summary.buffering.flushes["full"] >= 6
 
 
 class _Calls:

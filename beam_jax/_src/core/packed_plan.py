@@ -140,6 +140,16 @@ class PackedPlan:
 
     # --- the compile set and batch sizes -----------------------------------------------
 
+    def bucket_for(self, lengths: Sequence[int]) -> Bucket:
+        """The one key records of every length share (packing mixes lengths in rows): the
+        longest row length. Cross-bundle mode buffers records under it."""
+        return self.buckets[-1]
+
+    def records_per_flush(self, bucket: Bucket, limit: int) -> int:
+        """Records that make a cross-bundle buffer full: the planner's ``buffer_size``
+        when given, else as many as ``limit`` rows can hold (``max_segments`` each)."""
+        return self.buffer_size or limit * self.packing.max_segments
+
     def batch_sizes(self, bucket: Bucket) -> tuple[int, ...]:
         """The rows per batch of row length ``bucket[0]``, smallest first."""
         return self.packing.sizes_for(bucket[0])

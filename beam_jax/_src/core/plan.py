@@ -185,6 +185,10 @@ class Plan:
             raise SpecError(f"{n} elements exceed the largest batch size {sizes[-1]}.")
         return sizes[i]
 
+    def records_per_flush(self, bucket: Bucket, limit: int) -> int:
+        """Elements that make a cross-bundle buffer of ``bucket`` full: its batch limit."""
+        return limit
+
     def shapes(self) -> list[tuple[Bucket, int]]:
         """Every ``(bucket, batch size)`` the kernel can see: the complete compile set."""
         return [(b, s) for b in self.buckets for s in self._sizes[b]]

@@ -173,17 +173,17 @@ class ElementFrontEnd:
         return self.engine.reject(error, VALIDATION, tags)
 
     def run_now(self, bucket: Bucket, slot: Any, tagged: Iterable[tuple[Any, Any]]):
-        """Validate ``(tag, value)`` pairs of one bucket, run them as one batch, and wait
-        for every batch (a cross-bundle flush)."""
-        buffer = self.new_buffer(bucket, slot, 0)
+        """Validate ``(tag, value)`` pairs of one bucket, run them now (bucketing: as one
+        batch; packing: packed into as few batches as they fill), and wait for every batch
+        (a cross-bundle flush)."""
+        items = []
         for tag, value in tagged:
             errors: list[Any] = []
             item = self.validate(tag, value, errors)
             yield from errors
             if item is not None:
-                buffer.items.append((tag, item))
-        if buffer.size:
-            yield from self.engine.launch(buffer)
+                items.append((tag, item))
+        yield from self._stage.run_now(bucket, slot, items)
         yield from self.engine.flush()
         yield from self.outputs.finish()
 

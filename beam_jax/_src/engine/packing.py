@@ -24,6 +24,7 @@ from beam_jax._src.bucketing.packing import assign_rows, batch_rows
 from beam_jax._src.core.dead_letter import VALIDATION
 from beam_jax._src.core.packed_plan import PackedPlan, PackedRows
 from beam_jax._src.core.validation import Validated
+from beam_jax._src.engine.batching import RowBuffer
 from beam_jax._src.errors import ElementTooLargeError
 
 
@@ -107,6 +108,13 @@ class PackedStage:
         for slot in list(self._items):
             yield from self._pack(slot, final=True)
 
+    def run_now(self, bucket: Any, slot: Any, items: list) -> Iterator[Any]:
+        """Pack ``(tag, Validated)`` pairs and run every batch they fill (a cross-bundle
+        flush; the bucket is the plan's one packed key)."""
+        for tag, item in items:
+            yield from self.add(tag, item, slot)
+        yield from self.drain()
+
     def _pack(self, slot: Any, final: bool) -> Iterator[Any]:
         items = self._items.pop(slot)
         self._slots.pop(slot)
@@ -162,3 +170,11 @@ class BucketStage:
 
     def drain(self) -> Iterator[Any]:
         return iter(())
+
+    def run_now(self, bucket: Any, slot: Any, items: list) -> Iterator[Any]:
+        """Run ``(tag, Validated)`` pairs of ``bucket`` now, as one batch (a cross-bundle
+        flush; the engine runs it in chunks if it exceeds the bucket's limit)."""
+        buffer = RowBuffer(self._plan, bucket, slot)
+        buffer.items.extend(items)
+        if buffer.size:
+            yield from self._engine.launch(buffer)

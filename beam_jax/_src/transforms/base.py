@@ -64,15 +64,6 @@ def dead_letter_output(error: BaseException, stage: str, source: Source) -> Any:
     )
 
 
-def refuse_packing(options: KernelOptions, what: str) -> None:
-    """Raise ``SpecError`` when ``options`` pack records: ``what`` does not pack yet."""
-    if options.packing is not None:
-        raise SpecError(
-            f"{what} does not support packing yet; packing runs with RunKernel (bundle "
-            "mode). Use bucketing here (drop packing=...), or RunKernel with packing."
-        )
-
-
 class _Holder:
     # apache_beam.utils.shared needs a weak-referenceable object.
     def __init__(self, worker: Worker):
@@ -274,7 +265,6 @@ class KernelTransform(beam.PTransform):
             **kwargs: the fields of ``CrossBundle`` (``max_wait_s``, ``shards``, ``when``,
                 ``clock``).
         """
-        refuse_packing(self.options, "with_cross_bundle_batching")
         if config is None:
             config = CrossBundle(**kwargs)
         elif not isinstance(config, CrossBundle):
