@@ -204,6 +204,19 @@ def test_only_listed_shapes_compile():
     assert pk.TRACED and set(pk.TRACED) <= listed, (pk.TRACED, listed)
 
 
+def test_precompile_compiles_exactly_the_listed_packed_shapes():
+    packing = Packing(row_lengths=(8, 16), rows_per_batch=(4, 8), max_segments=4)
+    run_kernel = RunKernel(
+        pk.failing_sum, spec=ArraySpec(("L",), np.float32), packing=packing, precompile=True
+    )
+    data = [np.ones(int(n), np.float32) for n in np.random.default_rng(4).integers(1, 17, 40)]
+    p = pipeline()
+    out = p | beam.Create(data) | run_kernel
+    assert_that(out | beam.Map(float), equal_to([float(len(x)) for x in data]))
+    summary = assert_conserved(run(p))
+    assert summary.compiles == len(run_kernel.plan(len(jax.devices())).shapes())
+
+
 def test_records_too_long_or_misshapen_are_validation_dead_letters():
     elements = [(0, np.ones(3, np.float32)), (1, np.ones(9, np.float32)), (2, np.ones((2, 2)))]
     p = pipeline()

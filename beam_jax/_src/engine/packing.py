@@ -86,7 +86,9 @@ class PackedStage:
         self._engine = engine
         self._per_window = per_window
         self._items: dict[Any, list[tuple[Any, Validated]]] = {}
-        self._slots: dict[Any, int] = {}
+        # Slots and records staged since the last pack, per slot: what was left over then
+        # (at most one partial batch per row length) does not trigger the next pack.
+        self._fresh: dict[Any, list[int]] = {}
         packing = plan.packing
         # Pack once the staged records fill two batches of the largest shape (or the
         # planner's buffer): enough for the rows to fill well, few repacks of the rest.
@@ -99,8 +101,10 @@ class PackedStage:
         slot = slot if self._per_window else None
         items = self._items.setdefault(slot, [])
         items.append((tag, item))
-        slots = self._slots[slot] = self._slots.get(slot, 0) + item.lengths[0]
-        if slots >= self._min_slots or (self._min_records and len(items) >= self._min_records):
+        fresh = self._fresh.setdefault(slot, [0, 0])
+        fresh[0] += item.lengths[0]
+        fresh[1] += 1
+        if fresh[0] >= self._min_slots or (self._min_records and fresh[1] >= self._min_records):
             yield from self._pack(slot, final=False)
 
     def drain(self) -> Iterator[Any]:
@@ -117,7 +121,7 @@ class PackedStage:
 
     def _pack(self, slot: Any, final: bool) -> Iterator[Any]:
         items = self._items.pop(slot)
-        self._slots.pop(slot)
+        self._fresh.pop(slot, None)
         lengths = np.fromiter((item.lengths[0] for _, item in items), np.int64, len(items))
         assignment = assign_rows(lengths, self._plan.packing)
         if len(assignment.refused):  # validation refuses these first; kept for safety
@@ -144,7 +148,6 @@ class PackedStage:
         if keep:
             left = np.sort(np.concatenate(keep))
             self._items[slot] = [items[int(i)] for i in left]
-            self._slots[slot] = int(lengths[left].sum())
 
 
 class BucketStage:
