@@ -13,6 +13,9 @@ from beam_jax._src.bucketing.bucket_plan import BucketingPlan as BucketingPlan
 from beam_jax._src.bucketing.bucket_plan import plan_bucketing as plan_bucketing
 from beam_jax._src.bucketing.buckets import Bucketing as Bucketing
 from beam_jax._src.bucketing.fit import FitToMemory as FitToMemory
+from beam_jax._src.bucketing.packing import Packing as Packing
+from beam_jax._src.bucketing.packing_plan import PackingPlan as PackingPlan
+from beam_jax._src.bucketing.packing_plan import plan_packing as plan_packing
 from beam_jax._src.bucketing.rule import default_boundaries as default_boundaries
 from beam_jax._src.core.dead_letter import DEAD_LETTERS as DEAD_LETTERS
 from beam_jax._src.core.dead_letter import FailedElement as FailedElement

@@ -42,10 +42,14 @@ __all__ = [
     "Tokenizer",
     "embed",
     "embed_element",
+    "embed_packed",
+    "embed_packed_element",
+    "encode_tokens",
     "file_sha256",
     "load_config",
     "load_params",
     "model_dir",
+    "segment_attention_bias",
     "verify_model_dir",
 ]
 
@@ -394,7 +398,7 @@ def _gelu(x: jax.Array) -> jax.Array:
     return jnp.float32(0.5) * x * (jnp.float32(1) + jax.lax.erf(x * jnp.float32(2**-0.5)))
 
 
-def _attention(x: jax.Array, key_bias: jax.Array, p: Params, config: MiniLMConfig) -> jax.Array:
+def _attention(x: jax.Array, bias: jax.Array, p: Params, config: MiniLMConfig) -> jax.Array:
     length = x.shape[0]
     heads, head_dim = config.num_attention_heads, config.head_dim
 
@@ -404,11 +408,63 @@ def _attention(x: jax.Array, key_bias: jax.Array, p: Params, config: MiniLMConfi
     q, k, v = split(_dense(x, p["query"])), split(_dense(x, p["key"])), split(_dense(x, p["value"]))
     q = q * jnp.float32(head_dim**-0.5)
     logits = jnp.einsum("hqd,hkd->hqk", q, k, precision=_PRECISION)
-    logits = logits + key_bias[None, None, :]
+    logits = logits + bias[None, :, :]
     probs = jax.nn.softmax(logits, axis=-1)
     context = jnp.einsum("hqk,hkd->hqd", probs, v, precision=_PRECISION)
     context = jnp.reshape(jnp.transpose(context, (1, 0, 2)), (length, heads * head_dim))
     return _dense(context, p["attention_out"])
+
+
+def encode_tokens(
+    params: Params,
+    input_ids: jax.Array,
+    positions: jax.Array,
+    attention_bias: jax.Array,
+    config: MiniLMConfig | None = None,
+) -> jax.Array:
+    """The BERT layer stack, shared by :func:`embed` and :func:`embed_packed`.
+
+    Which keys a token may attend to is all that differs between a padded element and a
+    packed row, so both paths hand this one function their own ``attention_bias``.
+
+    Example:
+        >>> ids = jnp.array([101, 7592, 102], jnp.int32)
+        >>> bias = jnp.zeros((1, 3), jnp.float32)  # every key visible to every query
+        >>> encode_tokens(load_params(), ids, jnp.arange(3), bias).shape
+        (3, 384)
+
+    Args:
+        params: From :func:`load_params`.
+        input_ids: int32[L], token ids.
+        positions: int[L], each token's row of the position table (below 512).
+        attention_bias: float32[L, L] or [1, L], added to every head's attention logits
+            (query by key): 0 where a query may attend to a key, a large negative number
+            where it may not.
+        config: The encoder's shape; defaults to all-MiniLM-L6-v2's.
+
+    Returns:
+        float32[L, 384], the last layer's token vectors.
+    """
+    config = MiniLMConfig() if config is None else config
+    emb = params["embeddings"]
+    x = (
+        jnp.take(emb["word"], input_ids.astype(jnp.int32), axis=0)
+        + jnp.take(emb["position"], positions.astype(jnp.int32), axis=0)
+        + emb["token_type"][0][None, :]
+    )
+    x = _layer_norm(x, emb["norm"], config.layer_norm_eps)
+    for layer in params["layers"]:
+        attended = _attention(x, attention_bias, layer, config)
+        x = _layer_norm(x + attended, layer["attention_norm"], config.layer_norm_eps)
+        hidden = _gelu(_dense(x, layer["intermediate"]))
+        output = _dense(hidden, layer["output"])
+        x = _layer_norm(x + output, layer["output_norm"], config.layer_norm_eps)
+    return x
+
+
+def _unit(v: jax.Array) -> jax.Array:
+    norm = jnp.sqrt(jnp.sum(jnp.square(v), axis=-1, keepdims=True))
+    return v / jnp.maximum(norm, jnp.float32(1e-12))
 
 
 def embed(
@@ -449,32 +505,113 @@ def embed(
             f"{input_ids.shape} and {mask.shape}; use jax.vmap(embed, (None, 0, 0)) for a batch"
         )
     length = input_ids.shape[0]
-    emb = params["embeddings"]
-    if length > emb["position"].shape[0]:
+    table = params["embeddings"]["position"].shape[0]
+    if length > table:
         raise ValueError(
-            f"padded length {length} exceeds the {emb['position'].shape[0]} positions the "
+            f"padded length {length} exceeds the {table} positions the "
             f"model knows; truncate texts to {config.max_seq_length} tokens"
         )
     mask = mask.astype(jnp.bool_)
-    x = (
-        jnp.take(emb["word"], input_ids.astype(jnp.int32), axis=0)
-        + emb["position"][:length]
-        + emb["token_type"][0][None, :]
-    )
-    x = _layer_norm(x, emb["norm"], config.layer_norm_eps)
     key_bias = jnp.where(mask, jnp.float32(0), jnp.float32(_MASK_VALUE))
-    for layer in params["layers"]:
-        attended = _attention(x, key_bias, layer, config)
-        x = _layer_norm(x + attended, layer["attention_norm"], config.layer_norm_eps)
-        hidden = _gelu(_dense(x, layer["intermediate"]))
-        output = _dense(hidden, layer["output"])
-        x = _layer_norm(x + output, layer["output_norm"], config.layer_norm_eps)
+    positions = jnp.arange(length, dtype=jnp.int32)
+    x = encode_tokens(params, input_ids, positions, key_bias[None, :], config)
     weights = mask.astype(jnp.float32)
     # Clamped like sentence-transformers, so an all-padding row gives 0 and not nan.
     count = jnp.maximum(jnp.sum(weights), jnp.float32(1e-9))
     pooled = jnp.sum(x * weights[:, None], axis=0) / count
-    norm = jnp.sqrt(jnp.sum(jnp.square(pooled)))
-    return pooled / jnp.maximum(norm, jnp.float32(1e-12))
+    return _unit(pooled)
+
+
+def segment_attention_bias(segment_ids: jax.Array) -> jax.Array:
+    """float32[L, L]: 0 where query and key are in the same segment, else masked.
+
+    Block-diagonal attention: a token of one record never sees another record packed in
+    the same row (empty slots, segment 0, are seen by no one).
+
+    Example:
+        >>> (segment_attention_bias(jnp.array([1, 1, 2, 0])) == 0).astype(int).tolist()
+        [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
+    """
+    same = (segment_ids[:, None] == segment_ids[None, :]) & (segment_ids[None, :] > 0)
+    return jnp.where(same, jnp.float32(0), jnp.float32(_MASK_VALUE))
+
+
+def embed_packed(
+    params: Params,
+    input_ids: jax.Array,
+    segment_ids: jax.Array,
+    positions: jax.Array,
+    num_segments: int,
+    config: MiniLMConfig | None = None,
+) -> jax.Array:
+    """Embeds every text packed in one row: the same vectors :func:`embed` gives each alone.
+
+    Attention is block-diagonal (:func:`segment_attention_bias`), positions restart at 0
+    in every segment, and each segment is mean-pooled over its own tokens, so a text's
+    embedding does not depend on what else shares its row.
+
+    Example:
+        >>> ids = jnp.array([101, 7592, 102, 101, 102, 0], jnp.int32)
+        >>> segments, positions = jnp.array([1, 1, 1, 2, 2, 0]), jnp.array([0, 1, 2, 0, 1, 0])
+        >>> embed_packed(load_params(), ids, segments, positions, 4).shape
+        (4, 384)
+
+    Args:
+        params: From :func:`load_params`.
+        input_ids: int32[L], the packed row's token ids (any id on empty slots).
+        segment_ids: int[L], each slot's text, 1..num_segments; 0 on empty slots.
+        positions: int[L], each slot's position within its text (below 512).
+        num_segments: the most texts in a row: the number of vectors returned.
+        config: The encoder's shape; defaults to all-MiniLM-L6-v2's.
+
+    Returns:
+        float32[num_segments, 384]: unit vectors; zeros for segments with no tokens.
+
+    Raises:
+        ValueError: If the shapes disagree.
+    """
+    if input_ids.ndim != 1 or not input_ids.shape == segment_ids.shape == positions.shape:
+        raise ValueError(
+            f"embed_packed takes one row: input_ids, segment_ids and positions all [L], got "
+            f"shapes {input_ids.shape}, {segment_ids.shape} and {positions.shape}; use "
+            "jax.vmap for a batch of rows"
+        )
+    segment_ids = segment_ids.astype(jnp.int32)
+    bias = segment_attention_bias(segment_ids)
+    x = encode_tokens(params, input_ids, positions, bias, config)
+    which = jnp.arange(1, num_segments + 1, dtype=jnp.int32)
+    onehot = (which[:, None] == segment_ids[None, :]).astype(jnp.float32)  # [S, L]
+    count = jnp.maximum(jnp.sum(onehot, axis=1), jnp.float32(1e-9))
+    pooled = jnp.matmul(onehot, x, precision=_PRECISION) / count[:, None]
+    return _unit(pooled)
+
+
+def embed_packed_element(
+    params: Params, element: Mapping[str, jax.Array], segments: Any
+) -> jax.Array:
+    """Adapts :func:`embed_packed` to the packed-kernel signature, for use under ``jax.vmap``.
+
+    Example:
+        >>> from beam_jax.internal import SegmentInfo
+        >>> row = {"input_ids": jnp.array([101, 7592, 102, 101, 102, 0], jnp.int32)}
+        >>> info = SegmentInfo(jnp.array([1, 1, 1, 2, 2, 0]), jnp.array([0, 1, 2, 0, 1, 0]),
+        ...                    jnp.int32(2), jnp.array([3, 2, 0], jnp.int32))
+        >>> embed_packed_element(load_params(), row, info).shape
+        (3, 384)
+
+    Args:
+        params: From :func:`load_params`.
+        element: ``{"input_ids": int32[L]}``, one packed row.
+        segments: the row's ``SegmentInfo`` (ids, positions, counts, lengths); the length
+            of ``segments.lengths`` is the number of outputs.
+
+    Returns:
+        float32[max_segments, 384], one unit-length sentence embedding per segment.
+    """
+    num_segments = segments.lengths.shape[-1]
+    return embed_packed(
+        params, element["input_ids"], segments.ids, segments.positions, num_segments
+    )
 
 
 def embed_element(

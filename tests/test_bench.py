@@ -58,3 +58,22 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
     for variant in report["variants"].values():
         assert variant["sentences_per_s"] > 0 and variant["compiles"] >= 1
     assert report["ratios"]["host_only_vs_host_only_per_element"] > 0
+
+
+def test_packing_plan_bench_meets_the_padding_target_on_two_real_corpora():
+    """Packing pads the built-in corpus and the help topics by at most 5% (empty slots and
+    empty rows counted) with at most 4 compiled shapes; planned buckets pad more."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import packing_plan
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    report = packing_plan.main(["--buffers", "0,1024", "--budget", "4"])
+    assert set(report) == {"built-in corpus", "help topics"}
+    for corpus, buffers in report.items():
+        for buffer, rows in buffers.items():
+            packed = rows["packing, budget 4"]
+            assert packed["shapes"] <= 4 and packed["padding"] <= 1.05, (corpus, buffer)
+            for label, row in rows.items():
+                if label.startswith("buckets"):
+                    assert row["padding"] > packed["padding"], (corpus, buffer, label)

@@ -84,6 +84,28 @@ def test_plan_of_a_parquet_list_column_gives_the_planner_s_boundaries_for_each_b
     assert ratios == sorted(ratios, reverse=True) and ratios[0] > ratios[-1]
 
 
+def test_plan_shows_the_packed_plans_beside_the_buckets_as_the_packer_runs_them(tmp_path, capsys):
+    lengths = _lengths()
+    values = pa.array([np.zeros(n, np.int32) for n in lengths], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"tokens": values}), tmp_path / "a.parquet")
+    argv = ["--input", str(tmp_path / "a.parquet"), "--column", "tokens", "--max-buckets", "3",
+            "--pack-buffer", "200"]  # fmt: skip
+    got = _plan_json(capsys, *argv)
+    assert [p["compile_budget"] for p in got["packing"]] == [1, 2, 3]
+    for p in got["packing"]:
+        assert 1 <= len(p["shapes"]) <= p["compile_budget"]
+        chosen = bj.plan_packing(
+            np.maximum(lengths, 1), max_size=int(lengths.max()),
+            compile_budget=p["compile_budget"], buffer_size=200, max_rows_per_batch=64,
+        )  # fmt: skip
+        assert [tuple(s) for s in p["shapes"]] == chosen.packing.shapes()
+        assert p["padding_ratio"] == pytest.approx(chosen.padding_ratio)
+    assert cli.main(["plan", *argv]) == 0
+    text = capsys.readouterr().out
+    assert "packed (records end to end in rows, 200 records packed together" in text
+    assert "row length x rows" in text
+
+
 def test_plan_of_json_lines_texts_in_tokens_draws_one_line_per_boundary(tmp_path, capsys):
     rows = [{"id": i, "text": " ".join(["word"] * int(n))} for i, n in enumerate(_lengths(300))]
     source = ft.write_json_lines(tmp_path / "rows.jsonl", rows)

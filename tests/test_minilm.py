@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import beam_jax as bj
+from beam_jax.internal import PackPlan
 from pipelines import corpus as corpus_module
 from pipelines import minilm
 
@@ -252,3 +254,71 @@ def test_builtin_corpus_has_a_spread_of_lengths(tokenizer):
 def test_builtin_corpus_rejects_bad_n():
     with pytest.raises(ValueError, match="got -1"):
         corpus_module.builtin_corpus(-1)
+
+
+# --- packed encoder ---------------------------------------------------------------
+
+PACKED_MIN_COSINE = 0.99999
+_embed_rows = jax.jit(jax.vmap(minilm.embed_packed_element, in_axes=(None, 0, 0)))
+
+
+def _wrong_packed_element(params, element, segments):
+    """embed_packed without the segment mask: every real token attends to the whole row."""
+    ids = segments.ids.astype(jnp.int32)
+    key_bias = jnp.where(ids > 0, jnp.float32(0), jnp.float32(-1e30))
+    x = minilm.encode_tokens(params, element["input_ids"], segments.positions, key_bias[None, :])
+    which = jnp.arange(1, segments.lengths.shape[-1] + 1, dtype=jnp.int32)
+    onehot = (which[:, None] == ids[None, :]).astype(jnp.float32)
+    count = jnp.maximum(jnp.sum(onehot, axis=1), jnp.float32(1e-9))
+    pooled = jnp.matmul(onehot, x) / count[:, None]
+    return pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+
+
+def embed_packed(params, ids_list, kernel=_embed_rows, row_length=256, rows=8):
+    """Embeds texts packed several to a row, as the packing policy lays them out."""
+    plan = PackPlan(
+        {"input_ids": bj.ArraySpec(("L",), np.int32)},
+        bj.Packing(row_lengths=row_length, rows_per_batch=rows, max_segments=32),
+    )
+    result = plan.pack([{"input_ids": ids} for ids in ids_list])
+    assert not result.refused
+    outputs = [
+        np.asarray(kernel(params, {"input_ids": b.leaves[0]}, b.segments)) for b in result.batches
+    ]
+    return np.stack(plan.unpack(result, outputs)), result
+
+
+def test_packed_encoder_equals_the_unpacked_one(params, reference):
+    packed, result = embed_packed(params, reference["ids"])
+    shared = sum(int((b.segment_counts > 1).sum()) for b in result.batches)
+    assert shared >= 10  # rows really hold several texts
+    unpacked = embed_bucketed(params, reference["ids"])
+    cos = cosines(packed, unpacked)
+    worst = int(np.argmin(cos))
+    assert cos[worst] >= PACKED_MIN_COSINE, (cos[worst], reference["texts"][worst][:80])
+    assert cosines(packed, reference["embeddings"]).min() >= MIN_COSINE
+
+
+def test_without_the_segment_mask_packed_texts_contaminate_each_other(params, reference):
+    ids = [x for x in reference["ids"] if len(x) <= 64][:48]
+    right, result = embed_packed(params, ids)
+    wrong, _ = embed_packed(
+        params, ids, kernel=jax.jit(jax.vmap(_wrong_packed_element, (None, 0, 0)))
+    )
+    alone_vectors = embed_bucketed(params, ids)
+    assert cosines(right, alone_vectors).min() >= PACKED_MIN_COSINE
+    # Texts that share a row see each other: their vectors move far from their own.
+    assert cosines(wrong, alone_vectors).min() < 0.95
+    alone = [
+        int(i) for b in result.batches for i, r in zip(b.indices, b.rows, strict=True)
+        if b.segment_counts[r] == 1
+    ]  # fmt: skip
+    np.testing.assert_allclose(wrong[alone], right[alone], atol=1e-5)
+
+
+def test_packed_encoder_rejects_bad_shapes(params):
+    with pytest.raises(ValueError, match="takes one row"):
+        minilm.embed_packed(
+            params, jnp.zeros((4,), jnp.int32), jnp.zeros((5,), jnp.int32),
+            jnp.zeros((4,), jnp.int32), 2,
+        )  # fmt: skip

@@ -34,6 +34,9 @@ TOP_LEVEL = {
     "plan_boundaries",
     "plan_bucketing",
     "BucketingPlan",
+    "Packing",
+    "plan_packing",
+    "PackingPlan",
     # inside a kernel
     "length_mask",
     "BatchLengths",
@@ -114,6 +117,25 @@ INTERNAL = {
     "Source",
     "dead_letter_output",
     "YamlErrors",
+    # sequence packing
+    "PackPlan",
+    "PackedBatch",
+    "PackResult",
+    "Refusal",
+    "SegmentInfo",
+    "Assignment",
+    "assign_rows",
+    "batch_rows",
+    "simulate_packing",
+    "PackingStats",
+    # packing in the engine
+    "PackedPlan",
+    "PackedRows",
+    "PackedBuffer",
+    "PackedStage",
+    "BucketStage",
+    "SegmentKernel",
+    "KernelMetrics",
 }
 
 

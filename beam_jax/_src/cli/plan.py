@@ -1,4 +1,5 @@
-"""``beam-jax plan``: the best bucket boundaries of a column for each compile budget.
+"""``beam-jax plan``: the best bucket boundaries of a column for each compile budget, and
+beside them the packed plans (``beam_jax.plan_packing``) for budgets up to 4.
 
 For budgets 1..K, :func:`plan_budgets` runs the library's planner
 (``beam_jax.plan_boundaries``, an exact dynamic programme) on the column's lengths and
@@ -25,12 +26,24 @@ from typing import Any
 import numpy as np
 
 from beam_jax._src.bucketing.boundaries import plan_boundaries
+from beam_jax._src.bucketing.packing_plan import plan_packing
 from beam_jax._src.bucketing.rule import boundary_index
 from beam_jax._src.cli import lengths as lens
 from beam_jax._src.cli import memory as mem
 from beam_jax._src.cli.table import format_table
 
-__all__ = ["BUCKET_COLUMNS", "BudgetPlan", "add_parser", "main", "plan_budgets", "plot_plan"]
+__all__ = [
+    "BUCKET_COLUMNS",
+    "BudgetPlan",
+    "PackedBudgetPlan",
+    "add_parser",
+    "main",
+    "plan_budgets",
+    "plan_packings",
+    "plot_plan",
+]
+
+MAX_PACKED_BUDGET = 4  # packing needs few shapes; more rarely lowers padding further
 
 # Per-bucket columns: name -> f(lengths of the bucket's elements, the boundary) -> number.
 BUCKET_COLUMNS: dict[str, Callable[[np.ndarray, int], float]] = {
@@ -83,6 +96,61 @@ def plan_budgets(
             buckets.append(row)
         plans.append(BudgetPlan(k, tuple(bounds), padded / int(lengths.sum()), tuple(buckets)))
     return plans
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedBudgetPlan:
+    """The packed plan for one compile budget (``plan_packing`` on the column).
+
+    Attributes:
+        compile_budget: The budget.
+        shapes: The compiled ``(row length, rows per batch)`` pairs.
+        padding_ratio: Padded over real slots, empty slots and empty rows counted.
+        max_segments: Records per row at most.
+        buffer_size: Records packed together in the prediction.
+    """
+
+    compile_budget: int
+    shapes: tuple[tuple[int, int], ...]
+    padding_ratio: float
+    max_segments: int
+    buffer_size: int | None
+
+
+def plan_packings(
+    lengths: np.ndarray,
+    max_budget: int = MAX_PACKED_BUDGET,
+    max_size: int | None = None,
+    buffer_size: int | None = 1024,
+    max_rows_per_batch: int = 64,
+) -> list[PackedBudgetPlan]:
+    """A :class:`PackedBudgetPlan` for each budget 1..``max_budget``.
+
+    Example:
+        >>> [p.shapes for p in plan_packings(np.array([3, 4, 8, 8, 30] * 8), 1, 32)]
+        [((32, 14),)]
+    """
+    lengths = np.maximum(np.asarray(lengths, np.int64), 1)
+    top = int(max_size if max_size is not None else lengths.max())
+    out = []
+    for k in range(1, max_budget + 1):
+        chosen = plan_packing(
+            np.minimum(lengths, top),
+            max_size=top,
+            compile_budget=k,
+            buffer_size=buffer_size,
+            max_rows_per_batch=max_rows_per_batch,
+        )
+        out.append(
+            PackedBudgetPlan(
+                k,
+                tuple((int(n), int(s)) for n, s in chosen.packing.shapes()),
+                float(chosen.padding_ratio),
+                int(chosen.packing.max_segments),
+                buffer_size,
+            )
+        )
+    return out
 
 
 def _summary(lengths: np.ndarray) -> dict[str, Any]:
@@ -160,6 +228,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="a tokenizer.json file, a registered name ('minilm': the embed pipeline's) or "
         "'module:attr' (a zero-argument callable returning texts -> token counts)",
     )
+    add(
+        "--pack-buffer",
+        type=int,
+        default=1024,
+        help="records packed together in the packed plans' prediction (default 1024)",
+    )
     add("--plot", metavar="PNG", help="draw the histogram, boundaries and padding curve")
     add("--json", action="store_true", help="print JSON instead of tables")
     mem.add_arguments(parser)
@@ -178,6 +252,11 @@ def main(args: argparse.Namespace) -> int:
     if len(lengths) == 0:
         sys.exit(f"beam-jax plan: column {args.column!r} of {args.input} has no non-null values")
     plans = plan_budgets(lengths, args.max_buckets, args.max_size)
+    if args.pack_buffer < 1:
+        sys.exit(f"beam-jax plan: --pack-buffer must be >= 1, got {args.pack_buffer}")
+    packed = plan_packings(
+        lengths, min(args.max_buckets, MAX_PACKED_BUDGET), args.max_size, args.pack_buffer
+    )
     if args.plot:
         plot_plan(lengths, plans, args.plot, title=f"{args.input} : {args.column}")
     memory = mem.analyse(args, plans)
@@ -187,6 +266,7 @@ def main(args: argparse.Namespace) -> int:
             "column": args.column,
             "lengths": _summary(lengths),
             "plans": [dataclasses.asdict(p) for p in plans],
+            "packing": [dataclasses.asdict(p) for p in packed],
         }
         if memory is not None:
             out["memory"] = memory
@@ -206,6 +286,17 @@ def main(args: argparse.Namespace) -> int:
     print()
     print(f"per bucket, with {plans[-1].num_buckets} buckets:")
     print(format_table(plans[-1].buckets))
+    print()
+    print(
+        f"packed (records end to end in rows, {args.pack_buffer} records packed together; "
+        "padding counts empty slots and empty rows):"
+    )
+    print(format_table([
+        {"shapes": len(p.shapes), "padding": p.padding_ratio,
+         "row length x rows": ",".join(f"{n}x{s}" for n, s in p.shapes),
+         "max segments": p.max_segments}
+        for p in packed
+    ]))  # fmt: skip
     if memory is not None:
         print(f"\n{mem.format_memory(memory)}")
     if args.plot:

@@ -121,3 +121,31 @@ def all_finite(tree: Any) -> bool:
         for leaf in jax.tree_util.tree_leaves(tree)
         if np.asarray(leaf).dtype.kind in "fc"
     )
+
+
+def split_rows(outputs: BatchOutputs, rows: Any, items: Any) -> list[Any]:
+    """Split checked batch outputs into one pytree for each of ``rows``.
+
+    Output axes with a cut are cut to each element's own length (``item.lengths``).
+
+    Args:
+        outputs: the batch's outputs, from ``check_outputs``.
+        rows: which batch rows to return.
+        items: the validated elements of those rows, in the same order.
+    """
+    rows = np.asarray(rows, np.int64)
+    # One writable host copy of each leaf's rows; elements get views into it.
+    blocks = [np.array(leaf[rows]) for leaf in outputs.leaves]
+    result = []
+    for i, item in enumerate(items):
+        per = []
+        for block, cut in zip(blocks, outputs.cuts, strict=True):
+            row = block[i, ...]
+            if cut:
+                index = [slice(None)] * row.ndim
+                for axis, k in cut:
+                    index[axis] = slice(0, item.lengths[k])
+                row = row[tuple(index)]
+            per.append(row)
+        result.append(outputs.treedef.unflatten(per))
+    return result

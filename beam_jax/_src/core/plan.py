@@ -14,7 +14,7 @@ import numpy as np
 
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.rule import Bucket, bucket_index, default_batch_sizes, round_up
-from beam_jax._src.core.outputs import BatchOutputs, check_outputs
+from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
 from beam_jax._src.core.spec import Layout, as_layout
 from beam_jax._src.core.validation import Validated, Validation, validate
 from beam_jax._src.errors import SpecError
@@ -185,6 +185,10 @@ class Plan:
             raise SpecError(f"{n} elements exceed the largest batch size {sizes[-1]}.")
         return sizes[i]
 
+    def records_per_flush(self, bucket: Bucket, limit: int) -> int:
+        """Elements that make a cross-bundle buffer of ``bucket`` full: its batch limit."""
+        return limit
+
     def shapes(self) -> list[tuple[Bucket, int]]:
         """Every ``(bucket, batch size)`` the kernel can see: the complete compile set."""
         return [(b, s) for b in self.buckets for s in self._sizes[b]]
@@ -223,6 +227,27 @@ class Plan:
             if len(self._bucket_memo) < _BUCKET_MEMO_SIZE:
                 self._bucket_memo[key] = bucket
         return bucket
+
+    @property
+    def truncate(self) -> bool:
+        """Elements longer than the largest bucket are cut to it (``oversize="truncate"``)."""
+        return self.bucketing.oversize == "truncate"
+
+    @property
+    def kernel_treedef(self) -> Any:
+        """The structure of the kernel's element argument (the spec's)."""
+        return self.layout.treedef
+
+    @property
+    def kernel_axis_names(self) -> tuple[str, ...]:
+        """The names the kernel's ``lengths`` argument holds (the ragged axes)."""
+        return self.layout.axis_names
+
+    def row_outputs(self, outputs: Any, batch: PaddedBatch) -> tuple[BatchOutputs, np.ndarray]:
+        """The outputs of ``batch`` checked (one row per element) and the real rows' lengths
+        (``int[num_real, num_axes]``): what the per-row output check needs."""
+        checked = self.check_outputs(outputs, batch.size)
+        return checked, batch.lengths_matrix(self.layout.axis_names)
 
     def check_outputs(self, outputs: Any, size: int) -> BatchOutputs:
         """Check one batch's outputs against the output contract (see ``core.outputs``)."""
@@ -274,19 +299,4 @@ class Plan:
             rows: which batch rows to return.
             items: the validated elements of those rows, in the same order.
         """
-        rows = np.asarray(rows, np.int64)
-        # One writable host copy of each leaf's rows; elements get views into it.
-        blocks = [np.array(leaf[rows]) for leaf in outputs.leaves]
-        result = []
-        for i, item in enumerate(items):
-            per = []
-            for block, cut in zip(blocks, outputs.cuts, strict=True):
-                row = block[i, ...]
-                if cut:
-                    index = [slice(None)] * row.ndim
-                    for axis, k in cut:
-                        index[axis] = slice(0, item.lengths[k])
-                    row = row[tuple(index)]
-                per.append(row)
-            result.append(outputs.treedef.unflatten(per))
-        return result
+        return split_rows(outputs, rows, items)

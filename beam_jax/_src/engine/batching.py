@@ -9,7 +9,9 @@ what differs: the buffers rows are added to, how a successful batch's outputs be
 results, and how a row is described in a dead letter.
 
 The bisection bound: a batch of ``n`` rows holding ``k`` failing ones costs at most
-``1 + 2 k ceil(log2 n)`` kernel calls.
+``1 + 2 k ceil(log2 n)`` kernel calls. A packed buffer's rows are its records (several to a
+batch row): bisection halves the records and lays each half out again in at most as many
+batch rows of the same length, so the bound holds with ``n`` the batch's records.
 """
 
 from __future__ import annotations
@@ -47,6 +49,25 @@ class Buffer(Protocol):
 
     def padded(self, rows: np.ndarray | None = None) -> PaddedBatch:
         """All rows, or ``rows`` of them, as one padded batch."""
+
+    # A buffer whose rows are not batch rows (a packed buffer: several records to a batch
+    # row) also says how many batch rows its rows take, and how many leading rows fit in a
+    # batch of ``limit`` batch rows: ``units(rows)`` and ``take(rows, limit)``. Without
+    # them, one row is one batch row.
+
+
+def _units(buffer: Buffer, rows: np.ndarray | None = None) -> int:
+    """Batch rows that ``rows`` of ``buffer`` (all by default) take."""
+    units = getattr(buffer, "units", None)
+    if units is not None:
+        return units(rows)
+    return buffer.size if rows is None else len(rows)
+
+
+def _take(buffer: Buffer, rows: np.ndarray, limit: int) -> int:
+    """How many leading ``rows`` of ``buffer`` fit in one batch of ``limit`` batch rows."""
+    take = getattr(buffer, "take", None)
+    return min(limit, len(rows)) if take is None else take(rows, limit)
 
 
 class RowBuffer:
@@ -97,10 +118,10 @@ class FrontEnd(Protocol):
 
 def check_row_outputs(plan: Plan, outputs: Any, batch: PaddedBatch) -> tuple[Any, np.ndarray]:
     """The output check of per-row kernels: the contract, then finiteness per row."""
-    checked = plan.check_outputs(outputs, batch.size)
+    checked, lengths = plan.row_outputs(outputs, batch)
     if not plan.validation.check_outputs_finite:
-        return checked, np.zeros(batch.num_real, bool)
-    return checked, nonfinite_rows(checked, batch.lengths_matrix(plan.layout.axis_names))
+        return checked, np.zeros(len(lengths), bool)
+    return checked, nonfinite_rows(checked, lengths)
 
 
 def check_summed_outputs(plan: Plan, outputs: Any, batch: PaddedBatch) -> tuple[Any, bool]:
@@ -228,8 +249,9 @@ class BatchEngine:
         """Start ``buffer``'s batch without waiting for it (waiting for the oldest in flight
         once the bound is reached), so the host's next padding overlaps the device's run."""
         worker = self._worker
-        self._metrics.batch_filled(buffer.size, worker.limit(buffer.bucket))
-        if buffer.size > worker.limit(buffer.bucket):  # the limit was lowered meanwhile
+        units = _units(buffer)
+        self._metrics.batch_filled(units, worker.limit(buffer.bucket))
+        if units > worker.limit(buffer.bucket):  # the limit was lowered meanwhile
             yield from self._run(buffer, np.arange(buffer.size))
             self._front.release(buffer)
             return
@@ -239,7 +261,7 @@ class BatchEngine:
             # A shape seen for the first time compiles while the batch in flight runs.
             signature = [(x.shape, x.dtype) for x in batch.leaves]
             compiled = worker.kernel.precompile(
-                worker.params, [(signature, tuple(batch.lengths))], self._plan.layout.treedef
+                worker.params, [(signature, tuple(batch.lengths))], self._plan.kernel_treedef
             )
             if compiled:
                 self._metrics.bucket_compiles(buffer.bucket, compiled)
@@ -270,7 +292,7 @@ class BatchEngine:
             worker.params,
             batch.leaves,
             batch.lengths,
-            treedef=self._plan.layout.treedef,
+            treedef=self._plan.kernel_treedef,
             num_real=batch.num_real,
         )
 
@@ -299,10 +321,10 @@ class BatchEngine:
         all_oom = True
         start = 0
         while start < len(rows):
-            limit = self._worker.limit(buffer.bucket)
-            oom = yield from self._attempt(buffer, rows[start : start + limit])
+            take = _take(buffer, rows[start:], self._worker.limit(buffer.bucket))
+            oom = yield from self._attempt(buffer, rows[start : start + take])
             all_oom = all_oom and oom
-            start += limit
+            start += take
         return all_oom
 
     def _attempt(self, buffer: Buffer, rows: np.ndarray) -> Iterator[Any]:
@@ -339,7 +361,7 @@ class BatchEngine:
         oom = is_out_of_memory(error)
         if oom:
             self._metrics.out_of_memory.inc()
-            n = min(len(rows), self._plan.max_batch(buffer.bucket))
+            n = min(_units(buffer, rows), self._plan.max_batch(buffer.bucket))
             size = self._plan.padded_batch_size(buffer.bucket, n)
             record_fit_miss(self._worker.fit, self._metrics, buffer.bucket, size)
         if len(rows) == 1:
@@ -351,8 +373,10 @@ class BatchEngine:
         mid = (len(rows) + 1) // 2
         left_oom = yield from self._run(buffer, rows[:mid])
         right_oom = yield from self._run(buffer, rows[mid:])
-        if oom and not left_oom and not right_oom and self._worker.lower_limit(buffer.bucket, mid):
-            self._metrics.batch_limit_lowered.inc()
+        if oom and not left_oom and not right_oom:
+            fits = max(_units(buffer, rows[:mid]), _units(buffer, rows[mid:]))
+            if self._worker.lower_limit(buffer.bucket, fits):
+                self._metrics.batch_limit_lowered.inc()
         return oom
 
     def _succeeded(

@@ -25,9 +25,11 @@ import numpy as np
 
 from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import VALIDATION, describe
+from beam_jax._src.core.packed_plan import PackedPlan
 from beam_jax._src.core.plan import PaddedBatch, Plan
 from beam_jax._src.core.validation import Validated, check_key
 from beam_jax._src.engine.batching import BatchEngine, RowBuffer, check_row_outputs
+from beam_jax._src.engine.packing import BucketStage, PackedStage
 from beam_jax._src.errors import InvalidElementError
 
 
@@ -111,10 +113,13 @@ class ElementFrontEnd:
 
     Build it, then its engine (``BatchEngine(worker, metrics, front, ...)``), then set
     ``front.engine``; feed elements with ``add`` (or ``run_now`` for rows that must run at
-    once), and end with ``engine.flush()`` and ``outputs.finish()``.
+    once), and end with ``drain()``, ``engine.flush()`` and ``outputs.finish()``.
+
+    How records reach batches follows the plan: a ``Plan`` buckets them (``BucketStage``),
+    a ``PackedPlan`` packs them (``engine/packing.py``'s ``PackedStage``).
 
     Args:
-        plan: the worker's plan.
+        plan: the worker's plan (``Plan`` or ``PackedPlan``).
         outputs: the ``Outputs`` strategy.
         dead_letter: ``dead_letter(error, stage, tag)``, the output of one failed element.
     """
@@ -125,7 +130,23 @@ class ElementFrontEnd:
         self._plan = plan
         self.outputs = outputs
         self._dead_letter = dead_letter
-        self.engine: BatchEngine | None = None
+        self.engine = None
+
+    @property
+    def engine(self) -> BatchEngine | None:
+        """The engine this front end feeds (set once, after building it)."""
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: BatchEngine | None) -> None:
+        self._engine = engine
+        # How records reach batches: the plan's policy, handed the engine (composition).
+        if engine is None:
+            self._stage = None
+        elif isinstance(self._plan, PackedPlan):
+            self._stage = PackedStage(self._plan, engine, self.outputs.per_window)
+        else:
+            self._stage = BucketStage(self._plan, engine, self.outputs.per_window)
 
     # --- what callers use ---------------------------------------------------------------
 
@@ -139,28 +160,30 @@ class ElementFrontEnd:
 
     def add(self, tag: Any, item: Validated, slot: Any = None) -> Iterator[Any]:
         """Buffer one validated element under its bucket (and ``slot`` when the strategy
-        keeps windows apart); run its batch if full."""
-        bucket = self._plan.bucket_for(item.lengths)
-        buffer = self.engine.buffer(bucket, slot if self.outputs.per_window else None)
-        buffer.items.append((tag, item))
-        yield from self.engine.added(buffer)
+        keeps windows apart), or stage it for packing; run a batch once full."""
+        return self._stage.add(tag, item, slot)
+
+    def drain(self) -> Iterator[Any]:
+        """Run what the policy still stages (packing: records not yet in a full batch);
+        call before ``engine.flush()`` at the end of a bundle."""
+        return self._stage.drain()
 
     def reject(self, error: BaseException, tags: Iterable[Any]) -> Iterator[Any]:
         """Elements that failed validation: one dead letter each (or raise)."""
         return self.engine.reject(error, VALIDATION, tags)
 
     def run_now(self, bucket: Bucket, slot: Any, tagged: Iterable[tuple[Any, Any]]):
-        """Validate ``(tag, value)`` pairs of one bucket, run them as one batch, and wait
-        for every batch (a cross-bundle flush)."""
-        buffer = self.new_buffer(bucket, slot, 0)
+        """Validate ``(tag, value)`` pairs of one bucket, run them now (bucketing: as one
+        batch; packing: packed into as few batches as they fill), and wait for every batch
+        (a cross-bundle flush)."""
+        items = []
         for tag, value in tagged:
             errors: list[Any] = []
             item = self.validate(tag, value, errors)
             yield from errors
             if item is not None:
-                buffer.items.append((tag, item))
-        if buffer.size:
-            yield from self.engine.launch(buffer)
+                items.append((tag, item))
+        yield from self._stage.run_now(bucket, slot, items)
         yield from self.engine.flush()
         yield from self.outputs.finish()
 

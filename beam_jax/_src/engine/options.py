@@ -8,6 +8,9 @@ from typing import Any, TypedDict
 
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.fit import FitToMemory
+from beam_jax._src.bucketing.packing import Packing
+from beam_jax._src.bucketing.packing_plan import PackingPlan
+from beam_jax._src.core.packed_plan import PackedPlan
 from beam_jax._src.core.plan import Plan
 from beam_jax._src.core.validation import Validation
 from beam_jax._src.engine.metrics import NAMESPACE
@@ -45,6 +48,10 @@ class KernelOptions:
         metrics_namespace: the Beam metrics namespace.
         fit_to_memory: per bucket, the largest allowed batch size whose compiled program
             fits a memory budget (``FitToMemory``), chosen at worker start; default off.
+        packing: pack several short records per row instead of bucketing (a ``Packing``,
+            or what ``plan_packing`` returned); the kernel is then
+            ``fn(params, packed_row, segments)`` and returns one output per segment
+            (docs/guide.md, "Sequence packing"). Not with ``bucketing``.
     """
 
     bucketing: Bucketing = dataclasses.field(default_factory=Bucketing)
@@ -57,6 +64,7 @@ class KernelOptions:
     compilation_cache_dir: str | None = None
     metrics_namespace: str = NAMESPACE
     fit_to_memory: FitToMemory | None = None
+    packing: Packing | PackingPlan | None = None
 
     def __post_init__(self):
         if self.bucketing is None:
@@ -81,9 +89,28 @@ class KernelOptions:
             raise SpecError(
                 f"metrics_namespace must be a non-empty str, got {self.metrics_namespace!r}."
             )
+        if self.packing is not None:
+            self._check_packing()
         if self.devices is not None and not isinstance(self.devices, str):
             # Device objects cannot be pickled into a DoFn; workers re-resolve the indices.
             object.__setattr__(self, "devices", device_indices(self.devices))
+
+    def _check_packing(self) -> None:
+        if not isinstance(self.packing, Packing | PackingPlan):
+            raise SpecError(
+                f"packing must be a Packing or what plan_packing returned, got "
+                f"{self.packing!r}; e.g. packing=Packing(row_lengths=128, rows_per_batch=32)."
+            )
+        if self.bucketing != Bucketing():
+            raise SpecError(
+                "bucketing and packing are two ways to shape batches; give one, got both "
+                f"(bucketing={self.bucketing!r}). Packing fixes the row lengths itself."
+            )
+        if self.fit_to_memory is not None:
+            raise SpecError(
+                "fit_to_memory does not apply with packing yet: choose rows_per_batch to fit "
+                "(beam-jax plan --kernel shows each shape's memory), and drop fit_to_memory."
+            )
 
 
 class KernelOptionsKwargs(TypedDict, total=False):
@@ -102,6 +129,7 @@ class KernelOptionsKwargs(TypedDict, total=False):
     compilation_cache_dir: str | None
     metrics_namespace: str
     fit_to_memory: FitToMemory | None
+    packing: Packing | PackingPlan | None
 
 
 def resolve_options(options: KernelOptions | None, kwargs: dict[str, Any]) -> KernelOptions:
@@ -120,8 +148,17 @@ def resolve_options(options: KernelOptions | None, kwargs: dict[str, Any]) -> Ke
     return dataclasses.replace(options, **kwargs) if kwargs else options
 
 
-def make_plan(spec: Any, options: KernelOptions, num_devices: int = 1) -> Plan:
-    """The batching plan of ``spec`` under ``options`` for ``num_devices`` devices."""
+def make_plan(spec: Any, options: KernelOptions, num_devices: int = 1) -> Plan | PackedPlan:
+    """The batching plan of ``spec`` under ``options`` for ``num_devices`` devices: a
+    ``PackedPlan`` with ``packing``, else the bucketed ``Plan``."""
+    if options.packing is not None:
+        return PackedPlan(
+            spec,
+            options.packing,
+            validation=options.validation,
+            output_spec=options.output_spec,
+            num_devices=num_devices,
+        )
     return Plan(
         spec,
         options.bucketing,

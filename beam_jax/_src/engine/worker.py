@@ -13,6 +13,7 @@ from beam_jax._src.engine.options import KernelOptions, make_plan
 from beam_jax._src.kernel.cache import enable_compilation_cache
 from beam_jax._src.kernel.compiled import Kernel
 from beam_jax._src.kernel.precompile import BackgroundCompile
+from beam_jax._src.kernel.wrappers import SegmentKernel
 
 
 class Worker:
@@ -31,6 +32,8 @@ class Worker:
         if options.compilation_cache_dir:
             enable_compilation_cache(options.compilation_cache_dir)
         self.options = options
+        if options.packing is not None:
+            fn = SegmentKernel(fn)  # the kernel gets (element, SegmentInfo) per packed row
         self.kernel = Kernel(fn, batched=options.batched, devices=options.devices)
         self.plan = make_plan(spec, options, self.kernel.num_devices)
         raw = options.load_params() if options.load_params is not None else None
@@ -54,12 +57,12 @@ class Worker:
             # Started here and not waited for: reading and tokenizing go on meanwhile, and
             # a batch waits only for its own shape.
             self._background = BackgroundCompile(
-                self.kernel, self.params, self._listed_shapes(), self.plan.layout.treedef
+                self.kernel, self.params, self._listed_shapes(), self.plan.kernel_treedef
             )
 
     def _listed_shapes(self) -> list:
         """Every listed shape, those full batches use (each bucket's largest size) first."""
-        names = self.plan.layout.axis_names
+        names = self.plan.kernel_axis_names
         return [(self.plan.leaf_shapes(b, s), names) for b, s in self._compile_order]
 
     def compile_rank(self, buffer) -> int:
@@ -72,7 +75,7 @@ class Worker:
     def precompile(self) -> int:
         """Compile every listed shape now; returns how many compiles that took."""
         return self.kernel.precompile(
-            self.params, self._listed_shapes(), self.plan.layout.treedef, background=True
+            self.params, self._listed_shapes(), self.plan.kernel_treedef, background=True
         )
 
     def ready(self, bucket: Bucket, n: int) -> bool:
@@ -86,8 +89,8 @@ class Worker:
         size = self.plan.padded_batch_size(bucket, n)
         return self.kernel.is_compiled(
             self.plan.leaf_shapes(bucket, size),
-            tuple(sorted(self.plan.layout.axis_names)),
-            self.plan.layout.treedef,
+            tuple(sorted(self.plan.kernel_axis_names)),
+            self.plan.kernel_treedef,
         )
 
     def wait_precompiled(self) -> None:

@@ -135,6 +135,11 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
         self._fn = fn
         self._spec = spec
         self._options = resolve_options(options, kwargs)
+        if self._options.packing is not None:
+            raise SpecError(
+                "JaxModelHandler does not support packing yet; packing runs with RunKernel. "
+                "Use bucketing here (drop packing=...), or RunKernel with packing."
+            )
         if params_path is not None and self._options.load_params is not None:
             raise SpecError(
                 "give either params_path or load_params, not both; params_path is what "

@@ -14,6 +14,7 @@ from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, FailedElement
+from beam_jax._src.core.packed_plan import PackedPlan
 from beam_jax._src.core.plan import Plan
 from beam_jax._src.engine.batching import BatchEngine
 from beam_jax._src.engine.cross_bundle import CrossBundle
@@ -299,8 +300,9 @@ class KernelTransform(beam.PTransform):
         it failed first), so it is not kept for the rest of the process."""
         _take_started(self._start_id)
 
-    def plan(self, num_devices: int = 1) -> Plan:
-        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""
+    def plan(self, num_devices: int = 1) -> Plan | PackedPlan:
+        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes): a
+        ``PackedPlan`` with ``packing``, else the bucketed ``Plan``."""
         return make_plan(self.spec, self.options, num_devices)
 
     def _outputs(self, pcoll, results, dead_letters, count_inputs=lambda _: 1):

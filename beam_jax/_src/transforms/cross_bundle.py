@@ -170,7 +170,8 @@ class CrossBundleDoFn(ElementsDoFn):
             window_end.set(window.max_timestamp())
         buffer.add(stored._replace(arrival=now))
         count.write(held + 1)
-        if held + 1 >= self._worker.limit(self._plan.buckets[index]):
+        bucket = self._plan.buckets[index]
+        if held + 1 >= self._plan.records_per_flush(bucket, self._worker.limit(bucket)):
             yield from self._flush_state(index, window, buffer, count, max_wait, "full")
 
     @on_timer(MAX_WAIT)

@@ -58,5 +58,6 @@ class ElementsDoFn(WorkerDoFn):
         yield from self._front.add(source, item, window)
 
     def finish_bundle(self) -> Iterator[Any]:
+        yield from self._front.drain()
         yield from super().finish_bundle()
         yield from self._front.outputs.finish()

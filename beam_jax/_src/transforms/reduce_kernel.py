@@ -17,7 +17,7 @@ from beam_jax._src.core.plan import Plan
 from beam_jax._src.engine.batching import check_summed_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
 from beam_jax._src.errors import SpecError
-from beam_jax._src.kernel.wrappers import SumRows
+from beam_jax._src.kernel.wrappers import SumRows, SumSegments
 from beam_jax._src.transforms.base import KernelTransform
 from beam_jax._src.transforms.cross_bundle import CrossBundleDoFn, buffered_outputs
 from beam_jax._src.transforms.elements import ElementsDoFn
@@ -137,7 +137,9 @@ class ReduceKernel(KernelTransform):
 
     Args:
         fn: as for ``RunKernel``; a ``batched`` function returns per-row outputs, which are
-            summed over the real rows.
+            summed over the real rows. With ``packing``, a packed kernel
+            ``fn(params, row, segments)`` returning one output per segment, summed over
+            the real segments.
         spec: as for ``RunKernel``.
         keyed: elements are ``(key, value)``; keys only label dead letters.
         options: a ``KernelOptions``; keyword options given here override its fields.
@@ -165,8 +167,10 @@ class ReduceKernel(KernelTransform):
         self.keyed = keyed
 
     def expand(self, pcoll):
-        # Wrap, don't flag: the kernel runs the user's function summed over real rows.
-        summed = SumRows(self.fn, batched=self.options.batched)
+        # Wrap, don't flag: the kernel runs the user's function summed over real rows (with
+        # packing: over the real segments of every packed row).
+        sum_of = SumSegments if self.options.packing is not None else SumRows
+        summed = sum_of(self.fn, batched=self.options.batched)
         options = dataclasses.replace(self.options, batched=True)
         config = self.cross_bundle
         if config is not None and config.applies_to(pcoll):

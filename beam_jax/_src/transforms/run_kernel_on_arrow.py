@@ -19,8 +19,11 @@ from beam_jax._src.arrow.fill import BucketFill
 from beam_jax._src.arrow.io import origin_of, source_of
 from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION
+from beam_jax._src.core.packed_plan import PackedPlan
+from beam_jax._src.core.validation import Validated
 from beam_jax._src.engine.batching import check_row_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
+from beam_jax._src.engine.packing import PackedBuffer, PackedStage
 from beam_jax._src.errors import InvalidElementError, SpecError
 from beam_jax._src.transforms.base import KernelTransform, Source, WorkerDoFn
 
@@ -37,6 +40,18 @@ class _ArrowFrontEnd(WorkerDoFn):
         self._column_names = self._columns.resolve(self._plan.layout)
         # Batch buffers are reused across batches and bundles: spares per bucket.
         self._spare: dict[Bucket, list[BucketFill]] = defaultdict(list)
+        self._id_type: pa.DataType | None = None
+
+    def start_bundle(self):
+        super().start_bundle()
+        # With packing, rows are staged (per window) and packed: PackedStage, not fills.
+        packed = isinstance(self._plan, PackedPlan)
+        self._stage = PackedStage(self._plan, self._engine, per_window=True) if packed else None
+
+    def finish_bundle(self) -> Iterator[Any]:
+        if self._stage is not None:
+            yield from self._stage.drain()
+        yield from super().finish_bundle()
 
     def process(self, element, window=beam.DoFn.WindowParam) -> Iterator[Any]:
         if isinstance(element, pa.Table):
@@ -76,7 +91,7 @@ class _ArrowFrontEnd(WorkerDoFn):
                 id_column=self._columns.id,
                 validation=plan.validation,
                 max_sizes=plan.max_sizes,
-                truncate=plan.bucketing.oversize == "truncate",
+                truncate=plan.truncate,
             )
         except SpecError:
             raise  # a missing column: the pipeline is misconfigured, not the data
@@ -112,6 +127,9 @@ class _ArrowFrontEnd(WorkerDoFn):
         ok = np.flatnonzero(~decoded.failed)
         if not len(ok):
             return
+        if self._stage is not None:
+            yield from self._stage_rows(decoded, ok, window, where, origin)
+            return
         index = plan.bucket_indices(decoded.lengths[ok])
         order = np.argsort(index, kind="stable")
         cuts = np.flatnonzero(np.diff(index[order])) + 1
@@ -125,6 +143,27 @@ class _ArrowFrontEnd(WorkerDoFn):
                 rows = rows[take:]
                 yield from self._engine.added(fill)
 
+    def _stage_rows(self, decoded, ok, window, where, origin) -> Iterator[Any]:
+        """Packing: each valid row as a record (its leaves cut from the columns), tagged
+        with its dead-letter ``Source`` and id, staged for packing."""
+        layout = self._plan.layout
+        axis = self._plan.axis
+        if decoded.ids is not None:
+            self._id_type = decoded.ids.type
+        for r in ok.tolist():
+            length = int(decoded.lengths[r, 0])
+            leaves = []
+            for spec, leaf in zip(layout.specs, decoded.leaves, strict=True):
+                shape = spec.resolve({axis: length})
+                start = int(leaf.start[r])
+                count = int(np.prod(shape, dtype=np.int64))
+                leaves.append(
+                    np.asarray(leaf.values[start : start + count], spec.dtype).reshape(shape)
+                )
+            key = decoded.row_key(r)
+            tag = self._row_source(key, {"id": key, "row": r, **where}, window, origin, r)
+            yield from self._stage.add((tag, key), Validated(tuple(leaves), (length,)), window)
+
     # --- the engine's front end -------------------------------------------------------
 
     def new_buffer(self, bucket: Bucket, slot: Any, capacity: int) -> BucketFill:
@@ -134,10 +173,14 @@ class _ArrowFrontEnd(WorkerDoFn):
         return fill
 
     def release(self, fill: BucketFill) -> None:
+        if isinstance(fill, PackedBuffer):
+            return
         fill.reset()
         self._spare[fill.bucket].append(fill)
 
     def source(self, fill: BucketFill, row: int) -> Source:
+        if isinstance(fill, PackedBuffer):
+            return fill.items[row][0][0]
         ids = fill.id_column()
         key = None if ids is None else ids[row].as_py()
         names = self._plan.layout.axis_names
@@ -150,6 +193,16 @@ class _ArrowFrontEnd(WorkerDoFn):
 
     def emit(self, fill, rows, keep, outputs, batch) -> Iterator[Any]:
         """A successful batch's kept rows as one record batch."""
+        if isinstance(fill, PackedBuffer):  # records of several input batches: ids by row
+            names, arrays = outputs_to_arrow(outputs, keep, np.zeros((len(keep), 1), np.int64))
+            if self._id_type is not None:
+                ids = pa.array([fill.items[int(rows[k])][0][1] for k in keep], self._id_type)
+                names, arrays = [self._columns.id, *names], [ids, *arrays]
+            if len(keep):
+                self._metrics.results.inc(len(keep))
+                out = pa.RecordBatch.from_arrays(arrays, names=names)
+                yield WindowedValue(out, fill.slot.max_timestamp(), (fill.slot,))
+            return
         lengths = batch.lengths_matrix(self._plan.layout.axis_names)[keep]
         names, arrays = outputs_to_arrow(outputs, keep, lengths)
         ids = fill.id_column()

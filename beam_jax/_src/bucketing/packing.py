@@ -1,0 +1,254 @@
+"""Sequence packing, the policy: several short records per fixed-length row (pure numpy).
+
+Bucketing pads every record to its bucket's boundary; packing instead lays records end to
+end along their one ragged axis in rows of a fixed length, so a row holds several records
+(segments) and little padding. ``Packing`` is the policy; ``assign_rows`` places one
+buffer's records in rows from their lengths alone, and ``batch_rows`` groups the rows into
+batches of the listed sizes. Both are shared by the packer (``packed_batch.PackPlan``) and
+the planner (``packing_plan``), so what the planner predicts is what the packer does.
+
+Example:
+    >>> a = assign_rows([5, 3, 2], Packing(row_lengths=8, rows_per_batch=2))
+    >>> a.row.tolist(), a.offset.tolist(), a.used.tolist()
+    ([0, 0, 1], [0, 5, 0], [8, 2])
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from beam_jax._src.errors import SpecError
+
+Algorithm = Literal["first_fit_decreasing", "best_fit"]
+ALGORITHMS = ("first_fit_decreasing", "best_fit")
+
+
+def _positive_ints(name: str, value: Any) -> tuple[int, ...]:
+    values = (value,) if isinstance(value, int | np.integer) else value
+    try:
+        out = tuple(values)
+    except TypeError:
+        out = ()
+    ok = bool(out) and all(
+        isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 1 for v in out
+    )
+    if not ok:
+        raise SpecError(
+            f"{name} must be a positive int or a non-empty sequence of them, got {value!r}."
+        )
+    if len(set(out)) != len(out):
+        raise SpecError(f"{name} must not repeat a value, got {value!r}.")
+    return tuple(sorted(int(v) for v in out))
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """How records are packed into rows, and rows into batches: the packing policy.
+
+    Records are placed longest first into rows of the longest row length (first-fit or
+    best-fit); each row is then cut to the shortest listed row length that holds it, and the
+    rows of each length are grouped into batches of a listed size (full batches of the
+    largest size, the rest in the smallest size that holds it). The kernel sees only
+    ``len(row_lengths) x len(rows_per_batch)`` shapes (:meth:`shapes`).
+
+    Example:
+        >>> Packing(row_lengths=(128, 256), rows_per_batch=(8, 32)).shapes()
+        [(128, 8), (128, 32), (256, 8), (256, 32)]
+
+    Args:
+        row_lengths: the slots per row: one ``int`` or several; the longest bounds a record.
+        rows_per_batch: rows in a batch: one ``int``, several, or a mapping from row length
+            to its own sizes (as ``plan_packing`` gives).
+        max_segments: the most records in one row, the kernel's per-row output count;
+            default the longest row length (every record has at least one slot).
+        algorithm: ``"first_fit_decreasing"`` (each record, longest first, into the first
+            row with room) or ``"best_fit"`` (longest first, into the row it fills most).
+    """
+
+    row_lengths: int | tuple[int, ...]
+    rows_per_batch: int | tuple[int, ...] | Mapping[int, Sequence[int]] = 32
+    max_segments: int | None = None
+    algorithm: Algorithm = "first_fit_decreasing"
+
+    def __post_init__(self):
+        lengths = _positive_ints("row_lengths", self.row_lengths)
+        object.__setattr__(self, "row_lengths", lengths)
+        if isinstance(self.rows_per_batch, Mapping):
+            unknown = sorted(set(self.rows_per_batch) - set(lengths))
+            missing = sorted(set(lengths) - set(self.rows_per_batch))
+            if unknown or missing:
+                raise SpecError(
+                    f"rows_per_batch must give sizes for exactly the row lengths {lengths}, "
+                    f"got sizes for {sorted(self.rows_per_batch)}."
+                )
+            sizes = {
+                int(k): _positive_ints(f"rows_per_batch[{k}]", v)
+                for k, v in sorted(self.rows_per_batch.items())
+            }
+        else:
+            one = _positive_ints("rows_per_batch", self.rows_per_batch)
+            sizes = {k: one for k in lengths}
+        object.__setattr__(self, "rows_per_batch", sizes)
+        if self.max_segments is None:
+            object.__setattr__(self, "max_segments", lengths[-1])
+        elif (
+            not isinstance(self.max_segments, int | np.integer)
+            or isinstance(self.max_segments, bool)
+            or self.max_segments < 1
+        ):
+            raise SpecError(f"max_segments must be a positive int, got {self.max_segments!r}.")
+        if self.algorithm not in ALGORITHMS:
+            raise SpecError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}.")
+
+    @property
+    def max_row_length(self) -> int:
+        """The longest row: the longest record that can be packed."""
+        return self.row_lengths[-1]
+
+    def sizes_for(self, row_length: int) -> tuple[int, ...]:
+        """The batch sizes (rows) of ``row_length``, smallest first."""
+        return self.rows_per_batch[row_length]
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every ``(row length, rows)`` the kernel can see: the complete compile set."""
+        return [(n, s) for n in self.row_lengths for s in self.rows_per_batch[n]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """Where each record of one buffer goes, from its length alone (see ``assign_rows``).
+
+    Attributes:
+        row: per record, its row (-1 for a refused record).
+        segment: per record, its segment within the row, from 0 (-1 if refused).
+        offset: per record, its first slot in the row (-1 if refused).
+        row_lengths: per row, the row length it is cut to.
+        used: per row, the slots its records fill.
+        counts: per row, how many records it holds.
+        refused: indices of records longer than the longest row.
+    """
+
+    row: np.ndarray
+    segment: np.ndarray
+    offset: np.ndarray
+    row_lengths: np.ndarray
+    used: np.ndarray
+    counts: np.ndarray
+    refused: np.ndarray
+
+
+def _first_fit(order, lengths, capacity, max_segments):
+    """Rows by first fit: a max-tree over the rows' room finds the first row with room."""
+    size = 1 << max(1, math.ceil(math.log2(max(len(order), 1) + 1)))
+    tree = np.full(2 * size, -1, np.int64)  # room per row; -1: no row, or a full one
+    room, counts, rows, segments = [], [], {}, {}
+    for i in order:
+        need = int(lengths[i])
+        if tree[1] >= need:
+            node = 1
+            while node < size:
+                node = 2 * node if tree[2 * node] >= need else 2 * node + 1
+            r = node - size
+        else:
+            r = len(room)
+            room.append(capacity)
+            counts.append(0)
+        rows[i], segments[i] = r, counts[r]
+        room[r] -= need
+        counts[r] += 1
+        node = r + size
+        tree[node] = room[r] if counts[r] < max_segments else -1
+        node //= 2
+        while node:
+            tree[node] = max(tree[2 * node], tree[2 * node + 1])
+            node //= 2
+    return rows, segments, counts
+
+
+def _best_fit(order, lengths, capacity, max_segments):
+    """Rows by best fit: the open row with the least room that still holds the record."""
+    open_rows: list[tuple[int, int]] = []  # (room, row), sorted
+    room, counts, rows, segments = [], [], {}, {}
+    for i in order:
+        need = int(lengths[i])
+        k = bisect.bisect_left(open_rows, (need, -1))
+        if k < len(open_rows):
+            r = open_rows.pop(k)[1]
+        else:
+            r = len(room)
+            room.append(capacity)
+            counts.append(0)
+        rows[i], segments[i] = r, counts[r]
+        room[r] -= need
+        counts[r] += 1
+        if counts[r] < max_segments:
+            bisect.insort(open_rows, (room[r], r))
+    return rows, segments, counts
+
+
+def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assignment:
+    """Places the records of one buffer in rows, from their lengths alone.
+
+    Records are taken longest first (ties in input order); each row's segments are in
+    placement order and laid end to end from slot 0.
+
+    Example:
+        >>> a = assign_rows([5, 3, 2, 9], Packing(row_lengths=8))
+        >>> a.row.tolist(), a.segment.tolist(), a.offset.tolist(), a.refused.tolist()
+        ([0, 0, 1, -1], [0, 1, 0, -1], [0, 5, 0, -1], [3])
+
+    Args:
+        lengths: each record's length along the packed axis.
+        packing: the policy.
+
+    Returns:
+        The assignment; records longer than ``packing.max_row_length`` are in ``refused``.
+    """
+    lengths = np.asarray(lengths, np.int64).reshape(-1)
+    n = len(lengths)
+    capacity = packing.max_row_length
+    fits = lengths <= capacity
+    # Longest first; a stable sort keeps equal lengths in input order.
+    order = [int(i) for i in np.argsort(-lengths, kind="stable") if fits[i]]
+    place = _first_fit if packing.algorithm == "first_fit_decreasing" else _best_fit
+    rows, segments, counts = place(order, lengths, capacity, packing.max_segments)
+    row = np.full(n, -1, np.int64)
+    segment = np.full(n, -1, np.int64)
+    offset = np.full(n, -1, np.int64)
+    num_rows = len(counts)
+    used = np.zeros(num_rows, np.int64)
+    for i in order:  # in placement order, so offsets follow segment order
+        r = rows[i]
+        row[i], segment[i], offset[i] = r, segments[i], used[r]
+        used[r] += lengths[i]
+    allowed = np.asarray(packing.row_lengths, np.int64)
+    cut = allowed[np.searchsorted(allowed, used, side="left")] if num_rows else used
+    return Assignment(
+        row, segment, offset, cut, used, np.asarray(counts, np.int64), np.flatnonzero(~fits)
+    )
+
+
+def batch_rows(assignment: Assignment, packing: Packing) -> list[tuple[int, int, np.ndarray]]:
+    """Groups an assignment's rows into batches: ``(row length, rows, row indices)`` each.
+
+    Rows of each length, in order, fill batches of the largest listed size; the remainder
+    goes in the smallest listed size that holds it (its empty rows are padding).
+    """
+    out = []
+    for length in packing.row_lengths:
+        members = np.flatnonzero(assignment.row_lengths == length)
+        sizes = packing.sizes_for(length)
+        start = 0
+        while start < len(members):
+            left = len(members) - start
+            size = sizes[-1] if left >= sizes[-1] else sizes[bisect.bisect_left(sizes, left)]
+            take = min(size, left)
+            out.append((int(length), int(size), members[start : start + take]))
+            start += take
+    return out

@@ -1,0 +1,478 @@
+"""Packed batches: records laid end to end in rows, with segment ids, and unpacking (pure numpy).
+
+Bucketing pads every record to its bucket's boundary; packing instead lays records end to
+end along their one ragged axis in rows of a fixed length, so a row holds several records
+(segments) and little padding. The kernel receives each packed row with the segment id of
+every slot (0 on empty slots, 1..S within a row), the position of every slot within its own
+segment, and the number of segments in the row, and returns one output per segment,
+``[rows, max_segments, ...]``; :meth:`PackPlan.unpack` turns those back into one result
+per record, in input order.
+
+A record longer than the longest row is refused on its own (a dead letter, never a whole
+batch). A spec with no ragged axis, or with several, is refused at construction.
+
+Leaves without the ragged axis (a per-record scalar, a fixed-size feature) are carried per
+segment: the kernel sees them with a leading ``max_segments`` axis, row by row, empty
+segments holding the leaf's pad value. A leaf with the ragged axis twice (a pairwise
+``("L", "L")`` matrix) cannot be laid end to end and is refused.
+
+Example:
+    >>> import numpy as np
+    >>> from beam_jax import ArraySpec, Packing
+    >>> plan = PackPlan(ArraySpec(("L",), np.int32), Packing(row_lengths=8, rows_per_batch=2))
+    >>> result = plan.pack([np.arange(5), np.arange(3), np.arange(2)])
+    >>> [b.segment_ids.tolist() for b in result.batches]
+    [[[1, 1, 1, 1, 1, 2, 2, 2], [1, 1, 0, 0, 0, 0, 0, 0]]]
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from beam_jax._src.bucketing.packing import Assignment, Packing, assign_rows, batch_rows
+from beam_jax._src.core.spec import as_layout
+from beam_jax._src.errors import ElementTooLargeError, InvalidElementError, KernelError, SpecError
+
+
+class SegmentInfo(NamedTuple):
+    """What a packed kernel receives beside each row: where every record is.
+
+    Attributes:
+        ids: ``int32[..., row_length]``: the segment of each slot, 1..S; 0 on empty slots.
+        positions: ``int32[..., row_length]``: each slot's position within its segment.
+        counts: ``int32[...]``: how many segments each row holds.
+        lengths: ``int32[..., max_segments]``: each segment's length (0 past ``counts``); its
+            last axis gives a kernel its static number of outputs per row.
+    """
+
+    ids: Any
+    positions: Any
+    counts: Any
+    lengths: Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PackedBatch:
+    """One batch of packed rows, ready for the kernel.
+
+    Attributes:
+        row_length: slots per row.
+        size: rows in the batch (the compiled batch dimension), empty rows included.
+        max_segments: the kernel's outputs per row.
+        leaves: the packed leaves: ragged ones ``[size, ...row_length...]``, others carried
+            per segment ``[size, max_segments, ...]``.
+        segments: segment ids, positions and counts of the batch (``SegmentInfo``).
+        indices: the records in this batch, as indices into the packed buffer, ascending.
+        rows: per record of ``indices``, its row in the batch.
+        segment: per record of ``indices``, its segment in the row, from 0.
+        offsets: per record of ``indices``, its first slot in the row.
+        lengths: per record of ``indices``, its length.
+        num_rows: rows that hold at least one record (the others are empty).
+    """
+
+    row_length: int
+    size: int
+    max_segments: int
+    leaves: tuple[np.ndarray, ...]
+    segments: SegmentInfo
+    indices: np.ndarray
+    rows: np.ndarray
+    segment: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    num_rows: int
+
+    @property
+    def segment_ids(self) -> np.ndarray:
+        return self.segments.ids
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self.segments.positions
+
+    @property
+    def segment_counts(self) -> np.ndarray:
+        return self.segments.counts
+
+    @property
+    def padded_volume(self) -> int:
+        """Slots the kernel runs over: rows times row length, empty rows included."""
+        return self.size * self.row_length
+
+    @property
+    def real_volume(self) -> int:
+        """Slots holding a record."""
+        return int(self.lengths.sum())
+
+    @property
+    def empty_slots(self) -> int:
+        """Padding: slots holding no record, those of empty rows included."""
+        return self.padded_volume - self.real_volume
+
+    @property
+    def empty_rows(self) -> int:
+        """Rows holding no record (padding of the batch dimension)."""
+        return self.size - self.num_rows
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Refusal:
+    """A record that was not packed, and why (its dead letter, stage ``validation``)."""
+
+    index: int
+    error: Exception
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PackResult:
+    """The batches of one packed buffer, and the records refused.
+
+    Attributes:
+        batches: the packed batches.
+        refused: one ``Refusal`` per record that could not be packed, by index.
+        num_records: how many records were given.
+    """
+
+    batches: tuple[PackedBatch, ...]
+    refused: tuple[Refusal, ...]
+    num_records: int
+
+    @property
+    def padded_volume(self) -> int:
+        return sum(b.padded_volume for b in self.batches)
+
+    @property
+    def real_volume(self) -> int:
+        return sum(b.real_volume for b in self.batches)
+
+    @property
+    def empty_rows(self) -> int:
+        return sum(b.empty_rows for b in self.batches)
+
+
+def _map_tree(fn, tree):
+    """``fn`` on every array leaf of a pytree of dicts, lists and tuples (namedtuples too)."""
+    if isinstance(tree, Mapping):
+        return type(tree)((k, _map_tree(fn, v)) for k, v in tree.items())
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(_map_tree(fn, v) for v in tree))
+    if isinstance(tree, list | tuple):
+        return type(tree)(_map_tree(fn, v) for v in tree)
+    return fn(tree)
+
+
+class PackPlan:
+    """Packing for one element spec: checks the spec once, packs buffers, unpacks outputs.
+
+    The counterpart of ``Plan`` for the packing policy: the spec must have exactly one
+    ragged axis name, which becomes the packed axis.
+
+    Example:
+        >>> import numpy as np
+        >>> from beam_jax import ArraySpec, Packing
+        >>> plan = PackPlan(ArraySpec(("L",), np.float32), Packing(row_lengths=8, max_segments=2))
+        >>> result = plan.pack([np.full(3, 2.0), np.full(4, 1.0), np.full(6, 5.0)])
+        >>> def segment_sums(x, ids):  # the kernel: [rows, max_segments]
+        ...     return np.stack([np.bincount(i, w, minlength=3)[1:] for w, i in zip(x, ids)])
+        >>> outputs = [segment_sums(b.leaves[0], b.segment_ids) for b in result.batches]
+        >>> [float(v) for v in plan.unpack(result, outputs)]
+        [6.0, 4.0, 30.0]
+
+    Args:
+        spec: the element spec (an ``ArraySpec`` or a pytree of them).
+        packing: the policy.
+
+    Raises:
+        SpecError: the spec has no ragged axis or several, or a leaf repeats the axis.
+    """
+
+    def __init__(self, spec: Any, packing: Packing):
+        self.layout = as_layout(spec)
+        self.packing = packing
+        names = self.layout.axis_names
+        if len(names) != 1:
+            why = (
+                "no ragged axis, so there is nothing to pack; use Bucketing (one shape)"
+                if not names
+                else f"several ragged axes {list(names)}; a row packs records along one axis, "
+                "so pack only specs whose leaves share one ragged axis name, or use Bucketing"
+            )
+            raise SpecError(f"Packing needs a spec with exactly one ragged axis, got {why}.")
+        self.axis = names[0]
+        self.ragged_axis: list[int | None] = []
+        for name, spec_leaf in zip(self.layout.names, self.layout.specs, strict=True):
+            axes = [a for a, _ in spec_leaf.ragged_axes]
+            if len(axes) > 1:
+                raise SpecError(
+                    f"leaf {name} has the ragged axis {self.axis!r} {len(axes)} times (shape "
+                    f"{spec_leaf.shape}); packing lays records end to end along one axis, so "
+                    "a leaf may hold it once. Compute pairwise values inside the kernel."
+                )
+            self.ragged_axis.append(axes[0] if axes else None)
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every ``(row length, rows)`` the kernel can see (``Packing.shapes``)."""
+        return self.packing.shapes()
+
+    def leaf_shapes(self, row_length: int, rows: int) -> list[tuple[tuple[int, ...], Any]]:
+        """The packed shape and dtype of every leaf for one batch shape."""
+        out = []
+        for spec, axis in zip(self.layout.specs, self.ragged_axis, strict=True):
+            inner = spec.resolve({self.axis: row_length})
+            shape = (
+                (rows, *inner) if axis is not None else (rows, self.packing.max_segments, *inner)
+            )
+            out.append((shape, spec.dtype))
+        return out
+
+    def lengths_of(self, leaves: Sequence[np.ndarray]) -> int:
+        """One record's length along the packed axis, checked across its leaves.
+
+        Raises:
+            InvalidElementError: a leaf's rank or fixed sizes differ from the spec, or two
+                leaves disagree on the length.
+        """
+        length = None
+        for name, spec, axis, leaf in zip(
+            self.layout.names, self.layout.specs, self.ragged_axis, leaves, strict=True
+        ):
+            shape = np.shape(leaf)
+            fixed_ok = len(shape) == len(spec.shape) and all(
+                isinstance(d, str) or d == s for d, s in zip(spec.shape, shape, strict=True)
+            )
+            if not fixed_ok:
+                raise InvalidElementError(
+                    f"leaf {name} has shape {shape}, expected {spec.shape} (named axes any "
+                    "length); fix the record or the spec."
+                )
+            if axis is not None:
+                if length is not None and shape[axis] != length:
+                    raise InvalidElementError(
+                        f"leaf {name} has length {shape[axis]} on axis {self.axis!r}, but an "
+                        f"earlier leaf has {length}; leaves sharing an axis name must agree."
+                    )
+                length = shape[axis]
+        return int(length)
+
+    def pack(self, records: Sequence[Any]) -> PackResult:
+        """Packs one buffer of records (pytrees matching the spec); see ``pack_leaves``."""
+        flat, refused = [], {}
+        for i, record in enumerate(records):
+            try:
+                flat.append(self.layout.treedef.flatten_up_to(record))
+            except (TypeError, ValueError) as e:
+                refused[i] = InvalidElementError(
+                    f"record {i} does not have the spec's structure {self.layout.treedef}: "
+                    f"{e}; give every record the spec's keys and nesting."
+                )
+                flat.append(None)
+        return self._pack(flat, refused)
+
+    def pack_leaves(self, records: Sequence[Sequence[np.ndarray]]) -> PackResult:
+        """Packs one buffer of records given as flat leaves (in the layout's leaf order).
+
+        Records should already be validated (cast to the spec's dtypes, as the engine's
+        validation does); here only their shapes are checked. A record whose shapes do not
+        match the spec, or longer than the longest row, is refused on its own; every other
+        record lands in exactly one segment of one row.
+        """
+        return self._pack(list(records), {})
+
+    def _pack(self, records: list, refused: dict[int, Exception]) -> PackResult:
+        lengths = np.zeros(len(records), np.int64)
+        for i, leaves in enumerate(records):
+            if i in refused:
+                continue
+            try:
+                if len(leaves) != len(self.layout.specs):
+                    raise InvalidElementError(
+                        f"record {i} has {len(leaves)} leaves, expected "
+                        f"{len(self.layout.specs)} ({list(self.layout.names)})."
+                    )
+                lengths[i] = self.lengths_of(leaves)
+            except InvalidElementError as e:
+                refused[i] = e
+        ok = np.asarray(sorted(set(range(len(records))) - set(refused)), np.int64)
+        assignment = assign_rows(lengths[ok], self.packing)
+        top = self.packing.max_row_length
+        for k in assignment.refused:
+            i = int(ok[k])
+            refused[i] = ElementTooLargeError(
+                f"record {i} has length {int(lengths[i])} on the packed axis {self.axis!r}, "
+                f"more than the longest row ({top}); add a longer row length or truncate "
+                f"records to {top} before packing."
+            )
+        batches = []
+        for length, size, members in batch_rows(assignment, self.packing):
+            batches.append(self._fill(assignment, ok, lengths, records, length, size, members))
+        return PackResult(
+            tuple(batches),
+            tuple(Refusal(i, refused[i]) for i in sorted(refused)),
+            len(records),
+        )
+
+    def lay_out(
+        self, records: Sequence[Sequence[np.ndarray]], rows: Sequence[int], row_length: int
+    ) -> PackedBatch:
+        """One batch of ``records`` (flat leaves, shapes already checked) in the rows given.
+
+        Records sharing a value of ``rows`` share a row, laid end to end in the order given;
+        rows are numbered by first appearance, and the batch has the smallest listed size
+        of ``row_length`` that holds them. The engine uses it to run a subset of a packed
+        batch's records (bisection, chunks after a lowered limit) in at most as many rows,
+        of the same length, as the batch held.
+
+        Raises:
+            SpecError: a row overflows ``row_length`` or ``max_segments``, or there are more
+                rows than the largest listed size of ``row_length``.
+        """
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        _, first, row = np.unique(rows, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")  # rows numbered by first appearance
+        row = np.argsort(order)[row.reshape(-1)] if len(rows) else row.reshape(-1)
+        n, num_rows = len(rows), len(first)
+        lengths = np.asarray([self.lengths_of(r) for r in records], np.int64).reshape(-1)
+        segment = np.zeros(n, np.int64)
+        offset = np.zeros(n, np.int64)
+        counts = np.zeros(num_rows, np.int64)
+        used = np.zeros(num_rows, np.int64)
+        for i in range(n):
+            r = row[i]
+            segment[i], offset[i] = counts[r], used[r]
+            counts[r] += 1
+            used[r] += lengths[i]
+        sizes = self.packing.sizes_for(row_length)
+        if num_rows and (
+            used.max() > row_length
+            or counts.max() > self.packing.max_segments
+            or num_rows > sizes[-1]
+        ):
+            raise SpecError(
+                f"cannot lay out {n} records in {num_rows} rows of length {row_length}: rows "
+                f"use up to {int(used.max())} slots and {int(counts.max())} segments "
+                f"(max_segments {self.packing.max_segments}), batches hold up to {sizes[-1]} "
+                "rows."
+            )
+        size = sizes[bisect.bisect_left(sizes, num_rows)] if num_rows else sizes[0]
+        assignment = Assignment(
+            row, segment, offset, np.full(num_rows, row_length, np.int64), used, counts,
+            np.zeros(0, np.int64),
+        )  # fmt: skip
+        return self._fill(
+            assignment, np.arange(n), lengths, list(records), row_length, size,
+            np.arange(num_rows),
+        )  # fmt: skip
+
+    def _fill(self, assignment, ok, lengths, records, length, size, members) -> PackedBatch:
+        where = np.full(len(assignment.row_lengths), -1, np.int64)
+        where[members] = np.arange(len(members))
+        local = np.flatnonzero((assignment.row >= 0) & (where[np.maximum(assignment.row, 0)] >= 0))
+        index = ok[local]
+        rows = where[assignment.row[local]]
+        segment = assignment.segment[local]
+        offsets = assignment.offset[local]
+        lens = lengths[index]
+        # Flat slot indices of every record's tokens, in record order.
+        starts = rows * length + offsets
+        total = int(lens.sum())
+        first = np.repeat(np.cumsum(lens) - lens, lens)
+        within = np.arange(total, dtype=np.int64) - first
+        slots = np.repeat(starts, lens) + within
+        ids = np.zeros(size * length, np.int32)
+        ids[slots] = np.repeat(segment + 1, lens)
+        positions = np.zeros(size * length, np.int32)
+        positions[slots] = within
+        counts = np.zeros(size, np.int32)
+        counts[: len(members)] = assignment.counts[members]
+        leaves = []
+        for j, (spec, axis) in enumerate(zip(self.layout.specs, self.ragged_axis, strict=True)):
+            inner = spec.resolve({self.axis: length})
+            if axis is None:
+                out = np.full((size, self.packing.max_segments, *inner), spec.pad_value, spec.dtype)
+                for i, r, s in zip(index, rows, segment, strict=True):
+                    out[r, s] = records[i][j]
+                leaves.append(out)
+                continue
+            moved = (inner[axis], *inner[:axis], *inner[axis + 1 :])
+            flat = np.full((size * length, *moved[1:]), spec.pad_value, spec.dtype)
+            if total:
+                flat[slots] = np.concatenate(
+                    [np.moveaxis(np.asarray(records[i][j]), axis, 0) for i in index], axis=0
+                )
+            out = flat.reshape(size, *moved)
+            if axis:
+                out = np.ascontiguousarray(np.moveaxis(out, 1, axis + 1))
+            leaves.append(out)
+        per_segment = np.zeros((size, self.packing.max_segments), np.int32)
+        per_segment[rows, segment] = lens
+        info = SegmentInfo(
+            ids.reshape(size, length), positions.reshape(size, length), counts, per_segment
+        )
+        return PackedBatch(
+            length, size, self.packing.max_segments, tuple(leaves), info, index, rows,
+            segment, offsets, lens, len(members),
+        )  # fmt: skip
+
+    def unpack_batch(self, outputs: Any, batch: PackedBatch) -> list[Any]:
+        """One output pytree per record of ``batch`` (in ``batch.indices`` order).
+
+        Args:
+            outputs: the kernel's outputs for the batch: a pytree of arrays, each
+                ``[batch.size, batch.max_segments, ...]``.
+
+        Raises:
+            KernelError: an output leaf does not start with ``[size, max_segments]``.
+        """
+
+        def check(leaf):
+            leaf = np.asarray(leaf)
+            if leaf.shape[:2] != (batch.size, batch.max_segments):
+                raise KernelError(
+                    f"a packed kernel must return one output per segment, shape "
+                    f"[rows, max_segments, ...] = [{batch.size}, {batch.max_segments}, ...], "
+                    f"got an output of shape {leaf.shape}; index outputs by segment id - 1."
+                )
+            return leaf
+
+        outputs = _map_tree(check, outputs)
+        return [
+            _map_tree(lambda leaf, r=r, s=s: np.array(leaf[r, s]), outputs)
+            for r, s in zip(batch.rows, batch.segment, strict=True)
+        ]
+
+    def unpack(self, result: PackResult, outputs: Sequence[Any]) -> list[Any]:
+        """Per-record outputs in input order; ``None`` for refused records.
+
+        Args:
+            result: what :meth:`pack` returned.
+            outputs: the kernel's outputs for each of ``result.batches``, in order.
+        """
+        if len(outputs) != len(result.batches):
+            raise KernelError(
+                f"got outputs for {len(outputs)} batches, expected {len(result.batches)}."
+            )
+        out: list[Any] = [None] * result.num_records
+        for batch, batch_outputs in zip(result.batches, outputs, strict=True):
+            for i, value in zip(
+                batch.indices, self.unpack_batch(batch_outputs, batch), strict=True
+            ):
+                out[int(i)] = value
+        return out
+
+    def unpack_inputs(self, batch: PackedBatch) -> list[list[np.ndarray]]:
+        """The records of ``batch`` cut back out of its packed leaves (``indices`` order)."""
+        out = []
+        for r, s, o, n in zip(batch.rows, batch.segment, batch.offsets, batch.lengths, strict=True):
+            leaves = []
+            for leaf, axis in zip(batch.leaves, self.ragged_axis, strict=True):
+                if axis is None:
+                    leaves.append(leaf[r, s])
+                else:
+                    leaves.append(np.take(leaf[r], np.arange(o, o + n), axis=axis))
+            out.append(leaves)
+        return out

@@ -1,0 +1,226 @@
+"""The packed counterpart of ``Plan``: what the engine needs to run packed batches (pure numpy).
+
+``PackedPlan`` answers the engine's questions the way ``Plan`` does for buckets: the
+element validation, the compile set (one ``((row_length,), rows)`` pair per listed shape),
+batch sizes per row length, the kernel's input structure (the packed element and its
+``SegmentInfo``), and the output check (one output per segment, gathered per record).
+``PackedRows`` is one packed batch as the engine runs it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from beam_jax._src.bucketing.packing import Packing
+from beam_jax._src.bucketing.rule import Bucket, round_up
+from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
+from beam_jax._src.core.packed_batch import PackedBatch, PackPlan, SegmentInfo
+from beam_jax._src.core.spec import Layout, as_layout
+from beam_jax._src.core.validation import Validated, Validation, validate
+from beam_jax._src.errors import KernelError, SpecError
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PackedRows:
+    """One packed batch as the engine runs it: the kernel's flat leaves (the packed element's,
+    then ``SegmentInfo``'s), no per-axis lengths, and where each record sits.
+
+    Attributes:
+        packed: the ``PackedBatch``; its records are the engine's rows, in order.
+    """
+
+    packed: PackedBatch
+
+    @property
+    def bucket(self) -> Bucket:
+        return (self.packed.row_length,)
+
+    @property
+    def leaves(self) -> tuple[np.ndarray, ...]:
+        return (*self.packed.leaves, *self.packed.segments)
+
+    @property
+    def lengths(self) -> dict[str, np.ndarray]:
+        return {}
+
+    @property
+    def num_real(self) -> int:
+        """Rows holding a record (the kernel's ``valid`` rows); the others are empty."""
+        return self.packed.num_rows
+
+    @property
+    def size(self) -> int:
+        return self.packed.size
+
+    @property
+    def num_records(self) -> int:
+        return len(self.packed.indices)
+
+    @property
+    def padded_volume(self) -> int:
+        """Slots the kernel runs over, empty slots and empty rows included."""
+        return self.packed.padded_volume
+
+    @property
+    def real_volume(self) -> int:
+        return self.packed.real_volume
+
+
+class PackedPlan:
+    """Everything about packed batches that can be decided before the job starts.
+
+    Built by ``make_plan`` when a transform is given ``packing=``; ``shapes()`` lists the
+    complete compile set as ``((row_length,), rows)`` pairs (``Plan.shapes()``'s form).
+
+    Example:
+        >>> import numpy as np
+        >>> from beam_jax import ArraySpec, Packing
+        >>> plan = PackedPlan(ArraySpec(("L",)), Packing(row_lengths=(64, 128), rows_per_batch=8))
+        >>> plan.shapes()
+        [((64,), 8), ((128,), 8)]
+
+    Args:
+        spec: the element spec: exactly one ragged axis name.
+        packing: a ``Packing``, or what ``plan_packing`` returned (its ``buffer_size``
+            becomes the number of records packed together).
+        validation: input checks.
+        output_spec: the per-record outputs' structure; named axes are refused (a record's
+            output is one value per segment, not a sequence).
+        num_devices: rows per batch are rounded up to a multiple of this.
+
+    Raises:
+        SpecError: the spec has no ragged axis or several, a leaf repeats it, or the
+            ``output_spec`` names an axis.
+    """
+
+    def __init__(
+        self,
+        spec: Any,
+        packing: Any,
+        *,
+        validation: Validation | None = None,
+        output_spec: Any = None,
+        num_devices: int = 1,
+    ):
+        self.buffer_size: int | None = getattr(packing, "buffer_size", None)
+        packing = getattr(packing, "packing", packing)
+        if not isinstance(packing, Packing):
+            raise SpecError(
+                f"packing must be a Packing or what plan_packing returned, got {packing!r}."
+            )
+        self.num_devices = int(num_devices)
+        sizes = {
+            n: tuple(sorted({round_up(s, self.num_devices) for s in packing.sizes_for(n)}))
+            for n in packing.row_lengths
+        }
+        self.packing = dataclasses.replace(packing, rows_per_batch=sizes)
+        self.pack_plan = PackPlan(spec, self.packing)
+        self.layout: Layout = self.pack_plan.layout
+        self.axis = self.pack_plan.axis
+        self.validation = validation or Validation()
+        self.output_layout = None if output_spec is None else as_layout(output_spec)
+        if self.output_layout is not None and self.output_layout.axis_names:
+            raise SpecError(
+                f"with packing a kernel returns one output per record (segment), so output_spec "
+                f"cannot name axes; got axes {list(self.output_layout.axis_names)}. Give fixed "
+                "shapes, or use bucketing for per-position outputs."
+            )
+        self.max_sizes = {self.axis: self.packing.max_row_length}
+        self.truncate = False  # a record longer than the longest row is refused
+        self.buckets: tuple[Bucket, ...] = tuple((n,) for n in self.packing.row_lengths)
+        element = self.layout.treedef.unflatten([0] * len(self.layout.specs))
+        self.kernel_treedef = jax.tree_util.tree_structure((element, SegmentInfo(0, 0, 0, 0)))
+        self.kernel_axis_names: tuple[str, ...] = ()
+
+    # --- the compile set and batch sizes -----------------------------------------------
+
+    def bucket_for(self, lengths: Sequence[int]) -> Bucket:
+        """The one key records of every length share (packing mixes lengths in rows): the
+        longest row length. Cross-bundle mode buffers records under it."""
+        return self.buckets[-1]
+
+    def records_per_flush(self, bucket: Bucket, limit: int) -> int:
+        """Records that make a cross-bundle buffer full: the planner's ``buffer_size``
+        when given, else as many as ``limit`` rows can hold (``max_segments`` each)."""
+        return self.buffer_size or limit * self.packing.max_segments
+
+    def batch_sizes(self, bucket: Bucket) -> tuple[int, ...]:
+        """The rows per batch of row length ``bucket[0]``, smallest first."""
+        return self.packing.sizes_for(bucket[0])
+
+    def max_batch(self, bucket: Bucket) -> int:
+        """How many rows fill a batch of row length ``bucket[0]``."""
+        return self.batch_sizes(bucket)[-1]
+
+    def padded_batch_size(self, bucket: Bucket, n: int) -> int:
+        """The smallest listed batch (in rows) holding ``n`` rows."""
+        sizes = self.batch_sizes(bucket)
+        i = bisect.bisect_left(sizes, n)
+        if i == len(sizes):
+            raise SpecError(f"{n} rows exceed the largest batch size {sizes[-1]}.")
+        return sizes[i]
+
+    def shapes(self) -> list[tuple[Bucket, int]]:
+        """Every ``((row_length,), rows)`` the kernel can see: the complete compile set."""
+        return [((n,), s) for n, s in self.packing.shapes()]
+
+    def leaf_shapes(self, bucket: Bucket, size: int) -> list[tuple[tuple[int, ...], Any]]:
+        """The shape and dtype of every kernel leaf (element, then segments) of one shape."""
+        n, m = bucket[0], self.packing.max_segments
+        i32 = np.dtype(np.int32)
+        segments = [((size, n), i32), ((size, n), i32), ((size,), i32), ((size, m), i32)]
+        return [*self.pack_plan.leaf_shapes(n, size), *segments]
+
+    # --- elements and outputs -----------------------------------------------------------
+
+    def validate(self, element: Any) -> Validated:
+        """Validate one element; longer than the longest row is refused (no truncation)."""
+        return validate(
+            self.layout,
+            element,
+            validation=self.validation,
+            max_sizes=self.max_sizes,
+            truncate=False,
+        )
+
+    def lay_out(self, items: Sequence[Validated], rows: Sequence[int], row_length: int):
+        """``items`` as one ``PackedRows`` batch, in the rows given (``PackPlan.lay_out``)."""
+        packed = self.pack_plan.lay_out([it.leaves for it in items], rows, row_length)
+        return PackedRows(packed)
+
+    def row_outputs(self, outputs: Any, batch: PackedRows) -> tuple[BatchOutputs, np.ndarray]:
+        """The outputs of ``batch`` checked and gathered per record (``[records, ...]``),
+        and the records' lengths (``int[records, 1]``).
+
+        Raises:
+            KernelError: an output leaf does not start with ``[rows, max_segments]``, or the
+                outputs differ from ``output_spec``.
+        """
+        packed = batch.packed
+        expected = (packed.size, packed.max_segments)
+        for leaf in jax.tree_util.tree_leaves(outputs):
+            shape = np.shape(leaf)
+            if tuple(shape[:2]) != expected:
+                raise KernelError(
+                    f"a packed kernel returns one output per segment: every leaf needs "
+                    f"[rows, max_segments, ...] = [{expected[0]}, {expected[1]}, ...] per batch "
+                    f"(per row [max_segments, ...]), got a leaf of shape {shape}; index "
+                    "per-segment results by segment id - 1."
+                )
+        gathered = jax.tree_util.tree_map(
+            lambda leaf: np.asarray(leaf)[packed.rows, packed.segment], outputs
+        )
+        checked = check_outputs(gathered, len(packed.rows), self.output_layout, ())
+        return checked, packed.lengths.reshape(-1, 1)
+
+    def split_outputs(
+        self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]
+    ) -> list[Any]:
+        """One output pytree for each of ``rows`` (records) of gathered outputs."""
+        return split_rows(outputs, rows, items)

@@ -1,0 +1,413 @@
+"""Sequence packing (pure numpy): the policy, packing and unpacking, and its planner."""
+
+from __future__ import annotations
+
+import re
+
+import hypothesis
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+
+import beam_jax as bj
+from beam_jax.internal import PackPlan, SegmentInfo, assign_rows, batch_rows, simulate_packing
+
+PROPERTY = hypothesis.settings(max_examples=150, deadline=2000, derandomize=True)
+
+lengths_st = st.lists(st.integers(0, 40), min_size=0, max_size=120)
+packing_st = st.builds(
+    lambda top, shorter, sizes, segments, algorithm: bj.Packing(
+        row_lengths=tuple(sorted({top, *[s for s in shorter if s < top]})),
+        rows_per_batch=tuple(sorted(set(sizes))),
+        max_segments=segments,
+        algorithm=algorithm,
+    ),
+    top=st.integers(8, 48),
+    shorter=st.lists(st.integers(1, 47), max_size=2),
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+    segments=st.none() | st.integers(1, 12),
+    algorithm=st.sampled_from(["first_fit_decreasing", "best_fit"]),
+)
+
+
+def segment_sums(batch):
+    """The kernel of the properties: per row, the sum of each segment's values."""
+    x, ids = batch.leaves[0], batch.segment_ids
+    out = np.zeros((batch.size, batch.max_segments + 1), np.int64)
+    np.add.at(out, (np.arange(batch.size)[:, None].repeat(ids.shape[1], 1), ids), x)
+    return out[:, 1:]
+
+
+def records_of(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(-1000, 1000, n).astype(np.int32) for n in lengths]
+
+
+# --- the policy ---------------------------------------------------------------------
+
+
+def test_packing_normalises_and_lists_its_shapes():
+    p = bj.Packing(row_lengths=(256, 128), rows_per_batch=(32, 8))
+    assert p.row_lengths == (128, 256) and p.max_row_length == 256 and p.max_segments == 256
+    assert p.shapes() == [(128, 8), (128, 32), (256, 8), (256, 32)]
+    q = bj.Packing(row_lengths=64, rows_per_batch={64: 4}, max_segments=16, algorithm="best_fit")
+    assert q.shapes() == [(64, 4)] and q.sizes_for(64) == (4,)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"row_lengths": 0}, "row_lengths must be a positive int or a non-empty sequence"),
+        ({"row_lengths": ()}, "got ()"),
+        ({"row_lengths": (8, 8)}, "must not repeat"),
+        ({"row_lengths": 8, "rows_per_batch": 0}, "rows_per_batch must be a positive int"),
+        ({"row_lengths": 8, "rows_per_batch": {16: 4}}, "exactly the row lengths (8,)"),
+        ({"row_lengths": 8, "max_segments": 0}, "max_segments must be a positive int, got 0"),
+        ({"row_lengths": 8, "algorithm": "next_fit"}, "algorithm must be one of"),
+    ],
+)
+def test_packing_rejects_bad_values(kwargs, message):
+    with pytest.raises(bj.SpecError, match=re.escape(message)):
+        bj.Packing(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (bj.ArraySpec((4,), np.float32), "no ragged axis, so there is nothing to pack"),
+        (
+            {"a": bj.ArraySpec(("L",)), "b": bj.ArraySpec(("M",))},
+            "several ragged axes ['L', 'M']",
+        ),
+        (bj.ArraySpec(("L", "L")), "has the ragged axis 'L' 2 times"),
+    ],
+)
+def test_specs_that_cannot_be_packed_are_refused_at_construction(spec, message):
+    with pytest.raises(bj.SpecError, match=re.escape(message)):
+        PackPlan(spec, bj.Packing(row_lengths=8))
+
+
+# --- packing ------------------------------------------------------------------------
+
+
+def test_first_fit_and_best_fit_place_records_as_documented():
+    lengths = [6, 5, 3, 2, 2]
+    ffd = assign_rows(lengths, bj.Packing(row_lengths=8))
+    # 6 -> row 0; 5 -> row 1; 3 -> row 1; 2 -> row 0 (first with room); 2 -> none: row 2
+    assert ffd.row.tolist() == [0, 1, 1, 0, 2]
+    # 8 -> row 0 (room 2); 6 -> row 1 (room 4); 3 -> row 1 (room 1); then 1 goes to the
+    # first row with room (row 0) or to the one it leaves least room in (row 1).
+    first = assign_rows([8, 6, 3, 1], bj.Packing(row_lengths=10))
+    best = assign_rows([8, 6, 3, 1], bj.Packing(row_lengths=10, algorithm="best_fit"))
+    assert first.row.tolist() == [0, 1, 1, 0] and best.row.tolist() == [0, 1, 1, 1]
+    assert first.offset.tolist() == [0, 0, 6, 8] and best.segment.tolist() == [0, 0, 1, 2]
+
+
+def test_rows_are_cut_to_the_shortest_row_length_that_holds_them():
+    a = assign_rows([16, 16, 3], bj.Packing(row_lengths=(4, 8, 32)))
+    assert a.used.tolist() == [32, 3] and a.row_lengths.tolist() == [32, 4]
+
+
+def test_max_segments_caps_records_per_row():
+    a = assign_rows([1] * 10, bj.Packing(row_lengths=100, max_segments=4))
+    assert a.counts.tolist() == [4, 4, 2]
+
+
+def test_rows_fill_the_largest_batch_then_the_smallest_that_holds_the_rest():
+    a = assign_rows([8] * 11, bj.Packing(row_lengths=8, rows_per_batch=(2, 4)))
+    assert [(n, s, len(m)) for n, s, m in batch_rows(a, bj.Packing(row_lengths=8,
+            rows_per_batch=(2, 4)))] == [(8, 4, 4), (8, 4, 4), (8, 4, 3)]  # fmt: skip
+    p = bj.Packing(row_lengths=8, rows_per_batch=(1, 2, 4))
+    assert [s for _, s, _ in batch_rows(assign_rows([8] * 6, p), p)] == [4, 2]
+
+
+def test_a_record_longer_than_the_longest_row_is_refused_alone():
+    plan = PackPlan(bj.ArraySpec(("L",), np.int32), bj.Packing(row_lengths=8))
+    result = plan.pack(records_of([3, 9, 8]))
+    assert [r.index for r in result.refused] == [1]
+    error = result.refused[0].error
+    assert isinstance(error, bj.ElementTooLargeError)
+    assert "record 1 has length 9" in str(error) and "longest row (8)" in str(error)
+    assert sorted(i for b in result.batches for i in b.indices) == [0, 2]
+    outputs = plan.unpack(result, [segment_sums(b) for b in result.batches])
+    assert outputs[1] is None and outputs[0] is not None
+
+
+def test_a_record_that_breaks_the_spec_is_refused_alone():
+    spec = {"ids": bj.ArraySpec(("L",), np.int32), "w": bj.ArraySpec(("L", 2), np.float32)}
+    plan = PackPlan(spec, bj.Packing(row_lengths=8))
+    good = {"ids": np.ones(3, np.int32), "w": np.ones((3, 2), np.float32)}
+    uneven = {"ids": np.ones(3, np.int32), "w": np.ones((4, 2), np.float32)}
+    wrong = {"ids": np.ones(3, np.int32), "w": np.ones((3, 5), np.float32)}
+    result = plan.pack([good, uneven, wrong, {"ids": np.ones(3, np.int32)}, good])
+    assert [r.index for r in result.refused] == [1, 2, 3]
+    assert "leaves sharing an axis name must agree" in str(result.refused[0].error)
+    assert "expected ('L', 2)" in str(result.refused[1].error)
+    assert "record 3 does not have the spec's structure" in str(result.refused[2].error)
+    assert all(isinstance(r.error, bj.InvalidElementError) for r in result.refused)
+    assert sorted(i for b in result.batches for i in b.indices) == [0, 4]
+    assert "record 0 has 1 leaves, expected 2" in str(
+        plan.pack_leaves([[good["ids"]]]).refused[0].error
+    )
+
+
+def test_segment_info_positions_and_non_ragged_leaves():
+    spec = {
+        "x": bj.ArraySpec((2, "L"), np.float32, pad_value=-1),  # ragged axis not first
+        "tag": bj.ArraySpec((), np.int32, pad_value=-7),  # carried per segment
+    }
+    plan = PackPlan(spec, bj.Packing(row_lengths=6, rows_per_batch=2, max_segments=3))
+    records = [
+        {"x": np.arange(8, dtype=np.float32).reshape(2, 4), "tag": np.int32(10)},
+        {"x": np.full((2, 2), 5, np.float32), "tag": np.int32(20)},
+        {"x": np.full((2, 3), 9, np.float32), "tag": np.int32(30)},
+    ]
+    (batch,) = plan.pack(records).batches
+    assert batch.segment_ids.tolist() == [[1, 1, 1, 1, 2, 2], [1, 1, 1, 0, 0, 0]]
+    assert batch.positions.tolist() == [[0, 1, 2, 3, 0, 1], [0, 1, 2, 0, 0, 0]]
+    assert batch.segment_counts.tolist() == [2, 1]
+    assert batch.segments.lengths.tolist() == [[4, 2, 0], [3, 0, 0]]
+    assert isinstance(batch.segments, SegmentInfo)
+    tag, x = batch.leaves  # leaves in the spec's (sorted-key) order
+    assert x.shape == (2, 2, 6) and x[1, 0].tolist() == [9, 9, 9, -1, -1, -1]
+    assert tag.tolist() == [[10, 20, -7], [30, -7, -7]]
+    assert (batch.empty_slots, batch.empty_rows, batch.padded_volume) == (3, 0, 12)
+    assert [(s, d) for s, d in plan.leaf_shapes(6, 2)] == [
+        ((2, 3), np.int32),
+        ((2, 2, 6), np.float32),
+    ]
+    back = plan.unpack_inputs(batch)
+    for i, leaves in zip(batch.indices, back, strict=True):
+        assert leaves[0] == records[i]["tag"]
+        np.testing.assert_array_equal(leaves[1], records[i]["x"])
+
+
+def test_unpack_refuses_outputs_that_are_not_per_segment():
+    packing = bj.Packing(row_lengths=8, rows_per_batch=1, max_segments=4)
+    plan = PackPlan(bj.ArraySpec(("L",), np.int32), packing)
+    result = plan.pack(records_of([3, 4]))
+    with pytest.raises(bj.KernelError, match=re.escape("[rows, max_segments, ...] = [1, 4")):
+        plan.unpack(result, [np.zeros((1, 8))])
+    with pytest.raises(bj.KernelError, match="outputs for 2 batches, expected 1"):
+        plan.unpack(result, [np.zeros((1, 4)), np.zeros((1, 4))])
+
+
+def test_unpack_keeps_output_pytrees():
+    plan = PackPlan(bj.ArraySpec(("L",), np.int32), bj.Packing(row_lengths=8, max_segments=2))
+    result = plan.pack(records_of([3, 4, 8]))
+    outputs = [
+        {"sum": segment_sums(b), "pair": (segment_sums(b) * 2, np.ones((b.size, 2, 3)))}
+        for b in result.batches
+    ]
+    got = plan.unpack(result, outputs)
+    for record, out in zip(records_of([3, 4, 8]), got, strict=True):
+        assert out["sum"] == record.sum() and out["pair"][0] == 2 * record.sum()
+        assert out["pair"][1].shape == (3,)
+
+
+# --- properties ---------------------------------------------------------------------
+
+
+@PROPERTY
+@hypothesis.given(lengths=lengths_st, packing=packing_st, seed=st.integers(0, 2**16))
+def test_segment_sums_unpack_to_each_records_own_sum(lengths, packing, seed):
+    records = records_of(lengths, seed)
+    plan = PackPlan(bj.ArraySpec(("L",), np.int32), packing)
+    result = plan.pack(records)
+    got = plan.unpack(result, [segment_sums(b) for b in result.batches])
+    refused = {r.index for r in result.refused}
+    assert refused == {i for i, n in enumerate(lengths) if n > packing.max_row_length}
+    for i, (record, out) in enumerate(zip(records, got, strict=True)):
+        if i in refused:
+            assert out is None
+        else:
+            assert int(out) == int(record.sum())
+
+
+@PROPERTY
+@hypothesis.given(lengths=lengths_st, packing=packing_st)
+def test_every_record_once_no_segment_crosses_a_row_and_round_trip(lengths, packing):
+    records = records_of(lengths)
+    plan = PackPlan(bj.ArraySpec(("L",), np.int32), packing)
+    result = plan.pack(records)
+    seen = [int(i) for b in result.batches for i in b.indices]
+    refused = [r.index for r in result.refused]
+    assert sorted(seen + refused) == list(range(len(records)))  # every record exactly once
+    for b in result.batches:
+        assert (b.row_length, b.size) in packing.shapes()
+        assert b.leaves[0].shape == (b.size, b.row_length)
+        assert np.all(b.offsets + b.lengths <= b.row_length)  # no segment crosses a row
+        assert np.all(b.segment < packing.max_segments)
+        for r in range(b.size):
+            ids = b.segment_ids[r]
+            mine = b.rows == r
+            assert b.segment_counts[r] == mine.sum()
+            # Slots of each segment are contiguous and exactly its record's length.
+            for s, o, n in zip(b.segment[mine], b.offsets[mine], b.lengths[mine], strict=True):
+                assert np.all(ids[o : o + n] == s + 1)
+                assert b.positions[r, o : o + n].tolist() == list(range(n))
+            assert (ids > 0).sum() == b.lengths[mine].sum()
+        assert b.num_rows == len(set(b.rows.tolist()))
+        for i, leaves in zip(b.indices, plan.unpack_inputs(b), strict=True):
+            np.testing.assert_array_equal(leaves[0], records[i])
+
+
+@PROPERTY
+@hypothesis.given(
+    lengths=st.lists(st.integers(0, 48), min_size=1, max_size=150),
+    packing=packing_st,
+    buffer_size=st.none() | st.integers(1, 60),
+)
+def test_simulated_padding_equals_the_batches_packed(lengths, packing, buffer_size):
+    lengths = [min(n, packing.max_row_length) for n in lengths]
+    stats = simulate_packing(lengths, packing, buffer_size=buffer_size)
+    plan = PackPlan(bj.ArraySpec(("L",), np.int32), packing)
+    step = buffer_size or len(lengths)
+    padded = real = empty_rows = batches = 0
+    for start in range(0, len(lengths), step):
+        result = plan.pack(records_of(lengths[start : start + step]))
+        padded += result.padded_volume
+        real += result.real_volume
+        empty_rows += result.empty_rows
+        batches += len(result.batches)
+    assert (stats.padded, stats.real, stats.empty_rows, stats.batches) == (
+        padded,
+        real,
+        empty_rows,
+        batches,
+    )
+    assert real == sum(lengths)
+
+
+# --- planning -----------------------------------------------------------------------
+
+
+@hypothesis.settings(max_examples=150, deadline=5000, derandomize=True)
+@hypothesis.given(
+    lengths=st.lists(st.integers(1, 64), min_size=1, max_size=200),
+    budget=st.integers(1, 5),
+    buffer_size=st.none() | st.integers(5, 80),
+    max_rows=st.integers(1, 16),
+)
+def test_planned_padding_is_what_packing_the_sample_gives(lengths, budget, buffer_size, max_rows):
+    plan = bj.plan_packing(
+        lengths,
+        max_size=64,
+        compile_budget=budget,
+        buffer_size=buffer_size,
+        max_rows_per_batch=max_rows,
+    )
+    assert plan.shapes == len(plan.packing.shapes()) <= budget
+    assert plan.packing.max_row_length >= 64
+    assert all(s <= max_rows for n in plan.packing.row_lengths for s in plan.packing.sizes_for(n))
+    packer = PackPlan(bj.ArraySpec(("L",), np.int32), plan.packing)
+    step = buffer_size or len(lengths)
+    padded = real = 0
+    for start in range(0, len(lengths), step):
+        result = packer.pack(records_of(lengths[start : start + step]))
+        assert not result.refused
+        padded += result.padded_volume
+        real += result.real_volume
+    assert plan.padding_ratio == padded / real  # predicted == packed, exactly
+    assert plan.stats.max_segments <= plan.packing.max_segments
+
+
+def test_plan_packing_small_example_and_its_choices():
+    sample = [30, 12, 7, 100, 64, 3] * 20
+    # Buffers of 60 texts hold 2,160 tokens: 16.9 rows of 128. One shape pads the 17th
+    # row and a batch row; a second shape lets the 17th row be a row of 64.
+    one = bj.plan_packing(sample, max_size=128, buffer_size=60, compile_budget=1)
+    assert one.packing.shapes() == [(128, 18)] and one.padding_ratio == 18 * 128 / 2160
+    two = bj.plan_packing(sample, max_size=128, buffer_size=60, compile_budget=4)
+    assert two.packing.shapes() == [(64, 1), (128, 17)]
+    assert two.padding_ratio == (17 * 128 + 64) / 2160
+    assert two.stats.max_segments == 7 and two.packing.max_segments == 8
+
+
+def test_attention_cost_prefers_shorter_rows():
+    rng = np.random.default_rng(0)
+    sample = np.clip(rng.lognormal(3, 1, 2000), 2, 256).astype(int)
+    cheap = bj.plan_packing(sample, max_size=256, row_lengths=(256, 512, 1024))
+    costly = bj.plan_packing(
+        sample, max_size=256, row_lengths=(256, 512, 1024), attention_cost=1 / (6 * 384)
+    )
+    assert cheap.packing.max_row_length >= costly.packing.max_row_length == 256
+    assert cheap.padding_ratio <= costly.padding_ratio
+
+
+def test_plan_packing_truncates_long_samples_and_respects_token_budgets():
+    plan = bj.plan_packing(
+        [300, 20, 20, 5] * 50, max_size=64, max_tokens_per_batch=256, num_devices=2
+    )
+    for n in plan.packing.row_lengths:
+        assert all(s * n <= 256 and s % 2 == 0 for s in plan.packing.sizes_for(n))
+    assert plan.stats.real == (64 + 20 + 20 + 5) * 50
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"lengths": []}, "non-empty 1-D"),
+        ({"lengths": [1.5]}, "integers"),
+        ({"lengths": [-1]}, "non-negative"),
+        ({"compile_budget": 0}, "compile_budget must be a positive int, got 0"),
+        ({"row_lengths": (8, 16)}, "one at least max_size (32)"),
+        ({"buffer_size": 0}, "buffer_size must be a positive int"),
+        ({"algorithm": "x"}, "algorithm must be one of"),
+        ({"attention_cost": -1.0}, "must be >= 0"),
+    ],
+)
+def test_plan_packing_rejects_bad_arguments(kwargs, message):
+    args = {"lengths": [3, 4], "max_size": 32, **kwargs}
+    with pytest.raises(bj.SpecError, match=re.escape(message)):
+        bj.plan_packing(args.pop("lengths"), **args)
+
+
+def test_simulate_packing_refuses_lengths_past_the_longest_row():
+    with pytest.raises(bj.SpecError, match="exceeds the longest row"):
+        simulate_packing([9], bj.Packing(row_lengths=8))
+
+
+MIXED_SPEC = {
+    "ids": bj.ArraySpec(("L",), np.int32),
+    "w": bj.ArraySpec(("L", 2), np.int32, pad_value=-5),
+    "t": bj.ArraySpec((3, "L"), np.int32),
+    "tag": bj.ArraySpec((), np.int32, pad_value=-1),
+}
+
+
+@PROPERTY
+@hypothesis.given(lengths=lengths_st, packing=packing_st, seed=st.integers(0, 2**16))
+def test_pytrees_of_mixed_leaves_round_trip_and_unpack_per_segment(lengths, packing, seed):
+    rng = np.random.default_rng(seed)
+    records = [
+        {
+            "ids": rng.integers(0, 100, n).astype(np.int32),
+            "w": rng.integers(-9, 9, (n, 2)).astype(np.int32),
+            "t": rng.integers(-9, 9, (3, n)).astype(np.int32),
+            "tag": np.int32(i),
+        }
+        for i, n in enumerate(lengths)
+    ]
+    plan = PackPlan(MIXED_SPEC, packing)
+    result = plan.pack(records)
+    names = plan.layout.names
+    outputs = []
+    for b in result.batches:
+        leaves = dict(zip(names, b.leaves, strict=True))
+        w, t, ids = leaves["['w']"], leaves["['t']"], b.segment_ids
+        sums = np.zeros((b.size, b.max_segments + 1), np.int64)
+        rows = np.arange(b.size)[:, None].repeat(ids.shape[1], 1)
+        np.add.at(sums, (rows, ids), w.sum(-1) + t.sum(1))
+        outputs.append({"sum": sums[:, 1:], "tag": leaves["['tag']"]})
+    got = plan.unpack(result, outputs)
+    for record, out in zip(records, got, strict=True):
+        if out is None:
+            assert len(record["ids"]) > packing.max_row_length
+            continue
+        assert out["tag"] == record["tag"]
+        assert out["sum"] == record["w"].sum() + record["t"].sum()
+    for b in result.batches:
+        for i, leaves in zip(b.indices, plan.unpack_inputs(b), strict=True):
+            for name, leaf in zip(names, leaves, strict=True):
+                np.testing.assert_array_equal(leaf, records[i][name[2:-2]])
