@@ -344,3 +344,33 @@ def test_a_killed_worker_fails_the_prism_job_and_a_rerun_completes_it(
 
 def _parts(out: pathlib.Path) -> list[str]:
     return [p.name for p in out.glob("embeddings-*.parquet")]
+
+
+def test_runners_script_starts_and_stops_prism(prism_binary, tmp_path):
+    """``tools/runners.sh start prism PORT`` returns once the port listens; ``stop`` ends the
+    process group it started."""
+    port = free_port()
+    env = dict(os.environ, PYTHON=sys.executable, RUNNERS_DIR=str(tmp_path))
+    # The script builds prism into RUNNERS_DIR; give it the built one instead of a rebuild.
+    target = tmp_path / pathlib.Path(prism_binary).parent.name
+    target.mkdir()
+    (target / "prism").symlink_to(prism_binary)
+    script = ["bash", str(ROOT / "tools" / "runners.sh")]
+
+    def call(*args):
+        return subprocess.run([*script, *args], env=env, capture_output=True, text=True,
+                              timeout=START_TIMEOUT_S + 30)  # fmt: skip
+
+    started = call("start", "prism", str(port))
+    try:
+        assert started.returncode == 0, started.stderr
+        assert port_open(port)
+        assert f"--job_endpoint=localhost:{port}" in started.stdout
+        pid = int((tmp_path / "prism.pid").read_text())
+        assert call("start", "prism", str(port)).returncode != 0, "a second start is refused"
+    finally:
+        stopped = call("stop", "prism")
+    assert stopped.returncode == 0, stopped.stderr
+    assert wait_until(lambda: not group_members(pid), 30)
+    assert not port_open(port)
+    assert not (tmp_path / "prism.pid").exists()
