@@ -1,11 +1,13 @@
 # The two set-up commands of the README: `make run` (the main job on built-in data) and
 # `make test` (lint, the documentation site and the whole test suite). Both create .venv on
 # first use. `make docs` builds the site alone (into site/); `mkdocs serve` serves it.
+# `make runners` builds Prism, the local Beam runner of tests/test_prism.py, at the installed
+# Beam SDK's version (needs Go; cached in .runners/; see docs/runners.md).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint docs bench clean
+.PHONY: run test lint docs runners bench clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +31,14 @@ lint: $(VENV)/.installed
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-test: lint docs
+runners: $(VENV)/.installed
+	PYTHON=$(PY) bash tools/runners.sh fetch prism
+
+test: lint docs runners
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) bench/run.py --quick
 
 clean:
-	rm -rf $(VENV) output site
+	rm -rf $(VENV) output site .runners

@@ -14,16 +14,17 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple
 
 import pytest
 
 import beam_jax as bj
 from tests import _runner_job as job
+from tests.processes import descendants as _descendants
+from tests.processes import process_group, worker_env
+from tests.processes import wait_until as _wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -31,107 +32,17 @@ START_TIMEOUT_S = 60
 JOB_TIMEOUT_MS = 120_000
 
 
-def _worker_env() -> dict[str, str]:
-    """The environment of processes we start: this venv's python first on PATH (the worker
-    pool runs ``python`` from PATH), the repo and tests importable, four CPU devices."""
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    here = os.path.dirname(os.path.abspath(__file__))
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.dirname(here), here, *filter(None, [env.get("PYTHONPATH")])]
-    )
-    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-    env["JAX_PLATFORMS"] = "cpu"
-    return env
-
-
-def _proc_table() -> dict[int, tuple[int, int, str]]:
-    """``{pid: (ppid, pgrp, state)}`` of every live (non-zombie) process, from /proc."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # it exited while we looked
-        # The command name may hold spaces and parentheses; the fields after its last ')' don't.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        state, ppid, pgrp = fields[0], int(fields[1]), int(fields[2])
-        if state not in ("Z", "X"):
-            table[int(entry)] = (ppid, pgrp, state)
-    return table
-
-
-def _descendants(pid: int) -> set[int]:
-    table = _proc_table()
-    out, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, (ppid, _, _) in table.items() if ppid in frontier} - out
-        out |= frontier
-    return out
-
-
-def _group_members(pgrp: int) -> set[int]:
-    return {p for p, (_, g, _) in _proc_table().items() if g == pgrp}
-
-
-def _wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL, the whole process group ``proc`` leads; reap ``proc``."""
-    for sig, grace_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        if _wait_until(lambda: proc.poll() is not None and not _group_members(proc.pid), grace_s):
-            break
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-
-
-@contextlib.contextmanager
 def _service(
     module: str, args: list[str], log_path: str, ready: Callable[[str], str | None]
-) -> Iterator[str]:
-    """Run ``python -m module args`` in its own process group until the block ends.
-
-    ``ready(log_text)`` returns the service's address once it is up. The group (the service
-    and any workers it started) is killed on the way out, and must be empty afterwards.
-    """
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=_worker_env(),
-            start_new_session=True,
-        )
-    try:
-        address = None
-
-        def up() -> bool:
-            nonlocal address
-            with open(log_path) as f:
-                address = ready(f.read())
-            return address is not None or proc.poll() is not None
-
-        _wait_until(up, START_TIMEOUT_S)
-        if address is None:
-            with open(log_path) as f:
-                raise RuntimeError(f"{module} did not start (exit {proc.poll()}):\n{f.read()}")
-        yield address
-    finally:
-        _kill_group(proc)
-    left = _group_members(proc.pid)
-    assert not left, f"{module} left processes {sorted(left)} behind"
+) -> contextlib.AbstractContextManager[str]:
+    """Run ``python -m module args`` in its own process group until the block ends."""
+    return process_group(
+        [sys.executable, "-m", module, *args],
+        log_path,
+        ready,
+        env=worker_env(),
+        timeout_s=START_TIMEOUT_S,
+    )
 
 
 def _job_service(tmp: str) -> contextlib.AbstractContextManager[str]:

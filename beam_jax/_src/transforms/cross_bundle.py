@@ -201,7 +201,10 @@ class CrossBundleDoFn(ElementsDoFn):
         stored = list(buffer.read())
         buffer.clear()
         count.clear()
-        max_wait.clear()
+        # The processing-time timer is not cleared: a stale firing finds an empty buffer and
+        # does nothing, and the next buffer's first element sets it anew (a set replaces).
+        # Prism (2.77) fires a cleared processing-time timer at once, which clearing it here,
+        # in its own callback, turned into an endless loop of empty firings.
         if not stored:
             return
         now = self.cross_bundle.clock()
