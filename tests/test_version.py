@@ -3,7 +3,6 @@ and a released CHANGELOG section in Keep-a-Changelog form."""
 
 import pathlib
 import re
-import tomllib
 
 import pytest
 
@@ -19,7 +18,9 @@ TAGS_NOT_CHECKED = {"runners.md"}
 
 
 def _pyproject_version() -> str:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    # tomllib is Python 3.11+; the project supports 3.10.
+    project = (ROOT / "pyproject.toml").read_text().split("\n[project]\n", 1)[1]
+    return re.search(r'^version = "([^"]+)"$', project, re.M)[1]
 
 
 def test_pyproject_and_the_package_agree():
