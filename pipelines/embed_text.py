@@ -38,9 +38,10 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.options.pipeline_options import DebugOptions, StandardOptions
 
 import beam_jax as bj
-from pipelines import embed_columnar, embed_text_plan, minilm, progress, run_report
+from pipelines import dataflow_job, embed_columnar, embed_text_plan, minilm, progress, run_report
 from pipelines import input_files as inp
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
@@ -85,6 +86,9 @@ class EmbedTexts(EmbedStep):
         precompile: compile every listed shape in background threads from each worker's
             start, while it reads and tokenizes (for planned buckets, whose shapes are
             all used; fixed buckets list every power-of-two batch size).
+        accelerator: A Beam ``accelerator`` resource hint (on Dataflow e.g.
+            ``"type:nvidia-l4;count:1;install-nvidia-driver"``) for the embedding kernel
+            only; tokenizing stays on the default workers.
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class EmbedTexts(EmbedStep):
         model_dir: str | None = None,
         compilation_cache_dir: str | None = None,
         precompile: bool = False,
+        accelerator: str | None = None,
     ):
         bucketing = bucketing or bj.Bucketing(
             boundaries={"L": DEFAULT_BUCKETS},
@@ -112,6 +117,7 @@ class EmbedTexts(EmbedStep):
                 compilation_cache_dir=compilation_cache_dir,
                 precompile=precompile,
             ).with_exception_handling(),
+            accelerator=accelerator,
         )
         self.id_type = id_type
         self.bucketing = bucketing
@@ -241,6 +247,7 @@ def _build_per_element(
         model_dir=args.model_dir,
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
+        accelerator=args.accelerator,
     )
     results, dead = batches | "EmbedTexts" >> embed
     by_part = functools.partial(tp.by_part, part_rows=args.rows_per_part)
@@ -323,7 +330,25 @@ def _explain_failure(error: Exception, output: OutputDir, parts_reused: int) -> 
     )
 
 
-def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
+def _dry_run(args, options, inputs: inp.Inputs, id_type: tr.IdType, output: OutputDir) -> None:
+    """Builds the job for its runner without running it (Beam's ``--dry_run=True``)."""
+    launch = embed_text_plan.plan_for(args, inputs, embed_text_plan.local_devices(options))
+    print(launch, flush=True)
+    pipeline = beam.Pipeline(options=options)  # validates the options for the runner
+    _build(pipeline, args, inputs, id_type, output.staging, frozenset(), launch)
+    result = pipeline.run()  # DataflowRunner: translated and packaged, not submitted
+    path = options.view_as(DebugOptions).dataflow_job_file
+    if path and hasattr(result, "job"):
+        dataflow_job.write_job_file(dataflow_job.job_description(result), path)
+    print(
+        f"embed_text: dry run: the job was built for {options.view_as(StandardOptions).runner} "
+        f"and not run{f'; its description is in {path}' if path else ''}; nothing was "
+        f"written to {output.path}",
+        flush=True,
+    )
+
+
+def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
     """Runs the job to completion, publishes its output, prints a summary and returns it.
 
     Args:
@@ -331,7 +356,10 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
             flags pass through. ``None`` reads ``sys.argv``.
 
     Returns:
-        The run's counts, padding, compiles and throughput.
+        The run's counts, padding, compiles and throughput; ``None`` with Beam's
+        ``--dry_run=True``, which builds the job for its runner (options validated, the
+        ``--setup_file`` package built) and writes the Dataflow job description to
+        ``--dataflow_job_file``, if given, without running or submitting anything.
 
     Raises:
         SystemExit: On an unknown flag or a bad value.
@@ -360,6 +388,8 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
         "model_dir": args.model_dir,
         "max_tokenized_chars": tr.MAX_TOKENIZED_CHARS,
     }
+    if dataflow_job.dry_run(options):
+        return _dry_run(args, options, inputs, id_type, output)
     reused = output.prepare(job, overwrite=args.overwrite)
     launch = embed_text_plan.plan_for(args, inputs, embed_text_plan.local_devices(options))
     print(launch, flush=True)

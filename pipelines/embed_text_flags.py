@@ -214,6 +214,13 @@ def _parser() -> argparse.ArgumentParser:
         f"loads its compiled shapes instead of compiling them; default {DEFAULT_CACHE} on "
         "the local runners, none elsewhere; 'none' turns it off",
     )
+    add(
+        "--accelerator",
+        help="a Beam resource hint for the embedding kernel only (its worker start "
+        "included), e.g. 'type:nvidia-l4;count:1;install-nvidia-driver' on Dataflow: reading, "
+        "tokenizing and writing keep the default workers (Beam's --resource_hints would put "
+        "every step on the accelerator); default: none",
+    )
     run_console.add_flags(parser)
     return parser
 
