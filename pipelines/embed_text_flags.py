@@ -27,10 +27,12 @@ __all__ = [
     "DEFAULT_BUCKETS",
     "DEFAULT_CACHE",
     "DEFAULT_OUTPUT",
+    "DefaultsHelpFormatter",
     "int_list",
     "is_local",
     "parse_args",
     "positive_int",
+    "reject_unknown_flags",
 ]
 
 # Token-length buckets (counting [CLS] and [SEP]) up to the model's 256-token window.
@@ -102,9 +104,27 @@ def _ratio(text: str) -> float:
     return value
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to a flag's help unless it says its default already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "default" not in text
+            and action.default not in (None, False, argparse.SUPPRESS)
+            and action.option_strings
+        ):
+            default = action.default
+            if isinstance(default, tuple):
+                default = ",".join(map(str, default))
+            text += f" (default: {default})"
+        return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pipelines.embed_text",
+        prog=run_console.prog("pipelines.embed_text", "embed"),
+        formatter_class=DefaultsHelpFormatter,
         description="Embed the 'text' of every row with all-MiniLM-L6-v2 (JAX); write 'id' and "
         "'embedding' to Parquet and failed rows to OUTPUT/_failed/*.jsonl.",
         epilog="Beam's flags (--runner, --project, --region, --temp_location, --setup_file, "
@@ -150,9 +170,10 @@ def _parser() -> argparse.ArgumentParser:
         "--buckets",
         type=_buckets,
         default="auto",
-        help="token-length bucket boundaries, with [CLS]/[SEP]; the last must be >= 256 "
-        f"(e.g. {','.join(map(str, DEFAULT_BUCKETS))}); 'auto' (default) plans boundaries "
-        "and batch sizes at launch from the token lengths of a sample of the input",
+        help="token-length bucket boundaries, with [CLS]/[SEP]; the last must be between 256 "
+        "(the longest text after truncation) and 512 (the model's position table) (e.g. "
+        f"{','.join(map(str, DEFAULT_BUCKETS))}); 'auto' (default) plans boundaries and batch "
+        "sizes at launch from the token lengths of a sample of the input",
     )
     add(
         "--compile_budget",
@@ -176,7 +197,13 @@ def _parser() -> argparse.ArgumentParser:
         "shape is added only if it saves more padded tokens over the whole input (default "
         f"{DEFAULT_SHAPE_COST:g}, about one compile on CPU; 0 spends the whole budget)",
     )
-    add("--batch_size", type=positive_int, default=DEFAULT_BATCH_SIZE)
+    add(
+        "--batch_size",
+        type=positive_int,
+        default=DEFAULT_BATCH_SIZE,
+        help="the largest padded batch of texts per kernel call (long buckets get fewer: see "
+        "--max_tokens_per_batch)",
+    )
     add(
         "--max_tokens_per_batch",
         type=positive_int,
@@ -241,6 +268,25 @@ def _unknown_flags(rest: Sequence[str]) -> list[str]:
     return bad
 
 
+def reject_unknown_flags(parser: argparse.ArgumentParser, rest: Sequence[str]) -> None:
+    """Exits through ``parser.error`` if ``rest`` (what ``parse_known_args`` left) holds a
+    flag that neither ``parser`` nor Beam's ``PipelineOptions`` knows, suggesting the
+    closest of ``parser``'s flags.
+
+    Raises:
+        SystemExit: On such a flag (after printing the usage and the reason).
+    """
+    unknown = _unknown_flags(rest)
+    if unknown:
+        ours = [a for action in parser._actions for a in action.option_strings]
+        hints = {u: difflib.get_close_matches(u, ours, n=1, cutoff=0.6) for u in unknown}
+        hint = "; ".join(f"did you mean {h[0]} for {u}?" for u, h in hints.items() if h)
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)} (neither this job's flags nor "
+            f"Beam's PipelineOptions have them){'; ' + hint if hint else ''}"
+        )
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PipelineOptions]:
     """Splits ``argv`` into this job's flags and Beam's ``PipelineOptions``.
 
@@ -254,15 +300,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     """
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
-    unknown = _unknown_flags(rest)
-    if unknown:
-        ours = [a for action in parser._actions for a in action.option_strings]
-        hints = {u: difflib.get_close_matches(u, ours, n=1, cutoff=0.6) for u in unknown}
-        hint = "; ".join(f"did you mean {h[0]} for {u}?" for u, h in hints.items() if h)
-        parser.error(
-            f"unrecognized arguments: {' '.join(unknown)} (neither this job's flags nor "
-            f"Beam's PipelineOptions have them){'; ' + hint if hint else ''}"
-        )
+    reject_unknown_flags(parser, rest)
     top = 256 if args.buckets == "auto" else max(args.buckets)
     if top < 256 or top > 512:
         parser.error(
