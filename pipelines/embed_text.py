@@ -70,13 +70,17 @@ __all__ = [
 
 
 class EmbedTexts(EmbedStep):
-    """``RowBatch``es in; ``(key, float32[384])`` results and ``FailedElement``s out.
+    """Sentence embeddings (all-MiniLM-L6-v2 in JAX) as a PTransform, for your own pipeline.
 
+    ``RowBatch``es in; ``(key, float32[384])`` results and ``FailedElement``s out.
+    :meth:`from_pairs` takes ``(id, text)`` pairs instead, as most pipelines have them.
     A row's key is its id, unless the batch gives ``keys`` (this job's are ``"file:row"``,
     so that each result finds its output part); dead letters carry the same key.
 
     Example:
-        >>> results, dead = batches | EmbedTexts(tr.IdType.from_name("int"))  # doctest: +SKIP
+        >>> pairs = p | beam.Create([(1, "Beam batches records."), (2, "")])  # doctest: +SKIP
+        >>> vectors, failed = pairs | EmbedTexts.from_pairs("int")  # doctest: +SKIP
+        >>> vectors | beam.Map(print)  # (1, array([...], dtype=float32)) # doctest: +SKIP
 
     Args:
         id_type: The type every id must have.
@@ -123,6 +127,43 @@ class EmbedTexts(EmbedStep):
         self.bucketing = bucketing
         self.model_dir = model_dir
         self.compilation_cache_dir = compilation_cache_dir
+
+    @classmethod
+    def from_pairs(
+        cls, id_type: str = "int", *, rows_per_batch: int = 256, **kwargs: Any
+    ) -> beam.PTransform:
+        """``(id, text)`` pairs in; ``(id, float32[384])`` results and dead letters out.
+
+        Args:
+            id_type: ``"int"`` or ``"string"``: the type every id must have (a row whose id
+                is not is a dead letter).
+            rows_per_batch: Rows tokenized together (one tokenizer call).
+            **kwargs: As for the constructor (``bucketing``, ``model_dir``,
+                ``compilation_cache_dir``, ``precompile``, ``accelerator``).
+
+        Returns:
+            A transform whose output unpacks as ``results, dead_letters``.
+        """
+        if not isinstance(rows_per_batch, int) or rows_per_batch < 1:
+            raise ValueError(f"rows_per_batch must be a positive int, got {rows_per_batch!r}")
+        return _EmbedPairs(cls(tr.IdType.from_name(id_type), **kwargs), rows_per_batch)
+
+
+class _EmbedPairs(beam.PTransform):
+    """``(id, text)`` pairs batched into ``RowBatch``es, then ``EmbedTexts``."""
+
+    def __init__(self, embed: EmbedTexts, rows_per_batch: int):
+        super().__init__()
+        self._embed = embed
+        self._rows_per_batch = rows_per_batch
+
+    def expand(self, pairs):
+        batches = (
+            pairs
+            | "Batch" >> beam.BatchElements(max_batch_size=self._rows_per_batch)
+            | "RowBatches" >> beam.Map(tr.RowBatch.from_pairs)
+        )
+        return batches | "EmbedTexts" >> self._embed
 
 
 @dataclasses.dataclass(frozen=True)
