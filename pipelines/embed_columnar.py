@@ -73,7 +73,7 @@ class ReadColumns(beam.DoFn):
 
         if self._inputs.format == "parquet":
             path = self._inputs.files[file_index].path
-            batches = ti.parquet_batches(path, part_rows, wanted)
+            batches = ti.parquet_batches(path, part_rows, wanted, self._inputs.columns)
         else:
             batches = _builtin_batches(self._inputs.builtin_texts, part_rows, wanted)
         try:

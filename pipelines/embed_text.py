@@ -419,7 +419,9 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
     if args.input is None:
         inputs = inp.builtin_inputs(args.builtin_texts)
     else:
-        inputs = inp.match_inputs(args.input)
+        inputs = dataclasses.replace(
+            inp.match_inputs(args.input), id_column=args.id_column, text_column=args.text_column
+        )
     id_type = inp.id_type_of(inputs, args.id_type)
     output = OutputDir(args.output)
     job = {

@@ -135,8 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add(
         "--input",
-        help="Parquet (*.parquet) or JSON lines (*.jsonl) file or glob with 'id' and 'text'; "
-        "default: the built-in corpus of standard-library docstrings",
+        help="Parquet (*.parquet) or JSON lines (*.jsonl) file or glob with an id and a text "
+        "column (see --id_column, --text_column); default: the built-in corpus of "
+        "standard-library docstrings",
     )
     add("--output", default=DEFAULT_OUTPUT, help="output directory; must be empty, or see "
         "--overwrite")  # fmt: skip
@@ -224,6 +225,17 @@ def _parser() -> argparse.ArgumentParser:
         "record batches through RunKernelOnArrow); the output is the same",
     )
     add(
+        "--id_column",
+        default="id",
+        help="the input's column (Parquet) or field (JSON lines) holding each row's id; the "
+        "output names it 'id'",
+    )
+    add(
+        "--text_column",
+        default="text",
+        help="the input's column (Parquet) or field (JSON lines) holding each row's text",
+    )
+    add(
         "--id_type",
         choices=("auto", "int", "string"),
         default="auto",
@@ -301,6 +313,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     reject_unknown_flags(parser, rest)
+    if not args.id_column or not args.text_column or args.id_column == args.text_column:
+        parser.error(
+            f"--id_column and --text_column must be two different names, got "
+            f"{args.id_column!r} and {args.text_column!r}"
+        )
     top = 256 if args.buckets == "auto" else max(args.buckets)
     if top < 256 or top > 512:
         parser.error(
