@@ -331,9 +331,8 @@ def test_id_and_text_columns_of_other_names(tmp_path, path_flags):
     assert got.schema.names == ["id", "embedding"]
     assert sorted(ft.ids(got)) == list(range(100, 106))
     got, want = got.sort_by("id"), want.sort_by("id")
-    np.testing.assert_array_equal(
-        np.array(got.column("embedding").to_pylist()), np.array(want.column("embedding").to_pylist())
-    )
+    vectors = [np.array(t.column("embedding").to_pylist()) for t in (got, want)]
+    np.testing.assert_array_equal(*vectors)
     assert [d["id"] for d in failed] == [106]
 
 
