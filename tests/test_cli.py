@@ -223,7 +223,7 @@ def test_plan_warns_of_values_over_max_size_and_prints_lines_to_paste(tmp_path, 
     best = bj.plan_boundaries(np.minimum(lengths, 64), 3, max_size=64)
     flag = f"--buckets {','.join(map(str, best))}"
     assert flag in captured.out
-    python = f'bj.Bucketing(boundaries={{"L": ({", ".join(map(str, best))},)}})'
+    python = f'bj.Bucketing(boundaries={{"L": {tuple(best)!r}}})'
     assert python in captured.out
     bucketing = eval(python, {"bj": bj})  # the pasted line is valid Python
     assert bucketing.boundaries["L"] == tuple(best)

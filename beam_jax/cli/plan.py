@@ -102,7 +102,7 @@ def paste_lines(boundaries: Sequence[int], axis: str = "L") -> dict[str, str]:
     text = ",".join(map(str, boundaries))
     return {
         "flag": f"--buckets {text}",
-        "python": f'bj.Bucketing(boundaries={{"{axis}": ({", ".join(map(str, boundaries))},)}})',
+        "python": f'bj.Bucketing(boundaries={{"{axis}": {tuple(int(b) for b in boundaries)!r}}})',
     }
 
 
