@@ -19,7 +19,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+    TestOptions,
+)
 
 from pipelines import run_console
 
@@ -327,6 +332,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     options = PipelineOptions(rest)
     if options.view_as(StandardOptions).runner is None:
         options.view_as(StandardOptions).runner = DEFAULT_RUNNER
+    runner = options.view_as(StandardOptions).runner
+    if options.view_as(TestOptions).dry_run and "DataflowRunner" not in str(runner):
+        # Other runners ignore the flag and would run the whole job.
+        parser.error(f"--dry_run builds the job without running it only with --runner "
+                     f"DataflowRunner, got --runner {runner}")  # fmt: skip
     if args.compilation_cache_dir is None and is_local(options.view_as(StandardOptions).runner):
         args.compilation_cache_dir = os.path.expanduser(DEFAULT_CACHE)
     elif args.compilation_cache_dir in ("none", ""):

@@ -155,3 +155,10 @@ def test_job_description_refuses_a_result_that_is_not_a_dry_run():
         _ = p | beam.Create([1])
     with pytest.raises(ValueError, match="--dry_run=True"):
         dataflow_job.job_description(p.run())
+
+
+def test_a_dry_run_on_another_runner_is_refused_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        embed_text.run(["--output", str(tmp_path / "out"), "--dry_run=True"])
+    assert "only with --runner DataflowRunner" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
