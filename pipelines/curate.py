@@ -17,6 +17,9 @@ files under ``--output``, as it would between the driver and Dataflow workers::
                                                           grand, el2n, loss, predicted)
     driver: AUROC and precision of each score ─▶ summary.json, curate.png
 
+Every stage writes under ``OUTPUT/_unfinished/``; the files move into ``OUTPUT`` only when
+the whole job has succeeded, and a non-empty ``OUTPUT`` needs ``--overwrite``, which replaces
+this job's earlier files and no other (:mod:`pipelines.output_dir`, as ``embed_text``).
 The model and kernels are in :mod:`pipelines.curate_model`, the built-in data in
 :mod:`pipelines.labelled_corpus`, the metrics and plot in :mod:`pipelines.curate_report`.
 See docs/curate.md.
@@ -28,8 +31,8 @@ Example:
 
 Run it::
 
-    python -m pipelines.curate                      # the built-in labelled corpus
-    python -m pipelines.curate --input rows.jsonl --flip_fraction 0 --output out/
+    python -m pipelines.curate                      # the built-in corpus, 10% of labels flipped
+    python -m pipelines.curate --input rows.jsonl --output out/     # your labels, none flipped
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -60,6 +64,7 @@ from pipelines import curate_report as report
 from pipelines import embed_text_flags as flags
 from pipelines import input_files, labelled_corpus, run_console
 from pipelines import text_rows as tr
+from pipelines.output_dir import Layout, OutputDir, OutputExistsError
 
 __all__ = ["CurateSummary", "parse_args", "run"]
 
@@ -69,11 +74,26 @@ DEFAULT_OUTPUT = "output/curate"
 # by 30 the model has begun to memorise the flipped labels too (0.88).
 DEFAULT_PASSES = 14
 DEFAULT_LEARNING_RATE = 0.05
+# Only on the built-in corpus, whose flips are the ground truth the scores are measured
+# against; a user's own labels are never flipped unless --flip_fraction asks for it.
 DEFAULT_FLIP_FRACTION = 0.1
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_NUM_BUCKETS = 6
 DEFAULT_RUNNER = "FnApiRunner"
-LOG = "_run.log"  # Beam's and the workers' logs, unless --verbose
+# The files of a run, under OUTPUT (and staged under OUTPUT/_unfinished/).
+_FILES = (
+    r"data/records-\d{5}-of-\d{5}\.parquet|data/stats\.json"
+    r"|passes/(params|gradient)-\d{3}\.npz|_failed/(prepare|pass-\d{3}|score)-.+\.jsonl"
+    r"|scores-\d{5}-of-\d{5}\.parquet|summary\.json|curate\.png"
+)
+RECORD = "_curate.json"
+LAYOUT = Layout(
+    published=re.compile(rf"^({_FILES})$"),
+    # failed/*.jsonl and _run.log: where dead letters and the log went before.
+    ours=re.compile(rf"^({_FILES}|{RECORD}|failed/[\w-]+\.jsonl|_run\.log)$"),
+    record=RECORD,
+    resumable=False,  # each stage reads the one before: a rerun starts afresh
+)
 TOP_FRACTION = 0.1  # precision is reported for the top 10% of records by score
 # Records are written in row groups of 256, which the passes spread over the workers.
 _ROWS_PER_TABLE = 256
@@ -86,17 +106,31 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     pipeline the job runs; the runner defaults to the in-process FnApiRunner.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m pipelines.curate",
+        prog=run_console.prog("pipelines.curate", "curate"),
         description="Train a small text classifier by full-batch passes (ReduceKernel), then "
         "score every record with GraNd and EL2N (RunKernel) to find mislabelled records.",
-        epilog="Other flags go to Beam unchanged, for every pipeline run. See docs/curate.md.",
+        epilog="Beam's flags (--runner, --direct_num_workers, --project, ...) pass through, "
+        "for every pipeline run; any other flag is an error. See docs/curate.md.",
+        formatter_class=flags.DefaultsHelpFormatter,
+        allow_abbrev=False,  # a prefix must not take a Beam flag's value
     )
     parser.add_argument(
         "--input",
         help="Parquet or JSON lines with 'id', 'text' and 'label' (a string); default: "
         "standard-library docstring passages labelled by their module",
     )
-    parser.add_argument("--output", default=DEFAULT_OUTPUT, help="output directory")
+    parser.add_argument(
+        "--output",
+        default=DEFAULT_OUTPUT,
+        help="output directory; must be empty, or see --overwrite",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace this job's earlier files in --output once this run succeeds (they are "
+        "kept until then; other files are never touched); also discards another run's "
+        "unfinished files there",
+    )
     parser.add_argument(
         "--classes",
         type=flags.positive_int,
@@ -106,9 +140,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     parser.add_argument(
         "--flip_fraction",
         type=float,
-        default=DEFAULT_FLIP_FRACTION,
         help="each record's label is replaced by another class with this probability, "
-        "decided by a seeded hash of its id (0 for real curation without a ground truth)",
+        "decided by a seeded hash of its id, to measure how well the scores find them "
+        f"(default: {DEFAULT_FLIP_FRACTION} on the built-in corpus; 0 with --input, whose "
+        "labels are taken as they are unless this flag is given)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds the flips and the init")
     parser.add_argument(
@@ -117,7 +152,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         default=DEFAULT_PASSES,
         help="full-batch training steps (one pipeline run each) before the scores are taken",
     )
-    parser.add_argument("--learning_rate", type=float, default=DEFAULT_LEARNING_RATE)
+    parser.add_argument(
+        "--learning_rate",
+        type=float,
+        default=DEFAULT_LEARNING_RATE,
+        help="Adam's learning rate for the full-batch steps",
+    )
     parser.add_argument(
         "--hash_bits", type=flags.positive_int, default=10, help="2**bits embedding rows"
     )
@@ -128,8 +168,18 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         help="token-length bucket boundaries; default: planned from the records' lengths "
         f"(--num_buckets, {DEFAULT_NUM_BUCKETS} by default)",
     )
-    parser.add_argument("--num_buckets", type=flags.positive_int, default=DEFAULT_NUM_BUCKETS)
-    parser.add_argument("--batch_size", type=flags.positive_int, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument(
+        "--num_buckets",
+        type=flags.positive_int,
+        default=DEFAULT_NUM_BUCKETS,
+        help="without --buckets: how many token-length buckets to plan",
+    )
+    parser.add_argument(
+        "--batch_size",
+        type=flags.positive_int,
+        default=DEFAULT_BATCH_SIZE,
+        help="the largest padded batch of records per kernel call",
+    )
     parser.add_argument(
         "--batch_sizes",
         type=flags.int_list,
@@ -140,8 +190,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         help="JAX persistent compilation cache, so each pass loads its compiled shapes; default "
         f"{flags.DEFAULT_CACHE} on the local runners; 'none' turns it off",
     )
-    run_console.add_flags(parser, progress=False)
+    run_console.add_flags(parser)
     args, rest = parser.parse_known_args(argv)
+    flags.reject_unknown_flags(parser, rest)
+    if args.flip_fraction is None:
+        args.flip_fraction = DEFAULT_FLIP_FRACTION if args.input is None else 0.0
     if not 0 <= args.flip_fraction < 1:
         parser.error(f"--flip_fraction must be within [0, 1), got {args.flip_fraction}")
     if not args.learning_rate > 0:
@@ -223,25 +276,17 @@ class CurateSummary:
         )
 
 
-def _remove_previous_outputs(output: str) -> None:
-    # A rerun writes a new set of files; old shards or passes of another count would linger.
-    patterns = [
-        FileSystems.join(output, "data", "*"),
-        FileSystems.join(output, "passes", "*.npz"),
-        FileSystems.join(output, "_failed", "*.jsonl"),
-        FileSystems.join(output, "failed", "*.jsonl"),  # before dead letters moved to _failed/
-        FileSystems.join(output, "scores-*-of-*.parquet"),
-        FileSystems.join(output, "summary.json"),
-        FileSystems.join(output, "curate.png"),
-        FileSystems.join(output, LOG),
-    ]
-    old = [m.path for r in FileSystems.match(patterns) for m in r.metadata_list]
-    if old:
-        FileSystems.delete(old)
+def _job_record(args: argparse.Namespace) -> dict:
+    """What the run computes, for its staging directory's job record."""
+    names = ("input", "classes", "flip_fraction", "seed", "passes", "learning_rate",
+             "hash_bits", "dim", "buckets", "num_buckets", "batch_size", "batch_sizes")  # fmt: skip
+    return {n: getattr(args, n) for n in names}
 
 
-def prepare(args: argparse.Namespace, options: PipelineOptions) -> tuple[dict, dict, tr.IdType]:
-    """One pipeline run: rows checked and tokenized into ``data/records-*.parquet``.
+def prepare(
+    args: argparse.Namespace, options: PipelineOptions, work: str
+) -> tuple[dict, dict, tr.IdType]:
+    """One pipeline run: rows checked and tokenized into ``WORK/data/records-*.parquet``.
 
     Returns:
         The stats (label and length counts), this run's counters, and the id type.
@@ -252,7 +297,7 @@ def prepare(args: argparse.Namespace, options: PipelineOptions) -> tuple[dict, d
         tr.DEAD_LETTERS, main="records"
     )
     schema = data.records_schema(id_type)
-    data_dir = FileSystems.join(args.output, "data")
+    data_dir = FileSystems.join(work, "data")
     _ = (
         records.records
         | "BatchRecords"
@@ -268,7 +313,7 @@ def prepare(args: argparse.Namespace, options: PipelineOptions) -> tuple[dict, d
         | "Stats" >> beam.CombineGlobally(data.RecordStats())
         | "WriteStats" >> beam.Map(data.write_json, FileSystems.join(data_dir, "stats.json"))
     )
-    cp.write_dead_letters(records[tr.DEAD_LETTERS], args.output, "prepare")
+    cp.write_dead_letters(records[tr.DEAD_LETTERS], work, "prepare")
     result = cp.run_pipeline(pipeline)
     stats = data.read_json(FileSystems.join(data_dir, "stats.json"))
     return stats, bj.metric_totals(result, data.METRICS_NAMESPACE), id_type
@@ -309,21 +354,35 @@ def run(argv: Sequence[str] | None = None) -> CurateSummary:
 
     Returns:
         The counts, the loss per pass, and how well each score finds the flipped labels.
+
+    Raises:
+        SystemExit: On an unknown flag or a bad value.
+        pipelines.output_dir.OutputExistsError: If ``--output`` holds files and no
+            ``--overwrite`` was given; nothing is written then.
     """
     started = time.perf_counter()
     args, options = parse_args(argv)
     report.require_matplotlib()
-    _remove_previous_outputs(args.output)
+    output = OutputDir(args.output, layout=LAYOUT)
+    record = _job_record(args)
+    output.prepare(record, overwrite=args.overwrite)
+    work = output.staging
 
-    console = run_console.RunConsole("curate", args, options, args.output, log_name=LOG)
-    with console:  # Beam's and the workers' logs go to OUTPUT/_run.log unless --verbose
-        stats, counters, id_type = prepare(args, options)
+    console = run_console.RunConsole("curate", args, options, output.path, count_progress=False)
+    with console:  # Beam's and the workers' logs go to OUTPUT/_unfinished/run.log
+        stats, counters, id_type = prepare(args, options, work)
         prepared = time.perf_counter()
-        if sum(stats["labels"].values()) == 0:
-            raise ValueError(f"no usable rows; see the dead letters in {args.output}/_failed/")
+        records = sum(stats["labels"].values())
+        dead = sum(v for k, v in counters.items() if k.startswith("dead_letters_"))
+        console.say(
+            f"curate: prepared {records:,} records from {counters.get('rows', 0):,} rows, "
+            f"{dead:,} dead letters, {prepared - started:.1f} s"
+        )
+        if records == 0:
+            raise ValueError(f"no usable rows; see the dead letters in {work}/_failed/")
         classes = tuple(sorted(stats["labels"]))
         job = cp.Job(
-            output=args.output,
+            output=work,
             noise=data.LabelNoise(classes, args.flip_fraction, args.seed),
             bucketing=bj.Bucketing(
                 boundaries={"L": _boundaries(args, stats["lengths"])},
@@ -344,11 +403,17 @@ def run(argv: Sequence[str] | None = None) -> CurateSummary:
             params, state = optimizer.update(grad, state, params)
             cp.save_params(params, job.params_path(step + 1))
             passes.append(stats_t)
-            logging.info("pass %d: loss %.4f, %.1f s", step, stats_t.loss, stats_t.seconds)
+            console.say(
+                f"curate: pass {step + 1}/{args.passes}: loss {stats_t.loss:.4f}, "
+                f"{stats_t.seconds:.1f} s"
+            )
         trained = time.perf_counter()
 
         kernel = cp.score_pass(job, args.passes, id_type.arrow_type)
-    scores, flipped = _evaluate(args.output)
+        console.say(
+            f"curate: scored {kernel.results:,} records, {time.perf_counter() - trained:.1f} s"
+        )
+    scores, flipped = _evaluate(work)
     auroc, precision = {}, {}
     if flipped.any() and not flipped.all():
         for s in cp.SCORES:
@@ -380,8 +445,9 @@ def run(argv: Sequence[str] | None = None) -> CurateSummary:
             "total": finished - started,
         },
     )
-    data.write_json(summary.to_json(), FileSystems.join(args.output, "summary.json"))
-    _plot(summary, scores, flipped, args.output)
+    data.write_json(summary.to_json(), FileSystems.join(work, "summary.json"))
+    _plot(summary, scores, flipped, work)
+    output.publish({"job": record, "summary": str(summary)})
     print(summary, flush=True)
     return summary
 
@@ -407,6 +473,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger().setLevel(logging.WARNING)
     try:
         run(argv)
+    except OutputExistsError as e:  # about the user's files; the message says what to do
+        sys.exit(f"curate: {type(e).__name__}: {e}")
     except Exception as e:
         if run_console.verbose_requested(argv):
             raise

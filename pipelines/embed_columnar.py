@@ -73,7 +73,7 @@ class ReadColumns(beam.DoFn):
 
         if self._inputs.format == "parquet":
             path = self._inputs.files[file_index].path
-            batches = ti.parquet_batches(path, part_rows, wanted)
+            batches = ti.parquet_batches(path, part_rows, wanted, self._inputs.columns)
         else:
             batches = _builtin_batches(self._inputs.builtin_texts, part_rows, wanted)
         try:
@@ -272,6 +272,9 @@ class EmbedTextColumns(EmbedStep):
         bucketing: Token-length buckets and batch sizes.
         model_dir: See ``text_rows.local_model_dir``.
         compilation_cache_dir: JAX's persistent compilation cache, if any.
+        precompile: compile every listed shape in background threads from each worker's
+            start.
+        accelerator: A Beam ``accelerator`` resource hint for the kernel step only.
     """
 
     def __init__(
@@ -282,6 +285,7 @@ class EmbedTextColumns(EmbedStep):
         model_dir: str | None = None,
         compilation_cache_dir: str | None = None,
         precompile: bool = False,
+        accelerator: str | None = None,
     ):
         super().__init__(
             TokenizeColumns(id_type, model_dir),
@@ -295,6 +299,7 @@ class EmbedTextColumns(EmbedStep):
                 precompile=precompile,
             ).with_exception_handling(),
             tokens_type=pa.RecordBatch,
+            accelerator=accelerator,
         )
         self.id_type = id_type
         self.bucketing = bucketing
@@ -345,6 +350,7 @@ def build(
         model_dir=args.model_dir,
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
+        accelerator=args.accelerator,
     )
     results, dead = batches | "EmbedTexts" >> embed
     _ = (

@@ -19,17 +19,34 @@ class EmbedStep(beam.PTransform):
         tokenize: The tokenizing DoFn.
         embed: The kernel transform, e.g. ``bj.RunKernel(...).with_exception_handling()``.
         tokens_type: The tokens' element type, if Beam should be told it.
+        accelerator: A Beam ``accelerator`` resource hint (e.g. Dataflow's
+            ``"type:nvidia-l4;count:1;install-nvidia-driver"``) for the kernel step and its
+            worker start only: reading and tokenizing stay on the runner's default workers.
     """
 
-    def __init__(self, tokenize: beam.DoFn, embed: Any, tokens_type: Any = None):
+    def __init__(
+        self,
+        tokenize: beam.DoFn,
+        embed: Any,
+        tokens_type: Any = None,
+        *,
+        accelerator: str | None = None,
+    ):
         super().__init__()
         self._tokenize = tokenize
         self._embed = embed
         self._tokens_type = tokens_type
+        self.accelerator = accelerator
+
+    def _on_accelerator(self, transform: beam.PTransform) -> beam.PTransform:
+        if self.accelerator:
+            transform = transform.with_resource_hints(accelerator=self.accelerator)
+        return transform
 
     def start_workers(self) -> beam.PTransform:
         """Apply to the pipeline: the model loads and its shapes compile from its start."""
-        return self._embed.start_workers()
+        # On the kernel's own workers, so that it compiles for their accelerator.
+        return self._on_accelerator(self._embed.start_workers())
 
     def start_worker_here(self) -> None:
         """Load the model and start compiling in this process (in-process runners)."""
@@ -44,6 +61,6 @@ class EmbedStep(beam.PTransform):
         if self._tokens_type is not None:
             tokenize = tokenize.with_output_types(self._tokens_type)
         tokens = batches | "Tokenize" >> tokenize.with_outputs(tr.DEAD_LETTERS, main="tokens")
-        results, kernel_dead = tokens.tokens | "Embed" >> self._embed
+        results, kernel_dead = tokens.tokens | "Embed" >> self._on_accelerator(self._embed)
         dead = (tokens[tr.DEAD_LETTERS], kernel_dead) | "AllDeadLetters" >> beam.Flatten()
         return bj.RunKernelResult(results, dead)

@@ -38,9 +38,10 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.options.pipeline_options import DebugOptions, StandardOptions
 
 import beam_jax as bj
-from pipelines import embed_columnar, embed_text_plan, minilm, progress, run_report
+from pipelines import dataflow_job, embed_columnar, embed_text_plan, minilm, progress, run_report
 from pipelines import input_files as inp
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
@@ -69,13 +70,17 @@ __all__ = [
 
 
 class EmbedTexts(EmbedStep):
-    """``RowBatch``es in; ``(key, float32[384])`` results and ``FailedElement``s out.
+    """Sentence embeddings (all-MiniLM-L6-v2 in JAX) as a PTransform, for your own pipeline.
 
+    ``RowBatch``es in; ``(key, float32[384])`` results and ``FailedElement``s out.
+    :meth:`from_pairs` takes ``(id, text)`` pairs instead, as most pipelines have them.
     A row's key is its id, unless the batch gives ``keys`` (this job's are ``(file, row)`` tuples,
     so that each result finds its output part); dead letters carry the same key.
 
     Example:
-        >>> results, dead = batches | EmbedTexts(tr.IdType.from_name("int"))  # doctest: +SKIP
+        >>> pairs = p | beam.Create([(1, "Beam batches records."), (2, "")])  # doctest: +SKIP
+        >>> vectors, failed = pairs | EmbedTexts.from_pairs("int")  # doctest: +SKIP
+        >>> vectors | beam.Map(print)  # (1, array([...], dtype=float32)) # doctest: +SKIP
 
     Args:
         id_type: The type every id must have.
@@ -85,6 +90,9 @@ class EmbedTexts(EmbedStep):
         precompile: compile every listed shape in background threads from each worker's
             start, while it reads and tokenizes (for planned buckets, whose shapes are
             all used; fixed buckets list every power-of-two batch size).
+        accelerator: A Beam ``accelerator`` resource hint (on Dataflow e.g.
+            ``"type:nvidia-l4;count:1;install-nvidia-driver"``) for the embedding kernel
+            only; tokenizing stays on the default workers.
     """
 
     def __init__(
@@ -95,6 +103,7 @@ class EmbedTexts(EmbedStep):
         model_dir: str | None = None,
         compilation_cache_dir: str | None = None,
         precompile: bool = False,
+        accelerator: str | None = None,
     ):
         bucketing = bucketing or bj.Bucketing(
             boundaries={"L": DEFAULT_BUCKETS},
@@ -112,11 +121,49 @@ class EmbedTexts(EmbedStep):
                 compilation_cache_dir=compilation_cache_dir,
                 precompile=precompile,
             ).with_exception_handling(),
+            accelerator=accelerator,
         )
         self.id_type = id_type
         self.bucketing = bucketing
         self.model_dir = model_dir
         self.compilation_cache_dir = compilation_cache_dir
+
+    @classmethod
+    def from_pairs(
+        cls, id_type: str = "int", *, rows_per_batch: int = 256, **kwargs: Any
+    ) -> beam.PTransform:
+        """``(id, text)`` pairs in; ``(id, float32[384])`` results and dead letters out.
+
+        Args:
+            id_type: ``"int"`` or ``"string"``: the type every id must have (a row whose id
+                is not is a dead letter).
+            rows_per_batch: Rows tokenized together (one tokenizer call).
+            **kwargs: As for the constructor (``bucketing``, ``model_dir``,
+                ``compilation_cache_dir``, ``precompile``, ``accelerator``).
+
+        Returns:
+            A transform whose output unpacks as ``results, dead_letters``.
+        """
+        if not isinstance(rows_per_batch, int) or rows_per_batch < 1:
+            raise ValueError(f"rows_per_batch must be a positive int, got {rows_per_batch!r}")
+        return _EmbedPairs(cls(tr.IdType.from_name(id_type), **kwargs), rows_per_batch)
+
+
+class _EmbedPairs(beam.PTransform):
+    """``(id, text)`` pairs batched into ``RowBatch``es, then ``EmbedTexts``."""
+
+    def __init__(self, embed: EmbedTexts, rows_per_batch: int):
+        super().__init__()
+        self._embed = embed
+        self._rows_per_batch = rows_per_batch
+
+    def expand(self, pairs):
+        batches = (
+            pairs
+            | "Batch" >> beam.BatchElements(max_batch_size=self._rows_per_batch)
+            | "RowBatches" >> beam.Map(tr.RowBatch.from_pairs)
+        )
+        return batches | "EmbedTexts" >> self._embed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +288,7 @@ def _build_per_element(
         model_dir=args.model_dir,
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
+        accelerator=args.accelerator,
     )
     results, dead = batches | "EmbedTexts" >> embed
     by_part = functools.partial(tp.by_part, part_rows=args.rows_per_part)
@@ -323,7 +371,25 @@ def _explain_failure(error: Exception, output: OutputDir, parts_reused: int) -> 
     )
 
 
-def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
+def _dry_run(args, options, inputs: inp.Inputs, id_type: tr.IdType, output: OutputDir) -> None:
+    """Builds the job for its runner without running it (Beam's ``--dry_run=True``)."""
+    launch = embed_text_plan.plan_for(args, inputs, embed_text_plan.local_devices(options))
+    print(launch, flush=True)
+    pipeline = beam.Pipeline(options=options)  # validates the options for the runner
+    _build(pipeline, args, inputs, id_type, output.staging, frozenset(), launch)
+    result = pipeline.run()  # DataflowRunner: translated and packaged, not submitted
+    path = options.view_as(DebugOptions).dataflow_job_file
+    if path and hasattr(result, "job"):
+        dataflow_job.write_job_file(dataflow_job.job_description(result), path)
+    print(
+        f"embed_text: dry run: the job was built for {options.view_as(StandardOptions).runner} "
+        f"and not run{f'; its description is in {path}' if path else ''}; nothing was "
+        f"written to {output.path}",
+        flush=True,
+    )
+
+
+def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
     """Runs the job to completion, publishes its output, prints a summary and returns it.
 
     Args:
@@ -331,7 +397,10 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
             flags pass through. ``None`` reads ``sys.argv``.
 
     Returns:
-        The run's counts, padding, compiles and throughput.
+        The run's counts, padding, compiles and throughput; ``None`` with Beam's
+        ``--dry_run=True``, which builds the job for its runner (options validated, the
+        ``--setup_file`` package built) and writes the Dataflow job description to
+        ``--dataflow_job_file``, if given, without running or submitting anything.
 
     Raises:
         SystemExit: On an unknown flag or a bad value.
@@ -350,7 +419,9 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
     if args.input is None:
         inputs = inp.builtin_inputs(args.builtin_texts)
     else:
-        inputs = inp.match_inputs(args.input)
+        inputs = dataclasses.replace(
+            inp.match_inputs(args.input), id_column=args.id_column, text_column=args.text_column
+        )
     id_type = inp.id_type_of(inputs, args.id_type)
     output = OutputDir(args.output)
     job = {
@@ -360,6 +431,8 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary:
         "model_dir": args.model_dir,
         "max_tokenized_chars": tr.MAX_TOKENIZED_CHARS,
     }
+    if dataflow_job.dry_run(options):
+        return _dry_run(args, options, inputs, id_type, output)
     reused = output.prepare(job, overwrite=args.overwrite)
     launch = embed_text_plan.plan_for(args, inputs, embed_text_plan.local_devices(options))
     print(launch, flush=True)

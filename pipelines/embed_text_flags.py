@@ -19,7 +19,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+    TestOptions,
+)
 
 from pipelines import run_console
 
@@ -27,10 +32,12 @@ __all__ = [
     "DEFAULT_BUCKETS",
     "DEFAULT_CACHE",
     "DEFAULT_OUTPUT",
+    "DefaultsHelpFormatter",
     "int_list",
     "is_local",
     "parse_args",
     "positive_int",
+    "reject_unknown_flags",
 ]
 
 # Token-length buckets (counting [CLS] and [SEP]) up to the model's 256-token window.
@@ -102,9 +109,27 @@ def _ratio(text: str) -> float:
     return value
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to a flag's help unless it says its default already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "default" not in text
+            and action.default not in (None, False, argparse.SUPPRESS)
+            and action.option_strings
+        ):
+            default = action.default
+            if isinstance(default, tuple):
+                default = ",".join(map(str, default))
+            text += f" (default: {default})"
+        return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pipelines.embed_text",
+        prog=run_console.prog("pipelines.embed_text", "embed"),
+        formatter_class=DefaultsHelpFormatter,
         description="Embed the 'text' of every row with all-MiniLM-L6-v2 (JAX); write 'id' and "
         "'embedding' to Parquet and failed rows to OUTPUT/_failed/*.jsonl.",
         epilog="Beam's flags (--runner, --project, --region, --temp_location, --setup_file, "
@@ -115,8 +140,9 @@ def _parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add(
         "--input",
-        help="Parquet (*.parquet) or JSON lines (*.jsonl) file or glob with 'id' and 'text'; "
-        "default: the built-in corpus of standard-library docstrings",
+        help="Parquet (*.parquet) or JSON lines (*.jsonl) file or glob with an id and a text "
+        "column (see --id_column, --text_column); default: the built-in corpus of "
+        "standard-library docstrings",
     )
     add("--output", default=DEFAULT_OUTPUT, help="output directory; must be empty, or see "
         "--overwrite")  # fmt: skip
@@ -150,9 +176,10 @@ def _parser() -> argparse.ArgumentParser:
         "--buckets",
         type=_buckets,
         default="auto",
-        help="token-length bucket boundaries, with [CLS]/[SEP]; the last must be >= 256 "
-        f"(e.g. {','.join(map(str, DEFAULT_BUCKETS))}); 'auto' (default) plans boundaries "
-        "and batch sizes at launch from the token lengths of a sample of the input",
+        help="token-length bucket boundaries, with [CLS]/[SEP]; the last must be between 256 "
+        "(the longest text after truncation) and 512 (the model's position table) (e.g. "
+        f"{','.join(map(str, DEFAULT_BUCKETS))}); 'auto' (default) plans boundaries and batch "
+        "sizes at launch from the token lengths of a sample of the input",
     )
     add(
         "--compile_budget",
@@ -176,7 +203,13 @@ def _parser() -> argparse.ArgumentParser:
         "shape is added only if it saves more padded tokens over the whole input (default "
         f"{DEFAULT_SHAPE_COST:g}, about one compile on CPU; 0 spends the whole budget)",
     )
-    add("--batch_size", type=positive_int, default=DEFAULT_BATCH_SIZE)
+    add(
+        "--batch_size",
+        type=positive_int,
+        default=DEFAULT_BATCH_SIZE,
+        help="the largest padded batch of texts per kernel call (long buckets get fewer: see "
+        "--max_tokens_per_batch)",
+    )
     add(
         "--max_tokens_per_batch",
         type=positive_int,
@@ -197,6 +230,17 @@ def _parser() -> argparse.ArgumentParser:
         "record batches through RunKernelOnArrow); the output is the same",
     )
     add(
+        "--id_column",
+        default="id",
+        help="the input's column (Parquet) or field (JSON lines) holding each row's id; the "
+        "output names it 'id'",
+    )
+    add(
+        "--text_column",
+        default="text",
+        help="the input's column (Parquet) or field (JSON lines) holding each row's text",
+    )
+    add(
         "--id_type",
         choices=("auto", "int", "string"),
         default="auto",
@@ -213,6 +257,13 @@ def _parser() -> argparse.ArgumentParser:
         help="JAX persistent compilation cache (local or gs://), so a rerun or a new worker "
         f"loads its compiled shapes instead of compiling them; default {DEFAULT_CACHE} on "
         "the local runners, none elsewhere; 'none' turns it off",
+    )
+    add(
+        "--accelerator",
+        help="a Beam resource hint for the embedding kernel only (its worker start "
+        "included), e.g. 'type:nvidia-l4;count:1;install-nvidia-driver' on Dataflow: reading, "
+        "tokenizing and writing keep the default workers (Beam's --resource_hints would put "
+        "every step on the accelerator); default: none",
     )
     run_console.add_flags(parser)
     return parser
@@ -234,6 +285,25 @@ def _unknown_flags(rest: Sequence[str]) -> list[str]:
     return bad
 
 
+def reject_unknown_flags(parser: argparse.ArgumentParser, rest: Sequence[str]) -> None:
+    """Exits through ``parser.error`` if ``rest`` (what ``parse_known_args`` left) holds a
+    flag that neither ``parser`` nor Beam's ``PipelineOptions`` knows, suggesting the
+    closest of ``parser``'s flags.
+
+    Raises:
+        SystemExit: On such a flag (after printing the usage and the reason).
+    """
+    unknown = _unknown_flags(rest)
+    if unknown:
+        ours = [a for action in parser._actions for a in action.option_strings]
+        hints = {u: difflib.get_close_matches(u, ours, n=1, cutoff=0.6) for u in unknown}
+        hint = "; ".join(f"did you mean {h[0]} for {u}?" for u, h in hints.items() if h)
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)} (neither this job's flags nor "
+            f"Beam's PipelineOptions have them){'; ' + hint if hint else ''}"
+        )
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PipelineOptions]:
     """Splits ``argv`` into this job's flags and Beam's ``PipelineOptions``.
 
@@ -247,14 +317,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     """
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
-    unknown = _unknown_flags(rest)
-    if unknown:
-        ours = [a for action in parser._actions for a in action.option_strings]
-        hints = {u: difflib.get_close_matches(u, ours, n=1, cutoff=0.6) for u in unknown}
-        hint = "; ".join(f"did you mean {h[0]} for {u}?" for u, h in hints.items() if h)
+    reject_unknown_flags(parser, rest)
+    if not args.id_column or not args.text_column or args.id_column == args.text_column:
         parser.error(
-            f"unrecognized arguments: {' '.join(unknown)} (neither this job's flags nor "
-            f"Beam's PipelineOptions have them){'; ' + hint if hint else ''}"
+            f"--id_column and --text_column must be two different names, got "
+            f"{args.id_column!r} and {args.text_column!r}"
         )
     top = 256 if args.buckets == "auto" else max(args.buckets)
     if top < 256 or top > 512:
@@ -265,6 +332,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     options = PipelineOptions(rest)
     if options.view_as(StandardOptions).runner is None:
         options.view_as(StandardOptions).runner = DEFAULT_RUNNER
+    runner = options.view_as(StandardOptions).runner
+    if options.view_as(TestOptions).dry_run and "DataflowRunner" not in str(runner):
+        # Other runners ignore the flag and would run the whole job.
+        parser.error(f"--dry_run builds the job without running it only with --runner "
+                     f"DataflowRunner, got --runner {runner}")  # fmt: skip
     if args.compilation_cache_dir is None and is_local(options.view_as(StandardOptions).runner):
         args.compilation_cache_dir = os.path.expanduser(DEFAULT_CACHE)
     elif args.compilation_cache_dir in ("none", ""):

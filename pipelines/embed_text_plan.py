@@ -110,9 +110,11 @@ def sample_texts(inputs: inp.Inputs, n: int) -> tuple[list[str], int]:
         want = min(per_file, n - len(texts)) if len(texts) < n else 0
         try:
             if inputs.format == "parquet":
-                got, count = _parquet_sample(file.path, want, count=i < _MAX_FOOTERS)
+                got, count = _parquet_sample(
+                    file.path, want, count=i < _MAX_FOOTERS, column=inputs.text_column
+                )
             else:
-                got, count = _json_lines_sample(file, want)
+                got, count = _json_lines_sample(file, want, inputs.columns)
         except Exception:  # noqa: BLE001, S112 - the job reads it again and names the fault
             continue
         texts.extend(got)
@@ -125,14 +127,16 @@ def sample_texts(inputs: inp.Inputs, n: int) -> tuple[list[str], int]:
     return texts, max(total, len(texts))
 
 
-def _parquet_sample(path: str, want: int, *, count: bool) -> tuple[list[str], int | None]:
+def _parquet_sample(
+    path: str, want: int, *, count: bool, column: str = "text"
+) -> tuple[list[str], int | None]:
     with inp.open_file(path, CompressionTypes.UNCOMPRESSED) as f:
         parquet = pq.ParquetFile(f)
         texts: list[str] = []
-        if want and "text" in parquet.schema_arrow.names:
-            for batch in parquet.iter_batches(batch_size=min(want, 8192), columns=["text"]):
+        if want and column in parquet.schema_arrow.names:
+            for batch in parquet.iter_batches(batch_size=min(want, 8192), columns=[column]):
                 try:
-                    values = batch.column("text").to_pylist()
+                    values = batch.column(column).to_pylist()
                 except UnicodeDecodeError:
                     values = []  # invalid UTF-8: those rows are dead letters in the job
                 texts.extend(v for v in values if isinstance(v, str))
@@ -141,14 +145,16 @@ def _parquet_sample(path: str, want: int, *, count: bool) -> tuple[list[str], in
         return texts[:want], parquet.metadata.num_rows if count else None
 
 
-def _json_lines_sample(file: inp.InputFile, want: int) -> tuple[list[str], int | None]:
+def _json_lines_sample(
+    file: inp.InputFile, want: int, columns: tuple[str, str] = ("id", "text")
+) -> tuple[list[str], int | None]:
     texts: list[str] = []
     lines = read = 0
     with inp.open_lines(file.path) as f:
         for line in _lines(f, want):
             lines += 1
             read += len(line)
-            _, text, problem = tr.parse_json_line(line.removeprefix(inp.BOM))
+            _, text, problem = tr.parse_json_line(line.removeprefix(inp.BOM), *columns)
             if problem is None and isinstance(text, str):
                 texts.append(text)
     compressed = file.path.lower().endswith((".gz", ".bz2", ".zst", ".deflate", ".xz"))

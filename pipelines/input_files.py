@@ -107,6 +107,22 @@ class Inputs:
     format: str  # "parquet", "jsonl" or "builtin"
     files: tuple[InputFile, ...]
     builtin_texts: int | None = None
+    # The input's column (Parquet) or field (JSON lines) names of each row's id and text;
+    # readers hand rows on as "id" and "text", the names the output keeps.
+    id_column: str = "id"
+    text_column: str = "text"
+
+    def __post_init__(self):
+        if not self.id_column or not self.text_column or self.id_column == self.text_column:
+            raise ValueError(
+                f"the id and text columns must be two different names, got "
+                f"{self.id_column!r} and {self.text_column!r}"
+            )
+
+    @property
+    def columns(self) -> tuple[str, str]:
+        """``(id column, text column)`` in the input files."""
+        return self.id_column, self.text_column
 
     def describe(self) -> dict[str, Any]:
         """For the job record: a rerun resumes only if this is unchanged."""
@@ -114,6 +130,7 @@ class Inputs:
             "format": self.format,
             "builtin_texts": self.builtin_texts,
             "files": [[f.path, f.size, f.mtime] for f in self.files],
+            "columns": list(self.columns),
         }
 
 
@@ -173,18 +190,19 @@ def id_type_of(inputs: Inputs, name: str = "auto") -> tr.IdType:
         except Exception as e:  # noqa: BLE001 - its reading will dead-letter it; try the next
             problems.append(f"{file.path} cannot be read ({type(e).__name__}: {e})")
             continue
-        missing = [c for c in ("id", "text") if c not in schema.names]
+        missing = [c for c in inputs.columns if c not in schema.names]
         if missing:
             problems.append(f"{file.path} has no column {missing}; it has {schema.names}")
             continue
         try:
-            return tr.IdType(schema.field("id").type)
+            return tr.IdType(schema.field(inputs.id_column).type)
         except ValueError as e:  # a float id column: this file's rows will say so
             problems.append(f"{file.path}: {e}")
     shown = "; ".join(problems[:5]) + (f"; {len(problems) - 5} more" if problems[5:] else "")
     raise ValueError(
-        f"no input file has both columns 'id' and 'text' with a usable id type: {shown}. The "
-        "input needs a string column 'text' and an integer or string column 'id'"
+        f"no input file has both columns {inputs.id_column!r} and {inputs.text_column!r} with "
+        f"a usable id type: {shown}. The input needs a string column {inputs.text_column!r} "
+        f"and an integer or string column {inputs.id_column!r} (--id_column, --text_column)"
     )
 
 
@@ -196,7 +214,7 @@ def _id_type_of_json_lines(inputs: Inputs) -> tr.IdType:
                     line = f.readline()
                     if not line:
                         break
-                    row = tr.parse_json_line(line.removeprefix(BOM))
+                    row = tr.parse_json_line(line.removeprefix(BOM), *inputs.columns)
                     if isinstance(row[0], str):
                         return tr.IdType(pa.string())
                     if isinstance(row[0], int) and not isinstance(row[0], bool):

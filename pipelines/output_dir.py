@@ -9,6 +9,11 @@ in ``_unfinished/`` and does only the rest. Every path goes through Beam's
 Publishing is restartable: the list of files to move is written first
 (``_unfinished/_publishing.json``), so a publish cut short is finished by the next run.
 
+Each job says which files are its own (:class:`Layout`): the ones it publishes, and the
+earlier ones a successful ``--overwrite`` run replaces; every other file in ``OUTPUT`` is
+left alone. ``pipelines.embed_text`` resumes from staged parts; ``pipelines.curate``, whose
+stages depend on each other, starts its staging afresh.
+
 Example:
     >>> OutputDir("out/").staging
     'out/_unfinished'
@@ -24,9 +29,9 @@ from typing import Any
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.text_parts import DEAD_LETTER_DIR, EMBEDDINGS, FAILED, write_atomically
+from pipelines.text_parts import EMBEDDINGS, FAILED, write_atomically
 
-__all__ = ["OutputDir", "OutputExistsError"]
+__all__ = ["EMBED_TEXT", "Layout", "OutputDir", "OutputExistsError"]
 
 STAGING = "_unfinished"
 JOB = "_job.json"
@@ -34,9 +39,37 @@ PUBLISHING = "_publishing.json"
 RECORD = "_embed_text.json"
 METRICS = "_metrics.json"  # written by pipelines.run_report after publishing
 DEAD_LETTERS = "dead_letters.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Which files in a job's output directory are the job's.
+
+    Attributes:
+        published: Staged files (relative to the staging directory) that publishing moves
+            into the output directory.
+        ours: Files in the output directory that the job wrote; a successful run replaces
+            those it did not write again, and leaves every other file alone.
+        record: The file, written last, that records the published run.
+        resumable: Whether a rerun of the same job keeps the staged files (and resumes from
+            them); otherwise they are discarded.
+    """
+
+    published: re.Pattern
+    ours: re.Pattern
+    record: str
+    resumable: bool
+
+
 # failed/...: where dead letters were published before they moved to _failed/.
-_OURS = re.compile(
-    rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}|failed/failed-.+\.jsonl|{RECORD}|{METRICS})$"
+EMBED_TEXT = Layout(
+    published=re.compile(rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]})$"),
+    ours=re.compile(
+        rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}|failed/failed-.+\.jsonl"
+        rf"|{RECORD}|{METRICS})$"
+    ),
+    record=RECORD,
+    resumable=True,
 )
 
 
@@ -49,15 +82,17 @@ class OutputExistsError(FileExistsError):
     """
 
 
-def _is_ours(name: str) -> bool:
-    return bool(_OURS.match(name))
-
-
 @dataclasses.dataclass(frozen=True)
 class OutputDir:
-    """``path``, where a job's finished output goes, and its staging directory."""
+    """``path``, where a job's finished output goes, and its staging directory.
+
+    Attributes:
+        path: The output directory (local or e.g. ``gs://``).
+        layout: Which files are the job's; ``pipelines.embed_text``'s by default.
+    """
 
     path: str
+    layout: Layout = EMBED_TEXT
 
     def __post_init__(self):
         object.__setattr__(self, "path", self.path.rstrip("/") or "/")
@@ -92,9 +127,9 @@ class OutputDir:
         staged = self._list(self.staging)
         if staged:
             earlier = self._read_json(f"{self.staging}/{JOB}")
-            if earlier == job:
+            if earlier == job and self.layout.resumable:
                 return [n for n in staged if EMBEDDINGS.match(n)]
-            if not overwrite:
+            if earlier != job and not overwrite:
                 raise OutputExistsError(
                     f"{self.staging} holds the unfinished parts of another job "
                     f"({_difference(earlier, job)}); pass --overwrite to discard them, or "
@@ -110,7 +145,7 @@ class OutputDir:
         Returns:
             The published files, relative to ``path``.
         """
-        new = sorted(n for n in self._list(self.staging) if EMBEDDINGS.match(n) or FAILED.match(n))
+        new = sorted(n for n in self._list(self.staging) if self.layout.published.match(n))
         plan = {"files": new, "record": record}
         write_atomically(f"{self.staging}/{PUBLISHING}", json.dumps(plan).encode())
         return self._finish_publishing()
@@ -118,15 +153,15 @@ class OutputDir:
     def _finish_publishing(self) -> list[str]:
         plan = self._read_json(f"{self.staging}/{PUBLISHING}")
         new = set(plan["files"])
-        record = f"{self.path}/{RECORD}"
+        record = f"{self.path}/{self.layout.record}"
         if FileSystems.exists(record):
             FileSystems.delete([record])  # no record: the directory is between two outputs
         staged = set(self._list(self.staging)) & new
-        failed = f"{self.path}/{DEAD_LETTER_DIR}"
-        has_failed = any(n.startswith(f"{DEAD_LETTER_DIR}/") for n in staged)
-        if has_failed and not FileSystems.exists(failed):
-            FileSystems.mkdirs(failed)  # a local rename needs it; a bucket has no directories
         moves = sorted(staged)
+        # A local rename needs the directories; a bucket has none.
+        for folder in sorted({n.rsplit("/", 1)[0] for n in moves if "/" in n}):
+            if not FileSystems.exists(f"{self.path}/{folder}"):
+                FileSystems.mkdirs(f"{self.path}/{folder}")
         if moves:
             FileSystems.rename(
                 [f"{self.staging}/{n}" for n in moves], [f"{self.path}/{n}" for n in moves]
@@ -134,7 +169,7 @@ class OutputDir:
         old = [
             n
             for n in self._list(self.path)
-            if not n.startswith(f"{STAGING}/") and _is_ours(n) and n not in new
+            if not n.startswith(f"{STAGING}/") and self.layout.ours.match(n) and n not in new
         ]
         if old:
             FileSystems.delete([f"{self.path}/{n}" for n in old])

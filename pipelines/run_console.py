@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from pipelines import progress
 
-__all__ = ["RunConsole", "add_flags", "failure_line", "verbose_requested"]
+__all__ = ["RunConsole", "add_flags", "failure_line", "prog", "verbose_requested"]
 
 LOG_NAME = "run.log"
 _QUIET_LOGGERS = ("apache_beam", "jax", "absl")
@@ -61,6 +61,13 @@ def add_flags(parser: argparse.ArgumentParser, *, progress: bool = True) -> None
     )
 
 
+def prog(module: str, command: str) -> str:
+    """The name a pipeline's usage line shows: ``beam-jax COMMAND`` when the ``beam-jax``
+    console script runs it, else ``python -m MODULE``."""
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return f"beam-jax {command}" if script == "beam-jax" else f"python -m {module}"
+
+
 def verbose_requested(argv: list[str] | None) -> bool:
     return "--verbose" in (sys.argv[1:] if argv is None else argv)
 
@@ -74,6 +81,8 @@ class RunConsole:
         options: Beam's options (the runner decides whether the run is local).
         output: The job's output directory; a local one holds the log.
         log_name: The log's path under ``output``.
+        count_progress: Whether workers count records for a progress line (a job of one
+            pipeline); a job of several stages prints a line per stage with ``say``.
     """
 
     def __init__(
@@ -83,6 +92,8 @@ class RunConsole:
         options: PipelineOptions,
         output: str,
         log_name: str = f"_unfinished/{LOG_NAME}",
+        *,
+        count_progress: bool = True,
     ):
         from pipelines.embed_text_flags import is_local  # it imports this module's flags
 
@@ -90,11 +101,13 @@ class RunConsole:
         self.verbose = bool(getattr(args, "verbose", False))
         self.local = is_local(options.view_as(StandardOptions).runner)
         self.seconds = float(getattr(args, "progress_seconds", 2.0))
+        self.show_progress = self.local and bool(getattr(args, "progress", False))
         self.progress_dir = (
             tempfile.mkdtemp(prefix=f"{name}-progress-")
-            if self.local and getattr(args, "progress", False)
+            if self.show_progress and count_progress
             else None
         )
+        self.terminal: Any = sys.stderr
         self.log_path = None
         if self.local and not self.verbose:
             if "://" in output:
@@ -129,17 +142,29 @@ class RunConsole:
             terminal = os.fdopen(os.dup(self._saved_fd), "w", buffering=1)
             for name in _QUIET_LOGGERS:  # the file gets Beam's INFO lines, the terminal not
                 logging.getLogger(name).setLevel(self._levels.get(name, logging.NOTSET))
+        self.terminal = terminal
         if self.progress_dir is not None:
             self.printer = progress.ProgressPrinter(
                 self.name, self.progress_dir, terminal, self.seconds
             ).start()
         return self
 
+    def say(self, line: str) -> None:
+        """Prints ``line`` on the terminal (not into the log), unless progress is off."""
+        if not self.show_progress:
+            return
+        try:
+            self.terminal.write(f"{line}\n")
+            self.terminal.flush()
+        except (OSError, ValueError):
+            pass  # the terminal went away; the run goes on
+
     def __exit__(self, kind, error, tb) -> None:
         if self.printer is not None:
             self.printer.stop()
-            if self.printer.stream is not sys.stderr:
-                self.printer.stream.close()
+        if self.terminal is not sys.stderr:
+            self.terminal.close()
+        self.terminal = sys.stderr
         if error is not None and self.log_path is not None:
             with open(self.log_path, "a") as f:
                 f.write(f"\n{time.strftime('%Y-%m-%d %H:%M:%S')} {self.name} failed:\n")

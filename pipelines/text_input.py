@@ -113,9 +113,12 @@ class ReadRows(beam.DoFn):
         path = self._inputs.files[file_index].path
         wanted, part_rows = self._wanted(file_index), self._part_rows
         if self._inputs.format == "parquet":
-            slabs = (_arrow_slab(*b) for b in parquet_batches(path, part_rows, wanted))
+            slabs = (
+                _arrow_slab(*b)
+                for b in parquet_batches(path, part_rows, wanted, self._inputs.columns)
+            )
         elif self._inputs.format == "jsonl":
-            slabs = _grouped(_json_lines(path, wanted), part_rows)
+            slabs = _grouped(_json_lines(path, wanted, self._inputs.columns), part_rows)
         else:
             slabs = _grouped(_builtin(self._inputs.builtin_texts, wanted), part_rows)
         try:
@@ -140,10 +143,14 @@ class ReadRows(beam.DoFn):
 
 
 def parquet_batches(
-    path: str, part_rows: int, wanted: Callable[[int], bool]
+    path: str,
+    part_rows: int,
+    wanted: Callable[[int], bool],
+    columns: tuple[str, str] = ("id", "text"),
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """``(first row's position, record batch of id and text)``: a file's wanted rows, in
-    batches of at most 1,024 rows of one part each.
+    batches of at most 1,024 rows of one part each. ``columns`` are the file's id and text
+    columns, renamed ``id`` and ``text``.
 
     Raises:
         FileFault: The file cannot be read (on or after the rows already yielded).
@@ -153,14 +160,17 @@ def parquet_batches(
         with open_file(path, CompressionTypes.UNCOMPRESSED) as f:
             parquet = pq.ParquetFile(f)
             names = parquet.schema_arrow.names
-            missing = [c for c in ("id", "text") if c not in names]
+            missing = [c for c in columns if c not in names]
             if missing:
                 raise ValueError(
                     f"has no column {missing}; it has {names}. Every file needs a string "
-                    "column 'text' and an integer or string column 'id'"
+                    f"column {columns[1]!r} and an integer or string column {columns[0]!r}"
                 )
             batch_rows = min(ROWS_PER_BATCH, part_rows)
-            for batch in parquet.iter_batches(batch_size=batch_rows, columns=["id", "text"]):
+            for read in parquet.iter_batches(batch_size=batch_rows, columns=list(columns)):
+                batch = pa.RecordBatch.from_arrays(
+                    [read.column(columns[0]), read.column(columns[1])], names=["id", "text"]
+                )
                 # Cut at part boundaries, so each slab lies in one part.
                 offset = 0
                 while offset < batch.num_rows:
@@ -203,7 +213,9 @@ def python_values(column: pa.Array, what: str) -> tuple[list[Any], list[str | No
     return values, problems
 
 
-def _json_lines(path: str, wanted: Callable[[int], bool]) -> Iterator[_Row]:
+def _json_lines(
+    path: str, wanted: Callable[[int], bool], columns: tuple[str, str] = ("id", "text")
+) -> Iterator[_Row]:
     position = 0
     try:
         with open_lines(path) as f:
@@ -211,7 +223,7 @@ def _json_lines(path: str, wanted: Callable[[int], bool]) -> Iterator[_Row]:
                 if position == 0:
                     line = line.removeprefix(BOM)  # some editors write one; it is not JSON
                 if line.strip() and wanted(position):
-                    yield (position, *tr.parse_json_line(line))
+                    yield (position, *tr.parse_json_line(line, *columns))
                 position += 1  # lines read: where a fault in the next one is reported
     except Exception as e:  # noqa: BLE001 - a file's fault ends that file, named
         raise FileFault(position, e) from e

@@ -175,10 +175,12 @@ class IdType:
         return unicode_problem(value, "id") if isinstance(value, str) else None
 
 
-def parse_json_line(line: str | bytes) -> tuple[Any, Any, str | None]:
+def parse_json_line(
+    line: str | bytes, id_field: str = "id", text_field: str = "text"
+) -> tuple[Any, Any, str | None]:
     """One JSON line as ``(id, text, problem)``; ``problem`` says why the row is unusable.
 
-    A line that is not UTF-8, not JSON, not an object, or has no ``text`` field has a
+    A line that is not UTF-8, not JSON, not an object, or has no ``text_field`` has a
     problem (and its id, when one can be read). Checking the id and the text's type is
     :class:`Tokenize`'s.
     """
@@ -188,7 +190,7 @@ def parse_json_line(line: str | bytes) -> tuple[Any, Any, str | None]:
         except UnicodeDecodeError as e:
             # Read the id past the bad bytes, so the dead letter can name the row.
             row = _loads(line.decode("utf-8", errors="replace"))
-            key = row.get("id") if isinstance(row, dict) else None
+            key = row.get(id_field) if isinstance(row, dict) else None
             bad = line[max(0, e.start - 20) : e.end + 20]
             return (
                 key,
@@ -204,9 +206,13 @@ def parse_json_line(line: str | bytes) -> tuple[Any, Any, str | None]:
         return None, None, f"the line is not valid JSON ({e}): {_short(line, 200)}"
     if not isinstance(row, dict):
         return None, None, f"the line holds a JSON {type(row).__name__}, not an object"
-    if "text" not in row:
-        return row.get("id"), None, "the line has no 'text' field; every row needs a string 'text'"
-    return row.get("id"), row["text"], None
+    if text_field not in row:
+        return (
+            row.get(id_field),
+            None,
+            f"the line has no {text_field!r} field; every row needs a string {text_field!r}",
+        )
+    return row.get(id_field), row[text_field], None
 
 
 def _loads(text: str) -> Any:

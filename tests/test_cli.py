@@ -215,6 +215,15 @@ def test_a_run_s_metrics_file_feeds_the_report_and_its_plot(tmp_path, capsys):
     )
     with pytest.raises(SystemExit, match="not a run's metrics file"):
         cli.main(["report", str(out / "_embed_text.json")])
+    assert "none" not in [t.get_text() for t in fig.axes[4].texts]
+
+    # A run without dead letters: the panel says so, as the text report does.
+    clean = json.loads(json.dumps(record))
+    clean["summary"]["dead_letters_by_stage"] = {s: 0 for s in stages}
+    clean["summary"]["dead_letters"] = 0
+    fig = report.plot_report(clean, str(tmp_path / "clean.png"))
+    assert [t.get_text() for t in fig.axes[4].texts] == ["none"]
+    assert report.render(clean).endswith("dead letters by stage:\n  none")
 
 
 def test_beam_jax_help_prints_no_warning():
@@ -222,3 +231,54 @@ def test_beam_jax_help_prints_no_warning():
                           capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
     assert done.returncode == 0 and "plan" in done.stdout
     assert done.stderr == "", done.stderr
+
+
+def test_plan_warns_of_values_over_max_size_and_prints_lines_to_paste(tmp_path, capsys):
+    lengths = np.array([5, 9, 30, 64, 70, 200, 300], np.int64)
+    values = pa.array([np.zeros(n, np.int32) for n in lengths], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"tokens": values}), tmp_path / "a.parquet")
+    argv = ["plan", "--input", str(tmp_path / "a.parquet"), "--column", "tokens",
+            "--max-buckets", "3", "--max-size", "64"]  # fmt: skip
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "warning: 3 of 7 values (42.9%) are longer than --max-size 64" in captured.err
+    best = bj.plan_boundaries(np.minimum(lengths, 64), 3, max_size=64)
+    flag = f"--buckets {','.join(map(str, best))}"
+    assert flag in captured.out
+    python = f'bj.Bucketing(boundaries={{"L": {tuple(best)!r}}})'
+    assert python in captured.out
+    bucketing = eval(python, {"bj": bj})  # the pasted line is valid Python
+    assert bucketing.boundaries["L"] == tuple(best)
+    got = _plan_json(capsys, *argv[1:])
+    assert got["over_max_size"] == 3 and got["paste"]["flag"] == flag
+    # Nothing over: no warning.
+    assert cli.main(argv[:-1] + ["300"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_every_flag_of_every_command_has_help(capsys):
+    from pipelines import curate, embed_text_flags
+
+    parsers = [embed_text_flags._parser()]
+    with pytest.raises(SystemExit):
+        curate.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "(default: " in out and "--flip_fraction" in out
+    top = cli._parser()
+    for action in top._subparsers._group_actions[0].choices.values():
+        parsers.append(action)
+    for parser in parsers:
+        for action in parser._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"{parser.prog} {action.option_strings} has no help"
+
+
+def test_embed_help_names_the_command_it_was_run_as(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["/usr/local/bin/beam-jax", "embed", "--help"])
+    with pytest.raises(SystemExit):
+        cli.main(["embed", "--help"])
+    assert capsys.readouterr().out.startswith("usage: beam-jax embed")
+    monkeypatch.setattr("sys.argv", ["/usr/local/bin/beam-jax", "curate", "--help"])
+    with pytest.raises(SystemExit):
+        cli.main(["curate", "--help"])
+    assert capsys.readouterr().out.startswith("usage: beam-jax curate")

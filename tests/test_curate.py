@@ -162,6 +162,12 @@ def test_flags():
     args, options = curate.parse_args([])
     assert args.input is None and args.passes == curate.DEFAULT_PASSES
     assert args.flip_fraction == 0.1 and args.classes == labelled_corpus.DEFAULT_CLASSES
+    # A user's own labels are flipped only when asked.
+    assert curate.parse_args(["--input", "rows.jsonl"])[0].flip_fraction == 0.0
+    assert (
+        curate.parse_args(["--input", "rows.jsonl", "--flip_fraction", "0.2"])[0].flip_fraction
+        == 0.2
+    )
     assert options.view_as(StandardOptions).runner == "FnApiRunner"
     args, options = curate.parse_args(["--runner", "DataflowRunner", "--passes", "3"])
     assert args.compilation_cache_dir is None and args.passes == 3
@@ -312,3 +318,109 @@ def test_bad_rows_are_dead_lettered(tmp_path):
     assert summary.flipped == 0 and summary.auroc == {}  # nothing to find without flips
     table = pq.read_table(glob.glob(str(out / "scores-*.parquet"))[0])
     assert table.schema.field("id").type == pa.string() and table.num_rows == len(good)
+
+
+# ---------------------------------------------------------------- a user's own data
+
+
+def _labelled_rows(path: pathlib.Path, n: int = 60) -> pathlib.Path:
+    _, rows = labelled_corpus.labelled_passages(3)
+    lines = [json.dumps({"id": f"r{i}", "text": t, "label": lab}) for i, t, lab in rows[:n]]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _files(directory: pathlib.Path) -> dict[str, bytes]:
+    return {
+        str(f.relative_to(directory)): f.read_bytes() for f in directory.rglob("*") if f.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def own_data_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("own")
+    rows = _labelled_rows(tmp / "rows.jsonl")
+    out = tmp / "out"
+    summary = curate.run(["--input", str(rows), "--output", str(out), "--passes", "1"])
+    return rows, out, summary
+
+
+def test_a_users_labels_are_not_flipped_without_the_flag(own_data_run):
+    _, out, summary = own_data_run
+    assert summary.records == 60 and summary.flipped == 0 and summary.auroc == {}
+    table = pa.concat_tables(pq.read_table(f) for f in sorted(out.glob("scores-*.parquet")))
+    t = table.to_pydict()
+    assert t["label"] == t["true_label"] and not any(t["flipped"])
+    assert json.loads((out / "_curate.json").read_text())["job"]["flip_fraction"] == 0.0
+
+
+def test_the_run_is_published_whole_and_nothing_stays_staged(own_data_run):
+    _, out, _ = own_data_run
+    names = set(_files(out))
+    assert not any(n.startswith("_unfinished") for n in names), names
+    assert {"summary.json", "curate.png", "_curate.json", "data/stats.json"} <= names
+    assert any(n.startswith("passes/params-001") for n in names), names
+
+
+def test_a_second_run_into_a_full_output_is_refused_and_leaves_it_intact(own_data_run):
+    rows, out, _ = own_data_run
+    before = _files(out)
+    with pytest.raises(curate.OutputExistsError, match="--overwrite"):
+        curate.run(["--input", str(rows), "--output", str(out), "--passes", "2"])
+    assert _files(out) == before
+
+
+def test_the_command_line_says_why_a_second_run_is_refused(own_data_run, capsys):
+    rows, out, _ = own_data_run
+    with pytest.raises(SystemExit, match="OutputExistsError.*--overwrite"):
+        curate.main(["--input", str(rows), "--output", str(out)])
+
+
+def test_overwrite_replaces_this_jobs_files_only(tmp_path):
+    rows = _labelled_rows(tmp_path / "rows.jsonl", n=45)
+    out = tmp_path / "out"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "notes.txt").write_text("a user's file")  # not the job's: kept
+    (out / "passes").mkdir()
+    (out / "passes" / "params-009.npz").write_bytes(b"an earlier run's pass")  # the job's
+    summary = curate.run(
+        ["--input", str(rows), "--output", str(out), "--passes", "1", "--overwrite"]
+    )
+    assert summary.records == 45
+    files = _files(out)
+    assert files["data/notes.txt"] == b"a user's file"
+    assert "passes/params-009.npz" not in files and "passes/params-001.npz" in files
+
+
+@pytest.mark.parametrize(
+    "flag, hint",
+    [
+        ("--flip_fractoin", "--flip_fraction"),
+        ("--overwrit", "--overwrite"),
+        ("--pases", "--passes"),
+    ],
+)
+def test_a_misspelled_flag_is_an_error_with_a_suggestion(tmp_path, capsys, flag, hint):
+    argv = ["--output", str(tmp_path / "out"), flag, "1"]
+    with pytest.raises(SystemExit):
+        curate.run(argv)
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err and f"did you mean {hint}" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_beam_flags_still_pass_through():
+    _, options = curate.parse_args(["--direct_num_workers", "2", "--runner", "DirectRunner"])
+    assert options.get_all_options()["direct_num_workers"] == 2
+
+
+def test_progress_is_a_line_per_stage(tmp_path, capfd):
+    rows = _labelled_rows(tmp_path / "rows.jsonl", n=30)
+    curate.run(["--input", str(rows), "--output", str(tmp_path / "out"), "--passes", "2"])
+    err = capfd.readouterr().err
+    assert "curate: prepared 30 records from 30 rows" in err, err
+    assert "curate: pass 1/2: loss" in err and "curate: pass 2/2: loss" in err, err
+    assert "curate: scored 30 records" in err, err
+    quiet = ["--input", str(rows), "--output", str(tmp_path / "q"), "--passes", "1"]
+    curate.run([*quiet, "--no-progress"])
+    assert "curate: pass" not in capfd.readouterr().err

@@ -77,3 +77,15 @@ def test_images_run_as_a_non_root_user(name):
 @pytest.mark.parametrize("name", DOCKERFILES)
 def test_images_check_the_model_files_against_the_manifest(name):
     assert "minilm.verify_model_dir()" in _read(name)
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_images_can_use_a_compilation_cache_on_gcs(name):
+    # JAX opens a non-local cache directory (gs://...) through etils.epath, which reads
+    # gs:// with gcsfs; without them JAX refuses the directory.
+    from jax._src import path as jax_path
+
+    assert "from etils import epath" in open(jax_path.__file__).read()
+    text = re.sub(r"#.*", "", _read(name))
+    assert re.search(r'"etils\[epath,epath-gcs\]==[\d.]+"', text), name
+    assert re.search(r'"gcsfs==[\d.]+"', text), name

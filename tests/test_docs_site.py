@@ -82,6 +82,9 @@ def test_ci_builds_the_site_strictly():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^test: .*\bdocs\b", makefile, re.M)
     assert "mkdocs build --strict" in makefile
+    # --quiet would drop the warnings, so that --strict never sees them.
+    docs = re.search(r"^docs:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert docs and "--quiet" not in docs[1] and "-q " not in docs[1], docs
     assert "site/" in (ROOT / ".gitignore").read_text().split()
 
 

@@ -215,3 +215,21 @@ def test_local_runs_keep_a_compilation_cache_and_remote_runs_do_not(monkeypatch,
         ["--runner", "DataflowRunner", "--compilation_cache_dir", "gs://b/cache"]
     )
     assert args.compilation_cache_dir == "gs://b/cache"
+
+
+def test_embed_texts_from_pairs_in_a_users_own_pipeline():
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from pipelines.embed_text import EmbedTexts
+
+    with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
+        pairs = p | beam.Create([(1, "Beam batches records."), (2, ""), (3, None), ("x", "id")])
+        vectors, failed = pairs | EmbedTexts.from_pairs("int")
+        shapes = vectors | beam.MapTuple(lambda k, v: (k, v.shape, str(v.dtype)))
+        assert_that(shapes, equal_to([(1, (384,), "float32"), (2, (384,), "float32")]))
+        assert_that(
+            failed | beam.Map(lambda f: (f.key, f.stage)),
+            equal_to([(3, "validation"), ("x", "validation")]),
+            label="dead",
+        )

@@ -311,3 +311,44 @@ def test_file_without_read_permission_is_named(tmp_path):
     table, failed = ft.read_outputs(tmp_path / "out")
     assert ft.ids(table) == [1]
     assert "Permission denied" in _only(failed, file=str(locked), stage="read")["error"]
+
+
+@pytest.mark.parametrize("path_flags", [[], ["--per_element"]], ids=["columnar", "per_element"])
+def test_id_and_text_columns_of_other_names(tmp_path, path_flags):
+    texts = ft.texts(6) + [None]
+    table = pa.table({"doc_id": list(range(100, 107)), "body": texts, "text": ["no"] * 7})
+    pq.write_table(table, tmp_path / "docs.parquet")
+    pq.write_table(
+        pa.table({"id": list(range(100, 107)), "text": texts}), tmp_path / "plain.parquet"
+    )
+    flags = ["--buckets", "16,256", "--no-progress", *path_flags]
+    summary = ft.run(tmp_path / "docs.parquet", tmp_path / "out", "--id_column", "doc_id",
+                     "--text_column", "body", *flags)  # fmt: skip
+    assert summary.results == 6 and summary.dead_letters == 1
+    got, failed = ft.read_outputs(tmp_path / "out")
+    ft.run(tmp_path / "plain.parquet", tmp_path / "plain", *flags)
+    want, _ = ft.read_outputs(tmp_path / "plain")
+    assert got.schema.names == ["id", "embedding"]
+    assert sorted(ft.ids(got)) == list(range(100, 106))
+    got, want = got.sort_by("id"), want.sort_by("id")
+    vectors = [np.array(t.column("embedding").to_pylist()) for t in (got, want)]
+    np.testing.assert_array_equal(*vectors)
+    assert [d["id"] for d in failed] == [106]
+
+
+def test_json_lines_fields_of_other_names_and_a_missing_one(tmp_path):
+    rows = [{"key": f"k{i}", "sentence": t} for i, t in enumerate(ft.texts(3))]
+    rows.append({"key": "k9", "text": "no sentence field"})
+    source = ft.write_json_lines(tmp_path / "rows.jsonl", rows)
+    summary = ft.run(source, tmp_path / "out", "--id_column", "key", "--text_column",
+                     "sentence", "--buckets", "16,256", "--no-progress")  # fmt: skip
+    got, failed = ft.read_outputs(tmp_path / "out")
+    assert sorted(ft.ids(got)) == ["k0", "k1", "k2"] and summary.dead_letters == 1
+    assert failed[0]["id"] == "k9" and "'sentence'" in failed[0]["message"]
+
+
+def test_the_same_name_for_both_columns_is_refused():
+    from pipelines.embed_text_flags import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--id_column", "x", "--text_column", "x"])

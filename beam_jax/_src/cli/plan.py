@@ -166,6 +166,19 @@ def _summary(lengths: np.ndarray) -> dict[str, Any]:
     }
 
 
+def paste_lines(boundaries: Sequence[int], axis: str = "L") -> dict[str, str]:
+    """What to paste to use ``boundaries``: a pipeline flag and a ``Bucketing``."""
+    text = ",".join(map(str, boundaries))
+    return {
+        "flag": f"--buckets {text}",
+        "python": f'bj.Bucketing(boundaries={{"{axis}": {tuple(int(b) for b in boundaries)!r}}})',
+    }
+
+
+def _over_max_size(lengths: np.ndarray, max_size: int | None) -> int:
+    return 0 if max_size is None else int((np.asarray(lengths) > max_size).sum())
+
+
 def plot_plan(lengths: np.ndarray, plans: Sequence[BudgetPlan], path: str, *, title: str = ""):
     """Draws the length histogram with the largest budget's boundaries (one dashed line
     each), and padding versus number of buckets; saves a PNG to ``path``.
@@ -215,7 +228,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add("--input", required=True, help="a Parquet or JSON-lines file, glob or directory")
     add("--column", required=True, help="the column to measure")
     add("--max-buckets", type=int, default=8, help="the largest budget K (default 8)")
-    add("--max-size", type=int, help="the last boundary, e.g. the model's longest input")
+    add(
+        "--max-size",
+        type=int,
+        help="the last boundary, e.g. the model's longest input; longer values are counted "
+        "as it, and the plan says how many there are (they would be dead letters unless "
+        "truncated) (default: none, the longest value)",
+    )
     add(
         "--measure",
         choices=lens.MEASURES,
@@ -226,7 +245,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add(
         "--tokenizer",
         help="a tokenizer.json file, a registered name ('minilm': the embed pipeline's) or "
-        "'module:attr' (a zero-argument callable returning texts -> token counts)",
+        "'module:attr' (a zero-argument callable returning texts -> token counts; default: none)",
     )
     add(
         "--pack-buffer",
@@ -234,8 +253,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=1024,
         help="records packed together in the packed plans' prediction (default 1024)",
     )
-    add("--plot", metavar="PNG", help="draw the histogram, boundaries and padding curve")
-    add("--json", action="store_true", help="print JSON instead of tables")
+    add(
+        "--plot",
+        metavar="PNG",
+        help="draw the histogram, boundaries and padding curve (default: no plot)",
+    )
+    add("--json", action="store_true", help="print JSON instead of tables (default: tables)")
     mem.add_arguments(parser)
     parser.set_defaults(main=main)
     return parser
@@ -251,12 +274,16 @@ def main(args: argparse.Namespace) -> int:
         sys.exit(f"beam-jax plan: {e.args[0] if isinstance(e, KeyError) else e}")
     if len(lengths) == 0:
         sys.exit(f"beam-jax plan: column {args.column!r} of {args.input} has no non-null values")
+    if args.max_size is not None and args.max_size < 1:
+        sys.exit(f"beam-jax plan: --max-size must be >= 1, got {args.max_size}")
     plans = plan_budgets(lengths, args.max_buckets, args.max_size)
     if args.pack_buffer < 1:
         sys.exit(f"beam-jax plan: --pack-buffer must be >= 1, got {args.pack_buffer}")
     packed = plan_packings(
         lengths, min(args.max_buckets, MAX_PACKED_BUDGET), args.max_size, args.pack_buffer
     )
+    over = _over_max_size(lengths, args.max_size)
+    paste = paste_lines(plans[-1].boundaries)
     if args.plot:
         plot_plan(lengths, plans, args.plot, title=f"{args.input} : {args.column}")
     memory = mem.analyse(args, plans)
@@ -267,6 +294,8 @@ def main(args: argparse.Namespace) -> int:
             "lengths": _summary(lengths),
             "plans": [dataclasses.asdict(p) for p in plans],
             "packing": [dataclasses.asdict(p) for p in packed],
+            "over_max_size": over,
+            "paste": paste,
         }
         if memory is not None:
             out["memory"] = memory
@@ -297,6 +326,19 @@ def main(args: argparse.Namespace) -> int:
          "max segments": p.max_segments}
         for p in packed
     ]))  # fmt: skip
+    print()
+    print(f"to use the {plans[-1].num_buckets}-bucket plan, paste:")
+    print(f"  {paste['flag']}    (beam-jax embed, python -m pipelines.embed_text)")
+    print(f'  {paste["python"]}    (with your ragged axis\'s name for "L")')
+    if over:
+        print(
+            f"\nwarning: {over:,} of {len(lengths):,} values ({over / len(lengths):.1%}) are "
+            f"longer than --max-size {args.max_size}; the plan counts them as {args.max_size}, "
+            "but a pipeline makes them dead letters (stage validation) unless it truncates "
+            'them (bj.Bucketing(..., oversize="truncate"); the embed pipeline truncates '
+            "texts at 256 tokens)",
+            file=sys.stderr,
+        )
     if memory is not None:
         print(f"\n{mem.format_memory(memory)}")
     if args.plot:

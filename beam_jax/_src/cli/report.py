@@ -94,7 +94,7 @@ def render(record: dict[str, Any]) -> str:
         lines.append(format_table(rows))
     stages = s.get("dead_letters_by_stage") or kernel.get("dead_letters_by_stage") or {}
     lines += ["", "dead letters by stage:"]
-    lines += [f"  {stage}: {n:,}" for stage, n in stages.items()] or ["  none"]
+    lines += [f"  {stage}: {n:,}" for stage, n in stages.items() if n] or ["  none"]
     return "\n".join(lines)
 
 
@@ -131,6 +131,9 @@ def plot_report(record: dict[str, Any], path: str):
     dead.set_title(f"dead letters by stage ({sum(stages.values()):,})")
     dead.set_ylim(0, max([1, *stages.values()]) * 1.1)
     dead.tick_params(axis="x", labelrotation=30)
+    if not any(stages.values()):  # an empty panel would read as a missing chart
+        dead.set_xticks([])
+        dead.text(0.5, 0.5, "none", transform=dead.transAxes, ha="center", va="center")
     axes[5].axis("off")
     axes[5].text(0, 0.5, render(record).split("\n\n")[0], family="monospace", fontsize=8,
                  va="center")  # fmt: skip
