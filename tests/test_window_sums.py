@@ -19,8 +19,8 @@ from apache_beam.transforms import trigger
 from apache_beam.transforms.window import FixedWindows, TimestampedValue
 
 import beam_jax as bj
+from beam_jax.testing import StreamTest
 from tests.beam_helpers import pipeline, run
-from tests.stream_helpers import Collect, streaming_pipeline
 
 SPEC = {"x": bj.ArraySpec(("L",), np.float32)}
 WIDTH = 10  # seconds per window
@@ -57,10 +57,9 @@ def _expected(times) -> dict[int, tuple[float, int, int]]:
     return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 
 
-def _by_window(collect: Collect) -> list[tuple[int, float, int, int]]:
+def _by_window(items) -> list[tuple[int, float, int, int]]:
     return sorted(
-        (int(w.start), float(r.total["sum"]), int(r.total["n"]), r.count)
-        for r, _, _, w in collect.items
+        (int(w.start), float(r.total["sum"]), int(r.total["n"]), r.count) for r, _, _, w in items
     )
 
 
@@ -75,11 +74,11 @@ def _stream(times, per_bundle=3) -> _TestStream:
 TIMES = [i * 0.5 for i in range(40)]  # 20 rows in [0, 10), 20 in [10, 20)
 
 
-def _run_stream(stream, **window) -> Collect:
-    collect = Collect()
-    with streaming_pipeline() as p:
-        _ = p | stream | beam.WindowInto(FixedWindows(WIDTH), **window) | _reduce() | collect
-    return collect
+def _run_stream(stream, **window) -> list:
+    with StreamTest() as test:
+        windowed = test.pipeline | stream | beam.WindowInto(FixedWindows(WIDTH), **window)
+        kept = test.collect(windowed | _reduce())
+    return kept()
 
 
 @pytest.mark.parametrize(
@@ -89,9 +88,9 @@ def test_one_exact_sum_per_window_with_stepped_and_jumping_watermarks(watermarks
     stream = _stream(TIMES)
     for w in watermarks:
         stream = stream.advance_watermark_to(w)
-    collect = _run_stream(stream.advance_watermark_to_infinity())
+    items = _run_stream(stream.advance_watermark_to_infinity())
     expected = sorted((k, *v) for k, v in _expected(TIMES).items())
-    assert _by_window(collect) == expected
+    assert _by_window(items) == expected
 
 
 def test_watermark_steps_between_bundles_of_one_window():
@@ -101,8 +100,8 @@ def test_watermark_steps_between_bundles_of_one_window():
         stream = stream.add_elements([TimestampedValue(_row(t), t)])
         if i % 4 == 3:
             stream = stream.advance_watermark_to(t)
-    collect = _run_stream(stream.advance_watermark_to_infinity())
-    assert _by_window(collect) == sorted((k, *v) for k, v in _expected(TIMES).items())
+    items = _run_stream(stream.advance_watermark_to_infinity())
+    assert _by_window(items) == sorted((k, *v) for k, v in _expected(TIMES).items())
 
 
 def test_late_rows_within_the_allowed_lateness_come_as_one_late_pane():
@@ -112,13 +111,13 @@ def test_late_rows_within_the_allowed_lateness_come_as_one_late_pane():
     late = [1.0, 2.5, 7.0]
     stream = _stream(TIMES).advance_watermark_to(15)
     stream = stream.add_elements([TimestampedValue(_row(t), t) for t in late])
-    collect = _run_stream(
+    items = _run_stream(
         stream.advance_watermark_to_infinity(),
         allowed_lateness=30,
         trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
         accumulation_mode=trigger.AccumulationMode.DISCARDING,
     )
-    panes = _by_window(collect)
+    panes = _by_window(items)
     first = [p for p in panes if p[0] == 0]
     on_time = _expected(TIMES)[0]
     assert (0, *on_time) in first
@@ -131,10 +130,10 @@ def test_late_rows_within_the_allowed_lateness_come_as_one_late_pane():
 def test_assert_that_sees_every_window_at_the_end_of_a_stream():
     """Results flushed when the watermark jumps to infinity reach a GroupByKey downstream
     on time (``assert_that`` groups its input), not dropped as late data."""
-    with streaming_pipeline() as p:
+    with StreamTest() as test:
         stream = _stream(TIMES).advance_watermark_to_infinity()
         sums = (
-            p
+            test.pipeline
             | stream
             | "Windows" >> beam.WindowInto(FixedWindows(WIDTH))
             | _reduce(shards=3)
@@ -147,13 +146,19 @@ def test_assert_that_sees_every_window_at_the_end_of_a_stream():
 
 def test_fnapi_runner_gives_the_same_one_sum_per_window():
     p = pipeline()
-    collect = Collect()
-    _ = (
+    sums = (
         p
         | beam.Create([TimestampedValue(_row(t), t) for t in TIMES])
         | beam.WindowInto(FixedWindows(WIDTH))
         | _reduce(shards=3)
-        | collect
+        | beam.Map(
+            lambda r, w=beam.DoFn.WindowParam: (
+                int(w.start),
+                float(r.total["sum"]),
+                int(r.total["n"]),
+                r.count,
+            )
+        )
     )
+    assert_that(sums, equal_to([(k, *v) for k, v in _expected(TIMES).items()]))
     run(p)
-    assert _by_window(collect) == sorted((k, *v) for k, v in _expected(TIMES).items())
