@@ -248,9 +248,7 @@ def test_batches_never_mix_windows_and_results_keep_their_windows():
 
 
 def test_reduce_kernel_sums_per_window_as_in_bundle_mode():
-    """On the FnApiRunner: ReduceKernel's combine is a GroupByKey downstream of the stateful
-    step, and the Python direct runner delivers window-end flushes to it late (it does not
-    hold the watermark for timers; see docs/streaming.md)."""
+    """On the FnApiRunner (tests/test_window_sums.py runs windowed sums under TestStream)."""
     rows = [np.array([t % 7, 1.0], np.float32) for t in range(20)]
     totals = {}
     for mode in ("bundle", "cross"):

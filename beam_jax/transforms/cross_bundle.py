@@ -16,8 +16,10 @@ Two steps replace the front end's one ``ParDo``:
    of the bundle), so dead letters, thresholds, metrics and compile counts are the engine's.
 
 State is per key *and window*, so a batch never mixes windows; results keep their element's
-timestamp and window (the event-time timer at the window's end holds the watermark, so no
-result is late for its own window).
+timestamp and window. ``_CountPerKey`` sends each key its element count per window; the
+window's last batch runs when the count is met, inside ``process``, so no result is late for
+its own window, even on a runner whose timers hold no watermark (the event-time timer at
+the window's end is a backstop).
 """
 
 from __future__ import annotations
