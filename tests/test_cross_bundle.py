@@ -184,6 +184,8 @@ def test_forced_small_bundles_same_results_and_full_batches():
             transform = probe(test.clock, max_wait_s=3600) if mode == "cross" else probe()
             kept = test.collect(test.pipeline | small_bundles(values) | transform)
         outputs[mode] = kept()
+        # Every bundle's metric updates are counted (a plain run there keeps the first's).
+        assert (test.summary.elements, test.summary.results) == (len(values), len(values))
     for mode, items in outputs.items():
         assert sorted(float(x["sum"]) for x, *_ in items) == [3 * v for v in values], mode
         assert sorted(ts.micros for _, _, ts, _ in items) == [v * 1e6 for v in values], mode
