@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import os
+import uuid
 from collections import Counter
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from beam_jax._src.engine.metrics import NAMESPACE, Summary, summarize
 
@@ -68,3 +71,157 @@ class CountingLoader:
         if not os.path.isdir(self.directory):
             return Counter()
         return Counter(int(f.split("-")[0]) for f in os.listdir(self.directory))
+
+
+# --- streaming tests with a virtual clock ----------------------------------------------
+
+
+class VirtualClock:
+    """The processing time of a ``StreamTest``'s ``TestStream``, in seconds.
+
+    Pass it as ``CrossBundle(clock=...)`` (``with_cross_bundle_batching(clock=...)``): the
+    runner fires processing-time timers on the same clock, so ``max_wait_s`` is measured in
+    the stream's own time (``TestStream.advance_processing_time``), not in wall time.
+    """
+
+    def __init__(self):
+        from apache_beam.runners.direct import clock as direct_clock
+
+        self._clock = direct_clock.TestClock()
+        self._key = uuid.uuid4().hex
+        _CLOCKS[self._key] = self
+
+    def __call__(self) -> float:
+        return self._clock.time()
+
+    def __reduce__(self):
+        # Pickled into the pipeline by reference: the runner runs in this process.
+        return (_clock_of, (self._key,))
+
+
+_CLOCKS: dict[str, VirtualClock] = {}
+
+
+def _clock_of(key: str) -> VirtualClock:
+    return _CLOCKS[key]
+
+
+class Collected(NamedTuple):
+    """One output of a ``StreamTest`` pipeline, as ``StreamTest.collect`` keeps it."""
+
+    value: Any
+    processing_time: float  # when it came out, on the test's ``VirtualClock``
+    timestamp: Any
+    window: Any
+
+
+_COLLECTED: dict[str, list[Collected]] = collections.defaultdict(list)
+
+
+class _Keep:
+    """Appends each output to this process's list for one ``collect`` (a DoFn's body)."""
+
+    def __init__(self, name: str, clock: VirtualClock):
+        self.name, self.clock = name, clock
+
+    def __call__(self, value, timestamp, window):
+        _COLLECTED[self.name].append(Collected(value, self.clock(), timestamp, window))
+
+
+class StreamTest:
+    """A streaming pipeline for testing cross-bundle batching: ``TestStream`` in, the wait
+    bound and batch fill measurable out.
+
+    It runs on Beam's BundleBasedDirectRunner with ``--streaming`` (the local runner that
+    takes a Python ``TestStream`` and fires processing-time timers), with two things a test
+    needs and Beam does not give:
+
+    * ``clock``, a ``VirtualClock`` shared with the runner, for ``CrossBundle(clock=...)``:
+      waits are measured in ``TestStream`` processing time;
+    * metrics that count every bundle: on that runner Beam keeps one ``ScopedState`` per
+      step and thread holding the first bundle's metrics container, so later bundles'
+      counter updates are lost (a stream of 12 one-element bundles reports 1 element).
+      While the pipeline runs, each bundle gets its own container again, so ``summary``
+      (``bj.summarize``) is exact.
+
+    The pipeline runs when the ``with`` block ends.
+
+    Example:
+        >>> with StreamTest() as test:  # doctest: +SKIP
+        ...     kernel = bj.RunKernel(fn, spec=spec)
+        ...     batched = kernel.with_cross_bundle_batching(max_wait_s=2.0, clock=test.clock)
+        ...     kept = test.collect(test.pipeline | stream | batched)
+        >>> max(item.processing_time for item in kept()), test.summary.batch_fill  # doctest: +SKIP
+
+    Args:
+        argv: further pipeline options (``--streaming`` is always set).
+    """
+
+    def __init__(self, argv: Sequence[str] = ()):
+        import apache_beam as beam
+        from apache_beam.options.pipeline_options import PipelineOptions
+        from apache_beam.runners.direct import direct_runner
+
+        self.clock = VirtualClock()
+        self.pipeline = beam.Pipeline(
+            runner=direct_runner.BundleBasedDirectRunner(),
+            options=PipelineOptions(["--streaming", *argv]),
+        )
+        self.result: Any = None
+        self._names: list[str] = []
+
+    def collect(self, pcoll) -> Callable[[], list[Collected]]:
+        """Keep ``pcoll``'s outputs in this process; call the returned function after the run
+        for the list of ``Collected(value, processing_time, timestamp, window)``.
+
+        Unlike ``assert_that``, it records *when* each output came out, for wait bounds."""
+        import apache_beam as beam
+
+        name = uuid.uuid4().hex
+        self._names.append(name)
+        keep = _Keep(name, self.clock)
+        _ = pcoll | f"Collect_{name[:8]}" >> beam.Map(
+            lambda x, t=beam.DoFn.TimestampParam, w=beam.DoFn.WindowParam: keep(x, t, w)
+        )
+        return lambda: list(_COLLECTED[name])
+
+    @property
+    def summary(self) -> Summary:
+        """``bj.summarize`` of the finished run (every bundle counted)."""
+        if self.result is None:
+            raise RuntimeError("the pipeline has not run yet: read summary after the with block.")
+        return summarize(self.result)
+
+    def __enter__(self) -> StreamTest:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if exc_info[0] is not None:
+            return
+        from apache_beam.runners.direct import direct_runner
+        from apache_beam.runners.worker import statesampler
+
+        original_clock, original_state = (
+            direct_runner.TestClock,
+            statesampler.StateSampler.scoped_state,
+        )
+
+        def scoped_state(sampler, name_context, state_name, io_target=None, metrics_container=None):
+            state = original_state(sampler, name_context, state_name, io_target, metrics_container)
+            if metrics_container is not None and state.metrics_container is not metrics_container:
+                for name, cached in list(sampler._states_by_name.items()):
+                    if cached is state:
+                        del sampler._states_by_name[name]
+                state = original_state(
+                    sampler, name_context, state_name, io_target, metrics_container
+                )
+            return state
+
+        direct_runner.TestClock = lambda: self.clock._clock
+        statesampler.StateSampler.scoped_state = scoped_state
+        try:
+            self.result = self.pipeline.run()
+            self.result.wait_until_finish()
+        finally:
+            direct_runner.TestClock = original_clock
+            statesampler.StateSampler.scoped_state = original_state

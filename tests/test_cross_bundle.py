@@ -14,9 +14,9 @@ from apache_beam.transforms.window import FixedWindows, TimestampedValue
 import beam_jax as bj
 from beam_jax._src.core.tree_codec import decode_tree, encode_tree
 from beam_jax._src.transforms.cross_bundle import BufferedElement, BufferedElementCoder
+from beam_jax.testing import StreamTest
 from tests import kernels
 from tests.beam_helpers import pipeline, run
-from tests.stream_helpers import Collect, runner_time, streaming_pipeline
 
 SPEC = {"x": bj.ArraySpec(("L",), np.float32)}
 BATCH = 8
@@ -40,14 +40,16 @@ def batch_probe(params, element, lengths):
     }
 
 
-def probe(**config):
+def probe(clock=None, **config):
     run_kernel = bj.RunKernel(
         batch_probe, spec=SPEC, bucketing=BUCKETING, batched=True, devices=[0]
     )
     if not config:
         return run_kernel
     # Waits in TestStream time: the direct runner's processing-time timers read that clock.
-    return run_kernel.with_cross_bundle_batching(clock=runner_time, **config)
+    if clock is not None:
+        config["clock"] = clock
+    return run_kernel.with_cross_bundle_batching(**config)
 
 
 def element(value: float, length: int = 3) -> dict:
@@ -177,11 +179,13 @@ def test_forced_small_bundles_same_results_and_full_batches():
     cross-bundle mode fills them."""
     values = [float(v) for v in range(200)]
     outputs = {}
-    for mode, transform in (("bundle", probe()), ("cross", probe(max_wait_s=3600))):
-        collect = Collect()
-        with streaming_pipeline() as p:
-            _ = p | small_bundles(values) | transform | collect
-        outputs[mode] = collect.items
+    for mode in ("bundle", "cross"):
+        with StreamTest() as test:
+            transform = probe(test.clock, max_wait_s=3600) if mode == "cross" else probe()
+            kept = test.collect(test.pipeline | small_bundles(values) | transform)
+        outputs[mode] = kept()
+        # Every bundle's metric updates are counted (a plain run there keeps the first's).
+        assert (test.summary.elements, test.summary.results) == (len(values), len(values))
     for mode, items in outputs.items():
         assert sorted(float(x["sum"]) for x, *_ in items) == [3 * v for v in values], mode
         assert sorted(ts.micros for _, _, ts, _ in items) == [v * 1e6 for v in values], mode
@@ -197,32 +201,36 @@ def test_no_element_waits_longer_than_the_bound_plus_one_timer_firing():
     step, max_wait = 1.0, 2.5
     values = [float(v) for v in range(12)]
     stream = small_bundles(values, per_bundle=1, advance=step)
-    collect = Collect()
-    with streaming_pipeline() as p:
-        _ = p | stream.advance_watermark_to_infinity() | probe(max_wait_s=max_wait) | collect
+    with StreamTest() as test:
+        stream = stream.advance_watermark_to_infinity()
+        kept = test.collect(test.pipeline | stream | probe(test.clock, max_wait_s=max_wait))
+    items = kept()
     arrived = {3 * v: i * step for i, v in enumerate(values)}  # sum -> arrival time
-    waits = [t - arrived[float(x["sum"])] for x, t, *_ in collect.items]
+    waits = [t - arrived[float(x["sum"])] for x, t, *_ in items]
     assert len(waits) == len(values)
     assert max(waits) <= max_wait + step
-    assert min(runner_time() - t for _, t, *_ in collect.items) >= 0
-    assert len({t for _, t, *_ in collect.items}) > 3  # flushed along the way, not at the end
+    assert min(test.clock() - t for _, t, *_ in items) >= 0
+    assert len({t for _, t, *_ in items}) > 3  # flushed along the way, not at the end
+    buffering = test.summary.buffering  # every bundle counted on this runner too
+    assert buffering.waited == len(values) and buffering.max_wait_ms <= 1000 * (max_wait + step)
+    assert buffering.flushes["timer"] >= 3
 
 
 def test_a_burst_fills_batches():
     values = [float(v) for v in range(5 * BATCH)]
-    collect = Collect()
-    with streaming_pipeline() as p:
-        _ = p | small_bundles(values, per_bundle=len(values)) | probe(max_wait_s=1.0) | collect
-    assert all(int(x["rows"]) == BATCH for x in collect.values)
+    with StreamTest() as test:
+        stream = small_bundles(values, per_bundle=len(values))
+        kept = test.collect(test.pipeline | stream | probe(test.clock, max_wait_s=1.0))
+    assert all(int(item.value["rows"]) == BATCH for item in kept())
+    assert test.summary.batch_fill == 1.0 and test.summary.batches == 5
 
 
 def test_end_of_stream_flushes_everything():
     """Fewer elements than a batch, a wait no stream reaches: the window's end flushes."""
-    collect = Collect()
-    with streaming_pipeline() as p:
+    with StreamTest() as test:
         stream = small_bundles([1.0, 2.0, 3.0], per_bundle=1).advance_watermark_to_infinity()
-        _ = p | stream | probe(max_wait_s=3600) | collect
-    assert sorted(float(x["sum"]) for x in collect.values) == [3.0, 6.0, 9.0]
+        kept = test.collect(test.pipeline | stream | probe(test.clock, max_wait_s=3600))
+    assert sorted(float(item.value["sum"]) for item in kept()) == [3.0, 6.0, 9.0]
 
 
 def test_batches_never_mix_windows_and_results_keep_their_windows():
@@ -230,21 +238,19 @@ def test_batches_never_mix_windows_and_results_keep_their_windows():
     first value is its window, so a batch mixing windows shows a spread of 10."""
     times = [t for pair in zip(range(10), range(10, 20), strict=True) for t in pair]
     values = [float(t // 10 * 10) for t in times]
-    collect = Collect()
-    with streaming_pipeline() as p:
+    with StreamTest() as test:
         stream = small_bundles(values, per_bundle=4, times=times)
         stream = stream.advance_watermark_to(30).advance_watermark_to_infinity()
-        _ = p | stream | beam.WindowInto(FixedWindows(10)) | probe(max_wait_s=3600) | collect
-    assert len(collect.items) == 20
-    for x, _, ts, window in collect.items:
+        windowed = test.pipeline | stream | beam.WindowInto(FixedWindows(10))
+        kept = test.collect(windowed | probe(test.clock, max_wait_s=3600))
+    assert len(kept()) == 20
+    for x, _, ts, window in kept():
         assert float(x["spread"]) == 0.0
         assert window.start <= ts < window.end and float(x["sum"]) == 3 * float(window.start)
 
 
 def test_reduce_kernel_sums_per_window_as_in_bundle_mode():
-    """On the FnApiRunner: ReduceKernel's combine is a GroupByKey downstream of the stateful
-    step, and the Python direct runner delivers window-end flushes to it late (it does not
-    hold the watermark for timers; see docs/streaming.md)."""
+    """On the FnApiRunner (tests/test_window_sums.py runs windowed sums under TestStream)."""
     rows = [np.array([t % 7, 1.0], np.float32) for t in range(20)]
     totals = {}
     for mode in ("bundle", "cross"):
@@ -299,15 +305,15 @@ def test_bad_inputs_and_kernel_faults_give_the_same_dead_letters():
         )  # fmt: skip
         if mode == "cross":
             transform = transform.with_cross_bundle_batching(shards=3)
-        collect_ok, collect_dead = Collect(), Collect()
-        with streaming_pipeline() as p:
+        with StreamTest() as test:
             stream = _TestStream()
             for i in range(0, len(inputs), 5):
                 stream = stream.add_elements(inputs[i : i + 5])
-            result = p | stream | transform.with_exception_handling()
-            _ = result.results | beam.Map(lambda kv: kv[0]) | collect_ok
-            _ = result.dead_letters | collect_dead
-        found[mode] = (sorted(collect_ok.values), _dead_letter_fields(collect_dead.values))
+            result = test.pipeline | stream | transform.with_exception_handling()
+            ok = test.collect(result.results | beam.Map(lambda kv: kv[0]))
+            dead = test.collect(result.dead_letters)
+        values = sorted(item.value for item in ok())
+        found[mode] = (values, _dead_letter_fields([item.value for item in dead()]))
     assert found["cross"] == found["bundle"]
     ok, dead = found["cross"]
     assert len(ok) == 19

@@ -162,14 +162,21 @@ def test_a_bad_element_fails_its_batch_into_failed_inferences_naming_the_element
 def test_batching_kwargs_give_beam_the_plans_buckets_and_a_fixed_batch_size():
     handler = bj.JaxModelHandler(masked_attention_pool, **_handler_kwargs())
     kwargs = handler.batch_elements_kwargs()
-    # beam_jax's boundary b holds lengths <= b; Beam's bucket boundary b + 1 the same ones.
-    assert kwargs["bucket_boundaries"] == [5, 9]
+    # The length is the bucket's number in the plan (buckets 4, 8, 16): Beam's bucket i
+    # (boundaries 1, 2) is the plan's bucket i.
+    assert kwargs["bucket_boundaries"] == [1, 2]
     assert kwargs["min_batch_size"] == kwargs["max_batch_size"] == 8
     assert kwargs["max_batch_duration_secs"] == 1.0
-    assert kwargs["length_fn"]({"x": np.zeros((7, D), np.float32)}) == 7
-    assert kwargs["length_fn"]("not an element") == 0  # rejected later, with a message
+    length = kwargs["length_fn"]
+    assert [length({"x": np.zeros((n, D), np.float32)}) for n in (1, 4, 5, 8, 9, 16)] == [
+        0, 0, 1, 1, 2, 2,
+    ]  # fmt: skip
+    assert length("not an element") == 0  # rejected later, with a message
     keyed = bj.KeyedJaxModelHandler(masked_attention_pool, **_handler_kwargs())
-    assert keyed.batch_elements_kwargs()["length_fn"]((1, {"x": np.zeros((3, D))})) == 3
+    assert keyed.batch_elements_kwargs()["length_fn"]((1, {"x": np.zeros((7, D))})) == 1
+    own = bj.JaxModelHandler(masked_attention_pool, batch_length_fn=len, **_handler_kwargs())
+    # A user's length over the one ragged axis keeps the plan's boundaries, in Beam's terms.
+    assert own.batch_elements_kwargs()["bucket_boundaries"] == [5, 9]
     assert _value_length(len, None) == 0
 
 
@@ -291,3 +298,49 @@ def test_parameters_load_once_per_process_across_batches(tmp_path):
     )
     (batch_sizes,) = [d.committed for d in query["distributions"]]
     assert batch_sizes.count >= 6 and batch_sizes.max <= 8  # many batches, one load
+
+
+IMAGES = {"img": bj.ArraySpec(("H", "W"), np.float32)}
+IMAGE_BUCKETS = bj.Bucketing(boundaries={"H": (4, 8), "W": (4, 8)}, batch_size=4)
+BATCH_BUCKETS: list[set] = []  # per run_inference call: the plan buckets its batch held
+
+
+def masked_image_sums(params, element, lengths):
+    """Per image of a batch (``batched=True``), the sum of its real pixels."""
+    img = element["img"]
+    TRACED.append(tuple(img.shape))
+    rows = np.arange(img.shape[1])[None, :, None] < lengths["H"][:, None, None]
+    cols = np.arange(img.shape[2])[None, None, :] < lengths["W"][:, None, None]
+    return jax.numpy.where(rows & cols, img, 0.0).sum(axis=(1, 2))
+
+
+class _RecordingHandler(bj.JaxModelHandler):
+    def run_inference(self, batch, model, inference_args=None):
+        plan = self.plan()
+        BATCH_BUCKETS.append({plan.bucket_for(np.shape(x["img"])) for x in batch})
+        return super().run_inference(batch, model, inference_args)
+
+
+def test_several_ragged_axes_batch_by_the_plans_bucket_and_compile_listed_shapes():
+    """2-D ragged images, 4 buckets (H x W): Beam's length buckets are the plan's, so every
+    batch RunInference forms holds one bucket, and only listed shapes compile."""
+    rng = np.random.default_rng(5)
+    images = [rng.random((int(rng.integers(1, 9)), int(rng.integers(1, 9)))).astype(np.float32)
+              for _ in range(100)]  # fmt: skip
+    handler = _RecordingHandler(masked_image_sums, spec=IMAGES, bucketing=IMAGE_BUCKETS,
+                                batched=True, devices=[0])  # fmt: skip
+    TRACED.clear()
+    BATCH_BUCKETS.clear()
+    p = pipeline()
+    sums = (
+        p
+        | beam.Create([{"img": x} for x in images])
+        | RunInference(handler)
+        | beam.Map(lambda r: round(float(r.inference), 3))
+    )
+    assert_that(sums, equal_to([round(float(x.sum(dtype=np.float64)), 3) for x in images]))
+    run(p)
+    assert BATCH_BUCKETS and all(len(buckets) == 1 for buckets in BATCH_BUCKETS)
+    assert sum(1 for _ in BATCH_BUCKETS) >= 25  # batches of at most 4 of 100 images
+    listed = {(size, *bucket) for bucket, size in handler.plan().shapes()}
+    assert TRACED and set(TRACED) <= listed

@@ -59,15 +59,34 @@ def _value_length(length_fn: Callable[[Any], int], element: Any) -> int:
         return 0
 
 
+def _bucket_number(
+    plan: Plan, axes: tuple[tuple[int, int], ...], numbers: dict, element: Any
+) -> int:
+    """The index of ``element``'s bucket in ``plan.buckets``, from the lengths of its ragged
+    axes; 0 for an element of the wrong structure (as ``_leaf_length``)."""
+    try:
+        leaves = jax.tree_util.tree_leaves(element)
+        return numbers[plan.bucket_for([int(np.shape(leaves[leaf])[a]) for leaf, a in axes])]
+    except Exception:  # noqa: BLE001 - the number only routes; validation explains
+        return 0
+
+
 def default_length_fn(plan: Plan) -> Callable[[Any], int] | None:
-    """The length of an element's one ragged axis, read from the first leaf that has it;
-    ``None`` when the spec has no ragged axis or several (give ``batch_length_fn``)."""
-    if len(plan.layout.axis_names) != 1:
+    """The number of an element's bucket in ``plan.buckets`` (0, 1, ...), for any number of
+    ragged axes: with Beam boundaries ``1, 2, ..., len(buckets) - 1``, Beam's length buckets
+    are exactly the plan's. ``None`` when the plan has one bucket (nothing to group by).
+
+    Each ragged axis is read from the first leaf that has it.
+    """
+    if len(plan.buckets) < 2:
         return None
+    first: dict[str, tuple[int, int]] = {}
     for leaf, spec in enumerate(plan.layout.specs):
-        if spec.ragged_axes:
-            return functools.partial(_leaf_length, leaf, spec.ragged_axes[0][0])
-    return None
+        for axis, name in spec.ragged_axes:
+            first.setdefault(name, (leaf, axis))
+    axes = tuple(first[name] for name in plan.layout.axis_names)
+    numbers = {bucket: i for i, bucket in enumerate(plan.buckets)}
+    return functools.partial(_bucket_number, plan, axes, numbers)
 
 
 def _drain(outputs: Iterator[Any]) -> None:
@@ -106,7 +125,8 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
             read once per process as the parameters; ``update_model_path`` replaces it
             (RunInference's model updates). Exclusive with ``load_params``.
         batch_length_fn: the length Beam's ``BatchElements`` buckets elements by; default
-            the element's one ragged axis (none when the spec has several).
+            the number of the element's bucket in the plan, for any number of ragged axes,
+            so each Beam batch holds one bucket's elements.
         max_batch_duration_secs: how long Beam's stateful ``BatchElements`` may hold a
             batch; its length buckets exist only on that path. ``None`` turns both off.
         min_batch_size: Beam's smallest batch; default the plan's largest batch (a fixed
@@ -148,18 +168,21 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
         self._params_path = params_path
         plan = self.plan()
         length_fn = batch_length_fn or default_length_fn(plan)
+        if batch_length_fn is None:  # bucket numbers: Beam's bucket i is the plan's bucket i
+            beam_bounds = list(range(1, len(plan.buckets)))
+        elif len(plan.boundaries) == 1:
+            # Beam's buckets are lower-inclusive (bisect_right), beam_jax's boundaries
+            # upper-inclusive: Beam's b + 1 groups exactly the lengths of beam_jax's b.
+            beam_bounds = [b + 1 for b in plan.boundaries[0][:-1]]
+        else:
+            beam_bounds = []  # a user's length over several axes: Beam's default buckets
         top = max(plan.max_batch(b) for b in plan.buckets)
         if min_batch_size is not None and not 1 <= min_batch_size <= top:
             raise SpecError(
                 f"min_batch_size must be within [1, {top}] (the plan's largest batch), got "
                 f"{min_batch_size}; raise Bucketing.batch_size for larger batches."
             )
-        # Beam's buckets are lower-inclusive (bisect_right), beam_jax's boundaries
-        # upper-inclusive: Beam's b + 1 groups exactly the lengths of beam_jax's b.
-        beam_bounds = [b + 1 for b in plan.boundaries[0][:-1]] if len(plan.boundaries) == 1 else []
-        if batch_length_fn is None and not beam_bounds:
-            length_fn = None  # one bucket (or several axes): nothing for Beam to sort by
-        elif max_batch_duration_secs is None:
+        if max_batch_duration_secs is None:
             length_fn = None  # Beam buckets by length only on its stateful path
         try:
             super().__init__(

@@ -18,8 +18,10 @@ Two steps replace the front end's one ``ParDo``:
    the engine's, as in bundle mode.
 
 State is per key *and window*, so a batch never mixes windows; results keep their element's
-timestamp and window (the event-time timer at the window's end holds the watermark, so no
-result is late for its own window).
+timestamp and window. ``_CountPerKey`` sends each key its element count per window; the
+window's last batch runs when the count is met, inside ``process``, so no result is late for
+its own window, even on a runner whose timers hold no watermark (the event-time timer at
+the window's end is a backstop).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 from apache_beam import typehints
 from apache_beam.coders import VarIntCoder
+from apache_beam.transforms import trigger
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (
     BagStateSpec,
@@ -51,17 +54,21 @@ from beam_jax._src.transforms.elements import ElementsDoFn
 
 
 class BufferedElement(NamedTuple):
-    """One element as it waits in Beam state.
+    """One element as it waits in Beam state, or a window's element count for its key.
 
     Attributes:
-        payload: ``encode_tree((key, value))`` of the element as it entered the transform.
+        payload: ``encode_tree((key, value))`` of the element as it entered the transform;
+            empty for a count.
         timestamp_micros: its event timestamp.
         arrival: processing time (seconds) it entered its buffer; 0 before that.
+        count: for a count (``payload`` empty): how many more elements this key received in
+            this window (one pane of ``_CountPerKey``); 0 for an element.
     """
 
     payload: bytes
     timestamp_micros: int
     arrival: float
+    count: int = 0
 
 
 class BufferedElementCoder(beam.coders.Coder):
@@ -137,9 +144,15 @@ class _KeyByBucket(beam.DoFn):
 
 BUFFER = BagStateSpec("buffer", BufferedElementCoder())
 COUNT = ReadModifyWriteStateSpec("count", VarIntCoder())
+# Elements this key received in this window, and how many its window counts announced:
+# equal means every element of the window (so far) reached this key, whatever the order in
+# which the runner delivers elements and counts.
+SEEN = ReadModifyWriteStateSpec("seen", VarIntCoder())
+EXPECTED = ReadModifyWriteStateSpec("expected", VarIntCoder())
 MAX_WAIT = TimerSpec("max_wait", TimeDomain.REAL_TIME)
 WINDOW_END = TimerSpec("window_end", TimeDomain.WATERMARK)
 _BUFFER, _COUNT = beam.DoFn.StateParam(BUFFER), beam.DoFn.StateParam(COUNT)
+_SEEN, _EXPECTED = beam.DoFn.StateParam(SEEN), beam.DoFn.StateParam(EXPECTED)
 _MAX_WAIT, _WINDOW_END = beam.DoFn.TimerParam(MAX_WAIT), beam.DoFn.TimerParam(WINDOW_END)
 
 
@@ -159,20 +172,34 @@ class CrossBundleDoFn(ElementsDoFn):
         window=beam.DoFn.WindowParam,
         buffer=_BUFFER,
         count=_COUNT,
+        seen=_SEEN,
+        expected=_EXPECTED,
         max_wait=_MAX_WAIT,
         window_end=_WINDOW_END,
     ) -> Iterator[Any]:
         (index, _), stored = element
         held = count.read() or 0
-        now = self.cross_bundle.clock()
-        if not held:
-            max_wait.set(Timestamp.of(now + self.cross_bundle.max_wait_s))
-            window_end.set(window.max_timestamp())
-        buffer.add(stored._replace(arrival=now))
-        count.write(held + 1)
-        bucket = self._plan.buckets[index]
-        if held + 1 >= self._plan.records_per_flush(bucket, self._worker.limit(bucket)):
-            yield from self._flush_state(index, window, buffer, count, max_wait, "full")
+        if stored.payload:
+            now = self.cross_bundle.clock()
+            if not held:
+                max_wait.set(Timestamp.of(now + self.cross_bundle.max_wait_s))
+                window_end.set(window.max_timestamp())
+            buffer.add(stored._replace(arrival=now))
+            held += 1
+            count.write(held)
+            seen.write((seen.read() or 0) + 1)
+            bucket = self._plan.buckets[index]
+            if held >= self._plan.records_per_flush(bucket, self._worker.limit(bucket)):
+                yield from self._flush_state(index, window, buffer, count, max_wait, "full")
+                return
+        else:  # one pane of this key's element count for the window
+            expected.write((expected.read() or 0) + stored.count)
+        if held and seen.read() == expected.read():
+            # Every element the window's counts announced is here: flush now, inside
+            # ``process``, while the pending count holds this step's watermark below the
+            # window's end, so results are on time downstream even on a runner whose
+            # timers hold no watermark (the Python direct runner).
+            yield from self._flush_state(index, window, buffer, count, max_wait, "window_end")
 
     @on_timer(MAX_WAIT)
     def _on_max_wait(
@@ -221,6 +248,53 @@ class CrossBundleDoFn(ElementsDoFn):
         yield from self._front.run_now(self._plan.buckets[index], window, tagged)
 
 
+def _count_to_row(kv, timestamp=beam.DoFn.TimestampParam):
+    key, count = kv
+    yield key, BufferedElement(b"", timestamp.micros, 0.0, count)
+
+
+class _CountPerKey(beam.PTransform):
+    """Each key's element count per window, as rows for the stateful step (one per pane).
+
+    The counts fire when the watermark passes the window's end (and once more per late
+    element within the allowed lateness), in discarding mode, so each pane is an increment.
+    They reach the stateful step as rows timestamped at the window's end, which hold its
+    input watermark until it has taken them: the window's last batch then runs in
+    ``process``, not in a timer that fires after the watermark has already moved on.
+    """
+
+    def __init__(self, windowing):
+        super().__init__()
+        self._windowing = windowing
+
+    def expand(self, keyed):
+        w = self._windowing
+        return (
+            keyed
+            | "One"
+            >> beam.Map(lambda kv: (kv[0], 1)).with_output_types(
+                typehints.KV[typehints.Tuple[int, int], int]
+            )
+            | "EveryPane"
+            >> beam.WindowInto(
+                w.windowfn,
+                trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+                accumulation_mode=trigger.AccumulationMode.DISCARDING,
+                allowed_lateness=w.allowed_lateness,
+            )  # fmt: skip
+            | "Sum" >> beam.CombinePerKey(sum)
+            | "AsRows" >> beam.ParDo(_count_to_row).with_output_types(KEYED)
+            | "Rewindow"
+            >> beam.WindowInto(
+                w.windowfn,
+                trigger=w.triggerfn,
+                accumulation_mode=w.accumulation_mode,
+                timestamp_combiner=w.timestamp_combiner,
+                allowed_lateness=w.allowed_lateness,
+            )  # fmt: skip
+        )
+
+
 def buffered_outputs(
     pcoll, front: Any, config: CrossBundle, *, spec, options, handle_errors, keyed, main: str
 ):
@@ -234,8 +308,8 @@ def buffered_outputs(
     keyed_out = pcoll | "KeyByBucket" >> beam.ParDo(
         _KeyByBucket(spec, options, handle_errors, keyed, config)
     ).with_output_types(KEYED).with_outputs(DEAD_LETTERS, main="keyed")
-    outputs = keyed_out.keyed | "RunBatches" >> beam.ParDo(front).with_outputs(
-        DEAD_LETTERS, main=main
-    )
+    counts = keyed_out.keyed | "CountPerKey" >> _CountPerKey(pcoll.windowing)
+    rows = (keyed_out.keyed, counts) | "WithCounts" >> beam.Flatten()
+    outputs = rows | "RunBatches" >> beam.ParDo(front).with_outputs(DEAD_LETTERS, main=main)
     dead = (keyed_out[DEAD_LETTERS], outputs[DEAD_LETTERS]) | "DeadLetters" >> beam.Flatten()
     return outputs[main], dead
