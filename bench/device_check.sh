@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One script for a machine with an accelerator (GPU/TPU): prints the devices, runs the
+# accelerator smoke test (tests/test_gpu.py, the tests marked `gpu`), the matmul peak, the
 # library benchmark (heavy and light kernels, 200,000 records: limit, read_only, beam_jax,
 # beam_jax_arrow) and the flagship benchmark (without the torch comparison where torch is
 # absent), and leaves the JSON results in $OUT (default bench/results). Meant to finish in
@@ -7,7 +8,7 @@
 #
 #   bash bench/device_check.sh            # from the repository root, after `make test`
 #   OUT=/tmp/out bash bench/device_check.sh
-#   ELEMENTS=2000 TEXTS=100 bash bench/device_check.sh   # a quick smoke run on a CPU
+#   ELEMENTS=2000 TEXTS=100 PEAK_SIZES=1024 bash bench/device_check.sh  # quick, on a CPU
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -23,9 +24,17 @@ timeout 60 "$PY" -c "import jax; print(jax.__version__, jax.default_backend(), j
   | tee "$OUT/devices.txt" || status=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null \
   | tee -a "$OUT/devices.txt"
+echo "== the accelerator smoke test (pytest -m gpu)"
+# tests/conftest.py pins JAX to the CPU unless JAX_PLATFORMS is set: empty means "any".
+JAX_PLATFORMS="${JAX_PLATFORMS:-}" timeout 120 "$PY" -m pytest -q -m gpu -rs tests/test_gpu.py \
+  | tee "$OUT/gpu_test.txt" || status=1
+echo "== bench/peak.py: matmul peak"
+timeout 90 "$PY" bench/peak.py --sizes "${PEAK_SIZES:-2048,4096,8192}" --json "$OUT/peak.json" \
+  | tee "$OUT/peak.txt" || status=1
 echo "== bench/run.py: heavy and light, 200,000 records"
 timeout 330 "$PY" bench/run.py --elements "${ELEMENTS:-200000}" --kernels heavy,light \
-  --variants limit,read_only,beam_jax,beam_jax_arrow --json "$OUT/run.json" \
+  --repeat "${REPEAT:-1}" --variants limit,read_only,read_only_raw,beam_jax,beam_jax_arrow \
+  --json "$OUT/run.json" \
   | tee "$OUT/run.txt" || status=1
 echo "== bench/embed_text.py: the flagship"
 variants=pipeline,runinference

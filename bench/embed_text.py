@@ -13,10 +13,16 @@ Three variants embed the same texts with all-MiniLM-L6-v2 on the same CPUs:
 * ``sentence_transformers``: ``SentenceTransformer.encode(texts, batch_size=64)`` (it sorts
   by length and pads each batch to its longest text), in a separate interpreter that has
   torch (``--st-python``). Only ``encode`` is timed: not the imports, nor loading the model.
-* ``runinference``: the same JAX model under stock ``RunInference``, with a minimal
-  ``ModelHandler`` that tokenizes each batch of 64 texts and pads it to its longest text,
-  so ``jax.jit`` compiles once per new padded length. Same Parquet in and out as
-  ``pipeline``.
+* ``runinference``: the same JAX model under stock ``RunInference`` set up as a careful
+  user would: texts tokenized first, Beam's own length buckets (``batch_length_fn`` and
+  ``batch_bucket_boundaries`` at the pipeline's bucket boundaries, stateful batching),
+  batches of exactly 64 (``min_batch_size=max_batch_size``) padded to 64 rows and to their
+  bucket's length, so ``jax.jit`` compiles once per bucket, and JAX's persistent
+  compilation cache. Same Parquet in and out as ``pipeline``.
+
+``pipeline`` and ``runinference`` each get a compilation cache of their own, empty before
+their first round: round 1 is their cold start, later rounds (median) their warm start, and
+the ratios are given cold against cold and warm against warm.
 
 Two more variants measure the host alone, the rate that decides whether an accelerator
 would be fed: the whole pipeline (reading, tokenizing, batching, writing Parquet, dead
@@ -27,6 +33,9 @@ floats per text, computed from the token ids, so it takes no time):
 * ``host_only_per_element``: the same with ``--per_element``, rows one Python object at a
   time through ``RunKernel``.
 
+Each has a compilation cache of its own. The trivial kernel's output is the sum of the
+text's token ids, repeated 384 times (``tests/test_bench.py`` checks every row of it).
+
 Their rate is texts/s over the whole run, Beam's start-up included; give them many texts
 (``--texts 100000``) so the start-up weighs little.
 
@@ -34,7 +43,8 @@ Each variant runs in a fresh process pinned to the same ``--threads`` CPUs (CPU 
 torch's and the tokenizer's thread counts). The CPUs here may be shared with other work, so
 the variants take turns over ``--rounds`` rounds (order rotated each round) and the table
 shows each variant's median time; ``pipeline``'s embeddings are checked against
-sentence-transformers' (cosine).
+sentence-transformers' (cosine). ``MFU`` is the encoder's useful FLOPs (real tokens only)
+over the whole run's time, divided by the machine's fp32 matmul peak (``bench/peak.py``).
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(HERE), str(ROOT)]
 
 VARIANTS = (
     "pipeline",
@@ -110,8 +120,10 @@ def _write_data(workdir: Path, n: int) -> dict:
     table = pa.table({"id": pa.array(range(n), pa.int64()), "text": pa.array(texts)})
     pq.write_table(table, workdir / "texts.parquet", row_group_size=1024)
     (workdir / "texts.json").write_text(json.dumps(texts))
-    tokens = sum(len(ids) for ids in minilm.Tokenizer().encode_batch(texts))
+    lengths = [len(ids) for ids in minilm.Tokenizer().encode_batch(texts)]
+    tokens = sum(lengths)
     return {
+        "flops": model_flops(lengths),
         "parquet": str(workdir / "texts.parquet"),
         "texts": str(workdir / "texts.json"),
         "model_dir": str(minilm.model_dir()),
@@ -148,11 +160,39 @@ def _pipeline(cfg: dict) -> dict:
 
 
 def _host_only_kernel(params, element, lengths):
-    """384 floats from a text's token ids, at no cost: the encoder's output shape, no model."""
+    """384 floats from a text's token ids, at no cost: the sum of its real token ids,
+    repeated (the encoder's output shape, no model)."""
     import jax.numpy as jnp
 
-    del params, lengths
-    return jnp.broadcast_to(element["input_ids"][0].astype(jnp.float32), (DIM,))
+    del params
+    ids = element["input_ids"]
+    real = jnp.arange(ids.shape[0]) < lengths["L"]
+    total = jnp.sum(jnp.where(real, ids, 0)).astype(jnp.float32)
+    return jnp.broadcast_to(total, (DIM,))
+
+
+def host_only_expected(texts: list[str]):
+    """What the host-only variants must write for ``texts``: float32 ``[n, 384]``."""
+    import numpy as np
+
+    from pipelines import minilm
+
+    sums = [int(ids.sum()) for ids in minilm.Tokenizer().encode_batch(texts)]
+    return np.repeat(np.asarray(sums, np.float32)[:, None], DIM, axis=1)
+
+
+def model_flops(token_lengths) -> float:
+    """all-MiniLM-L6-v2's useful FLOPs for texts of these token lengths (matmuls only):
+    per layer, 24 H^2 per token (Q, K, V, output: 4 x 2 H^2; MLP: 2 x 2 H x 4H) and
+    4 H L^2 per text (scores and weighted values)."""
+    import numpy as np
+
+    from pipelines import minilm
+
+    config = minilm.load_config(minilm.model_dir())
+    h, layers = config.hidden_size, config.num_hidden_layers
+    n = np.asarray(token_lengths, np.float64)
+    return float(layers * np.sum(24 * h * h * n + 4 * h * n * n))
 
 
 def _host_only(cfg: dict, flags: list[str]) -> dict:
@@ -193,30 +233,52 @@ def _runinference(cfg: dict) -> dict:
             self.fn = jax.jit(jax.vmap(minilm.embed_element, in_axes=(None, 0, 0)))
             self.shapes = set()
 
-    class PadToLongest(ModelHandler):
-        """Tokenize a batch, pad it to its longest text, run the jitted model."""
+    import beam_jax.internal as bji
+    from pipelines.embed_text_flags import DEFAULT_BUCKETS
+
+    bounds = tuple(DEFAULT_BUCKETS)
+
+    class PadToBucket(ModelHandler):
+        """Pad a batch of ``(id, token ids)`` to 64 rows and its bucket's length, run it."""
+
+        def __init__(self):
+            # Beam's buckets are lower-inclusive: ``b + 1`` groups lengths up to ``b``.
+            super().__init__(
+                min_batch_size=BATCH_SIZE,
+                max_batch_size=BATCH_SIZE,
+                # Needed for Beam's length-aware keying; a bucket's last partial batch
+                # waits this long for its timer on the FnApiRunner.
+                max_batch_duration_secs=1,
+                batch_length_fn=lambda kv: len(kv[1]),  # KeyedModelHandler: (id, ids)
+                batch_bucket_boundaries=[b + 1 for b in bounds[:-1]],
+            )
 
         def load_model(self):
+            bji.enable_compilation_cache(cfg["cache_dir"])
             return Model()
 
         def run_inference(self, batch, model, inference_args=None):
-            ids = model.tokenizer.encode_batch(batch)
-            lengths = np.array([len(x) for x in ids], np.int32)
-            padded = np.zeros((len(ids), lengths.max()), np.int32)
-            for row, x in enumerate(ids):
+            lengths = np.array([len(x) for x in batch], np.int32)
+            width = next(b for b in bounds if b >= lengths.max())
+            padded = np.zeros((BATCH_SIZE, width), np.int32)
+            for row, x in enumerate(batch):
                 padded[row, : len(x)] = x
-            if padded.shape not in model.shapes:  # jax.jit traces and compiles it now
+            full = np.zeros(BATCH_SIZE, np.int32)
+            full[: len(batch)] = lengths
+            if padded.shape not in model.shapes:  # jax.jit compiles it (or loads it) now
                 model.shapes.add(padded.shape)
                 Metrics.counter("bench", "compiles").inc()
             Metrics.counter("bench", "padded_tokens").inc(padded.size)
-            out = np.asarray(model.fn(model.params, {"input_ids": padded}, {"L": lengths}))
-            return [PredictionResult(t, v) for t, v in zip(batch, out, strict=True)]
+            out = np.asarray(model.fn(model.params, {"input_ids": padded}, {"L": full}))
+            return [PredictionResult(x, v) for x, v in zip(batch, out[: len(batch)], strict=True)]
 
-        def batch_elements_kwargs(self):
-            return {"min_batch_size": BATCH_SIZE, "max_batch_size": BATCH_SIZE}
+    class Tokenize(beam.DoFn):
+        def setup(self):
+            self.tokenizer = minilm.Tokenizer()
 
-    def rows(table):
-        return zip(table.column("id").to_pylist(), table.column("text").to_pylist(), strict=True)
+        def process(self, table):
+            ids = self.tokenizer.encode_batch(table.column("text").to_pylist())
+            yield from zip(table.column("id").to_pylist(), ids, strict=True)
 
     schema = tr.output_schema(tr.IdType.from_name("int"))
     start = time.perf_counter()
@@ -224,8 +286,8 @@ def _runinference(cfg: dict) -> dict:
     _ = (
         p
         | ReadFromParquetBatched(cfg["parquet"], columns=["id", "text"])
-        | beam.FlatMap(rows)
-        | RunInference(KeyedModelHandler(PadToLongest()))
+        | beam.ParDo(Tokenize())
+        | RunInference(KeyedModelHandler(PadToBucket()))
         | beam.MapTuple(lambda key, result: (key, result.inference))
         | beam.BatchElements(min_batch_size=1024, max_batch_size=1024)
         | beam.Map(tr.embeddings_table, schema)
@@ -270,13 +332,16 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
         out=str(out),
         pipeline_args=shlex.split(args.pipeline_args),
     )
-    if variant in HOST_ONLY:
-        # The trivial kernel's shapes, in a cache of their own (not the encoder's).
-        cfg["pipeline_args"] += ["--compilation_cache_dir", str(tmp / "jax-cache-host")]
-    elif variant == "pipeline" and "--compilation_cache_dir" not in args.pipeline_args:
-        # A cache fresh for this benchmark: the pipeline's first round compiles everything
-        # (cold), later rounds load from the cache as a rerun of the job does (warm).
-        cfg["pipeline_args"] += ["--compilation_cache_dir", str(tmp / "jax-cache")]
+    # Each variant its own cache, fresh for this benchmark: its first round compiles
+    # everything (cold), later rounds load from the cache as a rerun of the job does (warm).
+    cache_dir = tmp / f"jax-cache-{variant}"
+    if variant == "pipeline" and "--compilation_cache_dir" in args.pipeline_args:
+        given = cfg["pipeline_args"]
+        cache_dir = Path(given[given.index("--compilation_cache_dir") + 1])
+    elif variant in ("pipeline", *HOST_ONLY):
+        cfg["pipeline_args"] += ["--compilation_cache_dir", str(cache_dir)]
+    cfg["cache_dir"] = str(cache_dir)
+    cache_entries = sum(1 for _ in cache_dir.rglob("*")) if cache_dir.is_dir() else 0
     if variant == "sentence_transformers":
         cfg["out"] = str(out / "vectors.npy")
     cfg_path = tmp / f"{variant}-{round_}.json"
@@ -298,6 +363,7 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
         raise RuntimeError(f"{variant} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     result = json.loads(lines[-1][len("RESULT ") :])
     result["out"] = str(out)
+    result["cache_entries_before"] = cache_entries
     # CPU seconds of the whole child process, start-up included: less sensitive than wall
     # time to other work on shared CPUs.
     result["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -351,6 +417,10 @@ def main(argv: list[str] | None = None) -> dict:
         help="extra flags for the pipeline variant, e.g. '--buckets 16,32,64,128,256'",
     )
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--keep-outputs",
+        help="write each run's output here (<variant>-<round>/) instead of a temp dir",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -371,7 +441,8 @@ def main(argv: list[str] | None = None) -> dict:
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     cosine = None
     with tempfile.TemporaryDirectory(prefix="bench_embed_text_") as tmp:
-        tmp = Path(tmp)
+        tmp = Path(args.keep_outputs or tmp)
+        tmp.mkdir(parents=True, exist_ok=True)
         data = _write_data(tmp, args.texts)
         print(
             f"data: {data['n']} built-in texts, {data['tokens']} tokens after truncation "
@@ -403,6 +474,7 @@ def main(argv: list[str] | None = None) -> dict:
             "seconds_median": seconds,
             "seconds_all": [round(r["seconds"], 2) for r in rs],
             "seconds_best": min(r["seconds"] for r in rs),
+            "spread": (max(r["seconds"] for r in rs) - min(r["seconds"] for r in rs)) / seconds,
             "cpu_s_median": statistics.median(r["cpu_s"] for r in rs),
             "cpu_s_all": [round(r["cpu_s"], 1) for r in rs],
             **{k: v for k, v in rs[-1].items() if k not in ("seconds", "out", "cpu_s")},
@@ -423,21 +495,30 @@ def main(argv: list[str] | None = None) -> dict:
                 ratios_best[f"pipeline_vs_{other}"] = (
                     results[other]["seconds_best"] / ours["seconds_best"]
                 )
+    from fingerprint import fingerprint, format_fingerprint
+
+    machine = fingerprint()
+    peak = machine["peak_gflops"].get("fp32")
+    for variant, r in results.items():
+        useful = variant not in HOST_ONLY and peak
+        r["mfu"] = data["flops"] / r["seconds_median"] / (peak * 1e9) if useful else None
     print()
     print(
-        f"{'variant':22} {'sentences/s':>11} {'median s':>9} {'best s':>7} {'CPU s':>7} "
-        f"{'compiles':>11} {'padding':>7}  runs (s)"
+        f"{'variant':22} {'sentences/s':>11} {'median s':>9} {'spread':>7} {'CPU s':>7} "
+        f"{'MFU %':>6} {'compiles':>11} {'padding':>7}  runs (s)"
     )
     for variant, r in results.items():
         compiles = r.get("compiles", "-")
         if "compile_seconds" in r:
             compiles = f"{compiles} ({r['compile_seconds']:.1f}s)"
         padding = f"{r['padding_ratio']:.2f}" if "padding_ratio" in r else "-"
+        mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}"
         print(
             f"{variant:22} {r['sentences_per_s']:11.1f} {r['seconds_median']:9.1f} "
-            f"{r['seconds_best']:7.1f} {r['cpu_s_median']:7.1f} {compiles:>11} {padding:>7}  "
-            f"{r['seconds_all']}"
+            f"{100 * r['spread']:6.0f}% {r['cpu_s_median']:7.1f} {mfu:>6} {compiles:>11} "
+            f"{padding:>7}  {r['seconds_all']}"
         )
+    print(f"medians of {args.rounds} rounds each; {format_fingerprint(machine)}")
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x (medians), {ratios_best[name]:.2f}x (best runs)")
     cold_warm = {}
@@ -447,20 +528,36 @@ def main(argv: list[str] | None = None) -> dict:
                   f"compiling, {r['compile_wait_seconds']:.2f} s of it on the critical path "
                   f"(waited for), {max(0.0, r['compile_seconds'] - r['compile_wait_seconds']):.1f}"
                   f" s overlapped; padding {r['padding_ratio']:.3f}")  # fmt: skip
-    if len(runs.get("pipeline", [])) > 1:
-        cold = runs["pipeline"][0]["seconds"]
-        warm = statistics.median(r["seconds"] for r in runs["pipeline"][1:])
-        cold_warm = {"pipeline_cold_s": cold, "pipeline_warm_s": warm}
-        print(
-            f"pipeline: {cold:.1f} s with an empty compilation cache (round 1), {warm:.1f} s "
-            "with it warm (later rounds, median)"
+    for variant in ("pipeline", "runinference"):
+        rs = runs.get(variant, [])
+        if len(rs) < 2:
+            continue
+        cold = rs[0]["seconds"]
+        warm = statistics.median(r["seconds"] for r in rs[1:])
+        cold_warm[f"{variant}_cold_s"], cold_warm[f"{variant}_warm_s"] = cold, warm
+        entries = rs[0]["cache_entries_before"]
+        first = (
+            "an empty compilation cache"
+            if entries == 0
+            else f"a compilation cache already holding {entries} files"
         )
-        for other in ("sentence_transformers", "runinference"):
-            if other in results:
-                theirs = results[other]["seconds_median"]
-                cold_warm[f"pipeline_vs_{other}_cold"] = theirs / cold
-                cold_warm[f"pipeline_vs_{other}_warm"] = theirs / warm
-                print(f"pipeline_vs_{other}: {theirs / cold:.2f}x cold, {theirs / warm:.2f}x warm")
+        print(
+            f"{variant}: {cold:.1f} s with {first} (round 1), {warm:.1f} s with it warm "
+            f"(later rounds, median)"
+        )
+    if "pipeline_warm_s" in cold_warm:
+        for other in ("runinference", "sentence_transformers"):
+            if other not in results:
+                continue
+            # Cold against cold, warm against warm (sentence-transformers compiles nothing).
+            cold = cold_warm.get(f"{other}_cold_s", results[other]["seconds_median"])
+            warm = cold_warm.get(f"{other}_warm_s", results[other]["seconds_median"])
+            cold_warm[f"pipeline_vs_{other}_cold"] = cold / cold_warm["pipeline_cold_s"]
+            cold_warm[f"pipeline_vs_{other}_warm"] = warm / cold_warm["pipeline_warm_s"]
+            print(
+                f"pipeline_vs_{other}: {cold_warm[f'pipeline_vs_{other}_cold']:.2f}x cold, "
+                f"{cold_warm[f'pipeline_vs_{other}_warm']:.2f}x warm"
+            )
     if cosine is not None:
         print(f"min cosine, pipeline vs sentence-transformers: {cosine:.6f}")
     print(
@@ -479,6 +576,7 @@ def main(argv: list[str] | None = None) -> dict:
         "pipeline_runs": runs.get("pipeline", []),
         "load_average": os.getloadavg(),
         "min_cosine_pipeline_vs_sentence_transformers": cosine,
+        "fingerprint": machine,
     }
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

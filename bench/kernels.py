@@ -54,3 +54,19 @@ def light(params, element, lengths):
 
 
 KERNELS = {"heavy": heavy, "light": light}
+
+
+def model_flops(kernel: str, lengths: np.ndarray) -> float:
+    """Useful floating-point operations over records of these lengths (padding excluded).
+
+    Matmuls count ``2 m n k``; the element-wise work (softmax, gelu, pooling) is left out
+    for ``heavy``, where it is under 2% of the total. ``tests/test_bench.py`` checks these
+    counts against XLA's own cost analysis of the unpadded kernel.
+    """
+    n = np.asarray(lengths, np.float64)
+    if kernel == "heavy":
+        # q, k, v, wo: 4 x (2 L 64 64); scores and attention: 2 x (2 L L 64); MLP: 2 x (2 L 64 256)
+        return float(np.sum(8 * DIM * DIM * n + 4 * DIM * n * n + 4 * DIM * HIDDEN * n))
+    if kernel == "light":
+        return float(np.sum(DIM * n + 2 * DIM * DIM))  # the pooling adds and one matvec
+    raise ValueError(f"unknown kernel {kernel!r}; expected one of {sorted(KERNELS)}")

@@ -2,18 +2,20 @@
 
     python bench/memory_check.py
 
-For a few (kernel, length, batch) shapes, each in a fresh process: compile through
-``beam_jax``'s kernel, read the analysis (``analyse_shape``), run one batch and measure the
-growth of peak RSS over the run. Prints XLA's own figure (arguments + outputs +
-temporaries), the figure with the XNNPACK estimate added (what ``FitToMemory`` judges by on
-CPU), the measured growth, and each figure's ratio to it.
+For a few (kernel, length, batch) shapes, each in a fresh process: note the resident
+memory (``VmRSS``) and reset the peak (``VmHWM``, via ``/proc/self/clear_refs``), then
+compile through ``beam_jax``'s kernel, read the analysis (``analyse_shape``), allocate the
+input and run one batch. ``measured`` is the peak minus that baseline: everything the shape
+cost, compile and input included. ``run`` is the same from a baseline taken after the
+compile, right before the input is allocated (the peak reset again): the batch alone.
+Prints XLA's own figure (arguments + outputs + temporaries), the figure with the XNNPACK
+estimate added (what ``FitToMemory`` judges by on CPU), both measurements, and the ratios.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +59,22 @@ def _kernels():
     }
 
 
+def _status_bytes(field: str) -> int:
+    """``VmRSS`` or ``VmHWM`` of this process, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _baseline() -> int:
+    """Resets the peak to the current resident memory; returns it."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # Linux: reset VmHWM to VmRSS
+    return _status_bytes("VmRSS")
+
+
 def _child(name: str, length: int, batch: int) -> None:
     import numpy as np
 
@@ -65,14 +83,21 @@ def _child(name: str, length: int, batch: int) -> None:
     fn, params, dim = _kernels()[name]
     kernel = Kernel(fn, devices=[0])
     placed = kernel.put_params(params)
+    before = _baseline()  # before the compile and the input
     a = analyse_shape(kernel, placed, [((batch, length, dim), np.float32)], ("L",), None)
+    compiled = _status_bytes("VmHWM")
+    before_run = _baseline()  # after the compile, before the input
     x = np.random.default_rng(0).standard_normal((batch, length, dim)).astype(np.float32)
     lengths = {"L": np.full(batch, length, np.int32)}
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kernel.call(placed, [x], lengths, treedef=None)
-    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
-    xla = a.argument + a.output + a.temp
-    print("RESULT " + json.dumps({"xla": xla, "fit": a.total, "measured": grown}), flush=True)
+    peak = _status_bytes("VmHWM")
+    out = {
+        "xla": a.argument + a.output + a.temp,
+        "fit": a.total,
+        "measured": max(peak, compiled) - before,
+        "run": peak - before_run,
+    }
+    print("RESULT " + json.dumps(out), flush=True)
 
 
 def main() -> None:
@@ -83,7 +108,7 @@ def main() -> None:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     print(
         f"{'kernel':9} {'L':>5} {'batch':>5} {'XLA MiB':>8} {'+XNNPACK':>8} {'measured':>8}"
-        f" {'XLA/meas':>8} {'fit/meas':>8}"
+        f" {'run':>8} {'XLA/meas':>8} {'fit/meas':>8} {'fit/run':>8}"
     )
     for name, length, batch in CASES:
         proc = subprocess.run(
@@ -99,10 +124,13 @@ def main() -> None:
         mib = {k: v / 2**20 for k, v in r.items()}
         print(
             f"{name:9} {length:5d} {batch:5d} {mib['xla']:8.1f} {mib['fit']:8.1f} "
-            f"{mib['measured']:8.1f} {r['xla'] / r['measured']:8.2f} "
-            f"{r['fit'] / r['measured']:8.2f}",
+            f"{mib['measured']:8.1f} {mib['run']:8.1f} {r['xla'] / r['measured']:8.2f} "
+            f"{r['fit'] / r['measured']:8.2f} {r['fit'] / r['run']:8.2f}",
             flush=True,
         )
+    from fingerprint import fingerprint, format_fingerprint
+
+    print(format_fingerprint(fingerprint()))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """beam_jax against the physical limit and against stock Beam, on the same data, in one run.
 
-    python bench/run.py --quick                  # 20,000 records, both kernels, < 3 min
+    python bench/run.py --quick                  # 20,000 records, stock on 4,000, 3 repeats
     python bench/run.py --elements 200000 --variants limit,beam_jax,beam_jax_arrow
-    python bench/run.py --json out.json          # {"heavy": {"beam_jax": {...}}, ...}
+    python bench/run.py --json out.json          # {"results": {kernel: {variant: {...}}},
+                                                 #  "ratios": {...}, "fingerprint": {...}}
 
 Each (kernel, variant) runs in a fresh process so peak RSS is its own; every variant's
 outputs are checked against ``limit``'s before the table is printed.
@@ -29,18 +30,47 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 VARIANT_NAMES = (
     "limit",
     "read_only",
+    "read_only_binary",
+    "read_only_raw",
     "beam_jax",
     "beam_jax_arrow",
     "beam_jax_arrow_binary",
     "stock_beam",
+    "stock_beam_tuned",
     "stock_runinference",
+    "stock_runinference_tuned",
     "beam_jax_runinference",
+)
+# The I/O bound of each variant: its own input file, read and decoded alone.
+READ_OF = {
+    "beam_jax": "read_only_raw",
+    "beam_jax_arrow": "read_only",
+    "beam_jax_arrow_binary": "read_only_binary",
+    "stock_beam": "read_only_raw",
+    "stock_beam_tuned": "read_only_raw",
+    "stock_runinference": "read_only_raw",
+    "stock_runinference_tuned": "read_only_raw",
+    "beam_jax_runinference": "read_only_raw",
+}
+READ_ONLY = ("read_only", "read_only_binary", "read_only_raw")
+# Headline ratios: (variant, baseline); the tuned baselines are the headline.
+RATIOS = (
+    ("beam_jax", "stock_beam_tuned"),
+    ("beam_jax", "stock_beam"),
+    ("beam_jax_runinference", "stock_runinference_tuned"),
+    ("beam_jax_runinference", "stock_runinference"),
+    ("beam_jax_arrow_binary", "beam_jax_arrow"),
 )
 KERNEL_NAMES = ("heavy", "light")
 FIELDS = (
     "elements_per_s",
+    "spread",
     "ratio_to_limit",
     "ratio_to_bound",
+    "ratio_to_serial_bound",
+    "host_us_per_record",
+    "host_cpu_us_per_record",
+    "mfu",
     "compiles",
     "padding_ratio",
     "peak_rss_mb",
@@ -155,33 +185,85 @@ def _run_variant(args, cfg: dict, kernel: str, variant: str, tmp: Path) -> dict:
 
 
 def _summarize_runs(runs: list[dict]) -> dict:
-    """The median run by time (the slower middle one for an even count); the largest RSS."""
+    """The median run by time (the slower middle one for an even count); the largest RSS.
+
+    ``spread`` is (slowest - fastest) / median time: how far one run could be off.
+    """
     ordered = sorted(runs, key=lambda r: r["elapsed_s"])
     r = dict(ordered[len(ordered) // 2])
     r["peak_rss_mb"] = max(x["peak_rss_mb"] for x in runs)
     r["elements_per_s"] = r["elements"] / r["elapsed_s"]
     r["runs_s"] = [round(x["elapsed_s"], 3) for x in runs]
+    r["spread"] = (ordered[-1]["elapsed_s"] - ordered[0]["elapsed_s"]) / r["elapsed_s"]
+    r["repeats"] = len(runs)
     return r
 
 
-def rows_limit(results: dict, kernel: str) -> float:
-    return results[kernel]["limit"]["elements_per_s"]
+def _bounds(rows: dict) -> None:
+    """Adds each variant's bounds, host cost per record and ratios, in place.
+
+    ``x bound``: rate / min(limit, the read of the variant's own file) — the slower of
+    compute and I/O, as if they overlapped perfectly. ``x serial``: rate / (1 / (1/limit +
+    1/read)) — the rate if reading and compute took turns; above 1 means they overlap.
+    ``host us/rec``: the variant's wall (and CPU) time per record minus the limit's: what
+    the host adds per record on top of the kernel, the figure that decides whether an
+    accelerator is fed.
+    """
+    limit = rows["limit"]
+    limit_rate = limit["elements_per_s"]
+    for variant, r in rows.items():
+        r["ratio_to_limit"] = r["elements_per_s"] / limit_rate
+        read = rows.get(READ_OF.get(variant, variant)) if variant != "limit" else None
+        bound = limit_rate if read is None else min(limit_rate, read["elements_per_s"])
+        if variant in READ_ONLY:
+            bound = r["elements_per_s"]
+        r["ratio_to_bound"] = r["elements_per_s"] / bound
+        if read is not None and variant not in READ_ONLY:
+            serial = 1 / (1 / limit_rate + 1 / read["elements_per_s"])
+            r["ratio_to_serial_bound"] = r["elements_per_s"] / serial
+        else:
+            r["ratio_to_serial_bound"] = None
+        if variant == "limit" or variant in READ_ONLY:
+            r["host_us_per_record"] = r["host_cpu_us_per_record"] = None
+        else:
+            per = 1e6 / r["elements"]
+            limit_per = 1e6 / limit["elements"]
+            r["host_us_per_record"] = r["elapsed_s"] * per - limit["elapsed_s"] * limit_per
+            r["host_cpu_us_per_record"] = r["cpu_s"] * per - limit["cpu_s"] * limit_per
+
+
+def _ratios(results: dict) -> dict:
+    out = {}
+    for kernel, rows in results.items():
+        for variant, baseline in RATIOS:
+            if variant in rows and baseline in rows:
+                key = f"{kernel}/{variant}_vs_{baseline}"
+                out[key] = rows[variant]["elements_per_s"] / rows[baseline]["elements_per_s"]
+    return out
+
+
+def _fmt(value, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:{width}{spec}}"
 
 
 def _table(results: dict) -> str:
     header = (
-        f"{'kernel':7} {'variant':21} {'records/s':>10} {'x limit':>8} {'x bound':>8} "
-        f"{'compiles':>8} "
-        f"{'padding':>8} {'peak RSS MB':>11}  {'records':>7}  check"
+        f"{'kernel':7} {'variant':24} {'records/s':>10} {'spread':>7} {'x limit':>8} "
+        f"{'x bound':>8} {'x serial':>8} {'host us/rec':>11} {'host cpu us':>11} "
+        f"{'MFU %':>6} {'compiles':>8} {'padding':>8} {'RSS MB':>7} {'records':>7}  check"
     )
     lines = [header, "-" * len(header)]
     for kernel, rows in results.items():
         for variant, r in rows.items():
+            mfu = None if r.get("mfu") is None else 100 * r["mfu"]
             lines.append(
-                f"{kernel:7} {variant:21} {r['elements_per_s']:10.0f} "
-                f"{r['ratio_to_limit']:8.3f} {r['ratio_to_bound']:8.3f} {str(r['compiles']):>8} "
-                f"{r['padding_ratio']:8.3f} {r['peak_rss_mb']:11.0f}  {r['elements']:7d}  "
-                f"{r.get('check', '')}"
+                f"{kernel:7} {variant:24} {r['elements_per_s']:10.0f} "
+                f"{100 * r['spread']:6.0f}% {r['ratio_to_limit']:8.3f} "
+                f"{r['ratio_to_bound']:8.3f} {_fmt(r['ratio_to_serial_bound'], '.3f', 8)} "
+                f"{_fmt(r['host_us_per_record'], '.0f', 11)} "
+                f"{_fmt(r['host_cpu_us_per_record'], '.0f', 11)} {_fmt(mfu, '.1f', 6)} "
+                f"{str(r['compiles']):>8} {r['padding_ratio']:8.3f} {r['peak_rss_mb']:7.0f} "
+                f"{r['elements']:7d}  {r.get('check', '')}"
             )
     return "\n".join(lines)
 
@@ -220,8 +302,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--repeat",
         type=int,
-        default=1,
-        help="run each non-stock variant this many times, interleaved; report the median",
+        default=3,
+        help="run every variant this many times, interleaved; report the median (default 3)",
     )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per variant")
     parser.add_argument(
@@ -246,7 +328,10 @@ def main(argv: list[str] | None = None) -> dict:
     if "limit" not in variants:
         variants = ["limit", *variants]
 
+    import numpy as np
     from data import generate
+    from fingerprint import fingerprint, format_fingerprint
+    from kernels import model_flops
 
     workdir = Path(
         args.workdir or Path(tempfile.gettempdir()) / f"beam_jax_bench_{args.seed}_{args.elements}"
@@ -259,6 +344,9 @@ def main(argv: list[str] | None = None) -> dict:
         f"({time.perf_counter() - started:.1f}s); buckets {cfg['boundaries']}",
         flush=True,
     )
+    machine = fingerprint()
+    peak_fp32 = machine["peak_gflops"].get("fp32")
+    lengths = np.load(workdir / "lengths.npy")
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -266,46 +354,43 @@ def main(argv: list[str] | None = None) -> dict:
             runs: dict[str, list[dict]] = {v: [] for v in variants}
             # Repeats go round the variants, so a noisy spell on a shared host hits all of
             # them alike; each variant then reports its median time.
-            for rep in range(args.repeat):
+            # Every variant runs the same number of times.
+            for _ in range(args.repeat):
                 for variant in variants:
-                    if variant.startswith("stock") and rep:
-                        continue  # minutes per run, and far from the others anyway
                     runs[variant].append(_run_variant(args, cfg, kernel, variant, tmp))
             results[kernel] = {}
             reference = None
             for variant in variants:
                 r = _summarize_runs(runs[variant])
                 outdir = tmp / f"{kernel}-{variant}"
+                r["mfu"] = None
                 if variant == "limit":
                     reference = _load_outputs(outdir)
                     r["check"] = "reference"
-                    r["ratio_to_limit"] = 1.0
-                elif variant == "read_only":
+                elif variant in READ_ONLY:
                     r["check"] = "I/O only"
-                    r["ratio_to_limit"] = r["elements_per_s"] / rows_limit(results, kernel)
                 else:
                     r["check"] = _check(f"{kernel}/{variant}", reference, outdir, r["elements"])
-                    limit_rate = results[kernel]["limit"]["elements_per_s"]
-                    r["ratio_to_limit"] = r["elements_per_s"] / limit_rate
+                if variant not in READ_ONLY:
+                    flops = model_flops(kernel, lengths[: r["elements"]])
+                    r["mfu"] = flops / r["elapsed_s"] / (peak_fp32 * 1e9) if peak_fp32 else None
                 results[kernel][variant] = r
-            # The bound: the slower of compute (limit) and I/O (read_only, when measured).
-            bound = min(
-                r["elements_per_s"]
-                for v, r in results[kernel].items()
-                if v in ("limit", "read_only")
-            )
-            for r in results[kernel].values():
-                r["ratio_to_bound"] = r["elements_per_s"] / bound
+            _bounds(results[kernel])
+    ratios = _ratios(results)
     print()
     print(_table(results))
-    print(f"\ntotal {time.perf_counter() - started:.0f}s")
+    print(f"\nmedians of {args.repeat} interleaved runs each; {format_fingerprint(machine)}")
+    for key, value in ratios.items():
+        print(f"  {key}: {value:.2f}x")
+    print(f"total {time.perf_counter() - started:.0f}s")
     out = {
         k: {
-            v: {f: r[f] for f in (*FIELDS, "elements", "elapsed_s", "runs_s")}
+            v: {f: r[f] for f in (*FIELDS, "elements", "elapsed_s", "cpu_s", "runs_s", "repeats")}
             for v, r in rows.items()
         }
         for k, rows in results.items()
     }
+    out = {"results": out, "ratios": ratios, "fingerprint": machine}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return out

@@ -30,6 +30,21 @@ import beam_jax as bj
 from beam_jax.internal import Plan
 
 SPEC = {"x": bj.ArraySpec(("L", DIM), np.float32)}
+
+
+class Clock:
+    """Wall and CPU time (this process, every thread: the FnApiRunner's worker runs in it)."""
+
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def stop(self) -> dict:
+        return {
+            "elapsed_s": time.perf_counter() - self.wall,
+            "cpu_s": time.process_time() - self.cpu,
+        }
+
+
 _JITTED: dict[str, Any] = {}  # stock variants' jitted functions, to count their compiles
 
 
@@ -143,7 +158,7 @@ def run_limit(kernel: str, cfg: dict) -> dict:
     params = jax.device_put(load_params())
     jax.block_until_ready(params)
     fn = jax.jit(jax.vmap(KERNELS[kernel], in_axes=(None, 0, 0)))
-    start = time.perf_counter()
+    start = Clock()
     compiled, outs = {}, []
     for _, x, lens in batches:
         exe = compiled.get(x.shape)
@@ -152,17 +167,17 @@ def run_limit(kernel: str, cfg: dict) -> dict:
         # Waiting for each batch measured faster here than queueing them all (which
         # runs several batches at once on the same cores).
         outs.append(np.asarray(exe(params, {"x": x}, {"L": lens})))
-    elapsed = time.perf_counter() - start
+    times = start.stop()
     ids = np.concatenate([b[0] for b in batches])
     values = np.concatenate([o[: len(b[0])] for o, b in zip(outs, batches, strict=True)])
     np.savez(os.path.join(cfg["outdir"], "all.npz"), ids=ids, values=values)
-    return {"elapsed_s": elapsed, "compiles": len(compiled), "padding_ratio": padded / real}
+    return {**times, "compiles": len(compiled), "padding_ratio": padded / real}
 
 
 def run_beam_jax(kernel: str, cfg: dict) -> dict:
     """RunKernel on the FnApiRunner from an in-memory source of record indices."""
     _warm(os.path.join(cfg["workdir"], "values.f32"))
-    start = time.perf_counter()
+    start = Clock()
     p = _pipeline()
     records = _indices(p, cfg["n"]) | "Read" >> beam.ParDo(ReadRecord(cfg["workdir"], True))
     results, _ = (
@@ -183,7 +198,7 @@ def run_beam_jax_arrow(kernel: str, cfg: dict, file: str = "data.parquet") -> di
     """RunKernelOnArrow on the FnApiRunner from the Parquet file (``x: list<float32>``)."""
     path = os.path.join(cfg["workdir"], file)
     _warm(path)
-    start = time.perf_counter()
+    start = Clock()
     p = _pipeline()
     results, _ = (
         p
@@ -205,49 +220,81 @@ def run_beam_jax_arrow_binary(kernel: str, cfg: dict) -> dict:
     return run_beam_jax_arrow(kernel, cfg, "data_binary.parquet")
 
 
-def run_read_only(kernel: str, cfg: dict) -> dict:
-    """The I/O bound: the same Parquet file read and decoded to numpy by pyarrow alone.
+def run_read_only(kernel: str, cfg: dict, file: str = "data.parquet") -> dict:
+    """The I/O bound of the Arrow variants: the Parquet file read and decoded by pyarrow.
 
-    Row group by row group, as ``ReadArrowBatches`` reads it, each ``x: list<float32>``
-    column becomes its flat float32 values and int offsets, and ``id`` an int array: what
-    any reader must do before a kernel sees the data. No Beam, no kernel, no output.
+    Row group by row group, as ``ReadArrowBatches`` reads it, the ``x`` column becomes its
+    flat values and int offsets (``list<float32>``: the float values; ``binary``: the raw
+    bytes), and ``id`` an int array: what any reader must do before a kernel sees the data.
+    No Beam, no kernel, no output.
     """
     import pyarrow.parquet as pq
 
-    path = os.path.join(cfg["workdir"], "data.parquet")
+    path = os.path.join(cfg["workdir"], file)
     _warm(path)
-    start = time.perf_counter()
+    start = Clock()
     f = pq.ParquetFile(path)
     rows = 0
     for i in range(f.num_row_groups):
         table = f.read_row_group(i, columns=["id", "x"])
         for chunk in table.column("x").chunks:
-            values = chunk.values.to_numpy(zero_copy_only=False)
-            offsets = np.asarray(chunk.offsets)
-            assert len(values) >= offsets[-1] - offsets[0]
+            if hasattr(chunk, "values"):  # list<float32>
+                values = chunk.values.to_numpy(zero_copy_only=False)
+                offsets, size = np.asarray(chunk.offsets), len(values)
+            else:  # binary: the buffers, viewed as int32 offsets and float32 values
+                _, offs, data = chunk.buffers()
+                lo = chunk.offset
+                offsets = np.frombuffer(offs, np.int32)[lo : lo + len(chunk) + 1]
+                values = np.frombuffer(data, np.float32)
+                size = len(values) * 4
+            assert size >= offsets[-1] - offsets[0]
         rows += len(table.column("id").to_numpy())
-    elapsed = time.perf_counter() - start
+    times = start.stop()
     if rows != cfg["n"]:
         raise RuntimeError(f"read {rows} rows, expected {cfg['n']}")
-    return {"elapsed_s": elapsed, "compiles": 0, "padding_ratio": 1.0}  # nothing padded
+    return {**times, "compiles": 0, "padding_ratio": 1.0}  # nothing padded
+
+
+def run_read_only_binary(kernel: str, cfg: dict) -> dict:
+    """The I/O bound of ``beam_jax_arrow_binary``: ``data_binary.parquet`` (``x: binary``)."""
+    return run_read_only(kernel, cfg, "data_binary.parquet")
+
+
+def run_read_only_raw(kernel: str, cfg: dict) -> dict:
+    """The I/O bound of the variants that ``pread`` each record from ``values.f32``.
+
+    The same ``RecordReader.read`` call per record as their ``ReadRecord`` DoFn, in a plain
+    loop: no Beam, no kernel, no output.
+    """
+    _warm(os.path.join(cfg["workdir"], "values.f32"))
+    reader = RecordReader(cfg["workdir"])
+    reader.open()
+    start = Clock()
+    rows = sum(len(reader.read(i)) > 0 for i in range(cfg["n"]))
+    times = start.stop()
+    reader.close()
+    if rows != cfg["n"]:
+        raise RuntimeError(f"read {rows} records, expected {cfg['n']}")
+    return {**times, "compiles": 0, "padding_ratio": 1.0}
 
 
 def _finish(p, start) -> dict:
     result = p.run()
     result.wait_until_finish()
-    elapsed = time.perf_counter() - start
+    times = start.stop()
     s = bj.summarize(result)
     if not s.conserved or s.dead_letters:
         raise RuntimeError(f"beam_jax lost or rejected elements: {s}")
-    return {"elapsed_s": elapsed, "compiles": s.compiles, "padding_ratio": s.padding_ratio}
+    return {**times, "compiles": s.compiles, "padding_ratio": s.padding_ratio}
 
 
 class _PadAndRun(beam.DoFn):
     """Stock: pad each batch to its longest element (or its bucket), run the jitted kernel."""
 
-    def __init__(self, kernel: str, bounds: tuple[int, ...] | None):
+    def __init__(self, kernel: str, bounds: tuple[int, ...] | None, rows: int | None = None):
         self.kernel = kernel
         self.bounds = bounds
+        self.rows = rows
 
     def setup(self):
         model = _load_model(self.kernel)
@@ -274,33 +321,50 @@ def _load_model(kernel: str) -> _Model:
 
 
 def _pad_and_run(owner, xs: list[np.ndarray]) -> np.ndarray:
+    """Pads the length axis to the longest element (or its bucket when ``owner.bounds``)
+    and, when ``owner.rows``, the batch axis to that many rows; returns the real rows."""
     longest = max(len(x) for x in xs)
     width = longest
     if owner.bounds is not None:
         width = next(b for b in owner.bounds if b >= longest)
-    padded = np.zeros((len(xs), width, DIM), np.float32)
-    lens = np.zeros(len(xs), np.int32)
+    rows = max(owner.rows or 0, len(xs))
+    padded = np.zeros((rows, width, DIM), np.float32)
+    lens = np.zeros(rows, np.int32)
     for row, x in enumerate(xs):
         padded[row, : len(x)] = x
         lens[row] = len(x)
     owner.padded.inc(padded.shape[0] * width)
     owner.real.inc(int(lens.sum()))
-    return np.asarray(owner.fn(owner.params, {"x": padded}, {"L": lens}))
+    return np.asarray(owner.fn(owner.params, {"x": padded}, {"L": lens}))[: len(xs)]
 
 
-def run_stock_beam(kernel: str, cfg: dict) -> dict:
+def run_stock_beam(kernel: str, cfg: dict, tuned: bool = False) -> dict:
     """Stock Beam: BatchElements, then a Map that pads each batch to its longest element."""
     _warm(os.path.join(cfg["workdir"], "values.f32"))
-    start = time.perf_counter()
+    size = cfg["batch_size"]
+    if tuned:
+        batching = beam.BatchElements(min_batch_size=size, max_batch_size=size)
+        pad = _PadAndRun(kernel, tuple(cfg["boundaries"]), rows=size)
+    else:
+        batching = beam.BatchElements(max_batch_size=size)
+        pad = _PadAndRun(kernel, None)
+    start = Clock()
     p = _pipeline()
     _ = (
         _indices(p, cfg["n"])
         | "Read" >> beam.ParDo(ReadRecord(cfg["workdir"], False))
-        | beam.BatchElements(max_batch_size=cfg["batch_size"])
-        | "PadAndRun" >> beam.ParDo(_PadAndRun(kernel, None))
+        | batching
+        | "PadAndRun" >> beam.ParDo(pad)
         | "Collect" >> beam.ParDo(CollectRows(cfg["outdir"], "pairs"))
     )
     return _finish_stock(p, start, kernel)
+
+
+def run_stock_beam_tuned(kernel: str, cfg: dict) -> dict:
+    """Stock Beam as a careful user tunes it: ``BatchElements(min_batch_size=B,
+    max_batch_size=B)``, every batch padded to B rows and its length to the bucket of its
+    longest element, so it compiles once per bucket (B = ``--batch-size``)."""
+    return run_stock_beam(kernel, cfg, tuned=True)
 
 
 class JaxModelHandler(ModelHandler):
@@ -311,8 +375,9 @@ class JaxModelHandler(ModelHandler):
     its bucket's boundary, the most stable shape stock batching allows.
     """
 
-    def __init__(self, kernel: str, bounds: tuple[int, ...], batch_size: int):
+    def __init__(self, kernel: str, bounds: tuple[int, ...], batch_size: int, tuned: bool = False):
         super().__init__(
+            min_batch_size=batch_size if tuned else None,
             max_batch_size=batch_size,
             max_batch_duration_secs=60,
             batch_length_fn=_keyed_length,
@@ -320,6 +385,7 @@ class JaxModelHandler(ModelHandler):
         )
         self.kernel = kernel
         self.bounds = bounds
+        self.rows = batch_size if tuned else None
 
     def load_model(self):
         return _load_model(self.kernel)
@@ -340,13 +406,13 @@ def _keyed_length(element) -> int:
     return len(element[1])
 
 
-def run_stock_runinference(kernel: str, cfg: dict) -> dict:
+def run_stock_runinference(kernel: str, cfg: dict, tuned: bool = False) -> dict:
     """Stock Beam RunInference with length-bucketed (stateful) BatchElements."""
     _warm(os.path.join(cfg["workdir"], "values.f32"))
-    start = time.perf_counter()
+    start = Clock()
     p = _pipeline()
     handler = KeyedModelHandler(
-        JaxModelHandler(kernel, tuple(cfg["boundaries"]), cfg["batch_size"])
+        JaxModelHandler(kernel, tuple(cfg["boundaries"]), cfg["batch_size"], tuned=tuned)
     )
     _ = (
         _indices(p, cfg["n"])
@@ -357,11 +423,17 @@ def run_stock_runinference(kernel: str, cfg: dict) -> dict:
     return _finish_stock(p, start, kernel)
 
 
+def run_stock_runinference_tuned(kernel: str, cfg: dict) -> dict:
+    """``stock_runinference`` with ``min_batch_size=max_batch_size=B`` and every batch
+    padded to B rows: one compile per bucket, as a careful user would set it up."""
+    return run_stock_runinference(kernel, cfg, tuned=True)
+
+
 def run_beam_jax_runinference(kernel: str, cfg: dict) -> dict:
     """RunInference with beam_jax's handler: the same Beam length buckets and stateful
     batching as ``stock_runinference``, each batch run by beam_jax's engine."""
     _warm(os.path.join(cfg["workdir"], "values.f32"))
-    start = time.perf_counter()
+    start = Clock()
     p = _pipeline()
     handler = bj.KeyedJaxModelHandler(
         KERNELS[kernel],
@@ -382,14 +454,14 @@ def run_beam_jax_runinference(kernel: str, cfg: dict) -> dict:
 def _finish_stock(p, start, kernel: str) -> dict:
     result = p.run()
     result.wait_until_finish()
-    elapsed = time.perf_counter() - start
+    times = start.stop()
     totals = {}
     query = result.metrics().query(beam.metrics.MetricsFilter().with_namespace("bench"))
     for c in query["counters"]:
         totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + (c.committed or 0)
     fn = _JITTED.get(kernel)
     return {
-        "elapsed_s": elapsed,
+        **times,
         "compiles": fn._cache_size() if fn is not None else None,
         "padding_ratio": totals.get("padded_size", 0) / max(totals.get("real_size", 0), 1),
     }
@@ -398,10 +470,14 @@ def _finish_stock(p, start, kernel: str) -> dict:
 VARIANTS = {
     "limit": run_limit,
     "read_only": run_read_only,
+    "read_only_binary": run_read_only_binary,
+    "read_only_raw": run_read_only_raw,
     "beam_jax": run_beam_jax,
     "beam_jax_arrow": run_beam_jax_arrow,
     "beam_jax_arrow_binary": run_beam_jax_arrow_binary,
     "stock_beam": run_stock_beam,
+    "stock_beam_tuned": run_stock_beam_tuned,
     "stock_runinference": run_stock_runinference,
+    "stock_runinference_tuned": run_stock_runinference_tuned,
     "beam_jax_runinference": run_beam_jax_runinference,
 }

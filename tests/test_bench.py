@@ -1,24 +1,32 @@
 """bench/run.py runs end to end on a tiny dataset, checks outputs agree and writes its JSON."""
 
+import importlib
 import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_bench_runs_every_variant_and_writes_json(tmp_path):
+def _bench_module(name: str):
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        import run
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "bench"))
+
+
+def test_bench_runs_every_variant_and_writes_json(tmp_path):
+    run = _bench_module("run")
     out = tmp_path / "bench.json"
     results = run.main(
         [
             "--elements", "120",
             "--num-buckets", "3",
             "--in-process",
+            "--repeat", "1",
             "--workdir", str(tmp_path / "data"),
             "--batch-size", "16",
             "--max-padded-size", "8192",
@@ -27,37 +35,88 @@ def test_bench_runs_every_variant_and_writes_json(tmp_path):
     )  # fmt: skip
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(results))
-    assert set(written) == {"heavy", "light"}
-    for kernel, rows in written.items():
+    assert written["fingerprint"]["peak_gflops"]["fp32"] > 0
+    assert set(written["results"]) == {"heavy", "light"}
+    for kernel, rows in written["results"].items():
         assert set(rows) == set(run.VARIANT_NAMES), kernel
         for variant, row in rows.items():
-            for field in run.FIELDS:
+            for field in ("elements_per_s", "ratio_to_limit", "ratio_to_bound", "spread"):
                 assert isinstance(row[field], int | float), (kernel, variant, field)
             assert row["elements_per_s"] > 0
-        assert rows["limit"]["ratio_to_limit"] == 1.0
-        bound = min(rows["limit"]["elements_per_s"], rows["read_only"]["elements_per_s"])
-        assert rows["beam_jax"]["ratio_to_bound"] == rows["beam_jax"]["elements_per_s"] / bound
-        # beam_jax compiles only listed shapes: one batch size per bucket here.
+            assert row["repeats"] == 1
+        limit = rows["limit"]
+        assert limit["ratio_to_limit"] == 1.0
+        # Each variant against the read of its own input file.
+        for variant, read in run.READ_OF.items():
+            r, read_rate = rows[variant], rows[read]["elements_per_s"]
+            bound = min(limit["elements_per_s"], read_rate)
+            assert r["ratio_to_bound"] == pytest.approx(r["elements_per_s"] / bound)
+            serial = 1 / (1 / limit["elements_per_s"] + 1 / read_rate)
+            assert r["ratio_to_serial_bound"] == pytest.approx(r["elements_per_s"] / serial)
+            per_record = r["elapsed_s"] / r["elements"] - limit["elapsed_s"] / limit["elements"]
+            assert r["host_us_per_record"] == pytest.approx(1e6 * per_record)
+            assert 0 < r["mfu"] < 1
+        # beam_jax compiles only listed shapes: one batch size per bucket here; so does the
+        # tuned stock baseline (one batch size, lengths padded to the buckets).
         assert rows["beam_jax"]["compiles"] <= 3
         assert rows["beam_jax_arrow"]["compiles"] == rows["beam_jax"]["compiles"]
+        assert rows["stock_beam_tuned"]["compiles"] <= 3
+        assert rows["stock_runinference_tuned"]["compiles"] <= 3
+        ratio = written["ratios"][f"{kernel}/beam_jax_vs_stock_beam_tuned"]
+        assert ratio == pytest.approx(
+            rows["beam_jax"]["elements_per_s"] / rows["stock_beam_tuned"]["elements_per_s"]
+        )
+
+
+@pytest.mark.parametrize("length", [1, 7, 64])
+def test_bench_model_flops_match_xla_cost_analysis(length):
+    """The MFU column's FLOP counts agree with XLA's count of the unpadded kernel."""
+    import jax
+    import numpy as np
+
+    kernels = _bench_module("kernels")
+    params = kernels.load_params()
+    x = {"x": np.zeros((length, kernels.DIM), np.float32)}
+    lengths = {"L": np.int32(length)}
+    for name, fn in kernels.KERNELS.items():
+        cost = jax.jit(fn).lower(params, x, lengths).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        xla = cost["flops"]
+        ours = kernels.model_flops(name, [length])
+        # Ours counts matmuls (and pooling adds for light); XLA also counts element-wise
+        # work (softmax, gelu, masks), a few percent on top.
+        assert ours <= xla <= 1.25 * ours + 2000, (name, ours, xla)
 
 
 def test_embed_text_bench_measures_the_host_alone(tmp_path):
-    """The host-only variants run the flagship end to end, both paths, with a trivial kernel."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import embed_text
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    """The host-only variants run the flagship end to end, both paths, with the trivial
+    kernel in place of the encoder: every row written is that kernel's output."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines import corpus
+
+    embed_text = _bench_module("embed_text")
     out = tmp_path / "bench.json"
     report = embed_text.main(
         ["--variants", "host_only,host_only_per_element", "--texts", "60", "--rounds", "1",
-         "--json", str(out)]
+         "--json", str(out), "--keep-outputs", str(tmp_path / "runs")]
     )  # fmt: skip
     assert json.loads(out.read_text())["variants"].keys() == {"host_only", "host_only_per_element"}
     for variant in report["variants"].values():
         assert variant["sentences_per_s"] > 0 and variant["compiles"] >= 1
     assert report["ratios"]["host_only_vs_host_only_per_element"] > 0
+    texts = [t for _, t in corpus.builtin_corpus()][:60]
+    expected = embed_text.host_only_expected(texts)
+    assert len(set(expected[:, 0].tolist())) > 30  # the texts' outputs differ from each other
+    for variant in ("host_only", "host_only_per_element"):
+        files = sorted((tmp_path / "runs" / f"{variant}-0").glob("embeddings-*.parquet"))
+        table = pa.concat_tables(pq.read_table(f, columns=["id", "embedding"]) for f in files)
+        ids = table.column("id").to_numpy()
+        got = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+        assert sorted(ids.tolist()) == list(range(60)), variant
+        np.testing.assert_array_equal(got, expected[ids], err_msg=variant)
 
 
 def test_packing_plan_bench_meets_the_padding_target_on_two_real_corpora():

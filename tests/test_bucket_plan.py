@@ -33,7 +33,7 @@ def simulated_padding(lengths, plan, max_size):
 lengths_st = st.lists(st.integers(0, 300), min_size=1, max_size=300)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=100, deadline=2000)
 @given(
     lengths=lengths_st,
     budget=st.integers(1, 12),
@@ -63,7 +63,7 @@ def test_plan_keeps_the_budget_and_predicts_its_padding(
     assert sum(plan.counts) == len(lengths)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=2000)
 @given(lengths=lengths_st, budget=st.integers(1, 10))
 def test_more_budget_never_pads_more(lengths, budget):
     small = bj.plan_bucketing(lengths, max_size=256, compile_budget=budget)
@@ -71,7 +71,7 @@ def test_more_budget_never_pads_more(lengths, budget):
     assert large.padding_ratio <= small.padding_ratio + 1e-12
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=2000)
 @given(lengths=lengths_st, budget=st.integers(2, 12))
 def test_a_price_per_shape_buys_fewer_shapes(lengths, budget):
     free = bj.plan_bucketing(lengths, max_size=256, compile_budget=budget)

@@ -3,6 +3,7 @@ of a real run's metrics."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import pathlib
 import subprocess
@@ -21,7 +22,19 @@ from beam_jax._src.cli import plan, report
 from beam_jax.internal import padding_ratio
 from tests import flagship as ft
 
-matplotlib_image = pytest.importorskip("matplotlib.image")
+
+# Only the plotting tests need matplotlib (the [plot] extra); the others run without it.
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+needs_matplotlib = pytest.mark.skipif(
+    not _importable("matplotlib.image"), reason="needs matplotlib (the [plot] extra)"
+)
 
 ROOT = pathlib.Path(__file__).parent.parent
 RED = np.array([0xC4, 0x4E, 0x52]) / 255  # the boundary lines' colour
@@ -40,6 +53,8 @@ def _plan_json(capsys, *argv) -> dict:
 
 def _red_columns(png: pathlib.Path, left_fraction: float) -> int:
     """Vertical runs of the boundary colour in the left part of the image: drawn lines."""
+    from matplotlib import image as matplotlib_image
+
     image = matplotlib_image.imread(png)[..., :3]
     part = image[:, : int(image.shape[1] * left_fraction)]
     red = (np.abs(part - RED) < 0.08).all(axis=-1).sum(axis=0) >= 20
@@ -106,6 +121,7 @@ def test_plan_shows_the_packed_plans_beside_the_buckets_as_the_packer_runs_them(
     assert "row length x rows" in text
 
 
+@needs_matplotlib
 def test_plan_of_json_lines_texts_in_tokens_draws_one_line_per_boundary(tmp_path, capsys):
     rows = [{"id": i, "text": " ".join(["word"] * int(n))} for i, n in enumerate(_lengths(300))]
     source = ft.write_json_lines(tmp_path / "rows.jsonl", rows)
@@ -186,6 +202,7 @@ def test_plan_with_a_kernel_lists_each_shape_s_analysed_bytes_and_the_batch_limi
         cli.main(["plan", *argv[:-3], "nope", "--memory-budget-mib", "4"])
 
 
+@needs_matplotlib
 def test_a_run_s_metrics_file_feeds_the_report_and_its_plot(tmp_path, capsys):
     rows = [{"id": i, "text": t} for i, t in enumerate(ft.texts(12))] + [{"id": 99, "text": None}]
     out = tmp_path / "out"

@@ -115,7 +115,7 @@ def ragged_batches(draw):
     return plan, elements
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=2000)
 @given(ragged_batches())
 def test_pad_then_unpad_round_trips(case):
     plan, elements = case

@@ -30,14 +30,14 @@ def brute_force(lengths, num_buckets, max_size=None):
 lengths_st = st.lists(st.integers(0, 40), min_size=1, max_size=25)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=2000)
 @given(lengths=lengths_st, num_buckets=st.integers(1, 4))
 def test_dp_matches_brute_force(lengths, num_buckets):
     bounds = plan_boundaries(lengths, num_buckets)
     assert padded_total(lengths, bounds) == brute_force(lengths, num_buckets)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=2000)
 @given(lengths=lengths_st, num_buckets=st.integers(1, 4), max_size=st.integers(1, 60))
 def test_dp_with_max_size_matches_brute_force(lengths, num_buckets, max_size):
     bounds = plan_boundaries(lengths, num_buckets, max_size=max_size)
@@ -46,7 +46,7 @@ def test_dp_with_max_size_matches_brute_force(lengths, num_buckets, max_size):
     assert padded_total(clipped, bounds) == brute_force(lengths, num_buckets, max_size)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=2000)
 @given(lengths=lengths_st, num_buckets=st.integers(1, 10))
 def test_respects_budget_and_covers_the_sample(lengths, num_buckets):
     bounds = plan_boundaries(lengths, num_buckets)

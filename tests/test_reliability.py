@@ -468,6 +468,35 @@ _trees = st.recursive(
 )
 
 
+@settings(max_examples=100, deadline=2000, suppress_health_check=list(HealthCheck))
+@given(st.one_of(_trees, st.integers(1, 16).map(lambda n: good(n, n))))
+def test_fuzzed_elements_validate_or_raise_an_invalid_element_error_never_another(element):
+    """The check every element meets before a pipeline batches it: a random pytree is
+    either accepted and pads, batches and unbatches back to itself, or rejected with an
+    ``InvalidElementError`` (a dead letter), never any other exception."""
+    from beam_jax.internal import Plan
+
+    plan = Plan(
+        SPEC,
+        Bucketing(boundaries={"L": (4, 8, 16)}, batch_size=8),
+        validation=Validation(nonfinite="reject", max_element_bytes=300),
+    )
+    try:
+        item = plan.validate(element)
+    except bj.InvalidElementError:
+        return
+    bucket = plan.bucket_for(item.lengths)
+    assert all(n <= b for n, b in zip(item.lengths, bucket, strict=True))
+    batch = plan.pad(bucket, [item])
+    assert batch.num_real == 1
+    for leaf, padded in zip(item.leaves, batch.leaves, strict=True):
+        assert padded.dtype == leaf.dtype
+        np.testing.assert_array_equal(padded[(0, *(slice(0, d) for d in leaf.shape))], leaf)
+    assert [int(batch.lengths[name][0]) for name in plan.layout.axis_names] == list(item.lengths)
+
+
+# Each fuzzed list is one pipeline run (seconds each): few examples, the cheap invariant
+# above has the many.
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     st.lists(

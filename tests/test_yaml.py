@@ -21,8 +21,15 @@ from tests.beam_helpers import pipeline, run
 from tests.flagship import write_json_lines
 from tests.kernels import D, attention_params, masked_attention_pool, reference_attention_pool
 
-yaml_main = pytest.importorskip("apache_beam.yaml.main")
-from apache_beam.yaml import yaml_transform  # noqa: E402
+try:  # Beam's YAML front end needs extra packages (jinja2, ...); only its tests skip
+    from apache_beam.yaml import main as yaml_main
+    from apache_beam.yaml import yaml_transform
+except ImportError as e:  # pragma: no cover - depends on the environment
+    yaml_main = yaml_transform = None
+    _NO_YAML = f"Beam YAML is not importable here: {e}"
+else:
+    _NO_YAML = ""
+needs_yaml = pytest.mark.skipif(yaml_main is None, reason=_NO_YAML or "Beam YAML importable")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "pipelines" / "embed_text.yaml"
@@ -68,6 +75,7 @@ def _json_rows(pattern: str) -> list[dict]:
     return rows
 
 
+@needs_yaml
 def test_the_example_pipeline_runs_through_beams_yaml_main_on_parquet(tmp_path, expected):
     source = tmp_path / "in.parquet"
     pq.write_table(
@@ -110,6 +118,7 @@ providers:
 """
 
 
+@needs_yaml
 def test_embed_text_from_json_lines_through_yaml_transform_equals_run_kernel(tmp_path, expected):
     source = write_json_lines(
         tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in TEXTS.items()]
@@ -207,6 +216,7 @@ def _to_pair(row) -> tuple:
     return row["id"], {"x": np.asarray(row["x"], np.float32).reshape(-1, D)}
 
 
+@needs_yaml
 def test_run_kernel_on_rows_in_yaml_equals_run_kernel_and_dead_letters_bad_rows(tmp_path):
     rng = np.random.default_rng(0)
     xs = {
