@@ -256,6 +256,12 @@ def metric_totals(result: Any, namespace: str) -> dict[str, int]:
 def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
     """Read the RunKernel metrics of a finished ``PipelineResult``.
 
+    What it reads is what the runner's metrics hold. Beam's local streaming runner (the
+    BundleBasedDirectRunner, the one that runs a Python ``TestStream``) keeps only the first
+    bundle's counter updates of each step and thread, so a plain run there under-counts; run
+    such pipelines through ``beam_jax.testing.StreamTest``, whose ``summary`` counts every
+    bundle. Other runners are not affected.
+
     Examples:
         >>> summary = summarize(pipeline.run().wait_until_finish() and result)  # doctest: +SKIP
     """
