@@ -180,7 +180,8 @@ class PackPlan:
         >>> def segment_sums(x, ids):  # the kernel: [rows, max_segments]
         ...     return np.stack([np.bincount(i, w, minlength=3)[1:] for w, i in zip(x, ids)])
         >>> outputs = [segment_sums(b.leaves[0], b.segment_ids) for b in result.batches]
-        >>> [float(v) for v in plan.unpack(result, outputs)]
+        >>> sums = [float(v) for v in plan.unpack(result, outputs)]
+        >>> sums
         [6.0, 4.0, 30.0]
 
     Args:
