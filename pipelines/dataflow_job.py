@@ -12,7 +12,8 @@ image exist and can be reached; the upload of the staged files; the service's ow
 validation of the request; and anything that happens on a worker.
 
 Example:
-    >>> result = pipeline.run()  # doctest: +SKIP  (with --runner DataflowRunner --dry_run=True)
+    >>> # pipeline: built with --runner=DataflowRunner --dry_run=True
+    >>> result = pipeline.run()  # doctest: +SKIP
     >>> job = job_description(result)  # doctest: +SKIP
     >>> job["environment"]["workerPools"][0]["sdkHarnessContainerImages"]  # doctest: +SKIP
 """

@@ -139,3 +139,20 @@ def process_group(
         kill_group(proc)
     left = group_members(proc.pid)
     assert not left, f"{cmd[0]} left processes {sorted(left)} behind"
+
+
+def worker_pool(log_path: str, timeout_s: float) -> contextlib.AbstractContextManager[str]:
+    """Beam's SDK worker pool (``worker_pool_main``) in its own process group: its address.
+
+    It is ready when its port accepts connections. (It announces itself only in an INFO log
+    line, which reaches no handler unless an import happened to configure logging.)
+    """
+    port = free_port()
+
+    def ready(_log: str) -> str | None:
+        return f"localhost:{port}" if port_open(port) else None
+
+    cmd = [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main"]
+    return process_group(
+        [*cmd, f"--service_port={port}"], log_path, ready, env=worker_env(), timeout_s=timeout_s
+    )

@@ -18,7 +18,6 @@ import functools
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -42,7 +41,7 @@ from tests.processes import (
     port_open,
     process_group,
     wait_until,
-    worker_env,
+    worker_pool,
 )
 
 pytestmark = pytest.mark.slow
@@ -275,22 +274,15 @@ def test_flagship_on_prism_writes_the_fnapi_runners_bytes(tmp_path, prism_binary
 
 
 @pytest.fixture
-def worker_pool(tmp_path):
+def pool(tmp_path):
     """A pool of SDK worker processes (each job's workers are its children): its address."""
 
-    def ready(log: str) -> str | None:
-        m = re.search(r"Started worker pool servicer at port: (\S+:\d+)", log)
-        return m.group(1) if m else None
-
-    cmd = [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main", "--service_port=0"]
-    with process_group(
-        cmd, str(tmp_path / "worker_pool.log"), ready, env=worker_env(), timeout_s=START_TIMEOUT_S
-    ) as address:
+    with worker_pool(str(tmp_path / "worker_pool.log"), START_TIMEOUT_S) as address:
         yield address
 
 
 def test_a_killed_worker_fails_the_prism_job_and_a_rerun_completes_it(
-    tmp_path, monkeypatch, prism, worker_pool
+    tmp_path, monkeypatch, prism, pool
 ):
     """An SDK worker SIGKILLed after writing 5 of 30 parts: Prism fails the job (it does not
     retry bundles), nothing is published, and the same command again reuses the written
@@ -306,7 +298,7 @@ def test_a_killed_worker_fails_the_prism_job_and_a_rerun_completes_it(
         "--runner=PortableRunner",
         f"--job_endpoint={prism}",
         "--environment_type=EXTERNAL",
-        f"--environment_config={worker_pool}",
+        f"--environment_config={pool}",
         NO_SPLIT,
     ]
 

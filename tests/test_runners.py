@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 from collections.abc import Callable
@@ -23,7 +22,7 @@ import pytest
 import beam_jax as bj
 from tests import _runner_job as job
 from tests.processes import descendants as _descendants
-from tests.processes import process_group, worker_env
+from tests.processes import process_group, worker_env, worker_pool
 from tests.processes import wait_until as _wait_until
 
 pytestmark = pytest.mark.slow
@@ -63,16 +62,7 @@ def _job_service(tmp: str) -> contextlib.AbstractContextManager[str]:
 
 
 def _worker_pool(tmp: str) -> contextlib.AbstractContextManager[str]:
-    def ready(log: str) -> str | None:
-        m = re.search(r"Started worker pool servicer at port: (\S+:\d+)", log)
-        return m.group(1) if m else None
-
-    return _service(
-        "apache_beam.runners.worker.worker_pool_main",
-        ["--service_port=0"],
-        os.path.join(tmp, "worker_pool.log"),
-        ready,
-    )
+    return worker_pool(os.path.join(tmp, "worker_pool.log"), START_TIMEOUT_S)
 
 
 def _run_in_process(out: str, tmp: str) -> bj.Summary:

@@ -40,7 +40,7 @@ class PackedBuffer:
         slot: the engine's slot (``None``: packed batches may mix windows).
     """
 
-    def __init__(self, plan: PackedPlan, row_length: int, items: list, rows, slot: Any = None):
+    def __init__(self, plan: PackedPlan, row_length: int, items: list, rows: Any, slot: Any = None):
         self.bucket = (row_length,)
         self.slot = slot
         self.items = items
