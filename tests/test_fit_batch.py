@@ -472,12 +472,16 @@ def test_packed_run_with_fitted_rows_equals_the_unpacked_kernel():
     report = fit_plan(pk.segment_attention, PACKED_SPEC, _packed_options(POWERS, fit))
     p = pipeline()
     created = p | beam.Create(records)
-    packed, dead = created | "Packed" >> bj.RunKernel(
-        pk.segment_attention,
-        spec=PACKED_SPEC,
-        keyed=True,
-        options=_packed_options(POWERS, fit),
-    ).with_exception_handling()
+    packed, dead = (
+        created
+        | "Packed"
+        >> bj.RunKernel(
+            pk.segment_attention,
+            spec=PACKED_SPEC,
+            keyed=True,
+            options=_packed_options(POWERS, fit),
+        ).with_exception_handling()
+    )
     bucketed = created | "Bucketed" >> bj.RunKernel(
         pk.bucketed_attention,
         spec=PACKED_SPEC,
