@@ -195,7 +195,7 @@ class RunConsole:
         if error is not None and self.log_path is not None:
             with open(self.log_path, "a") as f:
                 f.write(f"\n{time.strftime('%Y-%m-%d %H:%M:%S')} {self.name} failed:\n")
-                f.write("".join(traceback.format_exception(kind, error, tb)))
+                traceback.print_exception(kind, error, tb, file=f)
         if error is not None:  # for failure_line
             error.run_log = self.log_path
             error.run_local = self.local
