@@ -272,6 +272,8 @@ _LINE = st.one_of(
         st.text(max_size=30),
     ),  # fmt: skip
     st.builds(lambda i: json.dumps({"id": i}).encode(), st.integers(0, 9)),  # text missing
+    st.builds(lambda i: json.dumps({"id": i, "text": "crlf"}).encode() + b"\r", st.integers(0, 9)),
+    st.builds(lambda n: json.dumps({"id": n, "text": "long " * n}).encode(), st.integers(0, 99)),
     st.sampled_from(
         [
             b"",

@@ -169,29 +169,31 @@ class _PartialRead(Exception):
 def _blocks(stream: BinaryIO, block_bytes: int) -> Iterator[tuple[bytes, BaseException | None]]:
     """Blocks of whole lines (the last line of the file may lack its newline); a fault is
     yielded with the whole lines read before it, after which the stream is abandoned."""
-    carry, start = b"", True
+    pending: list[bytes] = []  # the start of a line longer than what was read so far
+    first = True
     while True:
-        try:
-            chunk, fault = _read_some(stream, block_bytes), None
+        fault = None
+        try:  # the first read holds a whole byte order mark, if there is one
+            chunk = _read_some(stream, max(block_bytes, len(BOM)) if first else block_bytes)
         except _PartialRead as partial:
             chunk, fault = partial.data, partial.error
         except Exception as e:  # noqa: BLE001 - the file's fault, reported with its line
             chunk, fault = b"", e
-        data = carry + chunk
-        if start and (len(data) >= len(BOM) or not chunk or fault):
-            data, start = data.removeprefix(BOM), False  # some editors write one; not JSON
-        if fault is not None:
-            cut = data.rfind(b"\n") + 1  # the partial line after the cut is not read
-            yield data[:cut], fault
+        if first:
+            chunk, first = chunk.removeprefix(BOM), False  # some editors write one; not JSON
+        cut = chunk.rfind(b"\n") + 1
+        if fault is not None:  # the partial line at the cut is not read
+            yield (b"".join([*pending, chunk[:cut]]) if cut else b""), fault
             return
         if not chunk:
-            if data:
-                yield data, None
+            if pending:
+                yield b"".join(pending), None
             return
-        cut = data.rfind(b"\n") + 1
         if cut:
-            yield data[:cut], None
-        carry = data[cut:]
+            yield b"".join([*pending, chunk[:cut]]), None
+            pending = [chunk[cut:]] if cut < len(chunk) else []
+        else:
+            pending.append(chunk)
 
 
 def _parse(data: bytes, schema: pa.Schema) -> pa.Table:
@@ -220,8 +222,10 @@ class _Lines:
         length = self.ends - self.starts
         full = length > 0
         self.object = np.zeros(len(ends), dtype=bool)
+        last = codes[self.ends[full] - 1]
+        before = codes[np.maximum(self.ends[full] - 2, 0)]
         self.object[full] = (codes[self.starts[full]] == ord("{")) & (
-            codes[self.ends[full] - 1] == ord("}")
+            (last == ord("}")) | ((last == ord("\r")) & (before == ord("}")))  # CRLF files
         )
         blank = np.zeros(len(ends), dtype=bool)
         blank[~full] = True
