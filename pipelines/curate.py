@@ -19,7 +19,7 @@ files under ``--output``, as it would between the driver and Dataflow workers::
 
 Every stage writes under ``OUTPUT/_unfinished/``; the files move into ``OUTPUT`` only when
 the whole job has succeeded, and a non-empty ``OUTPUT`` needs ``--overwrite``, which replaces
-this job's earlier files and no other (:mod:`pipelines.output_dir`, as ``embed_text``).
+this job's earlier files and no other (:class:`beam_jax.jobs.OutputDir`, as ``embed_text``).
 The model and kernels are in :mod:`pipelines.curate_model`, the built-in data in
 :mod:`pipelines.labelled_corpus`, the metrics and plot in :mod:`pipelines.curate_report`.
 See docs/curate.md.
@@ -57,14 +57,15 @@ from apache_beam.io.parquetio import WriteToParquetBatched
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
 import beam_jax as bj
+from beam_jax import jobs
+from beam_jax.jobs import OutputDir, OutputExistsError, OutputLayout
 from pipelines import curate_data as data
 from pipelines import curate_model as cm
 from pipelines import curate_passes as cp
 from pipelines import curate_report as report
 from pipelines import embed_text_flags as flags
-from pipelines import input_files, labelled_corpus, run_console
+from pipelines import input_files, labelled_corpus
 from pipelines import text_rows as tr
-from pipelines.output_dir import Layout, OutputDir, OutputExistsError
 
 __all__ = ["CurateSummary", "parse_args", "run"]
 
@@ -87,7 +88,7 @@ _FILES = (
     r"|scores-\d{5}-of-\d{5}\.parquet|summary\.json|curate\.png"
 )
 RECORD = "_curate.json"
-LAYOUT = Layout(
+LAYOUT = OutputLayout(
     published=re.compile(rf"^({_FILES})$"),
     # failed/*.jsonl and _run.log: where dead letters and the log went before.
     ours=re.compile(rf"^({_FILES}|{RECORD}|failed/[\w-]+\.jsonl|_run\.log)$"),
@@ -106,7 +107,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     pipeline the job runs; the runner defaults to the in-process FnApiRunner.
     """
     parser = argparse.ArgumentParser(
-        prog=run_console.prog("pipelines.curate", "curate"),
+        prog=jobs.prog("pipelines.curate", "curate"),
         description="Train a small text classifier by full-batch passes (ReduceKernel), then "
         "score every record with GraNd and EL2N (RunKernel) to find mislabelled records.",
         epilog="Beam's flags (--runner, --direct_num_workers, --project, ...) pass through, "
@@ -190,7 +191,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         help="JAX persistent compilation cache, so each pass loads its compiled shapes; default "
         f"{flags.DEFAULT_CACHE} on the local runners; 'none' turns it off",
     )
-    run_console.add_flags(parser)
+    jobs.add_flags(parser)
     args, rest = parser.parse_known_args(argv)
     flags.reject_unknown_flags(parser, rest)
     if args.flip_fraction is None:
@@ -357,7 +358,7 @@ def run(argv: Sequence[str] | None = None) -> CurateSummary:
 
     Raises:
         SystemExit: On an unknown flag or a bad value.
-        pipelines.output_dir.OutputExistsError: If ``--output`` holds files and no
+        beam_jax.jobs.OutputExistsError: If ``--output`` holds files and no
             ``--overwrite`` was given; nothing is written then.
     """
     started = time.perf_counter()
@@ -368,7 +369,7 @@ def run(argv: Sequence[str] | None = None) -> CurateSummary:
     output.prepare(record, overwrite=args.overwrite)
     work = output.staging
 
-    console = run_console.RunConsole("curate", args, options, output.path, count_progress=False)
+    console = jobs.RunConsole("curate", args, options, output.path, count_progress=False)
     with console:  # Beam's and the workers' logs go to OUTPUT/_unfinished/run.log
         stats, counters, id_type = prepare(args, options, work)
         prepared = time.perf_counter()
@@ -476,9 +477,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except OutputExistsError as e:  # about the user's files; the message says what to do
         sys.exit(f"curate: {type(e).__name__}: {e}")
     except Exception as e:
-        if run_console.verbose_requested(argv):
+        if jobs.verbose_requested(argv):
             raise
-        sys.exit(run_console.failure_line("curate", e))
+        sys.exit(jobs.failure_line("curate", e))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Arrow record batches through ``beam_jax.RunKernelOnArrow``, the same output;
 ``--per_element`` takes them the per-element way, as JSON lines always go.
 Every row that cannot be embedded becomes one JSON line under ``OUTPUT/_failed/``, and every
 file that cannot be read one line naming it. The parts are staged and published only when the
-job succeeds (:mod:`pipelines.output_dir`); a rerun resumes. See docs/embed_text.md.
+job succeeds (:class:`beam_jax.jobs.OutputDir`); a rerun resumes. See docs/embed_text.md.
 
 Example:
     >>> summary = run(["--builtin_texts", "50", "--output", "/tmp/embed"])  # doctest: +SKIP
@@ -41,7 +41,9 @@ import numpy as np
 from apache_beam.options.pipeline_options import DebugOptions, StandardOptions
 
 import beam_jax as bj
-from pipelines import dataflow_job, embed_columnar, embed_text_plan, minilm, progress, run_report
+from beam_jax import jobs
+from beam_jax.jobs import OutputDir, OutputExistsError, RunConsole, failure_line, verbose_requested
+from pipelines import dataflow_job, embed_columnar, embed_text_plan, minilm
 from pipelines import input_files as inp
 from pipelines import text_input as ti
 from pipelines import text_parts as tp
@@ -55,8 +57,6 @@ from pipelines.embed_text_flags import (
     DEFAULT_OUTPUT,
     parse_args,
 )
-from pipelines.output_dir import OutputDir, OutputExistsError
-from pipelines.run_console import RunConsole, failure_line, verbose_requested
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -258,9 +258,9 @@ def _build(
         count = None
     if progress_dir is not None:  # counted by the workers, printed by the driver
         _ = results | "ProgressDone" >> beam.ParDo(
-            progress.CountProgress(progress_dir, "done", size=count)
+            jobs.CountProgress(progress_dir, "done", size=count)
         )
-        _ = dead | "ProgressDead" >> beam.ParDo(progress.CountProgress(progress_dir, "dead"))
+        _ = dead | "ProgressDead" >> beam.ParDo(jobs.CountProgress(progress_dir, "dead"))
     if launch.planned and not embed_text_plan.in_process(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the
         # pipeline's first stage; in-process runners start it in run()).
@@ -406,7 +406,7 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
         SystemExit: On an unknown flag or a bad value.
         FileNotFoundError: If ``--input`` matches no file.
         ValueError: If no Parquet input file has the columns.
-        pipelines.output_dir.OutputExistsError: If ``--output`` holds files and no
+        beam_jax.jobs.OutputExistsError: If ``--output`` holds files and no
             ``--overwrite`` was given.
         beam_jax.DeadLetterThresholdError: If more rows or files failed than
             ``--threshold`` allows; nothing is published, and the message names the file
@@ -423,7 +423,7 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
             inp.match_inputs(args.input), id_column=args.id_column, text_column=args.text_column
         )
     id_type = inp.id_type_of(inputs, args.id_type)
-    output = OutputDir(args.output)
+    output = OutputDir(args.output, layout=tp.LAYOUT)
     job = {
         "inputs": inputs.describe(),
         "id_type": str(id_type.arrow_type),
@@ -459,7 +459,7 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
     print(summary, flush=True)
     _check_threshold(summary, args.threshold, len(inputs.files), output, reused)
     output.publish({"job": job, "summary": str(summary)})
-    run_report.write_metrics(run_report.metrics_record("embed_text", summary, result), output.path)
+    jobs.write_metrics(jobs.metrics_record("embed_text", summary, result), output.path)
     return summary
 
 

@@ -17,7 +17,6 @@ import argparse
 import difflib
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from apache_beam.options.pipeline_options import (
     PipelineOptions,
@@ -26,7 +25,8 @@ from apache_beam.options.pipeline_options import (
     TestOptions,
 )
 
-from pipelines import run_console
+from beam_jax import jobs
+from beam_jax.jobs import is_local
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -66,12 +66,6 @@ DEFAULT_RUNNER = "FnApiRunner"
 DEFAULT_CACHE = os.path.join(
     os.environ.get("XDG_CACHE_HOME", "~/.cache"), "beam_jax", "jax_compilation_cache"
 )
-_LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
-
-
-def is_local(runner: Any) -> bool:
-    name = runner if isinstance(runner, str) else type(runner).__name__
-    return name.rsplit(".", 1)[-1] in _LOCAL_RUNNERS
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -128,7 +122,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=run_console.prog("pipelines.embed_text", "embed"),
+        prog=jobs.prog("pipelines.embed_text", "embed"),
         formatter_class=DefaultsHelpFormatter,
         description="Embed the 'text' of every row with all-MiniLM-L6-v2 (JAX); write 'id' and "
         "'embedding' to Parquet and failed rows to OUTPUT/_failed/*.jsonl.",
@@ -265,7 +259,7 @@ def _parser() -> argparse.ArgumentParser:
         "tokenizing and writing keep the default workers (Beam's --resource_hints would put "
         "every step on the accelerator); default: none",
     )
-    run_console.add_flags(parser)
+    jobs.add_flags(parser)
     return parser
 
 

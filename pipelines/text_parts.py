@@ -19,17 +19,16 @@ from __future__ import annotations
 import io
 import json
 import re
-import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
+from beam_jax.jobs import OutputLayout, write_atomically
 from pipelines import text_rows as tr
 from pipelines.input_files import BUILTIN, Inputs
 from pipelines.text_input import PartRows, UnreadableFile, split_row_key
@@ -38,6 +37,8 @@ __all__ = [
     "DEAD_LETTER_DIR",
     "EMBEDDINGS",
     "FAILED",
+    "LAYOUT",
+    "RECORD",
     "READ",
     "WriteParts",
     "WriteUnreadable",
@@ -55,6 +56,20 @@ EMBEDDINGS = re.compile(r"^embeddings-(?P<source>.+)-(?P<start>\d{12})-(?P<end>\
 # "*.parquet") skip names that start with "_", so OUTPUT reads as one Parquet dataset.
 DEAD_LETTER_DIR = "_failed"
 FAILED = re.compile(rf"^{DEAD_LETTER_DIR}/failed-.+\.jsonl$")
+RECORD = "_embed_text.json"  # the published run's record, written last
+# The flagship's files in OUTPUT; failed/...: where dead letters were published before
+# they moved to _failed/. A rerun of the same job resumes from the staged embeddings.
+LAYOUT = OutputLayout(
+    published=re.compile(rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]})$"),
+    ours=re.compile(
+        rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}|failed/failed-.+\.jsonl"
+        rf"|{RECORD}|_metrics\.json)$"
+    ),
+    record=RECORD,
+    resumable=True,
+    parts=EMBEDDINGS,
+    dead_letters=FAILED,
+)
 
 
 def embeddings_name(source: str, start: int, end: int) -> str:
@@ -118,15 +133,6 @@ def dead_letter_json(record: bj.FailedElement, **where: Any) -> str:
     except UnicodeEncodeError:  # a lone surrogate: JSON can escape it, UTF-8 cannot hold it
         line = json.dumps(fields)
     return line
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Writes ``data`` to a temporary name beside ``path``, then renames it to ``path``."""
-    directory, name = path.rsplit("/", 1)
-    temporary = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
-    with FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.write(data)
-    FileSystems.rename([temporary], [path])
 
 
 def _file_name(inputs: Inputs, file_index: int) -> str:

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import beam_jax as bj
+from beam_jax import jobs
 from pipelines import embed_text, text_parts
-from pipelines import output_dir as od
 from pipelines import text_rows as tr
 from tests import flagship as ft
 from tests.kill_after_parts import KillAfterParts
@@ -64,14 +64,14 @@ def test_a_run_that_fails_at_run_time_leaves_earlier_output_intact(tmp_path, mon
 
 def test_output_that_holds_files_is_refused_without_overwrite(tmp_path):
     out, before = _good_output(tmp_path)
-    with pytest.raises(od.OutputExistsError, match="already holds 3 files.*--overwrite"):
+    with pytest.raises(jobs.OutputExistsError, match="already holds 3 files.*--overwrite"):
         ft.run(tmp_path / "first.jsonl", out)
     assert _files(out) == before
 
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    with pytest.raises(od.OutputExistsError, match="notes.txt"):
+    with pytest.raises(jobs.OutputExistsError, match="notes.txt"):
         ft.run(tmp_path / "first.jsonl", other)
 
 
@@ -121,19 +121,19 @@ def test_misspelled_flag_is_an_error_and_nothing_runs(tmp_path, capsys):
 
 
 def test_unfinished_parts_of_another_job_are_refused_unless_overwrite(tmp_path):
-    out = od.OutputDir(str(tmp_path / "out"))
+    out = jobs.OutputDir(str(tmp_path / "out"), layout=text_parts.LAYOUT)
     assert out.prepare({"inputs": "a"}, overwrite=False) == []
     part = "embeddings-a-000000000000-000000000003.parquet"
     (tmp_path / "out" / "_unfinished" / part).write_bytes(b"")
     assert out.prepare({"inputs": "a"}, overwrite=False) == [part]  # the same job: reused
-    with pytest.raises(od.OutputExistsError, match="another job .*input files"):
+    with pytest.raises(jobs.OutputExistsError, match="another job .*input files"):
         out.prepare({"inputs": "b"}, overwrite=False)
     assert out.prepare({"inputs": "b"}, overwrite=True) == []  # discarded
     assert out.staged_parts() == []
 
 
 def test_a_publish_cut_short_is_finished_by_the_next_run(tmp_path):
-    out = od.OutputDir(str(tmp_path / "out"))
+    out = jobs.OutputDir(str(tmp_path / "out"), layout=text_parts.LAYOUT)
     (tmp_path / "out" / "_failed").mkdir(parents=True)
     (tmp_path / "out" / "embeddings-old-000000000000-000000000009.parquet").write_bytes(b"old")
     out.prepare({"inputs": "a"}, overwrite=True)

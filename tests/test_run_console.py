@@ -10,7 +10,8 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import embed_text, progress
+from beam_jax import jobs
+from pipelines import embed_text
 from pipelines import text_parts as tp
 from tests import flagship as ft
 
@@ -102,5 +103,5 @@ def test_progress_counts_sum_the_workers_files_and_skip_torn_ones(tmp_path):
     (tmp_path / "dead-1-c.json").write_text("1")
     (tmp_path / "done-3-d.json").write_text("")  # being replaced: counted next time
     (tmp_path / "done-4-e.json.tmp").write_text("100")
-    assert progress.read_counts(str(tmp_path)) == {"done": 12, "dead": 1}
-    assert json.dumps(progress.read_counts(str(tmp_path / "gone"))) == "{}"
+    assert jobs.read_counts(str(tmp_path)) == {"done": 12, "dead": 1}
+    assert json.dumps(jobs.read_counts(str(tmp_path / "gone"))) == "{}"

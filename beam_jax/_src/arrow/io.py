@@ -1,9 +1,13 @@
-"""Reading Parquet as Arrow record batches in Beam, and the coder that carries them."""
+"""Reading Parquet and JSON lines as Arrow record batches in Beam, and the coder that
+carries them."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import os
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 import pyarrow as pa
@@ -11,6 +15,15 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from beam_jax._src.arrow.json_lines import (
+    BadLine,
+    FileCut,
+    LineBatch,
+    infer_schema,
+    is_json_lines,
+    open_stream,
+    read_json_lines,
+)
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, METRICS_NAMESPACE, FailedElement, Stage
 from beam_jax._src.errors import InputFileError, SpecError
 
@@ -128,13 +141,74 @@ class _ReadRowGroup(beam.DoFn):
             )
             return
         for batch in _to_batches(table, self._max_rows):
-            source = {
-                SOURCE_KEY: f"{path} (row group {group})".encode(),
-                FILE_KEY: path.encode(),
-                FIRST_ROW_KEY: str(first).encode(),
-            }
+            yield _with_origin(batch, path, f"{path} (row group {group})", first)
             first += batch.num_rows
-            yield batch.replace_schema_metadata({**(batch.schema.metadata or {}), **source})
+
+
+class _ReadJsonLines(beam.DoFn):
+    """A JSON-lines file's path -> record batches of its rows; each bad line, and a file
+    that cannot be opened or is cut short, one dead letter."""
+
+    def __init__(
+        self, schema: pa.Schema, max_rows: int | None, key: str | None, handle_errors: bool
+    ):
+        self._schema = schema
+        self._max_rows = max_rows
+        self._key = key
+        self._handle_errors = handle_errors
+
+    def process(self, path: str):
+        with contextlib.ExitStack() as stack:
+            yield from self._read(path, stack)
+
+    def _read(self, path: str, stack: contextlib.ExitStack):
+        handle = self._handle_errors
+        try:
+            stream = open_stream(path, stack)
+        except Exception as e:  # noqa: BLE001 - a file that cannot be opened is reported
+            error = InputFileError(
+                f"cannot open JSON-lines file {path}: {type(e).__name__}: {e}. Fix or remove "
+                "the file (or read with .with_exception_handling() to dead-letter it)."
+            )
+            yield _unreadable(error, handle, "files_failed", path, {"file": path})
+            return
+        Metrics.counter(METRICS_NAMESPACE, "files_read").inc()
+        try:
+            for item in read_json_lines(
+                stream, self._schema, max_rows=self._max_rows, key=self._key
+            ):
+                if isinstance(item, LineBatch):
+                    source = f"{path} (line {item.first_line})"
+                    yield _with_origin(item.batch, path, source, item.first_line)
+                else:
+                    yield self._bad_line(path, item)
+        except FileCut as cut:
+            error = InputFileError(
+                f"JSON-lines file {path} cannot be read past line {cut.line} ({cut}); the "
+                "lines before it were read. Fix or replace the file (or read with "
+                ".with_exception_handling() to dead-letter it)."
+            )
+            where = {"file": path, "line": cut.line}
+            yield _unreadable(error, handle, "files_failed", path, where, row=cut.line)
+
+    def _bad_line(self, path: str, bad: BadLine):
+        error = InputFileError(
+            f"line {bad.line} of {path}: {bad.message} (or read with "
+            ".with_exception_handling() to dead-letter the line)"
+        )
+        text = bad.text.decode("utf-8", errors="backslashreplace")
+        return _unreadable(
+            error, self._handle_errors, "lines_failed", path, text, row=bad.line, key=bad.key
+        )
+
+
+def _with_origin(batch: pa.RecordBatch, path: str, source: str, first: int) -> pa.RecordBatch:
+    origin = {
+        SOURCE_KEY: source.encode(),
+        FILE_KEY: path.encode(),
+        FIRST_ROW_KEY: str(first).encode(),
+    }
+    return batch.replace_schema_metadata({**(batch.schema.metadata or {}), **origin})
 
 
 def source_of(batch: pa.RecordBatch) -> str | None:
@@ -159,44 +233,78 @@ def _unreadable(
     handle_errors: bool,
     counter: str,
     path: str,
-    element: dict,
+    element: Any,
     row: int | None = None,
+    key: Any = None,
 ):
-    """The failure path of both read steps: raise, or count and dead-letter what failed
-    (its ``source`` the file; its ``row`` the row group's first row, when known)."""
+    """The failure path of every read step: raise, or count and dead-letter what failed
+    (its ``source`` the file; its ``row`` the row group's first row or the line, when
+    known)."""
     if not handle_errors:
         raise error
     Metrics.counter(METRICS_NAMESPACE, counter).inc()
     record = FailedElement.from_exception(
-        error, stage=Stage.READ, element=element, source=path, row=row
+        error, stage=Stage.READ, element=element, key=key, source=path, row=row
     )
     return beam.pvalue.TaggedOutput(DEAD_LETTERS, record)
 
 
 class ReadArrowBatches(beam.PTransform):
-    """Read Parquet files as a PCollection of ``pyarrow.RecordBatch``, file by file.
+    """Read Parquet or JSON-lines files as a PCollection of ``pyarrow.RecordBatch``.
 
     The pattern is matched when the pipeline is built (no match fails the launch, naming the
-    pattern). Each file's footer is read to list its row groups, which are then read in
-    parallel and split into record batches of at most ``max_rows`` rows; memory per worker is
-    about one row group, whatever the size of the dataset, so write files with row groups of
-    a few MB.
+    pattern). Each batch has at most ``max_rows`` rows, and its schema metadata says where
+    it was read from (``beam_jax.file``, ``beam_jax.first_row``: the file, and the file row
+    or line of its first row), so dead letters downstream (``RunKernelOnArrow``) name the
+    file and row of each failed row.
 
-    A file that cannot be read (truncated, not Parquet, lacking a column read) or a row
-    group that cannot be decoded fails the job with an ``InputFileError`` naming the file;
-    with ``.with_exception_handling()`` it becomes one ``FailedElement`` (stage ``"read"``,
-    ``source`` the file's path, ``row`` the row group's first row) and every other file
-    and row group is still read.
+    **Parquet** (any file not named as JSON lines): each file's footer is read to list its
+    row groups, which are then read in parallel; memory per worker is about one row group,
+    whatever the size of the dataset, so write files with row groups of a few MB. A file
+    that cannot be read (truncated, not Parquet, lacking a column read) or a row group that
+    cannot be decoded is an ``InputFileError`` naming the file.
+
+    **JSON lines** (``.jsonl``, ``.json``, ``.ndjson``, also compressed: ``.gz``, ``.bz2``,
+    ``.xz``, ``.lzma``, ``.zst``, ``.deflate``; or ``format="jsonl"``): one JSON object per
+    line, each file read by one worker in blocks that pyarrow parses whole. The columns'
+    types are ``schema``'s when given, else inferred at launch from the first 1,000 object
+    lines of the files (pyarrow's inference: int64, double, bool, string, lists, structs; a
+    column none of them holds is read as string). Other fields are ignored and a missing
+    field is null. A row's ``first_row`` counts lines from 0; blank lines are skipped (not
+    rows) and a leading byte order mark is dropped. A line that is not UTF-8, not JSON, not
+    an object, or whose fields do not fit the columns' types is an ``InputFileError``
+    naming the file and line; so is a file that cannot be opened, or that breaks off
+    part-way (a truncated ``.gz``), after the lines before the break were read.
+
+    Without ``.with_exception_handling()`` such a fault fails the job. With it, each
+    becomes one ``FailedElement`` on the dead-letter output (stage ``"read"``, ``source``
+    the file's path, ``row`` the row group's first row, the bad line, or the line a file
+    broke off at; a bad line's text as its ``element`` and its ``key`` field as its
+    ``key``), and everything else is still read: every line ends as one row or one dead
+    letter.
 
     Examples:
         >>> read = ReadArrowBatches("data/*.parquet", columns=["id", "x"], max_rows=4096)
         >>> batches, unreadable = read.with_exception_handling()  # doctest: +SKIP
+        >>> lines = ReadArrowBatches("in/*.jsonl.gz", schema=pa.schema([("text", pa.string())]))
 
     Args:
         file_pattern: the files to read (any Beam file system).
-        columns: the columns to read; default all.
-        max_rows: the most rows in one emitted record batch; default one per row group.
+        columns: the columns to read; default all (for JSON lines: all of ``schema``, or
+            all the sampled lines hold).
+        max_rows: the most rows in one emitted record batch; default one per row group
+            (Parquet) or per block of about 1 MB of lines (JSON lines).
+        format: ``"parquet"``, ``"jsonl"``, or ``None`` to tell each file by its name.
+        schema: JSON lines only: the columns' names and types (with ``columns``, those
+            columns of it); default inferred.
+        key: JSON lines only: a field whose value becomes a bad line's dead-letter ``key``
+            when the line can be read that far (an id, so the dead letter names the row).
+
+    Raises:
+        SpecError: ``max_rows``, ``format``, ``schema`` or ``columns`` is not valid.
     """
+
+    FORMATS = ("parquet", "jsonl")
 
     def __init__(
         self,
@@ -204,13 +312,36 @@ class ReadArrowBatches(beam.PTransform):
         *,
         columns: Sequence[str] | None = None,
         max_rows: int | None = None,
+        format: str | None = None,  # noqa: A002 - the word users know from Beam's readers
+        schema: pa.Schema | None = None,
+        key: str | None = None,
     ):
         super().__init__()
         if max_rows is not None and max_rows < 1:
             raise SpecError(f"max_rows must be a positive int or None, got {max_rows!r}.")
+        if format is not None and format not in self.FORMATS:
+            raise SpecError(
+                f"format must be one of {self.FORMATS} or None (by each file's name), got "
+                f"{format!r}."
+            )
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise SpecError(
+                f"schema must be a pyarrow.Schema, got {type(schema).__name__}; e.g. "
+                "pa.schema([('id', pa.int64()), ('text', pa.string())])."
+            )
+        if schema is not None and columns is not None:
+            missing = [c for c in columns if schema.get_field_index(c) < 0]
+            if missing:
+                raise SpecError(
+                    f"columns {missing} are not in schema (its fields are {schema.names}); "
+                    "add them to the schema or drop them from columns."
+                )
         self.file_pattern = file_pattern
         self.columns = None if columns is None else list(columns)
         self.max_rows = max_rows
+        self.format = format
+        self.schema = schema
+        self.key = key
         self._handle_errors = False
 
     def with_exception_handling(self) -> ReadArrowBatches:
@@ -237,7 +368,13 @@ class ReadArrowBatches(beam.PTransform):
             matched, cause = [], e
         else:
             cause = None
-        paths = sorted(m.path for m in matched)
+        paths = {m.path for m in matched}
+        if "://" not in self.file_pattern:
+            # Beam's local match leaves out a link to nothing: the user named it, so its
+            # reading fails and says so, as any other unreadable file's does.
+            found = glob.glob(self.file_pattern, recursive=True)
+            paths |= {p for p in found if os.path.islink(p) and not os.path.exists(p)}
+        paths = sorted(paths)
         if not paths:
             raise InputFileError(
                 f"no files match {self.file_pattern!r}"
@@ -246,28 +383,62 @@ class ReadArrowBatches(beam.PTransform):
             )
         return paths
 
+    def json_schema(self, files: Sequence[str] | None = None) -> pa.Schema:
+        """The columns and types JSON lines are read with: ``schema`` (its ``columns``), or
+        inferred from the first lines of ``files`` (default: the JSON-lines files matched)."""
+        if self.schema is not None:
+            if self.columns is None:
+                return self.schema
+            return pa.schema([self.schema.field(c) for c in self.columns])
+        if files is None:
+            files = [f for f in self.files() if self._is_json(f)]
+        return infer_schema(files, self.columns)
+
+    def _is_json(self, path: str) -> bool:
+        return self.format == "jsonl" or (self.format is None and is_json_lines(path))
+
     def expand(self, pbegin):
         handle = self._handle_errors
-        rows = (
-            pbegin
-            | "Files" >> beam.Create(self.files())
-            | "RowGroups"
-            >> beam.ParDo(_ListRowGroups(self.columns, handle)).with_outputs(
-                DEAD_LETTERS, main="groups"
+        files = self.files()
+        json_files = [f for f in files if self._is_json(f)]
+        parquet_files = [f for f in files if not self._is_json(f)]
+        batches, dead = [], []
+        if parquet_files:
+            rows = (
+                pbegin
+                | "Files" >> beam.Create(parquet_files)
+                | "RowGroups"
+                >> beam.ParDo(_ListRowGroups(self.columns, handle)).with_outputs(
+                    DEAD_LETTERS, main="groups"
+                )
             )
-        )
-        read = (
-            rows.groups
-            | "Spread" >> beam.Reshuffle()
-            | "ReadRowGroups"
-            >> beam.ParDo(_ReadRowGroup(self.columns, self.max_rows, handle))
-            .with_output_types(pa.RecordBatch)
-            .with_outputs(DEAD_LETTERS, main="batches")
-        )
+            read = (
+                rows.groups
+                | "Spread" >> beam.Reshuffle()
+                | "ReadRowGroups"
+                >> beam.ParDo(_ReadRowGroup(self.columns, self.max_rows, handle))
+                .with_output_types(pa.RecordBatch)
+                .with_outputs(DEAD_LETTERS, main="batches")
+            )
+            batches.append(read.batches)
+            dead += [rows[DEAD_LETTERS], read[DEAD_LETTERS]]
+        if json_files:
+            schema = self.json_schema(json_files)
+            lines = (
+                pbegin
+                | "JsonFiles" >> beam.Create(json_files)
+                | "SpreadJsonFiles" >> beam.Reshuffle()
+                | "ReadJsonLines"
+                >> beam.ParDo(_ReadJsonLines(schema, self.max_rows, self.key, handle))
+                .with_output_types(pa.RecordBatch)
+                .with_outputs(DEAD_LETTERS, main="batches")
+            )
+            batches.append(lines.batches)
+            dead.append(lines[DEAD_LETTERS])
+        out = batches[0] if len(batches) == 1 else tuple(batches) | "Batches" >> beam.Flatten()
         if not handle:
-            return read.batches
-        dead = (rows[DEAD_LETTERS], read[DEAD_LETTERS]) | "DeadLetters" >> beam.Flatten()
-        return ReadResult(read.batches, dead)
+            return out
+        return ReadResult(out, tuple(dead) | "DeadLetters" >> beam.Flatten())
 
 
 class ReadResult(NamedTuple):

@@ -1,6 +1,6 @@
 """``beam-jax report``: the metrics a run wrote (``OUTPUT/_metrics.json``), as tables and a plot.
 
-The file is written by the pipelines (``pipelines/run_report.py``): the run's summary,
+The file is written by a job (``beam_jax.jobs.write_metrics``): the run's summary,
 the kernel's totals, and per bucket the elements, batches, padding, compiles and mean
 batch latency. The report prints them and, with ``--plot``, draws one bar chart each for
 elements, padding, batch latency and compiles per bucket, and dead letters per stage.
@@ -19,10 +19,10 @@ import sys
 from typing import Any
 
 from beam_jax._src.cli.table import format_table
+from beam_jax._src.jobs.output_dir import METRICS
 
 __all__ = ["add_parser", "load_metrics", "main", "plot_report", "render"]
 
-METRICS = "_metrics.json"
 _PANELS = (
     ("elements", "elements per bucket", "elements"),
     ("padding_ratio", "padding per bucket", "padded / real"),

@@ -7,9 +7,15 @@ the summary only. A job that fails writes its traceback to the same file, and
 ``failure_line`` says in one line what failed and where to look.
 
 Example:
-    >>> console = RunConsole("embed_text", args, options, output.path)  # doctest: +SKIP
-    >>> with console:  # doctest: +SKIP
-    ...     pipeline.run().wait_until_finish()
+    >>> parser = argparse.ArgumentParser()
+    >>> add_flags(parser)
+    >>> args, rest = parser.parse_known_args(["--no-progress", "--runner=FnApiRunner"])
+    >>> try:
+    ...     with RunConsole("my_job", args, PipelineOptions(rest), "out") as console:
+    ...         raise ValueError("bad row")  # the pipeline's run
+    ... except ValueError as error:
+    ...     print(failure_line("my_job", error))
+    my_job failed: ValueError: bad row (traceback and worker logs in out/_unfinished/run.log)
 """
 
 from __future__ import annotations
@@ -27,13 +33,27 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipelines import progress
+from beam_jax._src.jobs import progress
 
-__all__ = ["RunConsole", "add_flags", "failure_line", "prog", "verbose_requested"]
+__all__ = ["RunConsole", "add_flags", "failure_line", "is_local", "prog", "verbose_requested"]
 
 LOG_NAME = "run.log"
 _QUIET_LOGGERS = ("apache_beam", "jax", "absl")
 _STEP = re.compile(r"while running '([^']+)'")
+# Runners whose workers share the driver's machine (and disk): progress files and the log
+# file work there.
+_LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
+
+
+def is_local(runner: Any) -> bool:
+    """Whether ``runner`` (a name, dotted or not, or a runner object) runs on this machine.
+
+    Example:
+        >>> is_local("FnApiRunner"), is_local("DataflowRunner")
+        (True, False)
+    """
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    return name.rsplit(".", 1)[-1] in _LOCAL_RUNNERS
 
 
 def add_flags(parser: argparse.ArgumentParser, *, progress: bool = True) -> None:
@@ -69,6 +89,8 @@ def prog(module: str, command: str) -> str:
 
 
 def verbose_requested(argv: list[str] | None) -> bool:
+    """Whether ``argv`` (``sys.argv[1:]`` when ``None``) asks for ``--verbose``: for the
+    error path of a job whose flags could not be parsed."""
     return "--verbose" in (sys.argv[1:] if argv is None else argv)
 
 
@@ -76,13 +98,20 @@ class RunConsole:
     """Progress files, the log redirection and the failure record of one pipeline run.
 
     Args:
-        name: The job's name, e.g. ``"embed_text"``.
+        name: The job's name, e.g. ``"embed_text"``, at the start of progress lines.
         args: The job's flags (``verbose``, ``progress``, ``progress_seconds``).
         options: Beam's options (the runner decides whether the run is local).
         output: The job's output directory; a local one holds the log.
         log_name: The log's path under ``output``.
         count_progress: Whether workers count records for a progress line (a job of one
             pipeline); a job of several stages prints a line per stage with ``say``.
+
+    Attributes:
+        progress_dir: Where the workers' ``CountProgress`` files go (fields ``"done"`` and
+            ``"dead"``); ``None`` when no progress line is shown (not local, switched off,
+            or not ``count_progress``).
+        log_path: The log file Beam's and the workers' logs go to (``None``: the terminal).
+        local: Whether the runner runs on this machine.
     """
 
     def __init__(
@@ -95,8 +124,6 @@ class RunConsole:
         *,
         count_progress: bool = True,
     ):
-        from pipelines.embed_text_flags import is_local  # it imports this module's flags
-
         self.name = name
         self.verbose = bool(getattr(args, "verbose", False))
         self.local = is_local(options.view_as(StandardOptions).runner)
@@ -168,7 +195,7 @@ class RunConsole:
         if error is not None and self.log_path is not None:
             with open(self.log_path, "a") as f:
                 f.write(f"\n{time.strftime('%Y-%m-%d %H:%M:%S')} {self.name} failed:\n")
-                f.write("".join(traceback.format_exception(kind, error, tb)))
+                traceback.print_exception(kind, error, tb, file=f)
         if error is not None:  # for failure_line
             error.run_log = self.log_path
             error.run_local = self.local

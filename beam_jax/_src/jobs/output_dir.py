@@ -1,21 +1,21 @@
 """The output directory of a job: staged while running, published only when it succeeds.
 
-A run writes its parts to ``OUTPUT/_unfinished/`` and moves them into ``OUTPUT`` only when
+A run writes its files to ``OUTPUT/_unfinished/`` and moves them into ``OUTPUT`` only when
 the whole job has succeeded, so a run that fails never costs the earlier output. A rerun of
-the same job (same input files, sizes and times, same settings) finds the parts already
-in ``_unfinished/`` and does only the rest. Every path goes through Beam's
-``FileSystems``, so ``OUTPUT`` may be local or on ``gs://``.
+the same job (equal ``job`` record: inputs, sizes and times, settings) finds the parts
+already staged and does only the rest, when the job's :class:`OutputLayout` is
+resumable. Every path goes through Beam's ``FileSystems``, so ``OUTPUT`` may be local or on ``gs://``.
 
 Publishing is restartable: the list of files to move is written first
 (``_unfinished/_publishing.json``), so a publish cut short is finished by the next run.
 
-Each job says which files are its own (:class:`Layout`): the ones it publishes, and the
-earlier ones a successful ``--overwrite`` run replaces; every other file in ``OUTPUT`` is
-left alone. ``pipelines.embed_text`` resumes from staged parts; ``pipelines.curate``, whose
-stages depend on each other, starts its staging afresh.
+Each job says which files are its own (:class:`OutputLayout`): the ones it publishes, and
+the earlier ones a successful ``overwrite`` run replaces; every other file in ``OUTPUT``
+is left alone.
 
 Example:
-    >>> OutputDir("out/").staging
+    >>> layout = OutputLayout(published=r"^part-\\d+\\.parquet$", record="_my_job.json")
+    >>> OutputDir("out/", layout=layout).staging
     'out/_unfinished'
 """
 
@@ -24,61 +24,108 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import uuid
 from typing import Any
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.text_parts import EMBEDDINGS, FAILED, write_atomically
+from beam_jax._src.errors import BeamJaxError
 
-__all__ = ["EMBED_TEXT", "Layout", "OutputDir", "OutputExistsError"]
+__all__ = ["OutputLayout", "OutputDir", "OutputExistsError", "write_atomically"]
 
 STAGING = "_unfinished"
 JOB = "_job.json"
 PUBLISHING = "_publishing.json"
-RECORD = "_embed_text.json"
-METRICS = "_metrics.json"  # written by pipelines.run_report after publishing
+METRICS = "_metrics.json"  # written by write_metrics after publishing
 DEAD_LETTERS = "dead_letters.jsonl"
 
 
+def write_atomically(path: str, data: bytes) -> None:
+    """Writes ``data`` to a temporary name beside ``path``, then renames it to ``path``.
+
+    A reader (or a rerun) sees the whole file or none of it; the temporary name starts
+    with ``.``, which :class:`OutputDir` never lists.
+
+    Example:
+        >>> write_atomically("note.txt", b"done")
+        >>> open("note.txt", "rb").read()
+        b'done'
+    """
+    directory, name = path.rsplit("/", 1) if "/" in path else (".", path)
+    temporary = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
+    with FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        f.write(data)
+    FileSystems.rename([temporary], [path])
+
+
+def _pattern(value: re.Pattern | str | None, name: str) -> re.Pattern | None:
+    if value is None or isinstance(value, re.Pattern):
+        return value
+    if isinstance(value, str):
+        return re.compile(value)
+    raise TypeError(
+        f"OutputLayout.{name} must be a regular expression (str or re.Pattern) matching "
+        f"paths relative to the directory, got {type(value).__name__} {value!r}"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class OutputLayout:
     """Which files in a job's output directory are the job's.
 
+    Paths are relative to the output (or staging) directory, with ``/`` between folders.
+
     Attributes:
-        published: Staged files (relative to the staging directory) that publishing moves
-            into the output directory.
+        published: Staged files that publishing moves into the output directory.
+        record: The file, written last by :meth:`OutputDir.publish`, that records the
+            published run (its name should start with ``_`` so dataset readers skip it).
         ours: Files in the output directory that the job wrote; a successful run replaces
-            those it did not write again, and leaves every other file alone.
-        record: The file, written last, that records the published run.
+            those it did not write again, and leaves every other file alone. Default:
+            ``published``, ``record`` and the metrics file (``_metrics.json``).
         resumable: Whether a rerun of the same job keeps the staged files (and resumes from
-            them); otherwise they are discarded.
+            them); otherwise they are discarded and the run starts afresh.
+        parts: The staged files that mark finished work, which a resumed run reuses
+            (returned by :meth:`OutputDir.prepare`). Default: ``published``.
+        dead_letters: The staged dead-letter files (JSON lines) that
+            :meth:`OutputDir.collect_dead_letters` concatenates; ``None``: none.
+
+    Raises:
+        TypeError: A pattern is neither a ``str`` nor an ``re.Pattern``.
+        ValueError: ``record`` is empty or matched by ``published``.
     """
 
     published: re.Pattern
-    ours: re.Pattern
     record: str
-    resumable: bool
+    ours: re.Pattern | None = None
+    resumable: bool = False
+    parts: re.Pattern | None = None
+    dead_letters: re.Pattern | None = None
+
+    def __post_init__(self):
+        for name in ("published", "ours", "parts", "dead_letters"):
+            object.__setattr__(self, name, _pattern(getattr(self, name), name))
+        if self.published is None:
+            raise TypeError("OutputLayout.published is required: the staged files to publish")
+        if not self.record or self.published.match(self.record):
+            raise ValueError(
+                f"OutputLayout.record must be a file name that published does not match, "
+                f"got {self.record!r}; name it e.g. '_myjob.json'"
+            )
+        if self.ours is None:
+            own = "|".join(re.escape(n) for n in (self.record, METRICS))
+            ours = re.compile(rf"(?:{self.published.pattern})|(?:^(?:{own})$)")
+            object.__setattr__(self, "ours", ours)
+        if self.parts is None:
+            object.__setattr__(self, "parts", self.published)
 
 
-# failed/...: where dead letters were published before they moved to _failed/.
-EMBED_TEXT = Layout(
-    published=re.compile(rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]})$"),
-    ours=re.compile(
-        rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}|failed/failed-.+\.jsonl"
-        rf"|{RECORD}|{METRICS})$"
-    ),
-    record=RECORD,
-    resumable=True,
-)
-
-
-class OutputExistsError(FileExistsError):
+class OutputExistsError(BeamJaxError, FileExistsError):
     """The output directory holds files this run would replace, or another job's parts.
 
-    Pass ``--overwrite`` to replace the earlier output once this run has succeeded (it is
-    kept until then, and files other than this job's are never touched), or choose an
-    empty ``--output``.
+    Pass ``--overwrite`` (``overwrite=True``) to replace the earlier output once this run
+    has succeeded (it is kept until then, and files other than this job's are never
+    touched), or choose an empty ``--output``.
     """
 
 
@@ -88,13 +135,28 @@ class OutputDir:
 
     Attributes:
         path: The output directory (local or e.g. ``gs://``).
-        layout: Which files are the job's; ``pipelines.embed_text``'s by default.
+        layout: Which files are the job's.
+
+    Example:
+        >>> import re
+        >>> layout = OutputLayout(published=re.compile(r"^out\\.txt$"), record="_done.json")
+        >>> output = OutputDir("result", layout=layout)
+        >>> output.prepare({"input": "a.txt"}, overwrite=False)
+        []
+        >>> write_atomically(f"{output.staging}/out.txt", b"42")
+        >>> output.publish({"rows": 1})
+        ['out.txt']
     """
 
     path: str
-    layout: Layout = EMBED_TEXT
+    layout: OutputLayout
 
     def __post_init__(self):
+        if not isinstance(self.layout, OutputLayout):
+            raise TypeError(
+                f"OutputDir.layout must be a OutputLayout, got {type(self.layout).__name__}; "
+                "say which files are the job's with OutputLayout(published=..., record=...)"
+            )
         object.__setattr__(self, "path", self.path.rstrip("/") or "/")
 
     @property
@@ -120,20 +182,21 @@ class OutputDir:
         if existing and not overwrite:
             shown = ", ".join(sorted(existing)[:3]) + (", ..." if len(existing) > 3 else "")
             raise OutputExistsError(
-                f"--output {self.path} already holds {len(existing)} files ({shown}). Pass "
-                "--overwrite to replace this job's earlier output once this run succeeds "
-                "(it is kept until then), or choose an empty --output"
+                f"the output directory {self.path} already holds {len(existing)} files "
+                f"({shown}). Pass --overwrite (overwrite=True) to replace this job's earlier "
+                "output once this run succeeds (it is kept until then), or choose an empty "
+                "--output"
             )
         staged = self._list(self.staging)
         if staged:
             earlier = self._read_json(f"{self.staging}/{JOB}")
             if earlier == job and self.layout.resumable:
-                return [n for n in staged if EMBEDDINGS.match(n)]
+                return [n for n in staged if self.layout.parts.match(n)]
             if earlier != job and not overwrite:
                 raise OutputExistsError(
                     f"{self.staging} holds the unfinished parts of another job "
-                    f"({_difference(earlier, job)}); pass --overwrite to discard them, or "
-                    "rerun the earlier job to finish it"
+                    f"({_difference(earlier, job)}); pass --overwrite (overwrite=True) to "
+                    "discard them, or rerun the earlier job to finish it"
                 )
             FileSystems.delete([self._tree(self.staging)])
         write_atomically(f"{self.staging}/{JOB}", json.dumps(job, indent=1).encode())
@@ -178,12 +241,17 @@ class OutputDir:
         return sorted(new)
 
     def staged_parts(self) -> list[str]:
-        """The embeddings files of the parts written so far, relative to the staging directory."""
-        return [n for n in self._list(self.staging) if EMBEDDINGS.match(n)]
+        """The staged files matching ``layout.parts``, relative to the staging directory."""
+        return [n for n in self._list(self.staging) if self.layout.parts.match(n)]
 
     def collect_dead_letters(self) -> tuple[str, int]:
-        """Concatenates the staged dead letters into one file; returns its path and count."""
-        names = sorted(n for n in self._list(self.staging) if FAILED.match(n))
+        """Concatenates the staged dead letters into one file; returns its path and count.
+
+        The files are those matching ``layout.dead_letters``, in name order; the result is
+        ``_unfinished/dead_letters.jsonl``, one JSON line per dead letter.
+        """
+        pattern = self.layout.dead_letters
+        names = sorted(n for n in self._list(self.staging) if pattern and pattern.match(n))
         path, count = f"{self.staging}/{DEAD_LETTERS}", 0
         temporary = f"{self.staging}/.{DEAD_LETTERS}.tmp"
         raw = CompressionTypes.UNCOMPRESSED

@@ -11,7 +11,12 @@ The counts are a running estimate (a retried bundle counts twice); the final sum
 exact, from Beam's metrics.
 
 Example:
-    >>> _ = results | "Progress" >> beam.ParDo(CountProgress(directory, "done"))  # doctest: +SKIP
+    >>> import tempfile
+    >>> directory = tempfile.mkdtemp()
+    >>> with beam.Pipeline("FnApiRunner") as p:
+    ...     _ = p | beam.Create(range(5)) | beam.ParDo(CountProgress(directory, "done"))
+    >>> read_counts(directory)
+    {'done': 5}
 """
 
 from __future__ import annotations
@@ -75,7 +80,10 @@ class CountProgress(beam.DoFn):
 
 
 def read_counts(directory: str) -> dict[str, int]:
-    """``{field: sum over the workers' files}`` of ``directory``."""
+    """``{field: sum over the workers' files}`` of ``directory``; ``{}`` if it is gone.
+
+    A file being replaced while it is read is skipped (counted next time).
+    """
     totals: dict[str, int] = {}
     try:
         names = os.listdir(directory)

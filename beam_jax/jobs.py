@@ -1,0 +1,41 @@
+"""Around a runnable job's pipeline: its output directory, progress, console and report.
+
+What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline author:
+
+- :class:`OutputDir` stages the job's files under ``OUTPUT/_unfinished/`` and publishes
+  them only when the job succeeds (a rerun of the same job resumes from finished parts);
+  :class:`OutputLayout` says which files are the job's.
+- :class:`CountProgress` counts elements in the workers and :class:`ProgressPrinter`
+  prints a progress line on the driver (local runners).
+- :class:`RunConsole` keeps Beam's and JAX's logs in a log file unless ``--verbose``
+  (:func:`add_flags`), prints the progress line, and :func:`failure_line` says in one line
+  what failed and where the traceback is.
+- :func:`metrics_record` and :func:`write_metrics` write ``OUTPUT/_metrics.json``, which
+  ``beam-jax report OUTPUT`` prints.
+
+Examples:
+    >>> from beam_jax.jobs import OutputDir, OutputLayout, write_atomically
+    >>> layout = OutputLayout(published=r"^part-\\d+\\.txt$", record="_my_job.json")
+    >>> output = OutputDir("out", layout=layout)
+    >>> output.prepare({"inputs": ["a.txt"]}, overwrite=False)
+    []
+    >>> write_atomically(f"{output.staging}/part-0.txt", b"hello")
+    >>> output.publish({"rows": 1})
+    ['part-0.txt']
+"""
+
+from beam_jax._src.jobs.console import RunConsole as RunConsole
+from beam_jax._src.jobs.console import add_flags as add_flags
+from beam_jax._src.jobs.console import failure_line as failure_line
+from beam_jax._src.jobs.console import is_local as is_local
+from beam_jax._src.jobs.console import prog as prog
+from beam_jax._src.jobs.console import verbose_requested as verbose_requested
+from beam_jax._src.jobs.output_dir import OutputDir as OutputDir
+from beam_jax._src.jobs.output_dir import OutputExistsError as OutputExistsError
+from beam_jax._src.jobs.output_dir import OutputLayout as OutputLayout
+from beam_jax._src.jobs.output_dir import write_atomically as write_atomically
+from beam_jax._src.jobs.progress import CountProgress as CountProgress
+from beam_jax._src.jobs.progress import ProgressPrinter as ProgressPrinter
+from beam_jax._src.jobs.progress import read_counts as read_counts
+from beam_jax._src.jobs.report import metrics_record as metrics_record
+from beam_jax._src.jobs.report import write_metrics as write_metrics

@@ -1,0 +1,152 @@
+"""beam_jax.jobs: a job's staged output directory, progress, console and metrics report."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
+
+import beam_jax as bj
+from beam_jax import jobs
+
+LAYOUT = jobs.OutputLayout(
+    published=r"^(part-\d+\.txt|_failed/f-\d+\.jsonl)$",
+    record="_my_job.json",
+    resumable=True,
+    parts=r"^part-\d+\.txt$",
+    dead_letters=r"^_failed/f-\d+\.jsonl$",
+)
+
+
+def _tree(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _stage(output: jobs.OutputDir, name: str, data: bytes) -> None:
+    path = f"{output.staging}/{name}"
+    if "/" in name:
+        os.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    jobs.write_atomically(path, data)
+
+
+def test_a_layout_says_which_files_are_the_job_s_and_is_checked():
+    assert LAYOUT.ours.match("part-1.txt") and LAYOUT.ours.match("_my_job.json")
+    assert LAYOUT.ours.match("_metrics.json") and not LAYOUT.ours.match("notes.txt")
+    plain = jobs.OutputLayout(published=re.compile(r"^a\.txt$"), record="_a.json")
+    assert plain.parts is plain.published and not plain.resumable
+    with pytest.raises(ValueError, match="record must be a file name that published"):
+        jobs.OutputLayout(published=r".*", record="_a.json")
+    with pytest.raises(TypeError, match="regular expression .* got int 3"):
+        jobs.OutputLayout(published=3, record="_a.json")
+    with pytest.raises(TypeError, match="must be a OutputLayout, got str"):
+        jobs.OutputDir("out", layout="parts")
+
+
+def test_publishing_replaces_only_the_job_s_files_and_resumes_the_same_job(tmp_path):
+    root = tmp_path / "out"
+    output = jobs.OutputDir(str(root) + "/", layout=LAYOUT)
+    assert output.path == str(root)
+    assert output.prepare({"inputs": ["a"]}, overwrite=False) == []
+    _stage(output, "part-0.txt", b"zero")
+    # Rerun of the same job: the finished part is reused; another job is refused.
+    assert output.prepare({"inputs": ["a"]}, overwrite=False) == ["part-0.txt"]
+    with pytest.raises(jobs.OutputExistsError, match="another job .*input files"):
+        output.prepare({"inputs": ["b"]}, overwrite=False)
+    _stage(output, "part-1.txt", b"one")
+    _stage(output, "_failed/f-1.jsonl", b'{"id": 1}\n{"id": 2}')
+    path, count = output.collect_dead_letters()
+    assert count == 2 and path.endswith("_unfinished/dead_letters.jsonl")
+    assert output.publish({"rows": 3}) == ["_failed/f-1.jsonl", "part-0.txt", "part-1.txt"]
+    assert json.loads((root / "_my_job.json").read_text()) == {"rows": 3}
+    assert not (root / "_unfinished").exists()
+
+    # A second run: refused without overwrite; with it, the job's old files go and a
+    # file that is not the job's stays.
+    (root / "notes.txt").write_bytes(b"mine")
+    with pytest.raises(jobs.OutputExistsError, match="already holds 5 files.*--overwrite"):
+        output.prepare({"inputs": ["c"]}, overwrite=False)
+    assert output.prepare({"inputs": ["c"]}, overwrite=True) == []
+    _stage(output, "part-7.txt", b"seven")
+    assert _tree(root)["part-0.txt"] == b"zero"  # kept until the run succeeds
+    output.publish({"rows": 1})
+    assert sorted(_tree(root)) == ["_my_job.json", "notes.txt", "part-7.txt"]
+
+
+def test_counted_progress_is_read_back_on_the_driver(tmp_path):
+    with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as p:
+        batches = p | beam.Create([[1, 2], [3], [4, 5, 6]])
+        _ = batches | "Done" >> beam.ParDo(jobs.CountProgress(str(tmp_path), "done", size=len))
+        _ = batches | "Dead" >> beam.ParDo(jobs.CountProgress(str(tmp_path), "dead"))
+        assert_that(batches | beam.Map(len), equal_to([2, 1, 3]))
+    assert jobs.read_counts(str(tmp_path)) == {"done": 6, "dead": 3}
+
+    class Lines:
+        def __init__(self):
+            self.text = ""
+
+        def write(self, text):
+            self.text += text
+
+        def flush(self):
+            pass
+
+    stream = Lines()
+    printer = jobs.ProgressPrinter("my_job", str(tmp_path), stream, seconds=60).start()
+    printer.stop()
+    assert re.match(r"my_job: 9 records done \(.*/s\), 3 dead letters so far", stream.text)
+
+
+def test_the_console_keeps_logs_in_a_file_and_says_what_failed(tmp_path, capfd):
+    parser = argparse.ArgumentParser()
+    jobs.add_flags(parser)
+    args, rest = parser.parse_known_args(["--progress_seconds=0.5", "--runner=FnApiRunner"])
+    assert args.progress and args.progress_seconds == 0.5 and not args.verbose
+    with pytest.raises(RuntimeError) as failure:
+        with jobs.RunConsole("my_job", args, PipelineOptions(rest), str(tmp_path)) as console:
+            console.say("step 1 done")
+            os.write(2, b"a worker's log line\n")  # worker processes inherit fd 2
+            raise RuntimeError("disk full while running 'Write/Part'")
+    err = capfd.readouterr().err
+    assert err == "step 1 done\n"  # the worker's line went to the log file
+    log = (tmp_path / "_unfinished" / "run.log").read_text()
+    assert "a worker's log line" in log and "Traceback" in log
+    line = jobs.failure_line("my_job", failure.value)
+    assert line.startswith("my_job failed in step 'Write/Part': RuntimeError: disk full")
+    assert line.endswith(f"(traceback and worker logs in {tmp_path}/_unfinished/run.log)")
+    remote = jobs.RunConsole("my_job", args, PipelineOptions(["--runner=DataflowRunner"]), "gs://b")
+    assert not remote.local and remote.log_path is None and not remote.show_progress
+    assert jobs.verbose_requested(["--verbose"]) and not jobs.verbose_requested([])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Summary:
+    rows: int
+    seconds: float
+    kernel: bj.Summary | None = None
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds else float("nan")
+
+
+def test_the_metrics_report_is_standard_json_that_beam_jax_report_reads(tmp_path):
+    from beam_jax._src.cli.report import load_metrics
+
+    with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as p:
+        _ = p | beam.Create([1])
+    result = p.run()  # an empty kernel namespace: no buckets
+    record = jobs.metrics_record("my_job", _Summary(rows=4, seconds=0.0), result)
+    assert record["summary"] == {"rows": 4, "seconds": 0.0, "rows_per_second": None}
+    assert record["pipeline"] == "my_job" and record["buckets"] == {}
+    path = jobs.write_metrics(record, str(tmp_path))
+    assert path == f"{tmp_path}/_metrics.json"
+    assert load_metrics(str(tmp_path)) == record
+    with pytest.raises(TypeError, match="dataclass instance .* got dict"):
+        jobs.metrics_record("my_job", {"rows": 4}, None)
