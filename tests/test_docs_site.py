@@ -12,6 +12,7 @@ import yaml
 
 import beam_jax as bj
 import beam_jax.internal as internal
+import beam_jax.text as text
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -43,6 +44,7 @@ def _public(module) -> set[str]:
         "internal",
         "testing",
         "cli",
+        "text",
     }
     return {n for n in dir(module) if not n.startswith("_")} - subpackages
 
@@ -68,6 +70,7 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_exists():
 def test_the_reference_lists_every_public_name():
     assert _documented("api.md", "beam_jax") == _public(bj) - {"__version__"}
     assert _documented("internal.md", "beam_jax.internal") == _public(internal)
+    assert _documented("text.md", "beam_jax.text") == _public(text)
 
 
 def test_readme_links_the_site_and_says_how_to_serve_it():
