@@ -35,7 +35,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.parquetio import ReadFromParquet
 
 import beam_jax as bj
-from pipelines import input_files, labelled_corpus, minilm
+from beam_jax.text import SentenceEncoder
+from pipelines import input_files, labelled_corpus
 from pipelines import text_rows as tr
 
 __all__ = [
@@ -111,7 +112,7 @@ class ToRecords(beam.DoFn):
         self._id_type = id_type
 
     def setup(self):
-        self._tokenizer = minilm.Tokenizer(tr.local_model_dir(None))
+        self._tokenizer = SentenceEncoder.from_dir().tokenizer()  # the packaged MiniLM's
         counter = functools.partial(beam.metrics.Metrics.counter, METRICS_NAMESPACE)
         self._rows = counter("rows")
         self._rejected = {s: counter(f"dead_letters_{s}") for s in (VALIDATION, TOKENIZE)}

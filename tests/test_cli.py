@@ -198,7 +198,9 @@ def test_plan_with_a_kernel_lists_each_shape_s_analysed_bytes_and_the_batch_limi
     if jax.default_backend() == "cpu":  # CPU devices report no memory: a budget is needed
         with pytest.raises(SystemExit, match="needs --memory-budget-mib"):
             cli.main(["plan", *argv[:-2]])
-    with pytest.raises(SystemExit, match=r"neither a registered name \('minilm'\) nor 'module:"):
+    with pytest.raises(
+        SystemExit, match=r"neither 'minilm', a model directory, a registered name \(none"
+    ):
         cli.main(["plan", *argv[:-3], "nope", "--memory-budget-mib", "4"])
 
 
@@ -299,3 +301,35 @@ def test_embed_help_names_the_command_it_was_run_as(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         cli.main(["curate", "--help"])
     assert capsys.readouterr().out.startswith("usage: beam-jax curate")
+
+
+def test_plan_takes_a_sentence_transformers_model_directory_as_tokenizer_and_kernel(
+    tmp_path, capsys
+):
+    """A model directory needs no entry point: its tokenizer counts tokens as the encoder
+    embeds them (truncated at its max_seq_length), and its encoder is the kernel analysed."""
+    from tests.tiny_bert import write_tiny_bert
+
+    model = write_tiny_bert(tmp_path / "model")  # max_seq_length 32
+    words = np.random.default_rng(0).integers(0, 50, 120)
+    rows = [{"id": i, "text": " ".join(["cat"] * int(n))} for i, n in enumerate(words)]
+    source = ft.write_json_lines(tmp_path / "rows.jsonl", rows)
+    got = _plan_json(capsys, "--input", str(source), "--column", "text", "--tokenizer",
+                     str(model), "--max-buckets", "2", "--max-size", "32")  # fmt: skip
+    tokens = np.minimum(words + 2, 32)
+    assert got["lengths"]["min"] == tokens.min() and got["lengths"]["max"] == 32
+    assert got["plans"][1]["boundaries"] == list(bj.plan_boundaries(tokens, 2, max_size=32))
+
+    values = pa.array([np.zeros(n, np.int32) for n in tokens], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"input_ids": values}), tmp_path / "ids.parquet")
+    got = _plan_json(capsys, "--input", str(tmp_path / "ids.parquet"), "--column", "input_ids",
+                     "--max-buckets", "2", "--max-size", "32", "--kernel", str(model),
+                     "--memory-budget-mib", "64", "--batch-size", "8")  # fmt: skip
+    memory = got["memory"]
+    assert memory["axis"] == "L" and memory["boundaries"] == got["plans"][-1]["boundaries"]
+    assert all(memory["limits"][str(b)] == 8 for b in memory["boundaries"])  # all fit 64 MiB
+    # A directory this encoder cannot read is refused with the reason.
+    (model / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    with pytest.raises(SystemExit, match=r"config.json has model_type 't5'; expected 'bert'"):
+        cli.main(["plan", "--input", str(tmp_path / "ids.parquet"), "--column", "input_ids",
+                  "--kernel", str(model), "--memory-budget-mib", "64"])  # fmt: skip

@@ -13,6 +13,7 @@ import yaml
 import beam_jax as bj
 import beam_jax.internal as internal
 import beam_jax.jobs as jobs
+import beam_jax.text as text
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -45,6 +46,7 @@ def _public(module) -> set[str]:
         "testing",
         "cli",
         "jobs",
+        "text",
     }
     return {n for n in dir(module) if not n.startswith("_")} - subpackages
 
@@ -71,6 +73,7 @@ def test_the_reference_lists_every_public_name():
     assert _documented("api.md", "beam_jax") == _public(bj) - {"__version__"}
     assert _documented("internal.md", "beam_jax.internal") == _public(internal)
     assert _documented("jobs.md", "beam_jax.jobs") == _public(jobs)
+    assert _documented("text.md", "beam_jax.text") == _public(text)
 
 
 def test_readme_links_the_site_and_says_how_to_serve_it():

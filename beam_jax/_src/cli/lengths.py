@@ -69,11 +69,19 @@ def read_column(pattern: str, column: str) -> pa.ChunkedArray:
 
 
 def tokenizer_counts(name: str) -> Callable[[list[str]], list[int]]:
-    """Token counts per text: a ``tokenizer.json`` file (no truncation), a registered name
-    (``minilm``: the flagship's, truncated at 256 tokens with [CLS] and [SEP], as it embeds
-    them) or ``module:attr``, a zero-argument callable returning ``texts -> counts``."""
+    """Token counts per text: ``minilm`` or a sentence-transformers model directory (its
+    tokenizer as ``beam_jax.text`` embeds texts: truncated at the model's max_seq_length,
+    256 for MiniLM, with [CLS] and [SEP]), a ``tokenizer.json`` file (no truncation), a
+    registered name (entry-point group ``beam_jax.tokenizers``) or ``module:attr``, a
+    zero-argument callable returning ``texts -> counts``."""
+    if name == "minilm" or os.path.isdir(name):
+        from beam_jax._src.text.sentence_encoder import SentenceEncoder
+
+        tokenizer = SentenceEncoder.from_dir(None if name == "minilm" else name).tokenizer()
+        return lambda texts: tokenizer.encode_flat(texts)[1].tolist()
     if not os.path.isfile(name):
-        return registry.load(registry.TOKENIZERS, name, "--tokenizer")()
+        builtins = "'minilm', a model directory, a tokenizer.json file"
+        return registry.load(registry.TOKENIZERS, name, "--tokenizer", builtins)()
     import tokenizers
 
     rust = tokenizers.Tokenizer.from_file(name)
@@ -106,7 +114,9 @@ def column_lengths(
     if measure == "auto":
         measure = "list" if is_list else ("tokens" if tokenizer else "chars")
     if measure == "tokens" and tokenizer is None:
-        raise ValueError("--measure tokens needs --tokenizer (minilm or a tokenizer.json)")
+        raise ValueError(
+            "--measure tokens needs --tokenizer (minilm, a model directory or a tokenizer.json)"
+        )
     if (measure == "list" and not is_list) or (measure != "list" and not is_text):
         raise ValueError(
             f"the column is {kind}; --measure {measure} needs "

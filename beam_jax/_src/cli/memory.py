@@ -6,16 +6,18 @@ the batch sizes the search needs, and lists each analysed shape's argument, outp
 temporary and generated-code bytes, whether XLA's figure is complete (``trusted``), whether
 it fits the budget, and the bucket's chosen batch limit.
 
-``--kernel`` is a registered name (``minilm``, the flagship's encoder, registered by
-``pipelines/``) or ``module:attr``, a zero-argument
-callable returning a dict with ``fn`` (the per-element kernel, ``fn(params, element,
-lengths)``), ``spec`` (the element spec, with exactly one ragged axis) and optionally
-``load_params`` (zero-argument callable) and ``batched`` (bool).
+``--kernel`` is ``minilm`` (the packaged all-MiniLM-L6-v2 of ``beam_jax.text``), the path
+of a sentence-transformers BERT model directory, a registered name (entry-point group
+``beam_jax.kernels``) or ``module:attr``, a zero-argument callable returning a dict with
+``fn`` (the per-element kernel, ``fn(params, element, lengths)``), ``spec`` (the element
+spec, with exactly one ragged axis) and optionally ``load_params`` (zero-argument callable)
+and ``batched`` (bool).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -26,10 +28,12 @@ from beam_jax._src.cli.table import format_table
 __all__ = ["KERNEL_HELP", "add_arguments", "analyse", "format_memory", "load_kernel"]
 
 MIB = 1 << 20
+BUILTIN = "'minilm', a model directory"
 
 KERNEL_HELP = (
     "also list XLA's analysed memory of each (bucket, batch size) shape and the chosen batch "
-    "limit per bucket: a registered name ('minilm', the flagship's encoder) or 'module:attr', "
+    "limit per bucket: 'minilm' (the packaged all-MiniLM-L6-v2), a sentence-transformers "
+    "model directory, a registered name or 'module:attr', "
     "a zero-argument callable returning a dict with 'fn' (fn(params, element, lengths)), "
     "'spec' (one ragged axis) and optional 'load_params' (zero-argument callable) and "
     "'batched' (bool)"
@@ -62,8 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_kernel(name: str) -> dict[str, Any]:
-    """The kernel dict named by ``--kernel`` (a registered name or ``module:attr``)."""
-    kernel = registry.load(registry.KERNELS, name, "--kernel")()
+    """The kernel dict named by ``--kernel``: ``minilm`` or a model directory (a
+    ``beam_jax.text.SentenceEncoder``), a registered name or ``module:attr``."""
+    if name == "minilm" or os.path.isdir(name):
+        from beam_jax._src.text.sentence_encoder import SentenceEncoder
+
+        encoder = SentenceEncoder.from_dir(None if name == "minilm" else name)
+        return {"fn": encoder.element_fn, "spec": encoder.spec, "load_params": encoder.load_params}
+    kernel = registry.load(registry.KERNELS, name, "--kernel", BUILTIN)()
     if not isinstance(kernel, dict) or "fn" not in kernel or "spec" not in kernel:
         raise ValueError(
             f"--kernel {name!r} must return a dict with keys 'fn' and 'spec' (optional "
@@ -116,7 +126,7 @@ def analyse(args: argparse.Namespace, plans: Sequence[Any]) -> dict[str, Any] | 
     try:
         kernel = load_kernel(args.kernel)
         axis = ragged_axis(kernel["spec"])
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:  # a model directory's own message
         sys.exit(f"beam-jax plan: {e}")
     boundaries = tuple(plans[k - 1].boundaries)
     options = KernelOptions(

@@ -244,8 +244,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     add(
         "--tokenizer",
-        help="a tokenizer.json file, a registered name ('minilm': the embed pipeline's) or "
-        "'module:attr' (a zero-argument callable returning texts -> token counts; default: none)",
+        help="'minilm' (the packaged all-MiniLM-L6-v2's, truncated as it embeds), a "
+        "sentence-transformers model directory (likewise), a tokenizer.json file (no "
+        "truncation), a registered name or 'module:attr' (a zero-argument callable returning "
+        "texts -> token counts; default: none)",
     )
     add(
         "--pack-buffer",

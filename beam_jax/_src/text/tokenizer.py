@@ -23,9 +23,10 @@ from beam_jax._src.errors import InvalidElementError
 
 __all__ = ["MAX_TOKENIZED_CHARS", "TextTooLongError", "Tokenizer"]
 
-# Of a longer text only the first characters are tokenized (cut back to a whitespace):
-# tokenizing megabytes to keep max_length tokens costs time and memory for nothing.
 MAX_TOKENIZED_CHARS = 1 << 16
+"""The default ``max_chars``: of a longer text only the first characters are tokenized (cut
+back to a whitespace), since tokenizing megabytes to keep ``max_length`` tokens costs time
+and memory for nothing (see :class:`TextTooLongError`)."""
 _LAST_SPACE = re.compile(r"\s\S*\Z")
 
 
