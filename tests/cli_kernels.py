@@ -23,3 +23,8 @@ def _attend(params, element, lengths):
 def attention() -> dict:
     """The kernel dict ``--kernel`` takes: ``fn`` and ``spec`` (no parameters)."""
     return {"fn": _attend, "spec": {"x": bj.ArraySpec(("L", WIDTH), np.float32)}}
+
+
+def word_counts():
+    """A ``--tokenizer`` factory: each text's count of whitespace-separated words."""
+    return lambda texts: [len(t.split()) for t in texts]

@@ -333,3 +333,37 @@ def test_plan_takes_a_sentence_transformers_model_directory_as_tokenizer_and_ker
     with pytest.raises(SystemExit, match=r"config.json has model_type 't5'; expected 'bert'"):
         cli.main(["plan", "--input", str(tmp_path / "ids.parquet"), "--column", "input_ids",
                   "--kernel", str(model), "--memory-budget-mib", "64"])  # fmt: skip
+
+
+def test_kernels_and_tokenizers_registered_by_other_packages_load_by_name(
+    tmp_path, capsys, monkeypatch
+):
+    """The entry-point groups stay open to other packages (here registered in the test)."""
+    from importlib import metadata
+
+    from beam_jax._src.cli import registry
+
+    kernel, tokenizer = registry.KERNELS, registry.TOKENIZERS
+    points = {
+        kernel: [metadata.EntryPoint("mine", "tests.cli_kernels:attention", kernel)],
+        tokenizer: [metadata.EntryPoint("words", "tests.cli_kernels:word_counts", tokenizer)],
+    }
+    real = metadata.entry_points
+    monkeypatch.setattr(
+        registry.metadata,
+        "entry_points",
+        lambda group: points[group] if group in points else real(group=group),
+    )
+    words = [3, 5, 5, 9]
+    rows = [{"id": i, "text": " ".join(["w"] * n)} for i, n in enumerate(words)]
+    source = ft.write_json_lines(tmp_path / "rows.jsonl", rows)
+    got = _plan_json(capsys, "--input", str(source), "--column", "text", "--tokenizer", "words")
+    assert (got["lengths"]["min"], got["lengths"]["max"]) == (3, 9)
+    values = pa.array([np.zeros(n, np.float32) for n in words], pa.list_(pa.float32()))
+    pq.write_table(pa.table({"x": values}), tmp_path / "a.parquet")
+    argv = ["--input", str(tmp_path / "a.parquet"), "--column", "x", "--max-buckets", "2"]
+    got = _plan_json(capsys, *argv, "--kernel", "mine", "--memory-budget-mib", "4")
+    assert got["memory"]["axis"] == "L"
+    with pytest.raises(SystemExit, match=r"a registered name \('mine'\) nor 'module:attr'"):
+        cli.main(["plan", "--input", str(tmp_path / "a.parquet"), "--column", "x",
+                  "--kernel", "nope", "--memory-budget-mib", "4"])  # fmt: skip

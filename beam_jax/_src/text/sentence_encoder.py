@@ -41,15 +41,15 @@ class SentenceEncoder:
         (384,)
 
     Attributes:
-        path: The model directory as given; ``None`` for the packaged all-MiniLM-L6-v2,
+        path: The model directory, absolute; ``None`` for the packaged all-MiniLM-L6-v2,
             found afresh on each worker.
         config: The BERT encoder's shape.
         pooling: ``mean``, ``cls`` or ``max``.
         normalize: Whether vectors are scaled to unit length.
         max_length: Most tokens per text, ``[CLS]`` and ``[SEP]`` included.
         lowercase: Whether texts are lower-cased before tokenizing.
-        manifest: A sha256 manifest the files are checked against before use, or ``None``
-            (the packaged model is always checked against the one shipped with beam_jax).
+        manifest: The path of a sha256 manifest the files are checked against before use,
+            or ``None`` (the packaged model is always checked against beam_jax's own).
     """
 
     path: str | None
@@ -110,7 +110,8 @@ class SentenceEncoder:
             md.verified(where, check)
         model = md.read_model_dir(where)
         return cls(
-            path=None if path is None else str(path),
+            # Absolute: a worker process may start in another directory.
+            path=None if path is None else str(where.resolve()),
             config=model.config,
             pooling=model.pooling,
             normalize=model.normalize,
