@@ -52,7 +52,15 @@ def test_bench_runs_every_variant_and_writes_json(tmp_path):
             bound = min(limit["elements_per_s"], read_rate)
             assert r["ratio_to_bound"] == pytest.approx(r["elements_per_s"] / bound)
             serial = 1 / (1 / limit["elements_per_s"] + 1 / read_rate)
+            assert r["serial_bound_per_s"] == pytest.approx(serial)
             assert r["ratio_to_serial_bound"] == pytest.approx(r["elements_per_s"] / serial)
+            bound = written["serial_bounds"][f"{kernel}/{variant}"]
+            assert bound["read"] == read and bound["bound_per_s"] == pytest.approx(serial)
+            assert bound["ratio"] == pytest.approx(r["ratio_to_serial_bound"])
+            targeted = variant in ("beam_jax_arrow", "beam_jax_arrow_binary")
+            assert bound["target"] == (run.SERIAL_TARGET if targeted else None)
+            if targeted:
+                assert bound["meets_target"] == (bound["ratio"] >= run.SERIAL_TARGET)
             per_record = r["elapsed_s"] / r["elements"] - limit["elapsed_s"] / limit["elements"]
             assert r["host_us_per_record"] == pytest.approx(1e6 * per_record)
             assert 0 < r["mfu"] < 1
@@ -66,6 +74,31 @@ def test_bench_runs_every_variant_and_writes_json(tmp_path):
         assert ratio == pytest.approx(
             rows["beam_jax"]["elements_per_s"] / rows["stock_beam_tuned"]["elements_per_s"]
         )
+
+
+def test_bench_runs_each_variant_with_its_bounds(tmp_path, capsys):
+    """Asked for the Arrow variants alone, the run adds the limit and each one's own read,
+    and prints each serial bound with the variant's ratio to it, and the fingerprint."""
+    run = _bench_module("run")
+    results = run.main(
+        ["--elements", "60", "--kernels", "light", "--num-buckets", "2", "--in-process",
+         "--repeat", "1", "--workdir", str(tmp_path / "data"), "--batch-size", "16",
+         "--variants", "beam_jax_arrow_binary,beam_jax_arrow"]
+    )  # fmt: skip
+    rows = results["results"]["light"]
+    assert list(rows) == [
+        "limit",
+        "read_only_binary",
+        "read_only",
+        "beam_jax_arrow_binary",
+        "beam_jax_arrow",
+    ]
+    assert set(results["serial_bounds"]) == {"light/beam_jax_arrow", "light/beam_jax_arrow_binary"}
+    printed = capsys.readouterr().out
+    assert "matmul peak GFLOP/s: fp32" in printed
+    for key, bound in results["serial_bounds"].items():
+        line = next(ln for ln in printed.splitlines() if ln.strip().startswith(key + " "))
+        assert f"{bound['bound_per_s']:.0f}" in line and f"{bound['ratio']:.3f}" in line
 
 
 @pytest.mark.parametrize("length", [1, 7, 64])
