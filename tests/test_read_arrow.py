@@ -125,3 +125,46 @@ def test_a_file_with_other_types_dead_letters_its_rows_naming_the_file(tmp_path)
 
     assert_that(dead, check, label="Dead")
     run(p)
+
+
+def test_row_groups_are_read_one_ahead_and_emitted_in_their_own_window(files):
+    """Within a bundle each row group is read while the previous one's batches go
+    downstream: every batch comes out once, in order, in its own element's window and
+    timestamp, an unreadable row group as its dead letter in its place, the last at the
+    bundle's end."""
+    from apache_beam.transforms.window import IntervalWindow
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    reader = _ReadRowGroup(["id", "x"], 3, handle_errors=True)
+    reader.setup()
+    reader.start_bundle()
+    path = str(files / "a.parquet")
+    items = [(path, 0, 4), (path, 7, 4), (path, 1, 4), (path, 2, 2)]
+    windows = [IntervalWindow(10 * i, 10 * i + 10) for i in range(len(items))]
+    out = []
+    for i, (item, window) in enumerate(zip(items, windows, strict=True)):
+        emitted = list(reader.process(item, window=window, timestamp=10 * i + 1))
+        assert len(emitted) == (0 if i == 0 else {1: 2, 2: 1, 3: 2}[i])  # the previous one
+        out += emitted
+    out += list(reader.finish_bundle())
+    reader.teardown()
+
+    def unwrap(value):
+        tag = getattr(value, "tag", None)
+        value = value.value if tag else value
+        assert isinstance(value, WindowedValue)
+        return tag, value
+
+    got = [unwrap(v) for v in out]
+    assert [(tag, v.windows[0]) for tag, v in got] == [
+        (None, windows[0]),
+        (None, windows[0]),
+        (bj.DEAD_LETTERS, windows[1]),
+        (None, windows[2]),
+        (None, windows[2]),
+        (None, windows[3]),
+    ]
+    assert [v.timestamp.micros // 1_000_000 for _, v in got] == [1, 1, 11, 21, 21, 31]
+    batches = [v.value for tag, v in got if tag is None]
+    assert [_ids(b) for b in batches] == [[0, 1, 2], [3], [4, 5, 6], [7], [8, 9]]
+    assert "row group 7 (4 rows)" in got[2][1].value.message

@@ -56,9 +56,20 @@ class DecodedBatch:
     lengths: np.ndarray
     failed: np.ndarray
     describe_failure: Callable[[int], Exception]
+    _id_values: np.ndarray | None | bool = dataclasses.field(default=False, repr=False)
 
     def row_key(self, row: int) -> Any:
         return None if self.ids is None else self.ids[row].as_py()
+
+    def id_values(self) -> np.ndarray | None:
+        """The id column as numpy (no copy) when it is integers or floats without nulls,
+        so rows' ids are gathered with numpy; else ``None`` (use ``ids``)."""
+        if self._id_values is False:
+            ids = self.ids
+            numeric = ids is not None and ids.null_count == 0
+            numeric = numeric and (pa.types.is_integer(ids.type) or pa.types.is_floating(ids.type))
+            self._id_values = ids.to_numpy(zero_copy_only=False) if numeric else None
+        return self._id_values
 
 
 class _Checks:

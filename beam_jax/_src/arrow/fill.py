@@ -54,7 +54,10 @@ class BucketFill:
         self._steps = [(leaf.shape[1] if leaf.ndim > 1 else 1) for leaf in self.leaves]
         self._dirty = [np.zeros(capacity, np.int64) for _ in self.leaves]
         self.lengths = aligned_full((capacity, len(bucket)), 0, np.int32)
-        self.ids: list[pa.Array] = []
+        # Ids of the filled rows, a part per add: numpy for numeric id columns (a gather,
+        # not an Arrow take per add), else Arrow arrays; one Arrow array when asked for.
+        self.ids: list[pa.Array | np.ndarray] = []
+        self._id_type: pa.DataType | None = None
         # Per row, the file it was read from and its row there (None and -1: not known).
         self._files = np.full(capacity, None, object)
         self._file_rows = np.full(capacity, -1, np.int64)
@@ -87,8 +90,9 @@ class BucketFill:
         ``origin`` is the batch's file and the file row of its first row, when known.
 
         One ``take`` per leaf writes the rows' whole padded block straight from the Arrow
-        values (padding positions read a dummy step and are then overwritten with the pad
-        value), so no per-row work and no temporary copies.
+        values (padding positions read whatever follows the row, clipped to the values, and
+        are then overwritten with the pad value), so no per-row work and no temporary
+        copies.
         """
         k = len(rows)
         at = self.size
@@ -98,10 +102,6 @@ class BucketFill:
             zip(self.plan.layout.specs, decoded.leaves, self.leaves, strict=True)
         ):
             q, per_row = leaf.item, self._steps[j]
-            if spec.ragged_axes:
-                steps = lengths[:, names.index(spec.shape[0])].astype(np.int64)
-            else:
-                steps = np.full(k, per_row, np.int64)
             start = leaf.start[rows]
             values = leaf.values
             if q == 1 or (not (start % q).any() and len(values) % q == 0):
@@ -111,19 +111,25 @@ class BucketFill:
                 source = np.lib.stride_tricks.sliding_window_view(values, q)
                 first, stride = start, q
             position = np.arange(per_row, dtype=np.int64)
-            real = position[None, :] < steps[:, None]
-            index = np.where(real, first[:, None] + position[None, :] * stride, 0)
+            index = first[:, None] + position[None, :] * stride
             block = buf[at : at + k]
             source.take(index.reshape(-1), axis=0, out=block.reshape(k * per_row, q), mode="clip")
-            if not real.all():
-                block[~real] = spec.pad_value
+            if spec.ragged_axes:
+                steps = lengths[:, names.index(spec.shape[0])].astype(np.int64)
+                pad = position[None, :] >= steps[:, None]
+                if pad.any():
+                    block[pad] = spec.pad_value
+            else:
+                steps = np.full(k, per_row, np.int64)
             self._dirty[j][at : at + k] = steps
         self.lengths[at : at + k] = lengths
         path, first = origin
         self._files[at : at + k] = path
         self._file_rows[at : at + k] = -1 if first is None else first + np.asarray(rows)
         if decoded.ids is not None:
-            self.ids.append(decoded.ids.take(pa.array(rows)))
+            numeric = decoded.id_values()
+            self.ids.append(decoded.ids.take(pa.array(rows)) if numeric is None else numeric[rows])
+            self._id_type = decoded.ids.type
         self.size += k
 
     def padded(self, rows: np.ndarray | None = None) -> PaddedBatch:
@@ -168,6 +174,16 @@ class BucketFill:
         """The ids of the filled rows (``None`` without an id column)."""
         if not self.ids:
             return None
-        if len(self.ids) > 1:
-            self.ids = [pa.concat_arrays(self.ids)]
+        if len(self.ids) > 1 or isinstance(self.ids[0], np.ndarray):
+            parts = self.ids
+            if all(isinstance(part, np.ndarray) for part in parts):
+                whole = pa.array(np.concatenate(parts), type=self._id_type)
+            else:
+                whole = pa.concat_arrays(
+                    [
+                        pa.array(part, type=self._id_type) if isinstance(part, np.ndarray) else part
+                        for part in parts
+                    ]
+                )
+            self.ids = [whole]
         return self.ids[0]
