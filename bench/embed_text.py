@@ -36,6 +36,25 @@ floats per text, computed from the token ids, so it takes no time):
 Each has a compilation cache of its own. The trivial kernel's output is the sum of the
 text's token ids, repeated 384 times (``tests/test_bench.py`` checks every row of it).
 
+* ``tokenize_only``: the host's floor: the same Parquet read row group by row group and
+  each row group's texts tokenized with the flagship's tokenizer and settings (the Rust
+  tokenizer on the whole batch, on all ``--threads`` cores, truncation at the model's
+  window), nothing else. ``host_only / tokenize_only`` is printed when both ran.
+
+Two more run the flagship with its batching chosen (side by side with ``pipeline``, which
+lets the flagship choose), each with a compilation cache of its own (round 1 cold):
+
+* ``pipeline_packed``: ``--batching packed`` (several texts per row, a few row lengths).
+* ``pipeline_buckets``: ``--batching buckets`` (each text padded to its length bucket).
+
+For every model variant the table gives the executed FLOPs per real token (``FLOP/tok``,
+in MFLOP: attention included, at the lengths the kernel actually ran, padding and empty
+rows included; per layer ``8h² + 4h·i`` for the dense parts and ``4·L·h`` for attention
+at padded row length ``L``). The flagship's come from its per-bucket metrics
+(``_metrics.json``), ``runinference``'s from its batches, sentence-transformers' from its
+batching rule (texts sorted by length, batches of 64 padded to their longest).
+``pipeline_packed / pipeline_buckets`` is printed cold against cold and warm against warm.
+
 Their rate is texts/s over the whole run, Beam's start-up included; give them many texts
 (``--texts 100000``) so the start-up weighs little.
 
@@ -44,7 +63,8 @@ torch's and the tokenizer's thread counts). The CPUs here may be shared with oth
 the variants take turns over ``--rounds`` rounds (order rotated each round) and the table
 shows each variant's median time; ``pipeline``'s embeddings are checked against
 sentence-transformers' (cosine). ``MFU`` is the encoder's useful FLOPs (real tokens only)
-over the whole run's time, divided by the machine's fp32 matmul peak (``bench/peak.py``).
+over the whole run's time, divided by the machine's fp32 matmul peak (``bench/peak.py``),
+for every model variant.
 """
 
 from __future__ import annotations
@@ -71,8 +91,18 @@ VARIANTS = (
     "runinference",
     "host_only",
     "host_only_per_element",
+    "tokenize_only",
+    "pipeline_packed",
+    "pipeline_buckets",
 )
 HOST_ONLY = {"host_only": [], "host_only_per_element": ["--per_element"]}
+# The flagship with its batching chosen; "pipeline" lets it choose.
+FLAGSHIPS = {
+    "pipeline": [],
+    "pipeline_packed": ["--batching", "packed"],
+    "pipeline_buckets": ["--batching", "buckets"],
+}
+MODEL_VARIANTS = (*FLAGSHIPS, "sentence_transformers", "runinference")
 DIM = 384
 DEFAULT_ST_PYTHON = "/tmp/refvenv/bin/python"
 BATCH_SIZE = 64
@@ -124,6 +154,7 @@ def _write_data(workdir: Path, n: int) -> dict:
     tokens = sum(lengths)
     return {
         "flops": model_flops(lengths),
+        "st_slots_by_length": st_slots_by_length(texts, lengths, BATCH_SIZE),
         "parquet": str(workdir / "texts.parquet"),
         "texts": str(workdir / "texts.json"),
         "model_dir": str(minilm.model_dir()),
@@ -206,6 +237,79 @@ def _host_only(cfg: dict, flags: list[str]) -> dict:
     return _pipeline(cfg)
 
 
+def _flagship(cfg: dict, flags: list[str]) -> dict:
+    """``_pipeline`` with ``flags`` (the batching chosen), plus the slots the kernel ran at
+    each row length, from the job's per-bucket metrics (``OUTPUT/_metrics.json``)."""
+    out = _pipeline(dict(cfg, pipeline_args=cfg["pipeline_args"] + flags))
+    record = json.loads((Path(cfg["out"]) / "_metrics.json").read_text())
+    out["slots_by_length"] = {
+        label: totals["padded_size"] for label, totals in record["buckets"].items()
+    }
+    return out
+
+
+def _tokenize_only(cfg: dict) -> dict:
+    """The host's floor: read the Parquet row group by row group and tokenize each one's
+    texts with the flagship's tokenizer call (``Tokenizer.encode_flat``: the Rust
+    tokenizer on the whole batch, threads from ``RAYON_NUM_THREADS``), nothing else.
+
+    The tokenizer is loaded before the clock starts; every text and token is counted
+    against the data's.
+    """
+    import pyarrow.parquet as pq
+
+    from pipelines import minilm
+
+    tokenizer = minilm.Tokenizer(cfg["model_dir"])
+    start = time.perf_counter()
+    texts = tokens = 0
+    parquet = pq.ParquetFile(cfg["parquet"])
+    for group in range(parquet.num_row_groups):
+        column = parquet.read_row_group(group, columns=["text"]).column("text")
+        _, lengths = tokenizer.encode_flat(column.to_pylist())
+        texts += len(lengths)
+        tokens += int(lengths.sum())
+    seconds = time.perf_counter() - start
+    if (texts, tokens) != (cfg["n"], cfg["tokens"]):
+        raise AssertionError(
+            f"tokenized {texts} texts into {tokens} tokens; expected {cfg['n']} and {cfg['tokens']}"
+        )
+    return {"seconds": seconds, "tokens": tokens}
+
+
+def flops_per_token(length: int) -> float:
+    """Executed FLOPs per token slot of all-MiniLM-L6-v2 at padded row length ``length``
+    (matmuls): per layer ``8h²`` (query, key, value, output), ``4h·i`` (feed-forward) and
+    ``4·length·h`` (attention scores and weighted sum over the row)."""
+    from pipelines import minilm
+
+    config = minilm.load_config(minilm.model_dir())
+    h, i = config.hidden_size, config.intermediate_size
+    return float(config.num_hidden_layers * (8 * h * h + 4 * h * i + 4 * int(length) * h))
+
+
+def executed_flops(slots_by_length: dict) -> float:
+    """FLOPs the encoder executed over batches of ``{row length: token slots}`` (padding
+    and empty rows included: the slots the kernel ran)."""
+    return sum(float(slots) * flops_per_token(int(L)) for L, slots in slots_by_length.items())
+
+
+def st_slots_by_length(texts: list[str], lengths: list[int], batch_size: int) -> dict:
+    """The slots sentence-transformers' ``encode`` runs: texts sorted by length in
+    characters, longest first, batches of ``batch_size`` padded to their longest text's
+    token count. Returns ``{row length: slots}``."""
+    import numpy as np
+
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    tokens = np.asarray(lengths, np.int64)[order]
+    slots: dict[str, int] = {}
+    for lo in range(0, len(tokens), batch_size):
+        chunk = tokens[lo : lo + batch_size]
+        width = int(chunk.max())
+        slots[str(width)] = slots.get(str(width), 0) + len(chunk) * width
+    return slots
+
+
 def _runinference(cfg: dict) -> dict:
     import apache_beam as beam
     import jax
@@ -269,6 +373,7 @@ def _runinference(cfg: dict) -> dict:
                 model.shapes.add(padded.shape)
                 Metrics.counter("bench", "compiles").inc()
             Metrics.counter("bench", "padded_tokens").inc(padded.size)
+            Metrics.counter("bench", f"padded_tokens_{width}").inc(padded.size)
             out = np.asarray(model.fn(model.params, {"input_ids": padded}, {"L": full}))
             return [PredictionResult(x, v) for x, v in zip(batch, out[: len(batch)], strict=True)]
 
@@ -302,10 +407,14 @@ def _runinference(cfg: dict) -> dict:
         c.key.metric.name: c.committed
         for c in result.metrics().query(MetricsFilter().with_namespace("bench"))["counters"]
     }
+    prefix = "padded_tokens_"
     return {
         "seconds": seconds,
         "compiles": counters.get("compiles", 0),
         "padding_ratio": counters.get("padded_tokens", 0) / cfg["tokens"],
+        "slots_by_length": {
+            k[len(prefix) :]: v for k, v in counters.items() if k.startswith(prefix)
+        },
     }
 
 
@@ -314,8 +423,10 @@ def _child(variant: str, cfg_path: str) -> None:
     _pin(cfg["threads"])
     if variant in HOST_ONLY:
         out = _host_only(cfg, HOST_ONLY[variant])
+    elif variant in FLAGSHIPS:
+        out = _flagship(cfg, FLAGSHIPS[variant])
     else:
-        out = {"pipeline": _pipeline, "runinference": _runinference}[variant](cfg)
+        out = {"runinference": _runinference, "tokenize_only": _tokenize_only}[variant](cfg)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -335,10 +446,10 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
     # Each variant its own cache, fresh for this benchmark: its first round compiles
     # everything (cold), later rounds load from the cache as a rerun of the job does (warm).
     cache_dir = tmp / f"jax-cache-{variant}"
-    if variant == "pipeline" and "--compilation_cache_dir" in args.pipeline_args:
+    if variant in FLAGSHIPS and "--compilation_cache_dir" in args.pipeline_args:
         given = cfg["pipeline_args"]
         cache_dir = Path(given[given.index("--compilation_cache_dir") + 1])
-    elif variant in ("pipeline", *HOST_ONLY):
+    elif variant in (*FLAGSHIPS, *HOST_ONLY):
         cfg["pipeline_args"] += ["--compilation_cache_dir", str(cache_dir)]
     cfg["cache_dir"] = str(cache_dir)
     cache_entries = sum(1 for _ in cache_dir.rglob("*")) if cache_dir.is_dir() else 0
@@ -389,6 +500,58 @@ def _has_st(python: str) -> bool:
         return False
     probe = subprocess.run([python, "-c", "import sentence_transformers"], capture_output=True)
     return probe.returncode == 0
+
+
+def _flagship_cosines(runs: dict) -> dict:
+    """Each flagship variant's least cosine against sentence-transformers (last rounds)."""
+    if "sentence_transformers" not in runs:
+        return {}
+    st = str(Path(runs["sentence_transformers"][-1]["out"]) / "vectors.npy")
+    return {v: _min_cosine(runs[v][-1]["out"], st) for v in FLAGSHIPS if v in runs}
+
+
+def _side_by_side_ratios(results: dict, ratios: dict, ratios_best: dict) -> None:
+    """Adds ``host_only / tokenize_only`` (rates: how close the host runs to its tokenizer
+    alone) and ``pipeline_packed / pipeline_buckets`` (medians and best runs)."""
+    pairs = (("host_only", "tokenize_only"), ("pipeline_packed", "pipeline_buckets"))
+    for ours, theirs in pairs:
+        if ours in results and theirs in results:
+            name = f"{ours}_vs_{theirs}"
+            a, b = results[ours], results[theirs]
+            ratios[name] = b["seconds_median"] / a["seconds_median"]
+            ratios_best[name] = b["seconds_best"] / a["seconds_best"]
+
+
+def _flop_fields(variant: str, r: dict, data: dict, peak: float | None) -> None:
+    """Sets ``mfu`` (useful FLOPs over the median time, against the fp32 matmul ``peak``)
+    and ``flops_per_real_token`` (executed) for a model variant; ``None`` for the others."""
+    model = variant in MODEL_VARIANTS
+    r["mfu"] = data["flops"] / r["seconds_median"] / (peak * 1e9) if model and peak else None
+    slots = data["st_slots_by_length"] if variant == "sentence_transformers" else None
+    slots = r.get("slots_by_length", slots) if model else None
+    r["flops_per_real_token"] = executed_flops(slots) / data["tokens"] if slots else None
+
+
+def _flagship_cold_warm(cold_warm: dict, results: dict) -> None:
+    """Cold against cold and warm against warm: packed against buckets, and each flagship
+    variant other than ``pipeline`` against runinference and sentence-transformers."""
+    pairs = [("pipeline_packed", "pipeline_buckets")]
+    pairs += [
+        (v, other)
+        for v in FLAGSHIPS
+        if v != "pipeline"
+        for other in ("runinference", "sentence_transformers")
+    ]
+    for ours, other in pairs:
+        if f"{ours}_cold_s" not in cold_warm or other not in results:
+            continue
+        name = f"{ours}_vs_{other}"
+        for phase in ("cold", "warm"):
+            theirs = cold_warm.get(f"{other}_{phase}_s", results[other]["seconds_median"])
+            cold_warm[f"{name}_{phase}"] = theirs / cold_warm[f"{ours}_{phase}_s"]
+        print(
+            f"{name}: {cold_warm[f'{name}_cold']:.2f}x cold, {cold_warm[f'{name}_warm']:.2f}x warm"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -465,6 +628,7 @@ def main(argv: list[str] | None = None) -> dict:
                 runs["pipeline"][-1]["out"],
                 str(Path(runs["sentence_transformers"][-1]["out"]) / "vectors.npy"),
             )
+        cosines = _flagship_cosines(runs)
 
     results = {}
     for variant, rs in runs.items():
@@ -495,17 +659,17 @@ def main(argv: list[str] | None = None) -> dict:
                 ratios_best[f"pipeline_vs_{other}"] = (
                     results[other]["seconds_best"] / ours["seconds_best"]
                 )
+    _side_by_side_ratios(results, ratios, ratios_best)
     from fingerprint import fingerprint, format_fingerprint
 
     machine = fingerprint()
     peak = machine["peak_gflops"].get("fp32")
     for variant, r in results.items():
-        useful = variant not in HOST_ONLY and peak
-        r["mfu"] = data["flops"] / r["seconds_median"] / (peak * 1e9) if useful else None
+        _flop_fields(variant, r, data, peak)
     print()
     print(
         f"{'variant':22} {'sentences/s':>11} {'median s':>9} {'spread':>7} {'CPU s':>7} "
-        f"{'MFU %':>6} {'compiles':>11} {'padding':>7}  runs (s)"
+        f"{'MFU %':>6} {'FLOP/tok':>8} {'compiles':>11} {'padding':>7}  runs (s)"
     )
     for variant, r in results.items():
         compiles = r.get("compiles", "-")
@@ -513,22 +677,30 @@ def main(argv: list[str] | None = None) -> dict:
             compiles = f"{compiles} ({r['compile_seconds']:.1f}s)"
         padding = f"{r['padding_ratio']:.2f}" if "padding_ratio" in r else "-"
         mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}"
+        executed = r.get("flops_per_real_token")
+        executed = "-" if executed is None else f"{executed / 1e6:.1f}"
         print(
             f"{variant:22} {r['sentences_per_s']:11.1f} {r['seconds_median']:9.1f} "
-            f"{100 * r['spread']:6.0f}% {r['cpu_s_median']:7.1f} {mfu:>6} {compiles:>11} "
-            f"{padding:>7}  {r['seconds_all']}"
+            f"{100 * r['spread']:6.0f}% {r['cpu_s_median']:7.1f} {mfu:>6} {executed:>8} "
+            f"{compiles:>11} {padding:>7}  {r['seconds_all']}"
         )
+    useful = data["flops"] / data["tokens"] / 1e6
+    print(
+        f"FLOP/tok: executed MFLOP per real token (useful: {useful:.1f}, real tokens only, "
+        "attention over each text's own length)"
+    )
     print(f"medians of {args.rounds} rounds each; {format_fingerprint(machine)}")
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x (medians), {ratios_best[name]:.2f}x (best runs)")
     cold_warm = {}
-    for i, r in enumerate(runs.get("pipeline", [])):
+    for variant, i, r in ((v, i, r) for v in FLAGSHIPS for i, r in enumerate(runs.get(v, []))):
         if "compile_wait_seconds" in r:
-            print(f"pipeline round {i + 1}: {r['compiles']} compiles, {r['compile_seconds']:.1f} s "
-                  f"compiling, {r['compile_wait_seconds']:.2f} s of it on the critical path "
+            print(f"{variant} round {i + 1}: {r['compiles']} compiles, "
+                  f"{r['compile_seconds']:.1f} s compiling, {r['compile_wait_seconds']:.2f} s of "
+                  f"it on the critical path "
                   f"(waited for), {max(0.0, r['compile_seconds'] - r['compile_wait_seconds']):.1f}"
                   f" s overlapped; padding {r['padding_ratio']:.3f}")  # fmt: skip
-    for variant in ("pipeline", "runinference"):
+    for variant in (*FLAGSHIPS, "runinference"):
         rs = runs.get(variant, [])
         if len(rs) < 2:
             continue
@@ -558,8 +730,12 @@ def main(argv: list[str] | None = None) -> dict:
                 f"pipeline_vs_{other}: {cold_warm[f'pipeline_vs_{other}_cold']:.2f}x cold, "
                 f"{cold_warm[f'pipeline_vs_{other}_warm']:.2f}x warm"
             )
+    _flagship_cold_warm(cold_warm, results)
     if cosine is not None:
         print(f"min cosine, pipeline vs sentence-transformers: {cosine:.6f}")
+    for variant, value in cosines.items():
+        if variant != "pipeline":
+            print(f"min cosine, {variant} vs sentence-transformers: {value:.6f}")
     print(
         f"total {time.perf_counter() - started:.0f} s; load average now "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine)"
@@ -576,6 +752,7 @@ def main(argv: list[str] | None = None) -> dict:
         "pipeline_runs": runs.get("pipeline", []),
         "load_average": os.getloadavg(),
         "min_cosine_pipeline_vs_sentence_transformers": cosine,
+        "min_cosine_vs_sentence_transformers": cosines,
         "fingerprint": machine,
     }
     if args.json:

@@ -133,13 +133,23 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
     embed_text = _bench_module("embed_text")
     out = tmp_path / "bench.json"
     report = embed_text.main(
-        ["--variants", "host_only,host_only_per_element", "--texts", "60", "--rounds", "1",
-         "--json", str(out), "--keep-outputs", str(tmp_path / "runs")]
+        ["--variants", "host_only,host_only_per_element,tokenize_only", "--texts", "60",
+         "--rounds", "1", "--json", str(out), "--keep-outputs", str(tmp_path / "runs")]
     )  # fmt: skip
-    assert json.loads(out.read_text())["variants"].keys() == {"host_only", "host_only_per_element"}
-    for variant in report["variants"].values():
-        assert variant["sentences_per_s"] > 0 and variant["compiles"] >= 1
+    variants = json.loads(out.read_text())["variants"]
+    assert variants.keys() == {"host_only", "host_only_per_element", "tokenize_only"}
+    for name in ("host_only", "host_only_per_element"):
+        assert variants[name]["sentences_per_s"] > 0 and variants[name]["compiles"] >= 1
     assert report["ratios"]["host_only_vs_host_only_per_element"] > 0
+    # The tokenizer alone counted every token of the data; the host is measured against it.
+    tokenize = variants["tokenize_only"]
+    assert tokenize["tokens"] == report["tokens"] and tokenize["sentences_per_s"] > 0
+    ratio = report["ratios"]["host_only_vs_tokenize_only"]
+    assert ratio == pytest.approx(
+        tokenize["seconds_median"] / variants["host_only"]["seconds_median"]
+    )
+    for variant in variants.values():  # no model ran: no model FLOPs
+        assert variant["mfu"] is None and variant["flops_per_real_token"] is None
     texts = [t for _, t in corpus.builtin_corpus()][:60]
     expected = embed_text.host_only_expected(texts)
     assert len(set(expected[:, 0].tolist())) > 30  # the texts' outputs differ from each other
@@ -169,3 +179,66 @@ def test_packing_plan_bench_meets_the_padding_target_on_two_real_corpora():
             for label, row in rows.items():
                 if label.startswith("buckets"):
                     assert row["padding"] > packed["padding"], (corpus, buffer, label)
+
+
+def test_embed_text_bench_flop_counts_match_the_encoder():
+    """Executed FLOPs per token slot agree with XLA's count of the real encoder at one
+    length (XLA also counts norms, softmax and gelu: a few percent on top); a batch's
+    slots at each length add up."""
+    import jax
+    import numpy as np
+
+    from pipelines import minilm
+
+    embed_text = _bench_module("embed_text")
+    length = 32
+    params = minilm.load_params()
+    element = {"input_ids": np.full((length,), 1000, np.int32)}
+    cost = jax.jit(minilm.embed_element).lower(params, element, {"L": np.int32(length)})
+    cost = cost.compile().cost_analysis()
+    xla = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    ours = length * embed_text.flops_per_token(length)
+    assert ours <= xla <= 1.1 * ours, (ours, xla)
+    slots = {"32": 64 * 32, "128": 2 * 128}
+    assert embed_text.executed_flops(slots) == pytest.approx(
+        64 * 32 * embed_text.flops_per_token(32) + 2 * 128 * embed_text.flops_per_token(128)
+    )
+
+
+def test_embed_text_bench_models_sentence_transformers_batching():
+    """Texts sorted longest first by characters, batches padded to their longest in tokens."""
+    embed_text = _bench_module("embed_text")
+    texts = ["a", "bbbbbb", "cc", "dddd", "eee"]
+    tokens = [3, 9, 4, 5, 7]
+    # By characters: bbbbbb (9), dddd (5), eee (7) | cc (4), a (3)
+    assert embed_text.st_slots_by_length(texts, tokens, 3) == {"9": 27, "4": 8}
+    assert embed_text.st_slots_by_length(texts, tokens, 64) == {"9": 45}
+
+
+def _flagship_has_batching() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pipelines.embed") is not None
+
+
+@pytest.mark.skipif(
+    not _flagship_has_batching(),
+    reason="the flagship's --batching flag (pipelines.embed) is not in this tree yet",
+)
+def test_embed_text_bench_runs_the_flagship_packed_and_bucketed(tmp_path):
+    """Both batchings run end to end side by side; each reports its executed FLOPs per real
+    token and MFU, and packed is compared with buckets."""
+    embed_text = _bench_module("embed_text")
+    report = embed_text.main(
+        ["--variants", "pipeline_packed,pipeline_buckets", "--texts", "60", "--rounds", "1"]
+    )
+    for name in ("pipeline_packed", "pipeline_buckets"):
+        variant = report["variants"][name]
+        assert variant["compiles"] >= 1 and 0 < variant["mfu"] < 1
+        # Every real token costs at least the dense layers; padding and attention add.
+        assert variant["flops_per_real_token"] > embed_text.flops_per_token(1)
+        assert sum(variant["slots_by_length"].values()) >= report["tokens"]
+    packed, buckets = report["variants"]["pipeline_packed"], report["variants"]["pipeline_buckets"]
+    assert report["ratios"]["pipeline_packed_vs_pipeline_buckets"] == pytest.approx(
+        buckets["seconds_median"] / packed["seconds_median"]
+    )
