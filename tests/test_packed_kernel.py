@@ -439,3 +439,56 @@ def test_run_kernel_on_arrow_packs_rows_with_results_by_id_and_origins(tmp_path)
     )
     summary = assert_conserved(run(p), namespace="arrow_packed")
     assert summary.padding_ratio >= 1.0
+
+
+def test_run_kernel_on_arrow_packs_a_ragged_and_a_scalar_leaf_under_string_ids():
+    """Packed record batches cut each row's leaves from the columns (a ragged one, a
+    scalar one, binary or list layout), keep string ids, and give the unpacked results."""
+    import pyarrow as pa
+
+    data = records(40, seed=3)
+    ids = [f"doc-{i}" for i in range(len(data))]
+    x = [r["x"] for r in data]
+    batches = [
+        pa.record_batch(
+            {
+                "key": pa.array(ids[lo : lo + 9]),
+                "x": pa.array([v.tobytes() for v in x[lo : lo + 9]], pa.binary())
+                if lo % 2
+                else pa.array(
+                    [v.reshape(-1).tolist() for v in x[lo : lo + 9]], pa.list_(pa.float32())
+                ),
+                "w": pa.array([float(r["w"]) for r in data[lo : lo + 9]], pa.float32()),
+            }
+        )
+        for lo in range(0, len(data), 9)
+    ]
+    p = pipeline()
+    results = (
+        p
+        | beam.Create(batches)
+        | bj.RunKernelOnArrow(
+            pk.segment_sum,
+            spec=SPEC,
+            columns=bj.ArrowColumns(leaves={"x": "x", "w": "w"}, id="key"),
+            packing=Packing(row_lengths=(8, 16), rows_per_batch=4, max_segments=4),
+        )
+    )
+    rows = results | beam.FlatMap(
+        lambda b: zip(
+            b.column("key").to_pylist(),
+            b.column("sum").to_pylist(),
+            b.column("length").to_pylist(),
+            strict=True,
+        )
+    )
+    want = {ids[i]: (r["x"].sum(0) * r["w"], len(r["x"])) for i, r in enumerate(data)}
+
+    def same(got):
+        assert sorted(k for k, _, _ in got) == sorted(want)
+        for key, total, length in got:
+            np.testing.assert_allclose(total, want[key][0], rtol=1e-5, atol=1e-5)
+            assert length == want[key][1]
+
+    assert_that(rows, same)
+    run(p)

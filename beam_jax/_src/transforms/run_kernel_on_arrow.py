@@ -145,23 +145,43 @@ class _ArrowFrontEnd(WorkerDoFn):
 
     def _stage_rows(self, decoded, ok, window, where, origin) -> Iterator[Any]:
         """Packing: each valid row as a record (its leaves cut from the columns), tagged
-        with its dead-letter ``Source`` and id, staged for packing."""
+        with its dead-letter ``Source`` and id, staged for packing.
+
+        Keys, value ranges and shapes are worked out per column first, so each row costs
+        only its own record and tag.
+        """
         layout = self._plan.layout
-        axis = self._plan.axis
         if decoded.ids is not None:
             self._id_type = decoded.ids.type
+        numeric = decoded.id_values()
+        keys = (
+            [None] * decoded.num_rows
+            if decoded.ids is None
+            else (numeric.tolist() if numeric is not None else decoded.ids.to_pylist())
+        )
+        lengths = decoded.lengths[:, 0].tolist()
+        # Per leaf: its values, each row's first value, and its shape past the ragged axis
+        # (the whole shape for a leaf without one).
+        cuts = []
+        for spec, leaf in zip(layout.specs, decoded.leaves, strict=True):
+            ragged = bool(spec.shape) and isinstance(spec.shape[0], str)
+            rest = tuple(spec.shape[1:] if ragged else spec.shape)
+            size = int(np.prod(rest, dtype=np.int64))
+            cuts.append((leaf.values, leaf.start.tolist(), ragged, rest, size))
+        timestamp = window.max_timestamp()
+        path, first = origin
         for r in ok.tolist():
-            length = int(decoded.lengths[r, 0])
+            length = lengths[r]
             leaves = []
-            for spec, leaf in zip(layout.specs, decoded.leaves, strict=True):
-                shape = spec.resolve({axis: length})
-                start = int(leaf.start[r])
-                count = int(np.prod(shape, dtype=np.int64))
-                leaves.append(
-                    np.asarray(leaf.values[start : start + count], spec.dtype).reshape(shape)
-                )
-            key = decoded.row_key(r)
-            tag = self._row_source(key, {"id": key, "row": r, **where}, window, origin, r)
+            for values, starts, ragged, rest, size in cuts:
+                begin = starts[r]
+                if ragged:
+                    leaves.append(values[begin : begin + length * size].reshape(length, *rest))
+                else:
+                    leaves.append(values[begin : begin + size].reshape(rest))
+            key = keys[r]
+            at = None if first is None else first + r
+            tag = Source(key, {"id": key, "row": r, **where}, timestamp, window, path, at)
             yield from self._stage.add((tag, key), Validated(tuple(leaves), (length,)), window)
 
     # --- the engine's front end -------------------------------------------------------
