@@ -216,9 +216,7 @@ def test_embed_text_bench_models_sentence_transformers_batching():
 
 
 def _flagship_has_batching() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("pipelines.embed") is not None
+    return _bench_module("embed_text").flagship_has_batching()
 
 
 @pytest.mark.skipif(
