@@ -70,6 +70,7 @@ for every model variant.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -278,14 +279,17 @@ def _tokenize_only(cfg: dict) -> dict:
 
 
 def flops_per_token(length: int) -> float:
-    """Executed FLOPs per token slot of all-MiniLM-L6-v2 at padded row length ``length``
-    (matmuls): per layer ``8h²`` (query, key, value, output), ``4h·i`` (feed-forward) and
-    ``4·length·h`` (attention scores and weighted sum over the row)."""
-    from pipelines import minilm
+    """Executed FLOPs per token slot of all-MiniLM-L6-v2 at padded row length ``length``:
+    ``SentenceEncoder.flops_per_token`` (matmuls: per layer ``8h²`` for query, key, value
+    and output, ``4h·i`` for the feed-forward layer, ``4·length·h`` for attention)."""
+    return float(_encoder().flops_per_token(int(length)))
 
-    config = minilm.load_config(minilm.model_dir())
-    h, i = config.hidden_size, config.intermediate_size
-    return float(config.num_hidden_layers * (8 * h * h + 4 * h * i + 4 * int(length) * h))
+
+@functools.cache
+def _encoder():
+    from beam_jax.text import SentenceEncoder
+
+    return SentenceEncoder.from_dir()
 
 
 def executed_flops(slots_by_length: dict) -> float:
