@@ -61,9 +61,9 @@ from pipelines import curate_data as data
 from pipelines import curate_model as cm
 from pipelines import curate_passes as cp
 from pipelines import curate_report as report
-from pipelines import embed_text_flags as flags
 from pipelines import input_files, labelled_corpus, run_console
 from pipelines import text_rows as tr
+from pipelines.embed import flags
 from pipelines.output_dir import Layout, OutputDir, OutputExistsError
 
 __all__ = ["CurateSummary", "parse_args", "run"]

@@ -33,7 +33,7 @@ from apache_beam.ml.transforms.base import EmbeddingsManager, _TextEmbeddingHand
 import beam_jax as bj
 from pipelines import minilm
 from pipelines import text_rows as tr
-from pipelines.embed_text_flags import DEFAULT_BATCH_SIZE, DEFAULT_BUCKETS, DEFAULT_MAX_TOKENS
+from pipelines.embed.flags import DEFAULT_BATCH_SIZE, DEFAULT_BUCKETS, DEFAULT_MAX_TOKENS
 
 SPEC = {"input_ids": bj.ArraySpec(("L",), np.int32)}
 

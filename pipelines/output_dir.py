@@ -29,7 +29,7 @@ from typing import Any
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.text_parts import EMBEDDINGS, FAILED, write_atomically
+from pipelines.embed.write import EMBEDDINGS, FAILED, write_atomically
 
 __all__ = ["EMBED_TEXT", "Layout", "OutputDir", "OutputExistsError"]
 

@@ -21,8 +21,8 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jax.internal import bucket_totals
+from pipelines.embed.write import write_atomically
 from pipelines.output_dir import METRICS
-from pipelines.text_parts import write_atomically
 
 __all__ = ["METRICS", "metrics_record", "write_metrics"]
 

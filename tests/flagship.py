@@ -1,4 +1,4 @@
-"""Helpers for the tests of pipelines/embed_text.py: run it on files, read what it wrote."""
+"""Helpers for the tests of the flagship (pipelines/embed): run it on files, read what it wrote."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pathlib
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import embed_text
+from pipelines.embed import job as embed_text
 
 
 def texts(n: int, start: int = 0) -> list[str]:

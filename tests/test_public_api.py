@@ -82,6 +82,7 @@ INTERNAL = {
     "decode_batch",
     "outputs_to_arrow",
     "ArrowCoder",
+    "origin_of",
     "bucket_index",
     "default_batch_sizes",
     "padded_total",

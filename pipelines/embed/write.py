@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
@@ -31,8 +32,9 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
 from pipelines import text_rows as tr
-from pipelines.input_files import BUILTIN, Inputs
-from pipelines.text_input import PartRows, UnreadableFile, split_row_key
+from pipelines.embed.read import KEY, file_name, split_keys
+from pipelines.embed.tokenize import Part
+from pipelines.input_files import Inputs
 
 __all__ = [
     "DEAD_LETTER_DIR",
@@ -41,7 +43,6 @@ __all__ = [
     "READ",
     "WriteParts",
     "WriteUnreadable",
-    "by_part",
     "dead_letter_json",
     "done_parts",
     "embeddings_name",
@@ -78,14 +79,6 @@ def done_parts(names: Iterable[str], inputs: Inputs) -> frozenset[tuple[int, int
         if match and match["source"] in index:
             done.add((index[match["source"]], int(match["start"])))
     return frozenset(done)
-
-
-def by_part(element: Any, part_rows: int) -> tuple[tuple[int, int], tuple[int, Any]]:
-    """A keyed result ``(row_key, value)`` or a ``FailedElement`` keyed by its part."""
-    key = element.key if isinstance(element, bj.FailedElement) else element[0]
-    file_index, position = split_row_key(key)
-    value = element if isinstance(element, bj.FailedElement) else element[1]
-    return (file_index, position // part_rows * part_rows), (position, value)
 
 
 def _json_value(value: Any) -> Any:
@@ -129,13 +122,40 @@ def write_atomically(path: str, data: bytes) -> None:
     FileSystems.rename([temporary], [path])
 
 
-def _file_name(inputs: Inputs, file_index: int) -> str:
-    path = inputs.files[file_index].path
-    return "<built-in corpus>" if path == BUILTIN else path
+OUTPUT = "output"  # RunKernelOnArrow's column for a kernel returning one array
+
+
+class _Open:
+    """A part being collected: its rows, and the results and dead letters seen so far."""
+
+    def __init__(self, part: Part):
+        self.part = part
+        self.results: list[pa.RecordBatch] = []
+        self.dead: list[tuple[int, bj.FailedElement]] = []
+        self.done = 0
+
+    def add_results(self, batch: pa.RecordBatch) -> None:
+        self.results.append(batch)
+        self.done += batch.num_rows
+
+    def add_dead(self, row: int, record: bj.FailedElement) -> None:
+        self.dead.append((row, record))
+        self.done += 1
+
+    @property
+    def whole(self) -> bool:
+        return self.done >= len(self.part.positions)
 
 
 class WriteParts(beam.DoFn):
-    """``((file_index, start), {"rows", "results", "dead"})`` in; the part's files written.
+    """Parts, results and dead letters in (one PCollection); each part's files written as
+    soon as every row of it has an embedding or a dead letter; its name out.
+
+    It runs fused with the tokenize step and the kernel (no shuffle between them): a part
+    is one record batch, which one bundle tokenizes and embeds whole, and the kernel flushes
+    its batches when the bundle finishes, before this step finishes. So at the end of a
+    bundle no part may be open; one that is means the steps were not fused, and is an
+    error rather than a part written incomplete.
 
     Args:
         directory: Where the parts go (the run's staging directory).
@@ -151,28 +171,109 @@ class WriteParts(beam.DoFn):
     def setup(self):
         self._parts = beam.metrics.Metrics.counter(tr.METRICS_NAMESPACE, "parts_written")
 
+    def start_bundle(self):
+        self._open: dict[int, list[_Open]] = {}  # by file, in any order
+        self._early: list[Any] = []  # results or dead letters whose part is not open yet
+
     def process(self, element: Any) -> Iterator[str]:
-        (file_index, start), groups = element
-        ids: dict[int, Any] = {}
-        for piece in groups["rows"]:
-            piece: PartRows
-            ids.update(zip(piece.positions, piece.ids, strict=True))
-        results = sorted(groups["results"], key=lambda r: r[0])
-        dead = sorted(groups["dead"], key=lambda r: r[0])
-        covered = [p for p, _ in results] + [p for p, _ in dead]
-        if sorted(covered) != sorted(ids):
+        if isinstance(element, Part):
+            self._open.setdefault(element.file_index, []).append(_Open(element))
+            early, self._early = self._early, []
+            for item in early:
+                yield from self._add(item)
+            yield from self._flush(element.file_index)
+        else:
+            yield from self._add(element)
+
+    def _find(self, file_index: int, row: int) -> _Open | None:
+        for part in self._open.get(file_index, ()):
+            if part.part.start <= row < part.part.end:
+                return part
+        return None
+
+    def _add(self, item: Any) -> Iterator[str]:
+        if isinstance(item, bj.FailedElement):
+            (file_index,), (row,) = split_keys(np.array([item.key]))
+            part = self._find(int(file_index), int(row))
+            if part is None:
+                self._early.append(item)
+                return
+            part.add_dead(int(row), item)
+            yield from self._flush(int(file_index))
+            return
+        files, rows = split_keys(item.column(KEY).to_numpy())
+        for file_index in np.unique(files).tolist():
+            # Packed batches mix the rows of several parts: cut by part.
+            parts = sorted(self._open.get(file_index, []), key=lambda p: p.part.start)
+            mine = np.flatnonzero(files == file_index) if len(files) else files
+            starts = np.array([p.part.start for p in parts], np.int64)
+            ends = np.array([p.part.end for p in parts], np.int64)
+            at = np.searchsorted(starts, rows[mine], side="right") - 1
+            found = (at >= 0) & (rows[mine] < ends[np.maximum(at, 0)] if parts else False)
+            for index in np.unique(at[found]).tolist():
+                rows_of = mine[found & (at == index)]
+                whole = len(rows_of) == item.num_rows
+                parts[index].add_results(item if whole else item.take(pa.array(rows_of)))
+            if not found.all():
+                self._early.append(item.take(pa.array(mine[~found])))
+            yield from self._flush(file_index)
+
+    def _flush(self, file_index: int) -> Iterator[str]:
+        parts = self._open.get(file_index, [])
+        for part in [p for p in parts if p.whole]:
+            parts.remove(part)
+            yield self._write(part)
+
+    def finish_bundle(self):
+        left = [p for parts in self._open.values() for p in parts]
+        if left or self._early:
+            part = left[0].part if left else None
+            raise RuntimeError(
+                f"{len(left)} parts were still incomplete and {len(self._early)} results or "
+                "dead letters had no part when the bundle finished"
+                + (f" (e.g. rows {part.start}-{part.end} of "
+                   f"{file_name(self._inputs, part.file_index)})" if part else "")
+                + ": the tokenize step, the kernel and WriteParts must run fused in one "
+                "stage, with nothing (a Reshuffle, a GroupByKey) between them"
+            )  # fmt: skip
+
+    def _write(self, collected: _Open) -> str:
+        part = collected.part
+        positions = part.positions
+        batches = [b for b in collected.results if b.num_rows]
+        table = self._schema.empty_table()
+        if batches:
+            results = pa.Table.from_batches(batches).combine_chunks()
+            done = split_keys(results[KEY].to_numpy())[1]
+            by_row = np.argsort(done, kind="stable")
+            index = np.searchsorted(positions, done[by_row])
+            vectors = results[OUTPUT].chunk(0).take(pa.array(by_row))
+            width = vectors.type.list_size
+            offsets = pa.array(np.arange(0, (len(by_row) + 1) * width, width, dtype=np.int32))
+            embedding = pa.ListArray.from_arrays(offsets, vectors.flatten())
+            ids = part.ids.take(pa.array(index)).cast(self._schema.field("id").type)
+            table = pa.Table.from_arrays([ids, embedding], schema=self._schema)
+        dead = sorted(collected.dead, key=lambda d: d[0])
+        dead_rows = []
+        if dead:
+            index = np.searchsorted(positions, [p for p, _ in dead])
+            ids = part.id_of(index)
+            dead_rows = [(i, p, r) for i, (p, r) in zip(ids, dead, strict=True)]
+        covered = table.num_rows + len(dead_rows)
+        if covered != len(positions):
             # Every row ends as one embedding or one dead letter; anything else is a bug,
             # and an incomplete part must not be written as if it were whole.
             raise RuntimeError(
-                f"part {start} of {_file_name(self._inputs, file_index)}: {len(ids)} rows but "
-                f"{len(results)} embeddings and {len(dead)} dead letters"
+                f"part {part.start} of {file_name(self._inputs, part.file_index)}: "
+                f"{len(positions)} rows but {table.num_rows} embeddings and {len(dead)} "
+                "dead letters"
             )
-        table = tr.embeddings_table([(ids[p], v) for p, v in results], self._schema)
-        dead_rows = [(ids[p], p, r) for p, r in dead]
-        end = max(ids) + 1
-        name = write_part(self._directory, self._inputs, (file_index, start, end), dead_rows, table)
+        name = write_part(
+            self._directory, self._inputs, (part.file_index, part.start, part.end), dead_rows,
+            table,
+        )  # fmt: skip
         self._parts.inc()
-        yield name
+        return name
 
 
 def write_part(
@@ -194,7 +295,7 @@ def write_part(
     """
     file_index, start, end = part
     source = inputs.files[file_index].source
-    file = _file_name(inputs, file_index)
+    file = file_name(inputs, file_index)
     lines = [dead_letter_json(r, id=i, file=file, row=p) for i, p, r in dead]
     if lines:
         data = "".join(f"{line}\n" for line in lines).encode("utf-8")
@@ -209,27 +310,23 @@ def write_part(
 
 
 class WriteUnreadable(beam.DoFn):
-    """An ``UnreadableFile`` in; its one dead letter written to its own file under ``_failed/``."""
+    """A read step's dead letter (a file or row group that cannot be read) in; written to
+    its own file under ``_failed/``."""
 
     def __init__(self, directory: str, inputs: Inputs):
         self._directory = directory
         self._inputs = inputs
 
-    def process(self, fault: UnreadableFile) -> Iterator[str]:
-        file = _file_name(self._inputs, fault.file_index)
-        where = f"after row {fault.after_row}" if fault.after_row else "at all"
-        record = bj.FailedElement.from_error(
-            fault.error_type,
-            f"{file} cannot be read {where}: {fault.message}. No row past row "
-            f"{fault.after_row} of it has an embedding or a dead letter; fix or replace "
-            "the file and rerun",
-            stage=READ,
-            element=file,
-            source=file,
-            row=fault.after_row,
-        )
-        line = dead_letter_json(record, id=None, file=file, row=fault.after_row)
-        name = unreadable_name(self._inputs.files[fault.file_index].source, fault.after_row)
+    def setup(self):
+        self._unreadable = beam.metrics.Metrics.counter(tr.METRICS_NAMESPACE, "files_unreadable")
+
+    def process(self, record: bj.FailedElement) -> Iterator[str]:
+        paths = [file_name(self._inputs, i) for i in range(len(self._inputs.files))]
+        index = paths.index(record.source) if record.source in paths else 0
+        row = record.row or 0
+        self._unreadable.inc()
+        line = dead_letter_json(record, id=None, file=paths[index], row=row)
+        name = unreadable_name(self._inputs.files[index].source, row)
         write_atomically(f"{self._directory}/{name}", f"{line}\n".encode())
         yield name
 
