@@ -105,7 +105,6 @@ def test_the_workers_install_this_package_from_the_setup_file(dry_run, tmp_path)
 
 def test_the_setup_file_package_holds_the_library_and_the_pipelines(tmp_path):
     import apache_beam as beam
-
     from pipelines.embed_text_flags import parse_args
 
     args, options = parse_args(_dataflow_flags(tmp_path))

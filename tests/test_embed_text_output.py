@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 import beam_jax as bj
-from pipelines import embed_text, text_parts
 from pipelines import output_dir as od
 from pipelines import text_rows as tr
+from pipelines.embed import job as embed_text
+from pipelines.embed import write as text_parts
 from tests import flagship as ft
 from tests.kill_after_parts import KillAfterParts
 

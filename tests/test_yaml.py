@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
+from pipelines.embed_text import EmbedTexts
 
 import beam_jax as bj
 from pipelines import text_rows as tr
-from pipelines.embed_text import EmbedTexts
 from tests.beam_helpers import pipeline, run
 from tests.flagship import write_json_lines
 from tests.kernels import D, attention_params, masked_attention_pool, reference_attention_pool

@@ -163,22 +163,26 @@ def _build(pipeline, args, inputs, id_type, staging, done, launch, progress_dir=
     ).with_output_types(pa.RecordBatch).with_outputs(PARTS, tr.DEAD_LETTERS, main="tokens")
     embed = embed_kernel(args, launch)
     results, kernel_dead = tokens.tokens | "Embed" >> _on_accelerator(embed, args.accelerator)
-    dead = (tokens[tr.DEAD_LETTERS], kernel_dead) | "AllDeadLetters" >> beam.Flatten()
-    schema = tr.output_schema(id_type)
-    _ = (
-        (tokens[PARTS], results, dead)
-        | "PartsResultsDeadLetters" >> beam.Flatten()
-        | "WriteParts" >> beam.ParDo(write.WriteParts(staging, inputs, schema))
-        # A consumer for the parts' names: the local FnApiRunner then reads WriteParts'
-        # output, and so fails when a worker dies there, instead of waiting for it forever
-        # (measured: a SIGKILL in WriteParts hung a multi-process run, Beam 2.77).
-        | "CountParts" >> beam.combiners.Count.Globally()
-    )
+    # Each stream that makes up the parts meets the others in WriteParts, fused in the
+    # stage that tokenizes and embeds: no shuffle of embeddings (see WriteParts).
+    parts = write.WriteParts(staging, inputs, tr.output_schema(id_type))
+    streams = {
+        "Parts": tokens[PARTS],
+        "TokenizeDeadLetters": tokens[tr.DEAD_LETTERS],
+        "Results": results,
+        "KernelDeadLetters": kernel_dead,
+    }
+    names = [s | f"Write{name}" >> beam.ParDo(parts) for name, s in streams.items()]
+    # A consumer for the parts' names: the local FnApiRunner then reads WriteParts'
+    # output, and so fails when a worker dies there, instead of waiting for it forever
+    # (measured: a SIGKILL in WriteParts hung a multi-process run, Beam 2.77).
+    _ = names | "PartNames" >> beam.Flatten() | "CountParts" >> beam.combiners.Count.Globally()
     _ = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
     if progress_dir is not None:  # counted by the workers, printed by the driver
         _ = results | "ProgressDone" >> beam.ParDo(
             progress.CountProgress(progress_dir, "done", size=len)
         )
+        dead = (tokens[tr.DEAD_LETTERS], kernel_dead) | "AllDeadLetters" >> beam.Flatten()
         _ = dead | "ProgressDead" >> beam.ParDo(progress.CountProgress(progress_dir, "dead"))
     if launch.planned and not launch_plan.in_process(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the

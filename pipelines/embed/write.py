@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -147,15 +148,31 @@ class _Open:
         return self.done >= len(self.part.positions)
 
 
-class WriteParts(beam.DoFn):
-    """Parts, results and dead letters in (one PCollection); each part's files written as
-    soon as every row of it has an embedding or a dead letter; its name out.
+class _Bundle(threading.local):
+    """The parts of the bundle this thread runs: shared by the ``WriteParts`` steps of one
+    fused stage (each reads one of the streams: parts, results, dead letters)."""
 
-    It runs fused with the tokenize step and the kernel (no shuffle between them): a part
-    is one record batch, which one bundle tokenizes and embeds whole, and the kernel flushes
-    its batches when the bundle finishes, before this step finishes. So at the end of a
-    bundle no part may be open; one that is means the steps were not fused, and is an
-    error rather than a part written incomplete.
+    def __init__(self):
+        self.open: dict[int, list[_Open]] | None = None  # by file, in any order
+        self.early: list[Any] = []  # results or dead letters whose part is not open yet
+
+
+_BUNDLE = _Bundle()
+
+
+class WriteParts(beam.DoFn):
+    """Parts, results or dead letters in; each part's files written as soon as every row of
+    it has an embedding or a dead letter; its name out.
+
+    A pipeline applies it to each stream that makes up its parts (the tokenize step's parts
+    and dead letters, the kernel's results and dead letters): Beam runners fuse a chain of
+    single-input steps into one stage, whose bundles run each on one thread, so these steps
+    share the parts of the bundle through a thread-local (a Flatten of the streams would
+    not do: the FnApiRunner runs a Flatten of several inputs between stages). A part is one
+    record batch, which one bundle tokenizes and embeds whole; the kernel flushes its
+    batches when the bundle finishes, and Beam finishes a stage's steps producers first, so
+    when the first ``WriteParts`` finishes, no part may be open. One that is means the
+    steps were not fused, and is an error rather than a part written incomplete.
 
     Args:
         directory: Where the parts go (the run's staging directory).
@@ -172,13 +189,21 @@ class WriteParts(beam.DoFn):
         self._parts = beam.metrics.Metrics.counter(tr.METRICS_NAMESPACE, "parts_written")
 
     def start_bundle(self):
-        self._open: dict[int, list[_Open]] = {}  # by file, in any order
-        self._early: list[Any] = []  # results or dead letters whose part is not open yet
+        # Every step starts before any element of the bundle is processed: each may reset.
+        _BUNDLE.open, _BUNDLE.early = {}, []
+
+    @property
+    def _open(self) -> dict[int, list[_Open]]:
+        return _BUNDLE.open
+
+    @property
+    def _early(self) -> list[Any]:
+        return _BUNDLE.early
 
     def process(self, element: Any) -> Iterator[str]:
         if isinstance(element, Part):
             self._open.setdefault(element.file_index, []).append(_Open(element))
-            early, self._early = self._early, []
+            early, _BUNDLE.early = self._early, []
             for item in early:
                 yield from self._add(item)
             yield from self._flush(element.file_index)
@@ -225,11 +250,15 @@ class WriteParts(beam.DoFn):
             yield self._write(part)
 
     def finish_bundle(self):
+        if _BUNDLE.open is None:
+            return  # another WriteParts of the stage checked the bundle
         left = [p for parts in self._open.values() for p in parts]
-        if left or self._early:
+        early = len(self._early)
+        _BUNDLE.open, _BUNDLE.early = None, []
+        if left or early:
             part = left[0].part if left else None
             raise RuntimeError(
-                f"{len(left)} parts were still incomplete and {len(self._early)} results or "
+                f"{len(left)} parts were still incomplete and {early} results or "
                 "dead letters had no part when the bundle finished"
                 + (f" (e.g. rows {part.start}-{part.end} of "
                    f"{file_name(self._inputs, part.file_index)})" if part else "")
