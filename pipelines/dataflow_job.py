@@ -30,7 +30,14 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.runner import PipelineResult
 
-__all__ = ["ACCELERATOR_HINT", "dry_run", "job_description", "staged_files", "write_job_file"]
+__all__ = [
+    "ACCELERATOR_HINT",
+    "dry_run",
+    "is_local",
+    "job_description",
+    "staged_files",
+    "write_job_file",
+]
 
 ACCELERATOR_HINT = common_urns.resource_hints.ACCELERATOR.urn
 
@@ -115,3 +122,12 @@ def write_job_file(described: dict[str, Any], path: str) -> None:
     """Writes ``described`` (local or ``gs://``) as indented JSON."""
     with FileSystems.create(path) as f:
         f.write(json.dumps(described, indent=1, sort_keys=True).encode())
+
+
+_LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
+
+
+def is_local(runner: Any) -> bool:
+    """Whether ``runner`` (a name or a runner) runs the job on this machine."""
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    return name.rsplit(".", 1)[-1] in _LOCAL_RUNNERS

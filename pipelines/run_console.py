@@ -95,7 +95,7 @@ class RunConsole:
         *,
         count_progress: bool = True,
     ):
-        from pipelines.embed.flags import is_local  # it imports this module's flags
+        from pipelines.dataflow_job import is_local
 
         self.name = name
         self.verbose = bool(getattr(args, "verbose", False))

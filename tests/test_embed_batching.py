@@ -25,7 +25,7 @@ from beam_jax.testing import assert_conserved
 from pipelines import input_files as inp
 from pipelines import text_rows as tr
 from pipelines.embed import read, write
-from pipelines.embed.tokenize import Part
+from pipelines.embed.read import Part
 from tests import flagship as ft
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"

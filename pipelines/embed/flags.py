@@ -17,7 +17,6 @@ import argparse
 import difflib
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from apache_beam.options.pipeline_options import (
     PipelineOptions,
@@ -27,6 +26,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipelines import run_console
+from pipelines.dataflow_job import is_local
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -66,12 +66,6 @@ DEFAULT_RUNNER = "FnApiRunner"
 DEFAULT_CACHE = os.path.join(
     os.environ.get("XDG_CACHE_HOME", "~/.cache"), "beam_jax", "jax_compilation_cache"
 )
-_LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
-
-
-def is_local(runner: Any) -> bool:
-    name = runner if isinstance(runner, str) else type(runner).__name__
-    return name.rsplit(".", 1)[-1] in _LOCAL_RUNNERS
 
 
 def int_list(text: str) -> tuple[int, ...]:

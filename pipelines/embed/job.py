@@ -32,6 +32,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
@@ -50,7 +51,7 @@ from pipelines.embed.tokenize import INPUT_IDS, PARTS, TokenizeParts
 from pipelines.output_dir import OutputDir, OutputExistsError
 from pipelines.run_console import RunConsole, failure_line, verbose_requested
 
-__all__ = ["DEFAULT_CACHE", "DEFAULT_OUTPUT", "EmbedTextSummary", "embed_kernel", "run"]
+__all__ = ["DEFAULT_CACHE", "DEFAULT_OUTPUT", "EmbedTextSummary", "Encoder", "embed_kernel", "run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,17 +128,34 @@ class EmbedTextSummary:
         )
 
 
-def embed_kernel(args, launch: launch_plan.LaunchPlan) -> bj.RunKernelOnArrow:
+@dataclasses.dataclass(frozen=True)
+class Encoder:
+    """The functions of the embedding step, MiniLM's by default; others (with MiniLM's
+    tokenizer and output shape) for measuring the host alone, e.g. ``bench/embed_text.py``.
+
+    Attributes:
+        element_fn: ``fn(params, element, lengths)``, for token-length buckets.
+        packed_fn: ``fn(params, row, segments)``, for packed rows.
+        load_params: ``load_params()`` on each worker; default MiniLM's from ``--model_dir``.
+    """
+
+    element_fn: Any = minilm.embed_element
+    packed_fn: Any = minilm.embed_packed_element
+    load_params: Any = None
+
+
+def embed_kernel(args, launch: launch_plan.LaunchPlan, encoder=Encoder()) -> bj.RunKernelOnArrow:
     """The embedding step: token ids in (``key``, ``input_ids``), ``key`` and ``output``
     (``fixed_size_list<float32, 384>``) out, bucketed or packed as ``launch`` says."""
     packed = launch.packing is not None
+    load_params = encoder.load_params or functools.partial(tr.load_params, args.model_dir)
     return bj.RunKernelOnArrow(
-        minilm.embed_packed_element if packed else minilm.embed_element,
+        encoder.packed_fn if packed else encoder.element_fn,
         spec={INPUT_IDS: bj.ArraySpec(("L",), np.int32)},
         columns=bj.ArrowColumns(leaves={INPUT_IDS: INPUT_IDS}, id=KEY),
         bucketing=launch.bucketing,
         packing=launch.packing,
-        load_params=functools.partial(tr.load_params, args.model_dir),
+        load_params=load_params,
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
     ).with_exception_handling()
@@ -147,7 +165,7 @@ def _on_accelerator(transform: beam.PTransform, accelerator: str | None) -> beam
     return transform.with_resource_hints(accelerator=accelerator) if accelerator else transform
 
 
-def _build(pipeline, args, inputs, id_type, staging, done, launch, progress_dir=None):
+def _build(pipeline, args, inputs, id_type, staging, done, launch, progress_dir=None, encoder=None):
     """Adds the job to ``pipeline``; returns its embedding transform (to start its worker).
 
     read parts -> spread -> tokenize -> RunKernelOnArrow -> write parts, the last three
@@ -161,7 +179,7 @@ def _build(pipeline, args, inputs, id_type, staging, done, launch, progress_dir=
     tokens = batches | "Tokenize" >> beam.ParDo(
         TokenizeParts(id_type, args.model_dir, files)
     ).with_output_types(pa.RecordBatch).with_outputs(PARTS, tr.DEAD_LETTERS, main="tokens")
-    embed = embed_kernel(args, launch)
+    embed = embed_kernel(args, launch, encoder or Encoder())
     results, kernel_dead = tokens.tokens | "Embed" >> _on_accelerator(embed, args.accelerator)
     # Each stream that makes up the parts meets the others in WriteParts, fused in the
     # stage that tokenizes and embeds: no shuffle of embeddings (see WriteParts).
@@ -271,12 +289,15 @@ def _dry_run(args, options, inputs: inp.Inputs, id_type: tr.IdType, output: Outp
     )
 
 
-def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
+def run(
+    argv: Sequence[str] | None = None, *, encoder: Encoder | None = None
+) -> EmbedTextSummary | None:
     """Runs the job to completion, publishes its output, prints a summary and returns it.
 
     Args:
         argv: Command-line flags (see ``python -m pipelines.embed --help``); Beam's
             flags pass through. ``None`` reads ``sys.argv``.
+        encoder: The embedding step's functions, if not MiniLM's (see :class:`Encoder`).
 
     Returns:
         The run's counts, padding, compiles and throughput; ``None`` with Beam's
@@ -322,8 +343,9 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
     console = RunConsole("embed_text", args, options, output.path)
     done = write.done_parts(reused, inputs)
     embed = _build(
-        pipeline, args, inputs, id_type, output.staging, done, launch, console.progress_dir
-    )
+        pipeline, args, inputs, id_type, output.staging, done, launch, console.progress_dir,
+        encoder,
+    )  # fmt: skip
     try:
         with console:
             if launch.planned and launch_plan.in_process(options):

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +35,7 @@ from pipelines.input_files import BOM, BUILTIN, Inputs, open_lines
 
 __all__ = [
     "KEY",
+    "Part",
     "ReadLines",
     "ReadParts",
     "python_values",
@@ -59,6 +61,42 @@ def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(file_index, row)`` arrays of an array of keys."""
     keys = np.asarray(keys, np.int64)
     return keys >> ROW_BITS, keys & ROW_MASK
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One part opened: its rows (positions in the file) and their ids as read.
+
+    Attributes:
+        file_index: The input file.
+        positions: Each row's position (row, or line for JSON lines), increasing.
+        ids: The rows' ids as read (an Arrow column).
+        raw: For JSON lines, ``[id, text]`` as read (JSON) of each row that could not be
+            used, else null; ``None`` for other inputs.
+    """
+
+    file_index: int
+    positions: np.ndarray
+    ids: pa.Array
+    raw: pa.Array | None = None
+
+    @property
+    def start(self) -> int:
+        return int(self.positions[0])
+
+    @property
+    def end(self) -> int:
+        return int(self.positions[-1]) + 1
+
+    def id_of(self, index: np.ndarray) -> list[Any]:
+        """The ids (as Python values, for dead letters) of rows ``index`` of the part."""
+        take = pa.array(np.asarray(index, np.int64))
+        values, _ = python_values(self.ids.take(take), "id")
+        if self.raw is not None:
+            for i, raw in enumerate(self.raw.take(take).to_pylist()):
+                if raw is not None:
+                    values[i] = json.loads(raw)[0]
+        return values
 
 
 def file_name(inputs: Inputs, file_index: int) -> str:

@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from collections.abc import Iterator
@@ -28,48 +27,12 @@ import pyarrow as pa
 import beam_jax as bj
 from pipelines import minilm
 from pipelines import text_rows as tr
-from pipelines.embed.read import KEY, PROBLEM, RAW_ID, python_values, split_keys
+from pipelines.embed.read import KEY, PROBLEM, RAW_ID, Part, python_values, split_keys
 
-__all__ = ["INPUT_IDS", "PARTS", "Part", "TokenizeParts"]
+__all__ = ["INPUT_IDS", "PARTS", "TokenizeParts"]
 
 INPUT_IDS = "input_ids"
 PARTS = "parts"
-
-
-@dataclasses.dataclass(frozen=True)
-class Part:
-    """One part opened: its rows (positions in the file) and their ids as read.
-
-    Attributes:
-        file_index: The input file.
-        positions: Each row's position (row, or line for JSON lines), increasing.
-        ids: The rows' ids as read (an Arrow column).
-        raw: For JSON lines, ``[id, text]`` as read (JSON) of each row that could not be
-            used, else null; ``None`` for other inputs.
-    """
-
-    file_index: int
-    positions: np.ndarray
-    ids: pa.Array
-    raw: pa.Array | None = None
-
-    @property
-    def start(self) -> int:
-        return int(self.positions[0])
-
-    @property
-    def end(self) -> int:
-        return int(self.positions[-1]) + 1
-
-    def id_of(self, index: np.ndarray) -> list[Any]:
-        """The ids (as Python values, for dead letters) of rows ``index`` of the part."""
-        take = pa.array(np.asarray(index, np.int64))
-        values, _ = python_values(self.ids.take(take), "id")
-        if self.raw is not None:
-            for i, raw in enumerate(self.raw.take(take).to_pylist()):
-                if raw is not None:
-                    values[i] = json.loads(raw)[0]
-        return values
 
 
 def _valid_utf8(column: pa.Array) -> bool:

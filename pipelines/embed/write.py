@@ -33,8 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
 from pipelines import text_rows as tr
-from pipelines.embed.read import KEY, file_name, split_keys
-from pipelines.embed.tokenize import Part
+from pipelines.embed.read import KEY, Part, file_name, split_keys
 from pipelines.input_files import Inputs
 
 __all__ = [
