@@ -10,8 +10,9 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import embed_text, progress
-from pipelines import text_parts as tp
+from pipelines import progress
+from pipelines.embed import job as embed_text
+from pipelines.embed import write as tp
 from tests import flagship as ft
 
 PROGRESS = re.compile(r"^embed_text: ([\d,]+) records done \(.*/s\), ([\d,]+) dead letters so far")
