@@ -98,3 +98,26 @@ def failing_vector_sum(params, element, segments):
         vmap_method="broadcast_all",
     )
     return {"sum": jnp.einsum("ld,lm->md", x, _one_hot(segments).astype(x.dtype))}
+
+
+def segment_attention(params, element, segments):
+    """Softmax attention within each segment over negative L1 distances, summed per segment:
+    an ``[n, n, D]`` intermediate (memory grows with the row length squared), no matmul."""
+    x = element["x"]  # [row_length, D]
+    same = (segments.ids[:, None] == segments.ids[None, :]) & (segments.ids[None, :] > 0)
+    scores = -jnp.sum(jnp.abs(x[:, None, :] - x[None, :, :]), axis=-1)
+    w = jax.nn.softmax(jnp.where(same, scores, jnp.float32(-1e9)), axis=-1)
+    mixed = jnp.sum(w[:, :, None] * x[None, :, :], axis=1)
+    sums = jnp.einsum("ld,lm->md", mixed, _one_hot(segments).astype(x.dtype))
+    return sums * element["w"][:, None]  # [m, D]
+
+
+def bucketed_attention(params, element, lengths):
+    """The unpacked counterpart of ``segment_attention``."""
+    x = element["x"]
+    n = x.shape[0]
+    real = jnp.arange(n) < lengths["L"]
+    scores = -jnp.sum(jnp.abs(x[:, None, :] - x[None, :, :]), axis=-1)
+    w = jax.nn.softmax(jnp.where(real[None, :], scores, jnp.float32(-1e9)), axis=-1)
+    mixed = jnp.sum(w[:, :, None] * x[None, :, :], axis=1)
+    return jnp.sum(jnp.where(real[:, None], mixed, 0.0), axis=0) * element["w"]

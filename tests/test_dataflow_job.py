@@ -115,7 +115,7 @@ def test_the_setup_file_package_holds_the_library_and_the_pipelines(tmp_path):
     files = dataflow_job.staged_files(pipeline.run())
     members = {m.split("/", 1)[-1] for m in files["workflow.tar.gz"]}
     assert {"beam_jax/__init__.py", "pipelines/embed/job.py", "setup.py"} <= members
-    assert "pipelines/minilm_manifest.json" in members
+    assert "beam_jax/_src/text/minilm_manifest.json" in members
 
 
 def test_the_gpu_hint_is_on_the_kernel_step_only(dry_run):

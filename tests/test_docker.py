@@ -76,7 +76,7 @@ def test_images_run_as_a_non_root_user(name):
 
 @pytest.mark.parametrize("name", DOCKERFILES)
 def test_images_check_the_model_files_against_the_manifest(name):
-    assert "minilm.verify_model_dir()" in _read(name)
+    assert "from beam_jax import text; text.verify_model_dir()" in _read(name)
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)

@@ -22,6 +22,7 @@ from beam_jax.internal import (
     search_limits,
 )
 from beam_jax.testing import assert_conserved
+from tests import packed_kernels as pk
 from tests import reliability_kernels as rk
 from tests.beam_helpers import pipeline, run
 
@@ -426,3 +427,96 @@ def test_plan_with_batch_limits_cuts_each_bucket_at_its_limit():
     assert one.batch_sizes((16,)) == (8,) and plan.batch_sizes((8,)) == (1, 2, 4, 8)
     with pytest.raises(bj.SpecError, match=r"batch limit 3 of bucket \(8,\) is not one of"):
         plan.with_batch_limits({(8,): 3})
+
+
+# --- packing: rows per batch fitted to memory ------------------------------------------------
+
+PACKED_SPEC = {"x": bj.ArraySpec(("L", 4), np.float32), "w": bj.ArraySpec((), np.float32)}
+
+
+def _packed_records(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        (
+            i,
+            {
+                "x": rng.standard_normal((int(rng.integers(1, 60)), 4)).astype(np.float32),
+                "w": np.float32(rng.uniform(0.5, 2.0)),
+            },
+        )
+        for i in range(n)
+    ]
+
+
+def _packed_options(rows_per_batch, fit=None):
+    return bj.KernelOptions(
+        packing=bj.Packing(row_lengths=(64, 128), rows_per_batch=rows_per_batch, max_segments=8),
+        fit_to_memory=fit,
+        devices=[0],
+    )
+
+
+def test_packed_rows_per_batch_shrink_with_the_row_length_squared_for_attention():
+    report = fit_plan(
+        pk.segment_attention, PACKED_SPEC, _packed_options(POWERS, bj.FitToMemory(2 << 20))
+    )
+    short, long = report.limits[(64,)], report.limits[(128,)]
+    # Twice the row length, four times the [n, n, D] intermediate: a quarter of the rows.
+    assert short == 4 * long, report.limits
+    assert all(r.total <= report.budget for r in report.rows if r.size == r.limit)
+
+
+def test_packed_run_with_fitted_rows_equals_the_unpacked_kernel():
+    records = _packed_records(80, seed=5)
+    fit = bj.FitToMemory(budget_bytes=2 << 20)
+    report = fit_plan(pk.segment_attention, PACKED_SPEC, _packed_options(POWERS, fit))
+    p = pipeline()
+    created = p | beam.Create(records)
+    packed, dead = (
+        created
+        | "Packed"
+        >> bj.RunKernel(
+            pk.segment_attention,
+            spec=PACKED_SPEC,
+            keyed=True,
+            options=_packed_options(POWERS, fit),
+        ).with_exception_handling()
+    )
+    bucketed = created | "Bucketed" >> bj.RunKernel(
+        pk.bucketed_attention,
+        spec=PACKED_SPEC,
+        keyed=True,
+        bucketing=bj.Bucketing(boundaries={"L": (16, 32, 64)}),
+        devices=[0],
+    )
+
+    def close(pairs):
+        got, want = dict(pairs["packed"]), dict(pairs["bucketed"])
+        assert sorted(got) == sorted(want) == list(range(80))
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-5)
+        return True
+
+    both = (
+        (
+            packed | "TagP" >> beam.Map(lambda kv: ("all", ("packed", kv))),
+            bucketed | "TagB" >> beam.Map(lambda kv: ("all", ("bucketed", kv))),
+        )
+        | beam.Flatten()
+        | beam.GroupByKey()  # one key: the two result sets side by side
+        | beam.MapTuple(
+            lambda _, tagged: close(
+                {
+                    "packed": [kv for t, kv in tagged if t == "packed"],
+                    "bucketed": [kv for t, kv in tagged if t == "bucketed"],
+                }
+            )
+        )
+    )
+    assert_that(both, equal_to([True]), label="Same")
+    assert_that(dead, equal_to([]), label="NoDeadLetters")
+    summary = assert_conserved(run(p))
+    # No batch held more rows than its row length's fitted limit; the fit's compiles are
+    # the run's (packing lists its shapes: rows per batch up to the limit, per row length).
+    assert summary.out_of_memory == 0
+    assert report.limits[(64,)] > report.limits[(128,)]

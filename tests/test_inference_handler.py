@@ -344,3 +344,81 @@ def test_several_ragged_axes_batch_by_the_plans_bucket_and_compile_listed_shapes
     assert sum(1 for _ in BATCH_BUCKETS) >= 25  # batches of at most 4 of 100 images
     listed = {(size, *bucket) for bucket, size in handler.plan().shapes()}
     assert TRACED and set(TRACED) <= listed
+
+
+# --- packing: Beam's batches packed into rows -------------------------------------------------
+
+
+def _packed_records(n: int = 50, seed: int = 11):
+    rng = np.random.default_rng(seed)
+    return [
+        (i, {"x": rng.standard_normal((int(rng.integers(1, 13)), 3)).astype(np.float32),
+             "w": np.float32(rng.uniform(0.5, 2.0))})
+        for i in range(n)
+    ]  # fmt: skip
+
+
+PACKED_SPEC = {"x": bj.ArraySpec(("L", 3), np.float32), "w": bj.ArraySpec((), np.float32)}
+PACKING = bj.Packing(row_lengths=(8, 16), rows_per_batch=(2, 4), max_segments=5)
+
+
+def test_packed_handler_equals_the_unpacked_kernel_through_runinference():
+    from tests import packed_kernels as pk
+
+    records = _packed_records()
+    handler = bj.KeyedJaxModelHandler(pk.segment_sum, spec=PACKED_SPEC, packing=PACKING)
+    p = pipeline()
+    pairs = p | beam.Create(records)
+    inferred = (
+        pairs
+        | RunInference(handler)
+        | "Unwrap" >> beam.MapTuple(lambda k, r: (k, np.asarray(r.inference["sum"])))
+    )
+    expected = {i: r["x"].sum(0) * r["w"] for i, r in records}
+
+    def check(got):
+        assert sorted(k for k, _ in got) == sorted(expected)
+        for key, value in got:
+            np.testing.assert_allclose(value, expected[key], rtol=1e-5, atol=1e-6)
+
+    assert_that(inferred, check)
+    run(p)
+
+
+def test_packed_batching_kwargs_take_every_length_up_to_a_packed_batch_of_records():
+    from tests import packed_kernels as pk
+
+    handler = bj.JaxModelHandler(pk.segment_sum, spec=PACKED_SPEC, packing=PACKING)
+    kwargs = handler.batch_elements_kwargs()
+    assert "length_fn" not in kwargs  # records of every length share rows
+    assert kwargs["max_batch_size"] == 4 * 5  # the largest batch's rows x max_segments
+    planned = bj.JaxModelHandler(
+        pk.segment_sum,
+        spec=PACKED_SPEC,
+        packing=bj.plan_packing(
+            [3, 5, 9, 12, 2, 7] * 20, max_size=16, compile_budget=2, buffer_size=32
+        ),
+    )
+    assert planned.batch_elements_kwargs()["max_batch_size"] == 32  # the planned buffer
+    with pytest.raises(bj.SpecError, match="Drop batch_length_fn"):
+        bj.JaxModelHandler(pk.segment_sum, spec=PACKED_SPEC, packing=PACKING, batch_length_fn=len)
+
+
+def test_a_kernel_failure_in_a_packed_batch_is_bisected_down_to_its_record():
+    from tests.packed_kernels import SENTINEL, failing_sum
+
+    handler = bj.JaxModelHandler(
+        failing_sum,
+        spec=bj.ArraySpec(("L",), np.float32),
+        packing=bj.Packing(row_lengths=8, rows_per_batch=(2, 4), max_segments=4),
+    )
+    batch = [np.full((i % 5 + 1,), i, np.float32) for i in range(10)]
+    model = handler.load_model()
+    ok = handler.run_inference(batch, model)
+    np.testing.assert_allclose(
+        [float(r.inference) for r in ok], [i * (i % 5 + 1) for i in range(10)]
+    )
+    batch[6] = np.full((2,), SENTINEL, np.float32)
+    with pytest.raises(bj.InferenceBatchError, match=r"elements \[6\] failed") as info:
+        handler.run_inference(batch, model)
+    assert [(f.key, f.stage) for f in info.value.failures] == [(6, "kernel")]

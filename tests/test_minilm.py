@@ -1,4 +1,4 @@
-"""Tests for the pure-JAX all-MiniLM-L6-v2 encoder and the built-in corpus.
+"""Tests for the pure-JAX all-MiniLM-L6-v2 encoder (``beam_jax.text``) and the built-in corpus.
 
 The reference embeddings in tests/fixtures/ come from sentence-transformers itself
 (see tools/make_minilm_reference.py); torch is not needed to run these tests.
@@ -18,14 +18,16 @@ import numpy as np
 import pytest
 
 import beam_jax as bj
+from beam_jax import text
 from beam_jax.internal import PackPlan
+from beam_jax.text import BertConfig, SentenceEncoder
 from pipelines import corpus as corpus_module
-from pipelines import minilm
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 BUCKETS = (16, 32, 64, 128, 256)
 BATCH_MULTIPLE = 16  # batch sizes are rounded up to this, so compiled shapes get reused
 MIN_COSINE = 0.9999
+ENCODER = SentenceEncoder.from_dir()  # the packaged all-MiniLM-L6-v2
 
 
 @pytest.fixture(autouse=True)
@@ -38,12 +40,12 @@ def strict_jax():
 
 @pytest.fixture(scope="module")
 def params():
-    return minilm.load_params()
+    return ENCODER.load_params()
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return minilm.Tokenizer()
+    return ENCODER.tokenizer()
 
 
 # The built-in corpus (and hand-written texts), and a second, different real corpus: the
@@ -64,7 +66,7 @@ def reference(request):
     }
 
 
-_embed_batch = jax.jit(jax.vmap(minilm.embed_element, in_axes=(None, 0, 0)))
+_embed_batch = jax.jit(jax.vmap(ENCODER.element_fn, in_axes=(None, 0, 0)))
 
 
 def embed_padded(params, ids_list, length, pad_ids=None):
@@ -97,17 +99,18 @@ def cosines(a, b):
 
 
 def test_model_dir_has_the_files():
-    path = minilm.model_dir()
+    path = text.packaged_model_dir()
     assert (path / "model.safetensors").is_file()
     assert (path / "tokenizer.json").is_file()
 
 
 def test_config_is_read_from_the_model_files():
-    config = minilm.load_config()
-    assert config == minilm.MiniLMConfig()
+    config = ENCODER.config
+    assert config == BertConfig() and config.hidden_act == "gelu"
+    assert (ENCODER.pooling, ENCODER.normalize, ENCODER.dim) == ("mean", True, 384)
     assert (config.hidden_size, config.num_attention_heads, config.head_dim) == (384, 12, 32)
     assert (config.num_hidden_layers, config.intermediate_size) == (6, 1536)
-    assert config.max_seq_length == 256 and config.layer_norm_eps == 1e-12
+    assert ENCODER.max_length == 256 and config.layer_norm_eps == 1e-12
 
 
 @pytest.mark.parametrize(
@@ -116,12 +119,19 @@ def test_config_is_read_from_the_model_files():
         ({"hidden_size": 100}, "multiple of num_attention_heads"),
         ({"num_hidden_layers": 0}, "num_hidden_layers must be a positive int, got 0"),
         ({"layer_norm_eps": 0.0}, "layer_norm_eps"),
-        ({"max_seq_length": 1024}, "exceeds max_position_embeddings"),
+        ({"hidden_act": "gelu_10"}, "hidden_act 'gelu_10' is not supported"),
     ],
 )
 def test_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        minilm.MiniLMConfig(**kwargs)
+        BertConfig(**kwargs)
+
+
+def test_encoder_rejects_a_max_length_beyond_the_positions():
+    with pytest.raises(bj.SpecError, match=re.escape("1024) exceeds max_position_embeddings")):
+        SentenceEncoder(path=None, config=BertConfig(), max_length=1024)
+    with pytest.raises(bj.SpecError, match="max_length must be an int >= 2, got 1"):
+        SentenceEncoder(path=None, config=BertConfig(), max_length=1)
 
 
 def test_params_are_float32_and_transposed(params):
@@ -139,9 +149,9 @@ def test_params_are_float32_and_transposed(params):
 
 def test_tokenizer_matches_sentence_transformers(tokenizer, reference):
     ours = tokenizer.encode_batch(reference["texts"])
-    for text, got, want in zip(reference["texts"], ours, reference["ids"], strict=True):
+    for sample, got, want in zip(reference["texts"], ours, reference["ids"], strict=True):
         assert got.dtype == np.int32
-        np.testing.assert_array_equal(got, want, err_msg=repr(text[:80]))
+        np.testing.assert_array_equal(got, want, err_msg=repr(sample[:80]))
 
 
 def test_tokenizer_truncates_to_256_including_special_tokens(tokenizer, reference):
@@ -157,11 +167,12 @@ def test_tokenizer_details(tokenizer):
     assert tokenizer.encode("").tolist() == [101, 102]
     # Lower-cased, accents stripped (BertNormalizer), unknown symbols -> [UNK] (100).
     assert tokenizer.encode("CAFÉ 😀").tolist() == tokenizer.encode("cafe [UNK]").tolist()
-    assert len(minilm.Tokenizer(max_length=8).encode("one two three four five six seven")) == 8
+    short = SentenceEncoder.from_dir(max_length=8).tokenizer()
+    assert len(short.encode("one two three four five six seven")) == 8
     with pytest.raises(TypeError, match="one str"):
         tokenizer.encode_batch("not a list")
     with pytest.raises(ValueError, match="max_length must be an int >= 2"):
-        minilm.Tokenizer(max_length=1)
+        text.Tokenizer(tokenizer.path, max_length=1)
 
 
 # --- encoder ----------------------------------------------------------------------
@@ -204,7 +215,7 @@ def test_padding_invariance_property(params, ids, pad):
 
 def test_embed_single_element_and_all_padding_row(params, tokenizer):
     ids = tokenizer.encode("A cat sat on the mat.")
-    one = minilm.embed(params, jnp.asarray(ids), jnp.ones(ids.shape, jnp.bool_))
+    one = text.embed(params, jnp.asarray(ids), jnp.ones(ids.shape, jnp.bool_), ENCODER.config)
     batched = embed_padded(params, [ids, np.zeros((0,), np.int32)], 16)
     np.testing.assert_allclose(np.asarray(one), batched[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(batched[1], 0.0)  # no nan from an empty row
@@ -212,14 +223,14 @@ def test_embed_single_element_and_all_padding_row(params, tokenizer):
 
 def test_embed_rejects_bad_shapes(params):
     with pytest.raises(ValueError, match="use jax.vmap"):
-        minilm.embed(params, jnp.zeros((2, 4), jnp.int32), jnp.ones((2, 4), jnp.bool_))
+        text.embed(params, jnp.zeros((2, 4), jnp.int32), jnp.ones((2, 4), jnp.bool_), BertConfig())
     with pytest.raises(ValueError, match="exceeds the 512 positions"):
-        minilm.embed(params, jnp.zeros((600,), jnp.int32), jnp.ones((600,), jnp.bool_))
+        text.embed(params, jnp.zeros((600,), jnp.int32), jnp.ones((600,), jnp.bool_), BertConfig())
 
 
 def test_live_against_sentence_transformers(params, tokenizer, reference):
     sentence_transformers = pytest.importorskip("sentence_transformers")
-    model = sentence_transformers.SentenceTransformer(str(minilm.model_dir()), device="cpu")
+    model = sentence_transformers.SentenceTransformer(str(text.packaged_model_dir()), device="cpu")
     texts = reference["texts"][::12][:20]
     want = model.encode(texts, convert_to_numpy=True)
     got = embed_bucketed(params, tokenizer.encode_batch(texts))
@@ -244,7 +255,7 @@ def test_builtin_corpus_shape_and_determinism():
 
 def test_builtin_corpus_has_a_spread_of_lengths(tokenizer):
     texts = [t for _, t in corpus_module.builtin_corpus()]
-    full = minilm.Tokenizer(max_length=100_000)
+    full = text.Tokenizer(tokenizer.path, max_length=100_000)
     lengths = np.asarray([len(ids) for ids in full.encode_batch(texts)])
     assert (lengths <= 16).sum() >= 200
     assert ((lengths > 64) & (lengths <= 256)).sum() >= 200
@@ -259,14 +270,15 @@ def test_builtin_corpus_rejects_bad_n():
 # --- packed encoder ---------------------------------------------------------------
 
 PACKED_MIN_COSINE = 0.99999
-_embed_rows = jax.jit(jax.vmap(minilm.embed_packed_element, in_axes=(None, 0, 0)))
+_embed_rows = jax.jit(jax.vmap(ENCODER.packed_fn, in_axes=(None, 0, 0)))
 
 
 def _wrong_packed_element(params, element, segments):
     """embed_packed without the segment mask: every real token attends to the whole row."""
     ids = segments.ids.astype(jnp.int32)
     key_bias = jnp.where(ids > 0, jnp.float32(0), jnp.float32(-1e30))
-    x = minilm.encode_tokens(params, element["input_ids"], segments.positions, key_bias[None, :])
+    positions, bias = segments.positions, key_bias[None, :]
+    x = text.encode_tokens(params, element["input_ids"], positions, bias, ENCODER.config)
     which = jnp.arange(1, segments.lengths.shape[-1] + 1, dtype=jnp.int32)
     onehot = (which[:, None] == ids[None, :]).astype(jnp.float32)
     count = jnp.maximum(jnp.sum(onehot, axis=1), jnp.float32(1e-9))
@@ -318,7 +330,7 @@ def test_without_the_segment_mask_packed_texts_contaminate_each_other(params, re
 
 def test_packed_encoder_rejects_bad_shapes(params):
     with pytest.raises(ValueError, match="takes one row"):
-        minilm.embed_packed(
+        text.embed_packed(
             params, jnp.zeros((4,), jnp.int32), jnp.zeros((5,), jnp.int32),
-            jnp.zeros((4,), jnp.int32), 2,
+            jnp.zeros((4,), jnp.int32), 2, ENCODER.config,
         )  # fmt: skip

@@ -1,7 +1,8 @@
-"""The MiniLM model files are checked against the sha256 manifest shipped with the pipeline."""
+"""The packaged MiniLM's files are checked against the sha256 manifest shipped with beam_jax."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import minilm
+from beam_jax import text
+from beam_jax.text import ModelFileMismatchError, SentenceEncoder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +26,7 @@ def _manifest_tool():
 
 
 def _copy_model(dest: Path) -> Path:
-    shutil.copytree(minilm.model_dir(), dest)
+    shutil.copytree(text.packaged_model_dir(), dest)
     return dest
 
 
@@ -35,29 +37,40 @@ def _flip_one_byte(path: Path, offset: int) -> None:
 
 
 def test_the_shipped_manifest_matches_the_installed_package():
-    minilm.verify_model_dir()
+    text.verify_model_dir()
     assert _manifest_tool().main(["--check"]) == 0
-    listed = minilm.MANIFEST.read_text()
-    for name in ("config.json", "model.safetensors", "sentence_bert_config.json", "tokenizer.json"):
-        assert f'"{name}"' in listed
+    listed = json.loads(text.MINILM_MANIFEST.read_text())["files"]
+    # Every file the encoder reads, and nothing else.
+    assert set(listed) == set(text.read_model_dir(text.packaged_model_dir()).files) == {
+        "config.json", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json",
+        "tokenizer.json", "model.safetensors",
+    }  # fmt: skip
 
 
 def test_a_weight_file_with_one_byte_changed_fails_the_load_naming_file_and_digests(tmp_path):
     model = _copy_model(tmp_path / "model")
     weights = model / "model.safetensors"
-    expected = minilm.file_sha256(weights)
+    expected = text.file_sha256(weights)
     # A byte deep in the tensor data: safetensors would load it without complaint.
     _flip_one_byte(weights, weights.stat().st_size // 2)
-    actual = minilm.file_sha256(weights)
+    actual = text.file_sha256(weights)
     assert actual != expected
-    with pytest.raises(minilm.ModelFileMismatchError) as info:
-        minilm.load_params(model)
+    with pytest.raises(ModelFileMismatchError) as info:
+        SentenceEncoder.from_dir(model, manifest=text.MINILM_MANIFEST)
     message = str(info.value)
     assert f"{weights} has sha256 {actual}, expected {expected}" in message
     assert "tokenizer.json" not in message  # only the changed file is named
     assert "Reinstall the model" in message
-    # Skipping the check is explicit, and then the same files load.
-    params = minilm.load_params(model, manifest=None)
+    # A worker checks again before it reads the weights, even if the files changed after launch.
+    _flip_one_byte(weights, weights.stat().st_size // 2)
+    encoder = SentenceEncoder.from_dir(model, manifest=text.MINILM_MANIFEST)
+    _flip_one_byte(weights, weights.stat().st_size // 2)
+    with pytest.raises(ModelFileMismatchError, match="model.safetensors has sha256"):
+        encoder.load_params()
+    with pytest.raises(ModelFileMismatchError, match="model.safetensors has sha256"):
+        encoder.tokenizer()
+    # Without a manifest nothing is checked (a directory of one's own), and the files load.
+    params = SentenceEncoder.from_dir(model).load_params()
     assert params["layers"][0]["query"]["w"].shape == (384, 384)
 
 
@@ -65,8 +78,8 @@ def test_a_changed_tokenizer_and_a_missing_config_are_both_reported(tmp_path):
     model = _copy_model(tmp_path / "model")
     _flip_one_byte(model / "tokenizer.json", 10)
     (model / "sentence_bert_config.json").unlink()
-    with pytest.raises(minilm.ModelFileMismatchError) as info:
-        minilm.verify_model_dir(model)
+    with pytest.raises(ModelFileMismatchError) as info:
+        text.verify_model_dir(model)
     message = str(info.value)
     assert re.search(r"tokenizer\.json has sha256 [0-9a-f]{64}, expected [0-9a-f]{64}", message)
     assert "sentence_bert_config.json is missing (expected sha256 " in message
@@ -74,13 +87,14 @@ def test_a_changed_tokenizer_and_a_missing_config_are_both_reported(tmp_path):
 
 def test_an_untouched_copy_passes_and_a_manifest_can_be_written_for_other_files(tmp_path):
     model = _copy_model(tmp_path / "model")
-    minilm.verify_model_dir(model)
+    text.verify_model_dir(model)
     (model / "config.json").write_text((model / "config.json").read_text() + "\n")
-    with pytest.raises(minilm.ModelFileMismatchError, match="config.json has sha256"):
-        minilm.verify_model_dir(model)
+    with pytest.raises(ModelFileMismatchError, match="config.json has sha256"):
+        text.verify_model_dir(model)
     own = tmp_path / "own_manifest.json"
     assert _manifest_tool().main(["--model_dir", str(model), "--out", str(own)]) == 0
-    minilm.verify_model_dir(model, manifest=own)
+    text.verify_model_dir(model, manifest=own)
+    assert SentenceEncoder.from_dir(model, manifest=own).dim == 384
 
 
 def test_the_manifest_ships_with_the_installed_package():
@@ -88,18 +102,18 @@ def test_the_manifest_ships_with_the_installed_package():
     # (A regex, not tomllib: the project supports Python 3.10.)
     pyproject = (ROOT / "pyproject.toml").read_text()
     section = pyproject.split("[tool.setuptools.package-data]")[1].split("\n[")[0]
-    assert re.search(rf'^pipelines = \[.*"{minilm.MANIFEST.name}"', section, re.MULTILINE)
-    assert minilm.MANIFEST.parent == ROOT / "pipelines"
+    assert re.search(r'^beam_jax = \[.*"_src/text/\*\.json"', section, re.MULTILINE)
+    assert text.MINILM_MANIFEST.parent == ROOT / "beam_jax" / "_src" / "text"
 
 
 def test_embed_text_refuses_a_tampered_model_at_launch(tmp_path):
     from pipelines.embed import job as embed_text
 
     tampered = tmp_path / "model"
-    shutil.copytree(minilm.model_dir(), tampered)
+    shutil.copytree(text.packaged_model_dir(), tampered)
     with open(tampered / "tokenizer.json", "ab") as f:
         f.write(b" ")
-    with pytest.raises(minilm.ModelFileMismatchError, match="tokenizer.json"):
+    with pytest.raises(ModelFileMismatchError, match="tokenizer.json"):
         embed_text.run(
             [
                 "--builtin_texts",

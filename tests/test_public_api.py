@@ -8,6 +8,7 @@ import typing
 
 import beam_jax as bj
 import beam_jax.internal as internal
+import beam_jax.text as text
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
 
 TOP_LEVEL = {
@@ -140,19 +141,47 @@ INTERNAL = {
 }
 
 
+TEXT = {
+    # the model, described once
+    "SentenceEncoder",
+    "BertConfig",
+    "Tokenizer",
+    "TextTooLongError",
+    "ModelFileMismatchError",
+    # its directory and the packaged default
+    "ModelDir",
+    "read_model_dir",
+    "packaged_model_dir",
+    "verify_model_dir",
+    "make_manifest",
+    "file_sha256",
+    "MINILM_MANIFEST",
+    # the forward pass, for kernels of one's own
+    "embed",
+    "embed_packed",
+    "encode_tokens",
+    "segment_attention_bias",
+    "read_weights",
+    "ACTIVATIONS",
+    "POOLING",
+    "MAX_TOKENIZED_CHARS",
+}
+
+
 def _public(module) -> set[str]:
-    return {n for n in dir(module) if not n.startswith("_")} - {"internal", "testing"}
+    return {n for n in dir(module) if not n.startswith("_")} - {"internal", "testing", "text"}
 
 
 def test_implementation_modules_are_private():
     """Besides the three faces (and ``python -m beam_jax``), every module is under _src/."""
     root = pathlib.Path(bj.__file__).parent
     faces = {p.name for p in root.iterdir() if not p.name.startswith("_")} - {"py.typed"}
-    assert faces == {"internal.py", "testing.py"}, faces
-    for face in (bj, internal):
+    assert faces == {"internal.py", "testing.py", "text.py"}, faces
+    for face in (bj, internal, text):
         for name in _public(face):
-            module = getattr(getattr(face, name), "__module__", None)
-            if module is not None:  # constants (DEAD_LETTERS) have none
+            obj = getattr(face, name)
+            module = getattr(obj, "__module__", None) if callable(obj) else None
+            if module is not None:  # constants (DEAD_LETTERS, MINILM_MANIFEST) have none
                 assert module.startswith("beam_jax._src."), (face.__name__, name, module)
 
 
@@ -163,6 +192,16 @@ def test_top_level_exports_exactly_what_pipeline_authors_use():
 def test_internal_exports_the_machinery():
     assert _public(internal) == INTERNAL
     assert not TOP_LEVEL & INTERNAL, "a name lives in one place"
+
+
+def test_text_exports_the_sentence_encoder():
+    assert _public(text) == TEXT
+    assert not (TOP_LEVEL | INTERNAL) & TEXT, "a name lives in one place"
+    for name in TEXT:
+        obj = getattr(text, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, bj.BeamJaxError), name
+            assert obj.__doc__ and len(obj.__doc__.strip().splitlines()) >= 2, name
 
 
 def test_every_error_is_a_beam_jax_error_and_says_how_to_fix_it():
@@ -215,10 +254,10 @@ def _module_graph() -> dict[str, set[str]]:
 
 
 def test_imports_only_go_down_the_layers():
-    """bucketing < core < arrow, kernel < engine < transforms < inference < cli: a module
-    imports only from its own layer and those below (lazy imports included)."""
-    rank = {"bucketing": 0, "core": 1, "arrow": 2, "kernel": 2, "engine": 3, "transforms": 4,
-            "inference": 5, "cli": 6}  # fmt: skip
+    """bucketing < core < arrow, kernel, text < engine < transforms < inference < cli: a
+    module imports only from its own layer and those below (lazy imports included)."""
+    rank = {"bucketing": 0, "core": 1, "arrow": 2, "kernel": 2, "text": 2, "engine": 3,
+            "transforms": 4, "inference": 5, "cli": 6}  # fmt: skip
     root = pathlib.Path(bj.__file__).parent / "_src"
     assert {p.name for p in root.iterdir() if (p / "__init__.py").exists()} == set(rank)
     for package, level in rank.items():

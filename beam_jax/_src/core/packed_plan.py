@@ -10,8 +10,9 @@ batch sizes per row length, the kernel's input structure (the packed element and
 from __future__ import annotations
 
 import bisect
+import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -120,6 +121,7 @@ class PackedPlan:
             for n in packing.row_lengths
         }
         self.packing = dataclasses.replace(packing, rows_per_batch=sizes)
+        self._spec = spec
         self.pack_plan = PackPlan(spec, self.packing)
         self.layout: Layout = self.pack_plan.layout
         self.axis = self.pack_plan.axis
@@ -153,6 +155,26 @@ class PackedPlan:
     def batch_sizes(self, bucket: Bucket) -> tuple[int, ...]:
         """The rows per batch of row length ``bucket[0]``, smallest first."""
         return self.packing.sizes_for(bucket[0])
+
+    def with_batch_limits(self, limits: Mapping[Bucket, int], *, one_size: bool = False):
+        """This plan with the rows per batch of each row length cut at ``limits[bucket]``
+        (one of its sizes); with ``one_size``, that size alone. Used when batch limits are
+        fitted to memory (``FitToMemory``), as ``Plan.with_batch_limits``.
+        """
+        sizes = {}
+        for (n,) in self.buckets:
+            allowed = self.packing.sizes_for(n)
+            limit = limits.get((n,), allowed[-1])
+            if limit not in allowed:
+                raise SpecError(
+                    f"batch limit {limit} of row length {n} is not one of its rows per batch "
+                    f"{allowed}."
+                )
+            sizes[n] = (limit,) if one_size else tuple(s for s in allowed if s <= limit)
+        out = copy.copy(self)
+        out.packing = dataclasses.replace(self.packing, rows_per_batch=sizes)
+        out.pack_plan = PackPlan(self._spec, out.packing)
+        return out
 
     def max_batch(self, bucket: Bucket) -> int:
         """How many rows fill a batch of row length ``bucket[0]``."""

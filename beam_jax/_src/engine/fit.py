@@ -24,6 +24,7 @@ from beam_jax._src.engine.options import make_plan
 from beam_jax._src.errors import SpecError
 from beam_jax._src.kernel.compiled import Kernel
 from beam_jax._src.kernel.memory import analyse_shape, device_free_bytes, params_bytes
+from beam_jax._src.kernel.wrappers import SegmentKernel
 
 _log = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ def fit_budget(policy: FitToMemory, kernel: Kernel, params: Any) -> tuple[int, s
 def fit_batch_limits(kernel: Kernel, params: Any, plan: Plan, policy: FitToMemory) -> FitReport:
     """Per bucket of ``plan``, the largest allowed batch size whose program fits the budget.
 
-    Only the plan's own shapes are compiled, through the kernel's cache.
+    Only the plan's own shapes are compiled, through the kernel's cache. For a packed plan
+    a bucket is a row length and a batch size a number of rows.
 
     Args:
         kernel: the compiled kernel (its devices set the per-device figures).
@@ -110,8 +112,9 @@ def fit_batch_limits(kernel: Kernel, params: Any, plan: Plan, policy: FitToMemor
         policy: the budget.
     """
     budget, source = fit_budget(policy, kernel, params)
-    names = plan.layout.axis_names
-    treedef = plan.layout.treedef
+    # What the kernel is called with: for a packed plan, the element and its segments.
+    names = plan.kernel_axis_names
+    treedef = plan.kernel_treedef
     before, started = kernel.compiles, time.perf_counter()
     limits, rows = search_limits(
         plan.buckets,
@@ -162,6 +165,8 @@ def fit_plan(fn: Callable[..., Any], spec: Any, options: Any) -> FitReport:
             "options.fit_to_memory is None; set it, e.g. "
             "KernelOptions(fit_to_memory=FitToMemory(budget_bytes=1 << 30))."
         )
+    if options.packing is not None:
+        fn = SegmentKernel(fn)  # as the worker calls it: (element, SegmentInfo) per row
     kernel = Kernel(fn, batched=options.batched, devices=options.devices)
     plan = make_plan(spec, options, kernel.num_devices)
     raw = options.load_params() if options.load_params is not None else None

@@ -106,11 +106,6 @@ class KernelOptions:
                 "bucketing and packing are two ways to shape batches; give one, got both "
                 f"(bucketing={self.bucketing!r}). Packing fixes the row lengths itself."
             )
-        if self.fit_to_memory is not None:
-            raise SpecError(
-                "fit_to_memory does not apply with packing yet: choose rows_per_batch to fit "
-                "(beam-jax plan --kernel shows each shape's memory), and drop fit_to_memory."
-            )
 
 
 class KernelOptionsKwargs(TypedDict, total=False):

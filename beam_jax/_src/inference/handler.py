@@ -22,6 +22,7 @@ from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, Predi
 from typing_extensions import Unpack
 
 from beam_jax._src.core.dead_letter import FailedElement
+from beam_jax._src.core.packed_plan import PackedPlan
 from beam_jax._src.core.plan import Plan
 from beam_jax._src.engine.batching import BatchEngine
 from beam_jax._src.engine.elements import ElementFrontEnd, PerElement
@@ -116,7 +117,10 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
 
     Each batch Beam forms is validated against ``spec``, grouped by bucket, padded to the
     bucket and to one of the plan's batch sizes, and run by the engine under ``RunKernel``;
-    each element's result is a ``PredictionResult(example, inference, model_id)``.
+    each element's result is a ``PredictionResult(example, inference, model_id)``. With
+    ``packing=Packing(...)`` (a spec with one ragged axis, a kernel that returns one output
+    per segment, as for ``RunKernel``) each Beam batch is packed into rows instead: Beam
+    batches records of every length together, up to the records one packed batch holds.
 
     Args:
         fn: ``fn(params, element, lengths)``, as for ``RunKernel``.
@@ -126,11 +130,12 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
             (RunInference's model updates). Exclusive with ``load_params``.
         batch_length_fn: the length Beam's ``BatchElements`` buckets elements by; default
             the number of the element's bucket in the plan, for any number of ragged axes,
-            so each Beam batch holds one bucket's elements.
+            so each Beam batch holds one bucket's elements. Refused with packing.
         max_batch_duration_secs: how long Beam's stateful ``BatchElements`` may hold a
             batch; its length buckets exist only on that path. ``None`` turns both off.
         min_batch_size: Beam's smallest batch; default the plan's largest batch (a fixed
-            batch size, so batches fill the compiled shapes).
+            batch size, so batches fill the compiled shapes); with packing, the records
+            packed together (``Packing``'s planned buffer, else rows x ``max_segments``).
         options: a ``KernelOptions``; keyword options given here override its fields.
         **kwargs: the fields of ``KernelOptions``.
 
@@ -155,10 +160,12 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
         self._fn = fn
         self._spec = spec
         self._options = resolve_options(options, kwargs)
-        if self._options.packing is not None:
+        packed = self._options.packing is not None
+        if packed and batch_length_fn is not None:
             raise SpecError(
-                "JaxModelHandler does not support packing yet; packing runs with RunKernel. "
-                "Use bucketing here (drop packing=...), or RunKernel with packing."
+                "batch_length_fn groups elements by length for bucketing; with packing, "
+                "records of every length share rows, so Beam's batches need no grouping. "
+                "Drop batch_length_fn, or use bucketing=... instead of packing=...."
             )
         if params_path is not None and self._options.load_params is not None:
             raise SpecError(
@@ -167,7 +174,7 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
             )
         self._params_path = params_path
         plan = self.plan()
-        length_fn = batch_length_fn or default_length_fn(plan)
+        length_fn = None if packed else batch_length_fn or default_length_fn(plan)
         if batch_length_fn is None:  # bucket numbers: Beam's bucket i is the plan's bucket i
             beam_bounds = list(range(1, len(plan.buckets)))
         elif len(plan.boundaries) == 1:
@@ -176,11 +183,15 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
             beam_bounds = [b + 1 for b in plan.boundaries[0][:-1]]
         else:
             beam_bounds = []  # a user's length over several axes: Beam's default buckets
-        top = max(plan.max_batch(b) for b in plan.buckets)
+        # A Beam batch is what one engine run takes: a bucket's largest batch, or with
+        # packing the records packed together (the planner's buffer, else as many as the
+        # largest batch of rows holds).
+        top = max(plan.records_per_flush(b, plan.max_batch(b)) for b in plan.buckets)
         if min_batch_size is not None and not 1 <= min_batch_size <= top:
             raise SpecError(
-                f"min_batch_size must be within [1, {top}] (the plan's largest batch), got "
-                f"{min_batch_size}; raise Bucketing.batch_size for larger batches."
+                f"min_batch_size must be within [1, {top}] (the records of the plan's largest "
+                f"batch), got {min_batch_size}; raise Bucketing.batch_size (or Packing's "
+                "rows_per_batch) for larger batches."
             )
         if max_batch_duration_secs is None:
             length_fn = None  # Beam buckets by length only on its stateful path
@@ -199,8 +210,9 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
             ) from e
         self._metrics: KernelMetrics | None = None
 
-    def plan(self, num_devices: int = 1) -> Plan:
-        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes)."""
+    def plan(self, num_devices: int = 1) -> Plan | PackedPlan:
+        """The batching plan a worker with ``num_devices`` devices uses (lists all shapes):
+        a ``PackedPlan`` with ``packing``."""
         return make_plan(self._spec, self._options, num_devices)
 
     # --- RunInference's ModelHandler interface ------------------------------------------
@@ -288,6 +300,7 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
         if not failures:  # the batch fails anyway: don't run the kernel for it
             for index, item in items:
                 _drain(front.add(index, item))
+            _drain(front.drain())  # packing: the records still staged, packed and run
             _drain(front.engine.flush())
         if failures:
             raise _batch_error(batch, failures)
@@ -340,6 +353,6 @@ class KeyedJaxModelHandler(KeyedModelHandler):
             kwargs["length_fn"] = functools.partial(_value_length, kwargs["length_fn"])
         return kwargs
 
-    def plan(self, num_devices: int = 1) -> Plan:
+    def plan(self, num_devices: int = 1) -> Plan | PackedPlan:
         """The unkeyed handler's plan."""
         return self._unkeyed.plan(num_devices)

@@ -1,0 +1,185 @@
+"""The BERT layer stack and sentence pooling for one padded element, in pure JAX.
+
+Padding never changes the answer: padded keys get no attention and padded positions are
+left out of the pooling, so an element gives the same vector whatever length it is padded to.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from beam_jax._src.text.config import BertConfig
+from beam_jax._src.text.params import Params
+
+__all__ = ["MASK_VALUE", "POOLING", "PRECISION", "embed", "encode_tokens", "pool", "unit"]
+
+# Added to the attention logits of keys a query may not see: exp() of it underflows to
+# exactly 0 in float32, yet it stays finite, so no inf - inf = nan can appear.
+MASK_VALUE = -1e30
+# Full float32 matmuls. XLA's CPU default already is, but on GPU/TPU the default may use
+# bf16/tf32 passes, which would lose the cosine >= 0.9999 agreement with torch.
+PRECISION = jax.lax.Precision.HIGHEST
+POOLING = ("mean", "cls", "max")
+
+
+def _dense(x: jax.Array, p: Mapping[str, jax.Array]) -> jax.Array:
+    return jnp.matmul(x, p["w"], precision=PRECISION) + p["b"][None, :]
+
+
+def _layer_norm(x: jax.Array, p: Mapping[str, jax.Array], eps: float) -> jax.Array:
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    normed = (x - mean) * jax.lax.rsqrt(var + jnp.float32(eps))
+    return normed * p["scale"][None, :] + p["bias"][None, :]
+
+
+def _activation(x: jax.Array, name: str) -> jax.Array:
+    if name == "gelu":  # the exact erf form BERT uses
+        return jnp.float32(0.5) * x * (jnp.float32(1) + jax.lax.erf(x * jnp.float32(2**-0.5)))
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        inner = jnp.float32(math.sqrt(2 / math.pi)) * (x + jnp.float32(0.044715) * x**3)
+        return jnp.float32(0.5) * x * (jnp.float32(1) + jnp.tanh(inner))
+    if name == "relu":
+        return jnp.maximum(x, jnp.float32(0))
+    if name in ("silu", "swish"):
+        return x * jax.nn.sigmoid(x)
+    raise ValueError(f"unknown hidden_act {name!r}")  # BertConfig refuses it first
+
+
+def _attention(x: jax.Array, bias: jax.Array, p: Params, config: BertConfig) -> jax.Array:
+    length = x.shape[0]
+    heads, head_dim = config.num_attention_heads, config.head_dim
+
+    def split(y: jax.Array) -> jax.Array:  # [L, H*D] -> [H, L, D]
+        return jnp.transpose(jnp.reshape(y, (length, heads, head_dim)), (1, 0, 2))
+
+    q, k, v = split(_dense(x, p["query"])), split(_dense(x, p["key"])), split(_dense(x, p["value"]))
+    q = q * jnp.float32(head_dim**-0.5)
+    logits = jnp.einsum("hqd,hkd->hqk", q, k, precision=PRECISION)
+    logits = logits + bias[None, :, :]
+    probs = jax.nn.softmax(logits, axis=-1)
+    context = jnp.einsum("hqk,hkd->hqd", probs, v, precision=PRECISION)
+    context = jnp.reshape(jnp.transpose(context, (1, 0, 2)), (length, heads * head_dim))
+    return _dense(context, p["attention_out"])
+
+
+def encode_tokens(
+    params: Params,
+    input_ids: jax.Array,
+    positions: jax.Array,
+    attention_bias: jax.Array,
+    config: BertConfig,
+) -> jax.Array:
+    """The BERT layer stack, shared by the padded and the packed forward pass.
+
+    Which keys a token may attend to is all that differs between a padded element and a
+    packed row, so both hand this one function their own ``attention_bias``.
+
+    Args:
+        params: The encoder's weights (``SentenceEncoder.load_params``).
+        input_ids: int32[L], token ids.
+        positions: int[L], each token's row of the position table.
+        attention_bias: float32[L, L] or [1, L], added to every head's attention logits
+            (query by key): 0 where a query may attend to a key, ``MASK_VALUE`` where not.
+        config: The encoder's shape.
+
+    Returns:
+        float32[L, hidden_size], the last layer's token vectors.
+    """
+    emb = params["embeddings"]
+    x = (
+        jnp.take(emb["word"], input_ids.astype(jnp.int32), axis=0)
+        + jnp.take(emb["position"], positions.astype(jnp.int32), axis=0)
+        + emb["token_type"][0][None, :]
+    )
+    x = _layer_norm(x, emb["norm"], config.layer_norm_eps)
+    for layer in params["layers"]:
+        attended = _attention(x, attention_bias, layer, config)
+        x = _layer_norm(x + attended, layer["attention_norm"], config.layer_norm_eps)
+        hidden = _activation(_dense(x, layer["intermediate"]), config.hidden_act)
+        output = _dense(hidden, layer["output"])
+        x = _layer_norm(x + output, layer["output_norm"], config.layer_norm_eps)
+    return x
+
+
+def unit(v: jax.Array) -> jax.Array:
+    """``v`` scaled to unit L2 norm along its last axis (zeros stay zeros)."""
+    norm = jnp.sqrt(jnp.sum(jnp.square(v), axis=-1, keepdims=True))
+    return v / jnp.maximum(norm, jnp.float32(1e-12))
+
+
+def pool(x: jax.Array, members: jax.Array, first: jax.Array, pooling: str) -> jax.Array:
+    """Sentence vectors from token vectors, one per group of tokens.
+
+    Args:
+        x: float32[L, H], token vectors.
+        members: float32[S, L], 1 where token l belongs to sentence s, else 0.
+        first: float32[S, L], 1 on each sentence's first token ([CLS]), else 0.
+        pooling: ``mean`` (over the sentence's tokens), ``cls`` (its first token) or
+            ``max`` (elementwise, over its tokens).
+
+    Returns:
+        float32[S, H]; zeros for a sentence with no tokens.
+    """
+    if pooling == "cls":
+        return jnp.matmul(first, x, precision=PRECISION)
+    count = jnp.sum(members, axis=1)
+    if pooling == "mean":
+        # Clamped like sentence-transformers, so an empty sentence gives 0 and not nan.
+        total = jnp.matmul(members, x, precision=PRECISION)
+        return total / jnp.maximum(count, jnp.float32(1e-9))[:, None]
+    if pooling == "max":
+        inside = members[:, :, None] > 0
+        best = jnp.max(jnp.where(inside, x[None, :, :], jnp.float32(-jnp.inf)), axis=1)
+        return jnp.where(count[:, None] > 0, best, jnp.float32(0))
+    raise ValueError(f"pooling must be one of {POOLING}, got {pooling!r}")
+
+
+def embed(
+    params: Params,
+    input_ids: jax.Array,
+    mask: jax.Array,
+    config: BertConfig,
+    pooling: str = "mean",
+    normalize: bool = True,
+) -> jax.Array:
+    """Embeds one tokenized text: BERT, pooling over its real tokens, optional L2 norm.
+
+    Args:
+        params: The encoder's weights.
+        input_ids: int32[L], token ids padded to L with any id; L at most the position table.
+        mask: bool[L], True on real tokens, which come first.
+        config: The encoder's shape.
+        pooling: One of :data:`POOLING`.
+        normalize: Scale the vector to unit length.
+
+    Returns:
+        float32[hidden_size].
+
+    Raises:
+        ValueError: The shapes disagree, or L exceeds the position table.
+    """
+    if input_ids.ndim != 1 or mask.shape != input_ids.shape:
+        raise ValueError(
+            f"embed takes one element: input_ids [L] and mask [L], got shapes "
+            f"{input_ids.shape} and {mask.shape}; use jax.vmap for a batch"
+        )
+    length = input_ids.shape[0]
+    table = params["embeddings"]["position"].shape[0]
+    if length > table:
+        raise ValueError(
+            f"padded length {length} exceeds the {table} positions the model knows; "
+            "truncate the texts (the encoder's max_length) or pad them less"
+        )
+    mask = mask.astype(jnp.bool_)
+    key_bias = jnp.where(mask, jnp.float32(0), jnp.float32(MASK_VALUE))
+    positions = jnp.arange(length, dtype=jnp.int32)
+    x = encode_tokens(params, input_ids, positions, key_bias[None, :], config)
+    members = mask.astype(jnp.float32)[None, :]
+    first = ((positions == 0) & mask).astype(jnp.float32)[None, :]
+    pooled = pool(x, members, first, pooling)[0]
+    return unit(pooled) if normalize else pooled

