@@ -144,6 +144,7 @@ INTERNAL = {
 TEXT = {
     # the model, described once
     "SentenceEncoder",
+    "EmbedText",
     "BertConfig",
     "Tokenizer",
     "TextTooLongError",
