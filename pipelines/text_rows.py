@@ -422,6 +422,14 @@ def _verified(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
+@functools.cache
+def sentence_encoder(model_dir: str | None = None):
+    """The ``beam_jax.text.SentenceEncoder`` of :func:`local_model_dir` (once per process)."""
+    from beam_jax.text import SentenceEncoder
+
+    return SentenceEncoder.from_dir(local_model_dir(model_dir))
+
+
 def load_params(model_dir: str | None = None):
     """``minilm.load_params`` of :func:`local_model_dir`; run once per worker process."""
     return minilm.load_params(local_model_dir(model_dir))

@@ -42,3 +42,21 @@ def write_json_lines(path: pathlib.Path, rows: list) -> pathlib.Path:
     lines = [r if isinstance(r, bytes) else json.dumps(r).encode() for r in rows]
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
+
+
+def reference_embeddings(pairs: dict) -> dict:
+    """``{id: float32[384]}``: each text embedded alone by the packaged encoder's kernel,
+    unpadded, outside Beam (the reference the Beam front ends must reproduce)."""
+    import numpy as np
+
+    from beam_jax.text import SentenceEncoder
+
+    encoder = SentenceEncoder.from_dir()
+    params = encoder.load_params()
+    ids, failures = encoder.tokenizer().encode_arrow(pa.array(list(pairs.values())))
+    assert not failures, failures
+    out = {}
+    for key, tokens in zip(pairs, ids.to_pylist(), strict=True):
+        element = {"input_ids": np.asarray(tokens, np.int32)}
+        out[key] = np.asarray(encoder.element_fn(params, element, {"L": np.int32(len(tokens))}))
+    return out

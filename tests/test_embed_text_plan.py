@@ -107,10 +107,8 @@ def test_auto_packs_when_the_predicted_flops_say_so_and_says_why():
     assert "MFLOP per real token" in str(both)
     assert both.describe()["batching"] == both.batching
     # The prediction counts attention over the padded row: longer rows cost more per token.
-    config = embed_text_plan.minilm.load_config()
-    assert embed_text_plan.flops_per_token(config, 256) > embed_text_plan.flops_per_token(
-        config, 16
-    )
+    encoder = embed_text_plan.tr.sentence_encoder()
+    assert encoder.flops_per_token(256) > encoder.flops_per_token(16)
     # A shape price no saving pays for: one shape, whichever policy wins.
     costly = embed_text_plan.plan_for(_args("--shape_cost", "1e9"), inputs)
     assert costly.shapes == 1

@@ -35,12 +35,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
 from apache_beam.options.pipeline_options import DebugOptions, StandardOptions
 
 import beam_jax as bj
-from pipelines import dataflow_job, minilm, progress, run_report
+from pipelines import dataflow_job, progress, run_report
 from pipelines import input_files as inp
 from pipelines import text_rows as tr
 from pipelines.embed import plan as launch_plan
@@ -130,32 +129,39 @@ class EmbedTextSummary:
 
 @dataclasses.dataclass(frozen=True)
 class Encoder:
-    """The functions of the embedding step, MiniLM's by default; others (with MiniLM's
-    tokenizer and output shape) for measuring the host alone, e.g. ``bench/embed_text.py``.
+    """Functions that replace the model's in the embedding step, e.g. a kernel that takes
+    no time, for measuring the host alone (``bench/embed_text.py``); they keep the model's
+    tokenizer and output shape. ``None`` keeps the model's own.
 
     Attributes:
         element_fn: ``fn(params, element, lengths)``, for token-length buckets.
         packed_fn: ``fn(params, row, segments)``, for packed rows.
-        load_params: ``load_params()`` on each worker; default MiniLM's from ``--model_dir``.
+        load_params: ``load_params()`` on each worker.
     """
 
-    element_fn: Any = minilm.embed_element
-    packed_fn: Any = minilm.embed_packed_element
+    element_fn: Any = None
+    packed_fn: Any = None
     load_params: Any = None
 
 
 def embed_kernel(args, launch: launch_plan.LaunchPlan, encoder=Encoder()) -> bj.RunKernelOnArrow:
     """The embedding step: token ids in (``key``, ``input_ids``), ``key`` and ``output``
-    (``fixed_size_list<float32, 384>``) out, bucketed or packed as ``launch`` says."""
+    (``fixed_size_list<float32, dim>``) out, bucketed or packed as ``launch`` says, with the
+    model of ``--model_dir`` (any sentence-transformers BERT directory)."""
+    model = tr.sentence_encoder(args.model_dir)
     packed = launch.packing is not None
-    load_params = encoder.load_params or functools.partial(tr.load_params, args.model_dir)
+    fn = (
+        (encoder.packed_fn or model.packed_fn)
+        if packed
+        else (encoder.element_fn or model.element_fn)
+    )
     return bj.RunKernelOnArrow(
-        encoder.packed_fn if packed else encoder.element_fn,
-        spec={INPUT_IDS: bj.ArraySpec(("L",), np.int32)},
+        fn,
+        spec=model.spec,
         columns=bj.ArrowColumns(leaves={INPUT_IDS: INPUT_IDS}, id=KEY),
         bucketing=launch.bucketing,
         packing=launch.packing,
-        load_params=load_params,
+        load_params=encoder.load_params or functools.partial(tr.load_params, args.model_dir),
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
     ).with_exception_handling()

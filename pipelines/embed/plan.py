@@ -30,7 +30,7 @@ from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 import beam_jax as bj
 from beam_jax.internal import Plan, assign_rows, batch_rows
-from pipelines import corpus, minilm
+from pipelines import corpus
 from pipelines import input_files as inp
 from pipelines import text_rows as tr
 from pipelines.embed.flags import is_local
@@ -38,7 +38,6 @@ from pipelines.embed.flags import is_local
 __all__ = [
     "LaunchPlan",
     "fixed_bucketing",
-    "flops_per_token",
     "in_process",
     "local_devices",
     "plan_for",
@@ -212,7 +211,7 @@ def token_lengths(texts: list[str], model_dir: str | None = None) -> np.ndarray:
     """Token counts (with ``[CLS]``/``[SEP]``, after truncation) as the job counts them."""
     if not texts:
         return np.zeros(0, np.int64)
-    tokenizer = minilm.Tokenizer(tr.local_model_dir(model_dir))
+    tokenizer = tr.sentence_encoder(model_dir).tokenizer()
     prefixes = [tr.tokenizer_prefix(t) for t in texts]
     try:
         encoded = tokenizer.encode_batch(prefixes)
@@ -249,25 +248,17 @@ def in_process(options: Any) -> bool:
     )
 
 
-def flops_per_token(config: minilm.MiniLMConfig, length: int) -> float:
-    """Executed FLOPs of one token in a row of ``length`` tokens: per layer, the dense parts
-    (``8 h**2 + 4 h i``: ~``24 h**2``) and attention (``4 L h``: scores and the weighted
-    sum over the whole row, padding and masked slots included)."""
-    h, i = config.hidden_size, config.intermediate_size
-    return config.num_hidden_layers * (8 * h * h + 4 * h * i + 4 * length * h)
-
-
-def _bucketed_flops(lengths: np.ndarray, plan: bj.BucketingPlan, config) -> float:
+def _bucketed_flops(lengths: np.ndarray, plan: bj.BucketingPlan, encoder) -> float:
     """Predicted executed FLOPs per real token of ``plan`` on the sample."""
     bounds = np.asarray(plan.bucketing.boundaries["L"], np.int64)
     padded_to = bounds[np.minimum(np.searchsorted(bounds, lengths), len(bounds) - 1)]
     # Each text runs at its bucket's length; batch rows add the plan's own padding.
-    per_text = padded_to * np.array([flops_per_token(config, int(b)) for b in padded_to])
+    per_text = padded_to * np.array([encoder.flops_per_token(int(b)) for b in padded_to])
     rows = plan.padding_ratio * lengths.sum() / max(padded_to.sum(), 1)
     return float(per_text.sum() * rows / max(lengths.sum(), 1))
 
 
-def _packed_flops(lengths: np.ndarray, plan: bj.PackingPlan, config) -> float:
+def _packed_flops(lengths: np.ndarray, plan: bj.PackingPlan, encoder) -> float:
     """Predicted executed FLOPs per real token of ``plan`` on the sample, packed buffer by
     buffer as the job packs (empty slots and empty rows included)."""
     step = plan.buffer_size or len(lengths)
@@ -275,7 +266,7 @@ def _packed_flops(lengths: np.ndarray, plan: bj.PackingPlan, config) -> float:
     for start in range(0, len(lengths), step):
         assignment = assign_rows(lengths[start : start + step], plan.packing)
         for n, size, _ in batch_rows(assignment, plan.packing):
-            executed += n * size * flops_per_token(config, n)
+            executed += n * size * encoder.flops_per_token(n)
     return executed / max(int(lengths.sum()), 1)
 
 
@@ -295,9 +286,9 @@ def plan_for(args: Any, inputs: inp.Inputs, num_devices: int = 1) -> LaunchPlan:
         shapes = len(Plan(_SPEC, bucketing, num_devices=num_devices).shapes())
         return LaunchPlan(bucketing, False, 0, 0, shapes, float("nan"))
     texts, total = sample_texts(inputs, args.plan_sample)
+    encoder = tr.sentence_encoder(args.model_dir)
     lengths = token_lengths(texts, args.model_dir)
-    config = minilm.load_config(tr.local_model_dir(args.model_dir))
-    max_size = config.max_seq_length
+    max_size = encoder.max_length
     if len(lengths) == 0:
         lengths = np.asarray([max_size])  # nothing readable: one bucket, the job decides
     lengths = np.minimum(lengths, max_size)
@@ -313,22 +304,23 @@ def plan_for(args: Any, inputs: inp.Inputs, num_devices: int = 1) -> LaunchPlan:
             **common,
         )
     if batching != "buckets":
-        dense = flops_per_token(config, 0)
+        step = encoder.flops_per_token(2) - encoder.flops_per_token(1)  # attention, per L
+        dense = encoder.flops_per_token(1) - step
         packed = bj.plan_packing(
             lengths,
             compile_budget=min(args.compile_budget, _PACKED_SHAPES),
             max_rows_per_batch=args.batch_size,
             max_tokens_per_batch=args.max_tokens_per_batch,
             buffer_size=args.rows_per_part,
-            attention_cost=(flops_per_token(config, 1) - dense) / dense,
+            attention_cost=step / dense,
             **common,
         )
     flops = {}
     if buckets is not None:
-        flops["buckets"] = _bucketed_flops(lengths, buckets, config)
+        flops["buckets"] = _bucketed_flops(lengths, buckets, encoder)
     if packed is not None:
-        flops["packed"] = _packed_flops(lengths, packed, config)
-    use_packing, reason = _choose(batching, flops, buckets, packed, args, lengths, config)
+        flops["packed"] = _packed_flops(lengths, packed, encoder)
+    use_packing, reason = _choose(batching, flops, buckets, packed, args, lengths, encoder)
     plan = packed if use_packing else buckets
     return LaunchPlan(
         None if use_packing else buckets.bucketing,
@@ -343,13 +335,13 @@ def plan_for(args: Any, inputs: inp.Inputs, num_devices: int = 1) -> LaunchPlan:
     )
 
 
-def _choose(batching, flops, buckets, packed, args, lengths, config) -> tuple[bool, str]:
+def _choose(batching, flops, buckets, packed, args, lengths, encoder) -> tuple[bool, str]:
     """Whether to pack, and why: the predicted FLOPs of the whole input, plus
     ``--shape_cost`` tokens' worth of FLOPs for each compiled shape."""
     if batching != "auto":
         return batching == "packed", f"--batching {batching}"
     real = float(lengths.sum()) / len(lengths)  # tokens per text
-    price = args.shape_cost * flops_per_token(config, int(np.mean(lengths)))
+    price = args.shape_cost * encoder.flops_per_token(max(1, int(np.mean(lengths))))
     cost = {
         name: flops[name] * real * max(len(lengths), 1) + price * plan.shapes
         for name, plan in (("buckets", buckets), ("packed", packed))

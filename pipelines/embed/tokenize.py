@@ -25,7 +25,6 @@ import numpy as np
 import pyarrow as pa
 
 import beam_jax as bj
-from pipelines import minilm
 from pipelines import text_rows as tr
 from pipelines.embed.read import KEY, PROBLEM, RAW_ID, Part, python_values, split_keys
 
@@ -74,7 +73,7 @@ class TokenizeParts(beam.DoFn):
         self._files = tuple(files)
 
     def setup(self):
-        self._tokenizer = minilm.Tokenizer(tr.local_model_dir(self._model_dir))
+        self._tokenizer = tr.sentence_encoder(self._model_dir).tokenizer()
         counter = functools.partial(beam.metrics.Metrics.counter, tr.METRICS_NAMESPACE)
         self._rows = counter("rows")
         self._rejected = {s: counter(f"dead_letters_{s}") for s in (tr.VALIDATION, tr.TOKENIZE)}
