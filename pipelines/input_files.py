@@ -4,7 +4,7 @@
 times, which decide whether a rerun may resume), and :func:`id_type_of` reads the run's id
 type from the first file that has the columns; a file that cannot be read is left for its
 reading to dead-letter. :func:`open_lines` decompresses with Python's own readers, which
-raise on a stream cut short. Reading rows is :mod:`pipelines.text_input`.
+raise on a stream cut short. Reading rows is :mod:`pipelines.embed.read`.
 
 Example:
     >>> builtin_inputs(3).files[0].source

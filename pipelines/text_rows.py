@@ -5,8 +5,8 @@ Rust tokenizer, and each row that cannot be embedded becomes one dead-letter rec
 stage ``"validation"`` (no usable id, no text, invalid UTF-8 or Unicode, a line that is not
 a JSON object) or ``"tokenize"`` (a text too long to be prose, a text the tokenizer
 rejects). An empty or whitespace-only text is embedded, as sentence-transformers embeds it
-(its tokens are ``[CLS] [SEP]``). Reading files is :mod:`pipelines.text_input`; the
-columnar path for Parquet is :mod:`pipelines.embed_columnar`.
+(its tokens are ``[CLS] [SEP]``). The flagship's reading and tokenizing are
+:mod:`pipelines.embed.read` and :mod:`pipelines.embed.tokenize`.
 
 The id keeps its type end to end: the output column has the input's Arrow type for
 Parquet, and ``int64`` or ``string`` for JSON lines (see :class:`IdType`).
