@@ -178,8 +178,10 @@ def _host_only_packed_kernel(params, row, segments):
     del params
     ids, segment = row["input_ids"], segments.ids  # segment 0: an empty slot
     n = segments.lengths.shape[-1]
-    totals = jnp.zeros(n, jnp.float32).at[jnp.maximum(segment - 1, 0)].add(
-        jnp.where(segment > 0, ids, 0).astype(jnp.float32)
+    totals = (
+        jnp.zeros(n, jnp.float32)
+        .at[jnp.maximum(segment - 1, 0)]
+        .add(jnp.where(segment > 0, ids, 0).astype(jnp.float32))
     )
     return jnp.broadcast_to(totals[:, None], (n, DIM))
 
