@@ -124,6 +124,11 @@ class Inputs:
         """``(id column, text column)`` in the input files."""
         return self.id_column, self.text_column
 
+    def file_name(self, file_index: int) -> str:
+        """How dead letters and messages name a file."""
+        path = self.files[file_index].path
+        return "<built-in corpus>" if path == BUILTIN else path
+
     def describe(self) -> dict[str, Any]:
         """For the job record: a rerun resumes only if this is unchanged."""
         return {

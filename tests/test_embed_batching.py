@@ -24,8 +24,9 @@ import beam_jax as bj
 from beam_jax.testing import assert_conserved
 from pipelines import input_files as inp
 from pipelines import text_rows as tr
-from pipelines.embed import read, write
-from pipelines.embed.read import Part
+from pipelines.embed import parts as read
+from pipelines.embed import write
+from pipelines.embed.parts import Part
 from tests import flagship as ft
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"

@@ -45,7 +45,8 @@ from pipelines import text_rows as tr
 from pipelines.embed import plan as launch_plan
 from pipelines.embed import write
 from pipelines.embed.flags import DEFAULT_CACHE, DEFAULT_OUTPUT, parse_args
-from pipelines.embed.read import KEY, ReadParts, file_name
+from pipelines.embed.parts import KEY
+from pipelines.embed.read import ReadParts
 from pipelines.embed.tokenize import INPUT_IDS, PARTS, TokenizeParts
 from pipelines.output_dir import OutputDir, OutputExistsError
 from pipelines.run_console import RunConsole, failure_line, verbose_requested
@@ -181,7 +182,7 @@ def _build(pipeline, args, inputs, id_type, staging, done, launch, progress_dir=
     batches, unreadable = pipeline | "Read" >> ReadParts(
         inputs, args.input, args.rows_per_part, done, id_type
     )
-    files = [file_name(inputs, i) for i in range(len(inputs.files))]
+    files = [inputs.file_name(i) for i in range(len(inputs.files))]
     tokens = batches | "Tokenize" >> beam.ParDo(
         TokenizeParts(id_type, args.model_dir, files)
     ).with_output_types(pa.RecordBatch).with_outputs(PARTS, tr.DEAD_LETTERS, main="tokens")

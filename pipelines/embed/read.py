@@ -12,13 +12,12 @@ and dead letter finds its part. A row that cannot be used as read carries its re
 ``problem`` (and its id, as JSON, in ``raw_id``), for the tokenize step to dead-letter.
 
 Example:
-    >>> split_keys(np.array([row_key(3, 17)]))
-    (array([3]), array([17]))
+    >>> read = ReadParts(inputs, "in/*.parquet", 8192, done, id_type)  # doctest: +SKIP
+    >>> batches, unreadable = pipeline | read  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,82 +30,17 @@ import beam_jax as bj
 from beam_jax.internal import origin_of
 from pipelines import corpus
 from pipelines import text_rows as tr
-from pipelines.input_files import BOM, BUILTIN, Inputs, open_lines
+from pipelines.embed.parts import KEY, PROBLEM, RAW_ID, ROW_BITS
+from pipelines.input_files import BOM, Inputs, open_lines
 
-__all__ = [
-    "KEY",
-    "Part",
-    "ReadLines",
-    "ReadParts",
-    "python_values",
-    "row_key",
-    "split_keys",
-    "unreadable",
-]
-
-KEY = "key"
-PROBLEM = "problem"  # why a row cannot be used as read (JSON lines), else null
-RAW_ID = "raw_id"  # a problem row's id as read, as JSON (it may fit no Arrow type)
-ROW_BITS = 40  # rows per file < 2**40; files < 2**23
-ROW_MASK = (1 << ROW_BITS) - 1
 UNREADABLE = "unreadable"
 
-
-def row_key(file_index: int, position: int) -> int:
-    """A row's key in the job: which file, which row, in one ``int64``."""
-    return file_index << ROW_BITS | position
-
-
-def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(file_index, row)`` arrays of an array of keys."""
-    keys = np.asarray(keys, np.int64)
-    return keys >> ROW_BITS, keys & ROW_MASK
-
-
-@dataclasses.dataclass(frozen=True)
-class Part:
-    """One part opened: its rows (positions in the file) and their ids as read.
-
-    Attributes:
-        file_index: The input file.
-        positions: Each row's position (row, or line for JSON lines), increasing.
-        ids: The rows' ids as read (an Arrow column).
-        raw: For JSON lines, ``[id, text]`` as read (JSON) of each row that could not be
-            used, else null; ``None`` for other inputs.
-    """
-
-    file_index: int
-    positions: np.ndarray
-    ids: pa.Array
-    raw: pa.Array | None = None
-
-    @property
-    def start(self) -> int:
-        return int(self.positions[0])
-
-    @property
-    def end(self) -> int:
-        return int(self.positions[-1]) + 1
-
-    def id_of(self, index: np.ndarray) -> list[Any]:
-        """The ids (as Python values, for dead letters) of rows ``index`` of the part."""
-        take = pa.array(np.asarray(index, np.int64))
-        values, _ = python_values(self.ids.take(take), "id")
-        if self.raw is not None:
-            for i, raw in enumerate(self.raw.take(take).to_pylist()):
-                if raw is not None:
-                    values[i] = json.loads(raw)[0]
-        return values
-
-
-def file_name(inputs: Inputs, file_index: int) -> str:
-    path = inputs.files[file_index].path
-    return "<built-in corpus>" if path == BUILTIN else path
+__all__ = ["KeyBatches", "ReadLines", "ReadParts", "unreadable"]
 
 
 def unreadable(inputs: Inputs, file_index: int, after_row: int, error: BaseException):
     """The dead letter of a file whose reading failed after ``after_row`` rows."""
-    file = file_name(inputs, file_index)
+    file = inputs.file_name(file_index)
     where = f"after row {after_row}" if after_row else "at all"
     return bj.FailedElement.from_error(
         type(error).__name__,
@@ -288,25 +222,3 @@ class ReadParts(beam.PTransform):
         # One file's parts spread over all workers, as a splittable source's would.
         spread = batches | "SpreadParts" >> beam.Reshuffle()
         return spread, dead
-
-
-def python_values(column: pa.Array, what: str) -> tuple[list[Any], list[str | None]]:
-    """The column as Python values; invalid UTF-8 makes a row's problem, not an exception."""
-    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
-        try:
-            return column.to_pylist(), [None] * len(column)
-        except UnicodeDecodeError:
-            binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
-            column = column.cast(binary)  # the same bytes, unchecked
-    values, problems = [], []
-    for raw in column.to_pylist():
-        try:
-            values.append(None if raw is None else raw.decode("utf-8"))
-            problems.append(None)
-        except UnicodeDecodeError as e:
-            values.append(raw.decode("utf-8", errors="backslashreplace"))
-            problems.append(
-                f"the {what} is not valid UTF-8 ({e.reason} at byte {e.start}, near "
-                f"{raw[max(0, e.start - 20) : e.end + 20]!r}); fix the program that wrote it"
-            )
-    return values, problems

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 import beam_jax as bj
 from pipelines import text_rows as tr
-from pipelines.embed.read import KEY, PROBLEM, RAW_ID, Part, python_values, split_keys
+from pipelines.embed.parts import KEY, PROBLEM, RAW_ID, Part, python_values, split_keys
 
 __all__ = ["INPUT_IDS", "PARTS", "TokenizeParts"]
 

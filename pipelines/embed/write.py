@@ -33,7 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
 from pipelines import text_rows as tr
-from pipelines.embed.read import KEY, Part, file_name, split_keys
+from pipelines.embed.parts import KEY, Part, split_keys
 from pipelines.input_files import Inputs
 
 __all__ = [
@@ -260,7 +260,7 @@ class WriteParts(beam.DoFn):
                 f"{len(left)} parts were still incomplete and {early} results or "
                 "dead letters had no part when the bundle finished"
                 + (f" (e.g. rows {part.start}-{part.end} of "
-                   f"{file_name(self._inputs, part.file_index)})" if part else "")
+                   f"{self._inputs.file_name(part.file_index)})" if part else "")
                 + ": the tokenize step, the kernel and WriteParts must run fused in one "
                 "stage, with nothing (a Reshuffle, a GroupByKey) between them"
             )  # fmt: skip
@@ -292,7 +292,7 @@ class WriteParts(beam.DoFn):
             # Every row ends as one embedding or one dead letter; anything else is a bug,
             # and an incomplete part must not be written as if it were whole.
             raise RuntimeError(
-                f"part {part.start} of {file_name(self._inputs, part.file_index)}: "
+                f"part {part.start} of {self._inputs.file_name(part.file_index)}: "
                 f"{len(positions)} rows but {table.num_rows} embeddings and {len(dead)} "
                 "dead letters"
             )
@@ -323,7 +323,7 @@ def write_part(
     """
     file_index, start, end = part
     source = inputs.files[file_index].source
-    file = file_name(inputs, file_index)
+    file = inputs.file_name(file_index)
     lines = [dead_letter_json(r, id=i, file=file, row=p) for i, p, r in dead]
     if lines:
         data = "".join(f"{line}\n" for line in lines).encode("utf-8")
@@ -349,7 +349,7 @@ class WriteUnreadable(beam.DoFn):
         self._unreadable = beam.metrics.Metrics.counter(tr.METRICS_NAMESPACE, "files_unreadable")
 
     def process(self, record: bj.FailedElement) -> Iterator[str]:
-        paths = [file_name(self._inputs, i) for i in range(len(self._inputs.files))]
+        paths = [self._inputs.file_name(i) for i in range(len(self._inputs.files))]
         index = paths.index(record.source) if record.source in paths else 0
         row = record.row or 0
         self._unreadable.inc()
