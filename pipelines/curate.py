@@ -63,9 +63,9 @@ from pipelines import curate_data as data
 from pipelines import curate_model as cm
 from pipelines import curate_passes as cp
 from pipelines import curate_report as report
-from pipelines import embed_text_flags as flags
 from pipelines import input_files, labelled_corpus
 from pipelines import text_rows as tr
+from pipelines.embed import flags
 
 __all__ = ["CurateSummary", "parse_args", "run"]
 
@@ -209,7 +209,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     standard = options.view_as(StandardOptions)
     if standard.runner is None:
         standard.runner = DEFAULT_RUNNER
-    if args.compilation_cache_dir is None and flags.is_local(standard.runner):
+    if args.compilation_cache_dir is None and jobs.is_local(standard.runner):
         args.compilation_cache_dir = os.path.expanduser(flags.DEFAULT_CACHE)
     elif args.compilation_cache_dir in ("none", ""):
         args.compilation_cache_dir = None

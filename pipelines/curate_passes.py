@@ -30,7 +30,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import beam_jax as bj
 from pipelines import curate_data as data
 from pipelines import curate_model as cm
-from pipelines import text_parts as tp
+from pipelines.embed import write as tp
 
 __all__ = ["SCORES", "Job", "PassStats", "gradient_pass", "save_params", "score_pass"]
 

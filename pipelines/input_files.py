@@ -4,7 +4,7 @@
 times, which decide whether a rerun may resume), and :func:`id_type_of` reads the run's id
 type from the first file that has the columns; a file that cannot be read is left for its
 reading to dead-letter. :func:`open_lines` decompresses with Python's own readers, which
-raise on a stream cut short. Reading rows is :mod:`pipelines.text_input`.
+raise on a stream cut short. Reading rows is :mod:`pipelines.embed.read`.
 
 Example:
     >>> builtin_inputs(3).files[0].source
@@ -123,6 +123,11 @@ class Inputs:
     def columns(self) -> tuple[str, str]:
         """``(id column, text column)`` in the input files."""
         return self.id_column, self.text_column
+
+    def file_name(self, file_index: int) -> str:
+        """How dead letters and messages name a file."""
+        path = self.files[file_index].path
+        return "<built-in corpus>" if path == BUILTIN else path
 
     def describe(self) -> dict[str, Any]:
         """For the job record: a rerun resumes only if this is unchanged."""

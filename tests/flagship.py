@@ -1,4 +1,4 @@
-"""Helpers for the tests of pipelines/embed_text.py: run it on files, read what it wrote."""
+"""Helpers for the tests of the flagship (pipelines/embed): run it on files, read what it wrote."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pathlib
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import embed_text
+from pipelines.embed import job as embed_text
 
 
 def texts(n: int, start: int = 0) -> list[str]:
@@ -42,3 +42,21 @@ def write_json_lines(path: pathlib.Path, rows: list) -> pathlib.Path:
     lines = [r if isinstance(r, bytes) else json.dumps(r).encode() for r in rows]
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
+
+
+def reference_embeddings(pairs: dict) -> dict:
+    """``{id: float32[384]}``: each text embedded alone by the packaged encoder's kernel,
+    unpadded, outside Beam (the reference the Beam front ends must reproduce)."""
+    import numpy as np
+
+    from beam_jax.text import SentenceEncoder
+
+    encoder = SentenceEncoder.from_dir()
+    params = encoder.load_params()
+    ids, failures = encoder.tokenizer().encode_arrow(pa.array(list(pairs.values())))
+    assert not failures, failures
+    out = {}
+    for key, tokens in zip(pairs, ids.to_pylist(), strict=True):
+        element = {"input_ids": np.asarray(tokens, np.int32)}
+        out[key] = np.asarray(encoder.element_fn(params, element, {"L": np.int32(len(tokens))}))
+    return out

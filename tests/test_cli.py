@@ -276,7 +276,8 @@ def test_plan_warns_of_values_over_max_size_and_prints_lines_to_paste(tmp_path, 
 
 
 def test_every_flag_of_every_command_has_help(capsys):
-    from pipelines import curate, embed_text_flags
+    from pipelines import curate
+    from pipelines.embed import flags as embed_text_flags
 
     parsers = [embed_text_flags._parser()]
     with pytest.raises(SystemExit):

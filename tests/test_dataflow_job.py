@@ -1,6 +1,6 @@
 """The flagship's Dataflow job, built offline and checked before anyone pays for it.
 
-``python -m pipelines.embed_text ... --runner DataflowRunner --dry_run=True`` validates the
+``python -m pipelines.embed ... --runner DataflowRunner --dry_run=True`` validates the
 options for Dataflow, translates the pipeline and builds the ``--setup_file`` package, and
 writes the job description to ``--dataflow_job_file`` without any network call. What this
 cannot check (the project, buckets, quota and image existing; the upload; the service's
@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient")
 pytest.importorskip("google.cloud.storage")
 
-from pipelines import dataflow_job, embed_text  # noqa: E402
+from pipelines import dataflow_job  # noqa: E402
+from pipelines.embed import job as embed_text  # noqa: E402
 
 IMAGE = "us-central1-docker.pkg.dev/my-project/beam-jax/beam-jax-gpu:0.2.0"
 GPU = "type:nvidia-l4;count:1;install-nvidia-driver"
@@ -106,14 +107,14 @@ def test_the_workers_install_this_package_from_the_setup_file(dry_run, tmp_path)
 def test_the_setup_file_package_holds_the_library_and_the_pipelines(tmp_path):
     import apache_beam as beam
 
-    from pipelines.embed_text_flags import parse_args
+    from pipelines.embed.flags import parse_args
 
     args, options = parse_args(_dataflow_flags(tmp_path))
     pipeline = beam.Pipeline(options=options)
     _ = pipeline | beam.Create([1]) | beam.Map(lambda x: x)
     files = dataflow_job.staged_files(pipeline.run())
     members = {m.split("/", 1)[-1] for m in files["workflow.tar.gz"]}
-    assert {"beam_jax/__init__.py", "pipelines/embed_text.py", "setup.py"} <= members
+    assert {"beam_jax/__init__.py", "pipelines/embed/job.py", "setup.py"} <= members
     assert "beam_jax/_src/text/minilm_manifest.json" in members
 
 
@@ -122,11 +123,9 @@ def test_the_gpu_hint_is_on_the_kernel_step_only(dry_run):
     leaves = _leaves(described)
     on_gpu = {name for name, hints in leaves.items() if dataflow_job.ACCELERATOR_HINT in hints}
     assert on_gpu, "no step carries the accelerator hint"
-    assert all(name.startswith(("EmbedTexts/Embed/", "StartEmbedWorker/")) for name in on_gpu), (
-        on_gpu
-    )
-    assert any(name.startswith("EmbedTexts/Embed/") for name in on_gpu), on_gpu
-    for name in ("EmbedTexts/Tokenize/", "Read/", "WriteParts", "SpreadBatches/"):
+    assert all(name.startswith(("Embed/", "StartEmbedWorker/")) for name in on_gpu), on_gpu
+    assert any(name.startswith("Embed/") for name in on_gpu), on_gpu
+    for name in ("Tokenize", "Read/", "WriteResults", "Read/SpreadParts/"):
         assert any(n.startswith(name) for n in leaves), name
         assert not any(n.startswith(name) for n in on_gpu), name
     encoded = {

@@ -1,4 +1,4 @@
-"""End-to-end tests of pipelines/embed_text.py: the real pipeline, model and files.
+"""End-to-end tests of the flagship (pipelines/embed): the real pipeline, model and files.
 
 The texts and their sentence-transformers embeddings come from tests/fixtures/ (see
 tests/test_minilm.py); each run writes a Parquet or JSON-lines file in tmp_path, calls
@@ -19,9 +19,9 @@ import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions, SetupOptions, StandardOptions
 
 from beam_jax.testing import assert_conserved
-from pipelines import embed_text
 from pipelines import input_files as inp
 from pipelines import text_rows as tr
+from pipelines.embed import job as embed_text
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 MIN_COSINE = 0.9999
@@ -57,8 +57,8 @@ def _check_embeddings(table: pa.Table, expected: dict) -> None:
     assert cos.min() >= MIN_COSINE, f"id {ids[worst]}: cosine {cos[worst]:.6f}"
 
 
-@pytest.mark.parametrize("path", ["columnar", "per_element"])
-def test_parquet_int32_ids_embeddings_and_dead_letters(tmp_path, reference, path):
+@pytest.mark.parametrize("batching", ["buckets", "packed"])
+def test_parquet_int32_ids_embeddings_and_dead_letters(tmp_path, reference, batching):
     texts, embeddings, full_lengths, token_lengths = reference
     assert (full_lengths > 256).sum() >= 20  # long texts, truncated like sentence-transformers
     ids = [1000 + 7 * i for i in range(len(texts))]
@@ -78,7 +78,7 @@ def test_parquet_int32_ids_embeddings_and_dead_letters(tmp_path, reference, path
     source = tmp_path / "in.parquet"
     pq.write_table(table, source, row_group_size=100)  # several row groups
     out = tmp_path / "out"
-    flags = ["--per_element"] if path == "per_element" else []
+    flags = ["--batching", batching]
 
     summary = embed_text.run(
         ["--input", str(source), "--output", str(out), "--runner=FnApiRunner", *flags]
@@ -104,6 +104,7 @@ def test_parquet_int32_ids_embeddings_and_dead_letters(tmp_path, reference, path
     assert_conserved(summary.kernel)  # nothing was lost inside the kernel step either
     assert summary.kernel.elements == len(expected)
     assert 1.0 <= summary.padding_ratio < 2.0 and summary.compiles >= 1
+    assert summary.batching == batching and f"--batching {batching}" in summary.batching_reason
 
 
 def test_json_lines_string_ids_and_bad_rows(tmp_path, reference):
@@ -202,8 +203,6 @@ def test_builtin_corpus_is_the_default_input(tmp_path):
 
 
 def test_local_runs_keep_a_compilation_cache_and_remote_runs_do_not(monkeypatch, tmp_path):
-    from pipelines import embed_text
-
     monkeypatch.setenv("HOME", str(tmp_path))
     args, _ = embed_text.parse_args([])
     assert args.compilation_cache_dir == os.path.expanduser(embed_text.DEFAULT_CACHE)
@@ -215,21 +214,3 @@ def test_local_runs_keep_a_compilation_cache_and_remote_runs_do_not(monkeypatch,
         ["--runner", "DataflowRunner", "--compilation_cache_dir", "gs://b/cache"]
     )
     assert args.compilation_cache_dir == "gs://b/cache"
-
-
-def test_embed_texts_from_pairs_in_a_users_own_pipeline():
-    import apache_beam as beam
-    from apache_beam.testing.util import assert_that, equal_to
-
-    from pipelines.embed_text import EmbedTexts
-
-    with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
-        pairs = p | beam.Create([(1, "Beam batches records."), (2, ""), (3, None), ("x", "id")])
-        vectors, failed = pairs | EmbedTexts.from_pairs("int")
-        shapes = vectors | beam.MapTuple(lambda k, v: (k, v.shape, str(v.dtype)))
-        assert_that(shapes, equal_to([(1, (384,), "float32"), (2, (384,), "float32")]))
-        assert_that(
-            failed | beam.Map(lambda f: (f.key, f.stage)),
-            equal_to([(3, "validation"), ("x", "validation")]),
-            label="dead",
-        )

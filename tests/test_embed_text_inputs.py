@@ -157,7 +157,7 @@ def test_file_with_other_columns_anywhere_in_a_glob_is_named(tmp_path):
     table, failed = ft.read_outputs(tmp_path / "out")
     assert sorted(ft.ids(table)) == [3, 4, 5]
     d = _only(failed, id=None, file=str(bad), row=0, stage="read")
-    assert "has no column ['id', 'text']; it has ['key', 'body']" in d["error"]
+    assert "has no column(s) ['id', 'text']; its columns are ['key', 'body']" in d["error"]
     assert summary.unreadable_files == 1
 
 
@@ -313,7 +313,9 @@ def test_file_without_read_permission_is_named(tmp_path):
     assert "Permission denied" in _only(failed, file=str(locked), stage="read")["error"]
 
 
-@pytest.mark.parametrize("path_flags", [[], ["--per_element"]], ids=["columnar", "per_element"])
+@pytest.mark.parametrize(
+    "path_flags", [["--buckets", "16,256"], ["--batching", "packed"]], ids=["buckets", "packed"]
+)
 def test_id_and_text_columns_of_other_names(tmp_path, path_flags):
     texts = ft.texts(6) + [None]
     table = pa.table({"doc_id": list(range(100, 107)), "body": texts, "text": ["no"] * 7})
@@ -321,7 +323,7 @@ def test_id_and_text_columns_of_other_names(tmp_path, path_flags):
     pq.write_table(
         pa.table({"id": list(range(100, 107)), "text": texts}), tmp_path / "plain.parquet"
     )
-    flags = ["--buckets", "16,256", "--no-progress", *path_flags]
+    flags = ["--no-progress", *path_flags]
     summary = ft.run(tmp_path / "docs.parquet", tmp_path / "out", "--id_column", "doc_id",
                      "--text_column", "body", *flags)  # fmt: skip
     assert summary.results == 6 and summary.dead_letters == 1
@@ -348,7 +350,7 @@ def test_json_lines_fields_of_other_names_and_a_missing_one(tmp_path):
 
 
 def test_the_same_name_for_both_columns_is_refused():
-    from pipelines.embed_text_flags import parse_args
+    from pipelines.embed.flags import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--id_column", "x", "--text_column", "x"])

@@ -18,8 +18,9 @@ import pytest
 
 import beam_jax as bj
 from beam_jax import jobs
-from pipelines import embed_text, text_parts
 from pipelines import text_rows as tr
+from pipelines.embed import job as embed_text
+from pipelines.embed import write as text_parts
 from tests import flagship as ft
 from tests.kill_after_parts import KillAfterParts
 

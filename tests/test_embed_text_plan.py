@@ -1,4 +1,4 @@
-"""Buckets planned at launch from a sample of embed_text's input (pipelines/embed_text_plan)."""
+"""Batches planned at launch from a sample of the flagship's input (pipelines/embed/plan.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 
 import beam_jax as bj
 from beam_jax.testing import assert_conserved
-from pipelines import corpus, embed_text, embed_text_plan
+from pipelines import corpus
 from pipelines import input_files as inp
+from pipelines.embed import job as embed_text
+from pipelines.embed import plan as embed_text_plan
 
 
 def _texts(n):
@@ -50,7 +52,8 @@ def _args(*flags):
 
 def test_auto_plans_within_the_budget_and_fixed_buckets_stay():
     inputs = inp.builtin_inputs(500)
-    plan = embed_text_plan.plan_for(_args("--compile_budget", "6", "--shape_cost", "0"), inputs)
+    flags = ("--compile_budget", "6", "--shape_cost", "0", "--batching", "buckets")
+    plan = embed_text_plan.plan_for(_args(*flags), inputs)
     bounds = plan.bucketing.boundaries["L"]
     assert plan.planned and plan.sample == plan.total == 500
     assert bounds[-1] == 256 and plan.shapes <= 6
@@ -62,7 +65,7 @@ def test_auto_plans_within_the_budget_and_fixed_buckets_stay():
     assert "planned from 500 texts" in str(plan)
 
     # A price per shape that no padding saving pays for: one shape per bucket, fewer buckets.
-    cheap = embed_text_plan.plan_for(_args("--shape_cost", "1e12"), inputs)
+    cheap = embed_text_plan.plan_for(_args("--shape_cost", "1e12", "--batching", "buckets"), inputs)
     assert cheap.shapes == len(cheap.bucketing.boundaries["L"]) == 1
 
 
@@ -75,13 +78,14 @@ def test_flags_are_checked():
 def test_a_run_with_planned_buckets_pads_as_planned_and_compiles_at_start(tmp_path, capsys):
     summary = embed_text.run(
         ["--builtin_texts", "120", "--output", str(tmp_path / "out"), "--compile_budget", "3",
-         "--compilation_cache_dir", "none"]
+         "--compilation_cache_dir", "none", "--batching", "buckets"]
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert "planned from 120 texts" in printed
     import jax
 
-    plan = embed_text_plan.plan_for(_args("--builtin_texts", "120", "--compile_budget", "3"),
+    plan = embed_text_plan.plan_for(_args("--builtin_texts", "120", "--compile_budget", "3",
+                                          "--batching", "buckets"),
                                     inp.builtin_inputs(120), jax.local_device_count())  # fmt: skip
     assert_conserved(summary.totals())
     assert summary.results == 120
@@ -91,3 +95,40 @@ def test_a_run_with_planned_buckets_pads_as_planned_and_compiles_at_start(tmp_pa
     assert 0.0 <= summary.compile_wait_seconds
     assert "waited for" in printed
     assert np.isfinite(summary.kernel.compile_overlapped_seconds)
+
+
+def test_auto_packs_when_the_predicted_flops_say_so_and_says_why():
+    inputs = inp.builtin_inputs(500)
+    both = embed_text_plan.plan_for(_args(), inputs)
+    assert set(both.flops) == {"buckets", "packed"}
+    packs = both.flops["packed"] < both.flops["buckets"]
+    assert both.batching == ("packed" if packs else "buckets")  # no shape price decides here
+    assert both.reason.startswith("packing chosen" if packs else "buckets chosen")
+    assert "MFLOP per real token" in str(both)
+    assert both.describe()["batching"] == both.batching
+    # The prediction counts attention over the padded row: longer rows cost more per token.
+    encoder = embed_text_plan.tr.sentence_encoder()
+    assert encoder.flops_per_token(256) > encoder.flops_per_token(16)
+    # A shape price no saving pays for: one shape, whichever policy wins.
+    costly = embed_text_plan.plan_for(_args("--shape_cost", "1e9"), inputs)
+    assert costly.shapes == 1
+    packed = embed_text_plan.plan_for(_args("--batching", "packed"), inputs)
+    assert packed.packing is not None and packed.bucketing is None and packed.shapes <= 4
+    assert packed.padding_ratio < 1.1 and packed.reason == "--batching packed"
+    fixed = embed_text_plan.plan_for(_args("--buckets", "32,256"), inputs)
+    assert fixed.batching == "buckets" and not fixed.planned
+
+
+def test_a_packed_run_compiles_its_planned_shapes_and_reports_the_choice(tmp_path, capsys):
+    out = tmp_path / "out"
+    summary = embed_text.run(["--builtin_texts", "120", "--output", str(out), "--batching",
+                              "packed", "--compilation_cache_dir", "none"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "packed rows of" in printed and "--batching packed" in printed
+    assert_conserved(summary.totals())
+    assert summary.results == 120 and summary.batching == "packed"
+    assert summary.compiles <= 4 and summary.padding_ratio < 1.1
+    record = json.loads((out / "_embed_text.json").read_text())
+    assert record["batching"]["batching"] == "packed"
+    metrics = json.loads((out / "_metrics.json").read_text())
+    assert metrics["summary"]["batching"] == "packed"

@@ -107,7 +107,7 @@ def test_the_manifest_ships_with_the_installed_package():
 
 
 def test_embed_text_refuses_a_tampered_model_at_launch(tmp_path):
-    from pipelines import embed_text
+    from pipelines.embed import job as embed_text
 
     tampered = tmp_path / "model"
     shutil.copytree(text.packaged_model_dir(), tampered)

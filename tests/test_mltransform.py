@@ -13,11 +13,9 @@ import pytest
 from apache_beam.ml.transforms.base import MLTransform
 from apache_beam.testing.util import assert_that
 
-from pipelines import text_rows as tr
-from pipelines.embed_text import EmbedTexts
 from pipelines.minilm_mltransform import MiniLMEmbeddings, MiniLMTextHandler
 from tests.beam_helpers import pipeline, run
-from tests.flagship import write_json_lines
+from tests.flagship import reference_embeddings, write_json_lines
 
 TEXTS = {
     1: "A cat sat on the mat.",
@@ -25,27 +23,12 @@ TEXTS = {
     3: "Short.",
     4: "",  # no tokens besides [CLS] and [SEP]: still a vector, as sentence-transformers gives
 }
-_COLLECTED: dict = {}
-
-
-def _keep(kv) -> None:
-    _COLLECTED[kv[0]] = np.asarray(kv[1])
 
 
 @pytest.fixture(scope="module")
 def expected() -> dict:
-    """RunKernel's embeddings (the flagship's EmbedTexts) of the texts it accepts."""
-    _COLLECTED.clear()
-    p = pipeline()
-    good = {k: t for k, t in TEXTS.items() if t}
-    results, _ = (
-        p
-        | beam.Create([tr.RowBatch.from_pairs(list(good.items()))])
-        | EmbedTexts(tr.IdType.from_name("int"))
-    )
-    _ = results | beam.Map(_keep)
-    run(p)
-    return dict(_COLLECTED)
+    """The encoder's embeddings of the texts, each alone, outside Beam."""
+    return reference_embeddings({k: t for k, t in TEXTS.items() if t})
 
 
 def _matches(expected: dict):

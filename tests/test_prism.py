@@ -5,7 +5,7 @@ Every transform of ``tests._matrix_job`` (``RunKernel``, cross-bundle ``RunKerne
 ``RunKernelOnArrow``, ``ReduceKernel`` global and windowed), with bad records, runs once on
 the FnApiRunner and on Prism in batch and streaming mode; outputs and dead letters must be
 byte-identical. A ``TestStream`` of small bundles runs on Prism too, and the flagship
-(``python -m pipelines.embed_text``) runs with ``--runner=PrismRunner --prism_location``, as
+(``python -m pipelines.embed``) runs with ``--runner=PrismRunner --prism_location``, as
 a user would, and must write the same bytes as on the FnApiRunner.
 
 Prism runs in its own process group on a free port; the group is killed after the module
@@ -30,7 +30,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
 import beam_jax as bj
-from pipelines import embed_text, text_parts
+from pipelines.embed import job as embed_text
+from pipelines.embed import write as text_parts
 from tests import _matrix_job as matrix
 from tests import _runner_job as job
 from tests import flagship as ft
@@ -219,10 +220,10 @@ def test_test_stream_of_small_bundles_on_prism(matrix_runs, prism):
 
 
 def _embed(out: pathlib.Path, source: pathlib.Path, *flags: str) -> str:
-    """``python -m pipelines.embed_text`` in its own process group; the group must end
+    """``python -m pipelines.embed`` in its own process group; the group must end
     with it (PrismRunner stops the prism it started when the job's process exits)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "pipelines.embed_text", "--input", str(source),
+    cmd = [sys.executable, "-m", "pipelines.embed", "--input", str(source),
            "--output", str(out), *flags]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -84,6 +84,7 @@ INTERNAL = {
     "decode_batch",
     "outputs_to_arrow",
     "ArrowCoder",
+    "origin_of",
     "bucket_index",
     "default_batch_sizes",
     "padded_total",
@@ -144,6 +145,7 @@ INTERNAL = {
 TEXT = {
     # the model, described once
     "SentenceEncoder",
+    "EmbedText",
     "BertConfig",
     "Tokenizer",
     "TextTooLongError",

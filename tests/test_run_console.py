@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_jax import jobs
-from pipelines import embed_text
-from pipelines import text_parts as tp
+from pipelines.embed import job as embed_text
+from pipelines.embed import write as tp
 from tests import flagship as ft
 
 PROGRESS = re.compile(r"^embed_text: ([\d,]+) records done \(.*/s\), ([\d,]+) dead letters so far")

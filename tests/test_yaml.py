@@ -15,10 +15,8 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
-from pipelines import text_rows as tr
-from pipelines.embed_text import EmbedTexts
 from tests.beam_helpers import pipeline, run
-from tests.flagship import write_json_lines
+from tests.flagship import reference_embeddings, write_json_lines
 from tests.kernels import D, attention_params, masked_attention_pool, reference_attention_pool
 
 try:  # Beam's YAML front end needs extra packages (jinja2, ...); only its tests skip
@@ -41,20 +39,6 @@ TEXTS = {
 }
 
 
-def _run_kernel_embeddings(pairs: dict) -> dict:
-    """The flagship's EmbedTexts (RunKernel) on the same texts, in its own pipeline."""
-    _COLLECTED.clear()
-    p = pipeline()
-    results, _ = (
-        p
-        | beam.Create([tr.RowBatch.from_pairs(list(pairs.items()))])
-        | EmbedTexts(tr.IdType.from_name("int"))
-    )
-    _ = results | beam.Map(_keep)
-    run(p)
-    return dict(_COLLECTED)
-
-
 _COLLECTED: dict = {}  # the in-process runner's results, by key
 
 
@@ -64,8 +48,8 @@ def _keep(kv) -> None:
 
 @pytest.fixture(scope="module")
 def expected() -> dict:
-    """RunKernel's embeddings of TEXTS (one pipeline for the module)."""
-    return _run_kernel_embeddings(TEXTS)
+    """The encoder's embeddings of TEXTS, each alone, outside Beam."""
+    return reference_embeddings(TEXTS)
 
 
 def _json_rows(pattern: str) -> list[dict]:
@@ -140,11 +124,9 @@ def test_embed_text_from_json_lines_through_yaml_transform_equals_run_kernel(tmp
 
 
 def _flagship_plan():
-    embed = EmbedTexts(tr.IdType.from_name("int"))
-    return bj.RunKernel(
-        lambda p, e, n: e, spec={"input_ids": bj.ArraySpec(("L",), np.int32)},
-        bucketing=embed.bucketing,
-    ).plan(num_devices=len(jax.devices()))  # fmt: skip
+    from beam_jax.text import EmbedText
+
+    return EmbedText().kernel.plan(num_devices=len(jax.devices()))
 
 
 def test_without_error_handling_a_bad_row_fails_the_pipeline_and_says_how_to_keep_going():

@@ -330,7 +330,7 @@ def main(args: argparse.Namespace) -> int:
     ]))  # fmt: skip
     print()
     print(f"to use the {plans[-1].num_buckets}-bucket plan, paste:")
-    print(f"  {paste['flag']}    (beam-jax embed, python -m pipelines.embed_text)")
+    print(f"  {paste['flag']}    (beam-jax embed, python -m pipelines.embed)")
     print(f'  {paste["python"]}    (with your ragged axis\'s name for "L")')
     if over:
         print(

@@ -90,8 +90,9 @@ class PackedStage:
         # (at most one partial batch per row length) does not trigger the next pack.
         self._fresh: dict[Any, list[int]] = {}
         packing = plan.packing
-        # Pack once the staged records fill two batches of the largest shape (or the
-        # planner's buffer): enough for the rows to fill well, few repacks of the rest.
+        # Pack once the staged records fill the planner's buffer (what its prediction
+        # packed together) or, without one, two batches of the largest shape: enough for
+        # the rows to fill well, few repacks of the rest.
         self._min_slots = 2 * max(n * s for (n,), s in plan.shapes())
         self._min_records = plan.buffer_size or 0
         self._full = {n: packing.sizes_for(n)[-1] for n in packing.row_lengths}
@@ -104,7 +105,10 @@ class PackedStage:
         fresh = self._fresh.setdefault(slot, [0, 0])
         fresh[0] += item.lengths[0]
         fresh[1] += 1
-        if fresh[0] >= self._min_slots or (self._min_records and fresh[1] >= self._min_records):
+        # A planner's buffer is what its prediction packed together: keep to it; without
+        # one, pack once the staged records fill two batches of the largest shape.
+        full = fresh[1] >= self._min_records if self._min_records else fresh[0] >= self._min_slots
+        if full:
             yield from self._pack(slot, final=False)
 
     def drain(self) -> Iterator[Any]:

@@ -1,12 +1,14 @@
-"""Token-length buckets planned at launch from a sample of the input.
+"""Batches planned at launch from a sample of the input: buckets or packed rows.
 
 Before the job starts, the first texts of the input (spread over its files) are tokenized
-as the job will tokenize them, and ``beam_jax.plan_bucketing`` picks the boundaries and the
-batch sizes of every bucket from their token counts: the least padded tokens, batch rows
-included, for at most ``--compile_budget`` compiled shapes. ``--buckets 16,32,...`` keeps
-fixed buckets instead. The input format's reading is :mod:`pipelines.text_input`'s; only
-the sample is read here, with pyarrow (Parquet), line by line (JSON lines) or from the
-built-in corpus.
+as the job will tokenize them. ``beam_jax.plan_bucketing`` picks bucket boundaries and
+batch sizes from their token counts (the least padded tokens, batch rows included, for at
+most ``--compile_budget`` compiled shapes), and ``beam_jax.plan_packing`` the row lengths
+and rows per batch of packed rows. With ``--batching auto`` the job packs when packing is
+predicted to execute fewer FLOPs per real token, counting attention (whose cost grows with
+the row length) and a price per compiled shape, and says which it chose and why.
+``--buckets 16,32,...`` keeps fixed buckets instead. Only the sample is read here, with
+pyarrow (Parquet), line by line (JSON lines) or from the built-in corpus.
 
 Example:
     >>> plan = plan_for(args, inputs)  # doctest: +SKIP
@@ -27,11 +29,11 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 import beam_jax as bj
-from beam_jax.internal import Plan
-from pipelines import corpus, minilm
+from beam_jax.internal import Plan, assign_rows, batch_rows
+from beam_jax.jobs import is_local
+from pipelines import corpus
 from pipelines import input_files as inp
 from pipelines import text_rows as tr
-from pipelines.embed_text_flags import is_local
 
 __all__ = [
     "LaunchPlan",
@@ -50,32 +52,63 @@ _MAX_FOOTERS = 64
 
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:
-    """The bucketing a run uses, and how it was chosen.
+    """How a run shapes its batches, and how that was chosen.
 
     Attributes:
-        bucketing: boundaries and batch sizes for the embedding step.
-        planned: whether they were planned from a sample (else fixed by ``--buckets``).
+        bucketing: boundaries and batch sizes, when the run buckets.
+        packing: the packing plan, when the run packs (``None`` otherwise).
+        planned: whether the shapes were planned from a sample (else fixed by ``--buckets``).
         sample: texts in the sample (0 when fixed).
         total: rows the plan expects the job to have.
-        shapes: compiled shapes the bucketing allows.
-        padding_ratio: expected padded over real tokens, batch rows included (NaN when
-            fixed buckets were not checked against a sample).
+        shapes: compiled shapes the chosen policy allows.
+        padding_ratio: expected padded over real tokens (NaN when not checked on a sample).
+        flops: predicted executed FLOPs per real token of each policy planned
+            (``{"buckets": ..., "packed": ...}``), attention included.
+        reason: why the policy was chosen, in words.
     """
 
-    bucketing: bj.Bucketing
+    bucketing: bj.Bucketing | None
     planned: bool
     sample: int
     total: int
     shapes: int
     padding_ratio: float
+    packing: bj.PackingPlan | None = None
+    flops: dict = dataclasses.field(default_factory=dict)
+    reason: str = ""
+
+    @property
+    def batching(self) -> str:
+        """``"packed"`` or ``"buckets"``: the policy chosen."""
+        return "buckets" if self.packing is None else "packed"
+
+    def describe(self) -> dict:
+        """For the run report: the policy, its shapes and the prediction it was chosen on."""
+        return {
+            "batching": self.batching,
+            "shapes": self.shapes,
+            "padding_ratio": self.padding_ratio,
+            "flops_per_real_token": dict(self.flops),
+            "reason": self.reason,
+        }
 
     def __str__(self) -> str:
+        if self.packing is not None:
+            p = self.packing.packing
+            sizes = "; ".join(f"{n}: {','.join(map(str, s))}" for n, s in p.rows_per_batch.items())
+            return (
+                f"embed_text: packed rows of {','.join(map(str, p.row_lengths))} tokens "
+                f"(rows per batch {sizes}) planned from {self.sample} texts for ~{self.total} "
+                f"rows: {self.shapes} compiled shapes, expected padding "
+                f"{self.padding_ratio:.3f}x; {self.reason}"
+            )
         bounds = ",".join(map(str, self.bucketing.boundaries["L"]))
         if not self.planned:
             return f"embed_text: fixed buckets {bounds} (--buckets), {self.shapes} shapes"
         return (
             f"embed_text: buckets {bounds} planned from {self.sample} texts for ~{self.total} "
             f"rows: {self.shapes} compiled shapes, expected padding {self.padding_ratio:.3f}x"
+            f"{'; ' + self.reason if self.reason else ''}"
         )
 
 
@@ -178,7 +211,7 @@ def token_lengths(texts: list[str], model_dir: str | None = None) -> np.ndarray:
     """Token counts (with ``[CLS]``/``[SEP]``, after truncation) as the job counts them."""
     if not texts:
         return np.zeros(0, np.int64)
-    tokenizer = minilm.Tokenizer(tr.local_model_dir(model_dir))
+    tokenizer = tr.sentence_encoder(model_dir).tokenizer()
     prefixes = [tr.tokenizer_prefix(t) for t in texts]
     try:
         encoded = tokenizer.encode_batch(prefixes)
@@ -215,37 +248,115 @@ def in_process(options: Any) -> bool:
     )
 
 
+def _bucketed_flops(lengths: np.ndarray, plan: bj.BucketingPlan, encoder) -> float:
+    """Predicted executed FLOPs per real token of ``plan`` on the sample."""
+    bounds = np.asarray(plan.bucketing.boundaries["L"], np.int64)
+    padded_to = bounds[np.minimum(np.searchsorted(bounds, lengths), len(bounds) - 1)]
+    # Each text runs at its bucket's length; batch rows add the plan's own padding.
+    per_text = padded_to * np.array([encoder.flops_per_token(int(b)) for b in padded_to])
+    rows = plan.padding_ratio * lengths.sum() / max(padded_to.sum(), 1)
+    return float(per_text.sum() * rows / max(lengths.sum(), 1))
+
+
+def _packed_flops(lengths: np.ndarray, plan: bj.PackingPlan, encoder) -> float:
+    """Predicted executed FLOPs per real token of ``plan`` on the sample, packed buffer by
+    buffer as the job packs (empty slots and empty rows included)."""
+    step = plan.buffer_size or len(lengths)
+    executed = 0.0
+    for start in range(0, len(lengths), step):
+        assignment = assign_rows(lengths[start : start + step], plan.packing)
+        for n, size, _ in batch_rows(assignment, plan.packing):
+            executed += n * size * encoder.flops_per_token(n)
+    return executed / max(int(lengths.sum()), 1)
+
+
 def plan_for(args: Any, inputs: inp.Inputs, num_devices: int = 1) -> LaunchPlan:
-    """The run's bucketing: fixed by ``--buckets``, or planned from a sample of ``inputs``.
+    """The run's batches: fixed buckets, or buckets or packed rows planned from a sample.
 
     Args:
-        args: the parsed flags (``--buckets``, ``--compile_budget``, ``--plan_sample``,
-            ``--shape_cost``, ``--batch_size``, ``--max_tokens_per_batch``, ``--model_dir``).
+        args: the parsed flags (``--buckets``, ``--batching``, ``--compile_budget``,
+            ``--plan_sample``, ``--shape_cost``, ``--batch_size``, ``--max_tokens_per_batch``,
+            ``--rows_per_part``, ``--model_dir``).
         inputs: the run's input files.
         num_devices: devices per worker where known (batch sizes are multiples of it).
     """
-    if args.buckets != "auto":
+    batching = getattr(args, "batching", "auto")
+    if args.buckets != "auto" and batching != "packed":
         bucketing = fixed_bucketing(args)
         shapes = len(Plan(_SPEC, bucketing, num_devices=num_devices).shapes())
         return LaunchPlan(bucketing, False, 0, 0, shapes, float("nan"))
     texts, total = sample_texts(inputs, args.plan_sample)
+    encoder = tr.sentence_encoder(args.model_dir)
     lengths = token_lengths(texts, args.model_dir)
-    max_size = minilm.load_config(tr.local_model_dir(args.model_dir)).max_seq_length
+    max_size = encoder.max_length
     if len(lengths) == 0:
         lengths = np.asarray([max_size])  # nothing readable: one bucket, the job decides
-    plan = bj.plan_bucketing(
-        lengths,
-        max_size=max_size,
-        compile_budget=args.compile_budget,
-        max_batch_size=args.batch_size,
-        max_padded_size=args.max_tokens_per_batch,
-        total=max(total, 1),
-        shape_cost=args.shape_cost,
-        num_devices=num_devices,
-    )
+    lengths = np.minimum(lengths, max_size)
+    common = dict(max_size=max_size, shape_cost=args.shape_cost, num_devices=num_devices)
+    buckets = packed = None
+    if batching != "packed":
+        buckets = bj.plan_bucketing(
+            lengths,
+            compile_budget=args.compile_budget,
+            max_batch_size=args.batch_size,
+            max_padded_size=args.max_tokens_per_batch,
+            total=max(total, 1),
+            **common,
+        )
+    if batching != "buckets":
+        step = encoder.flops_per_token(2) - encoder.flops_per_token(1)  # attention, per L
+        dense = encoder.flops_per_token(1) - step
+        packed = bj.plan_packing(
+            lengths,
+            compile_budget=min(args.compile_budget, _PACKED_SHAPES),
+            max_rows_per_batch=args.batch_size,
+            max_tokens_per_batch=args.max_tokens_per_batch,
+            buffer_size=args.rows_per_part,
+            attention_cost=step / dense,
+            **common,
+        )
+    flops = {}
+    if buckets is not None:
+        flops["buckets"] = _bucketed_flops(lengths, buckets, encoder)
+    if packed is not None:
+        flops["packed"] = _packed_flops(lengths, packed, encoder)
+    use_packing, reason = _choose(batching, flops, buckets, packed, args, lengths, encoder)
+    plan = packed if use_packing else buckets
     return LaunchPlan(
-        plan.bucketing, True, len(texts), max(total, 1), plan.shapes, plan.padding_ratio
+        None if use_packing else buckets.bucketing,
+        True,
+        len(texts),
+        max(total, 1),
+        plan.shapes,
+        plan.padding_ratio,
+        packing=packed if use_packing else None,
+        flops=flops,
+        reason=reason,
     )
 
+
+def _choose(batching, flops, buckets, packed, args, lengths, encoder) -> tuple[bool, str]:
+    """Whether to pack, and why: the predicted FLOPs of the whole input, plus
+    ``--shape_cost`` tokens' worth of FLOPs for each compiled shape."""
+    if batching != "auto":
+        return batching == "packed", f"--batching {batching}"
+    real = float(lengths.sum()) / len(lengths)  # tokens per text
+    price = args.shape_cost * encoder.flops_per_token(max(1, int(np.mean(lengths))))
+    cost = {
+        name: flops[name] * real * max(len(lengths), 1) + price * plan.shapes
+        for name, plan in (("buckets", buckets), ("packed", packed))
+    }
+    saved = 1 - flops["packed"] / flops["buckets"]
+    words = (
+        f"predicted {flops['packed'] / 1e6:.1f} MFLOP per real token packed "
+        f"({packed.shapes} shapes) against {flops['buckets'] / 1e6:.1f} bucketed "
+        f"({buckets.shapes} shapes)"
+    )
+    if cost["packed"] < cost["buckets"]:
+        return True, f"packing chosen: {words}, {saved:.0%} fewer FLOPs (--batching auto)"
+    return False, f"buckets chosen: {words} (--batching auto)"
+
+
+_PACKED_SHAPES = 4  # a few shapes: packing's point is fewer compiles
 
 _SPEC = {"input_ids": bj.ArraySpec(("L",), np.int32)}

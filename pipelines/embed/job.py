@@ -1,13 +1,11 @@
 """Sentence embeddings with all-MiniLM-L6-v2, in JAX, from Parquet or JSON lines to Parquet.
 
-Reads rows of ``id`` and ``text`` file by file (:mod:`pipelines.text_input`), tokenizes them
-in batches with the Rust tokenizer (truncating at 256 tokens, as sentence-transformers does),
-embeds them with the pure-JAX encoder of :mod:`pipelines.minilm` in token-length buckets
-through ``beam_jax.RunKernel``, and writes ``id`` + ``embedding`` (``list<float32>``, 384
-values) to Parquet in parts named by input file and row range (:mod:`pipelines.text_parts`).
-Parquet and the built-in corpus take the columnar path (:mod:`pipelines.embed_columnar`):
-Arrow record batches through ``beam_jax.RunKernelOnArrow``, the same output;
-``--per_element`` takes them the per-element way, as JSON lines always go.
+The job, one route for every input (see the package's docstring for the drawing):
+read each part as an Arrow record batch (:mod:`pipelines.embed.read`), spread them over the
+workers, tokenize each batch with one call to the Rust tokenizer
+(:mod:`pipelines.embed.tokenize`), embed the token ids with ``beam_jax.RunKernelOnArrow``
+(token-length buckets, or packed rows: :mod:`pipelines.embed.plan`), and write each part
+in the same fused step as soon as all its rows are done (:mod:`pipelines.embed.write`).
 Every row that cannot be embedded becomes one JSON line under ``OUTPUT/_failed/``, and every
 file that cannot be read one line naming it. The parts are staged and published only when the
 job succeeds (:class:`beam_jax.jobs.OutputDir`); a rerun resumes. See docs/embed_text.md.
@@ -19,9 +17,9 @@ Example:
 
 Run it::
 
-    python -m pipelines.embed_text                                  # the built-in corpus
-    python -m pipelines.embed_text --input 'data/*.parquet' --output out/
-    python -m pipelines.embed_text --input gs://b/in/*.jsonl --output gs://b/out \\
+    python -m pipelines.embed                                  # the built-in corpus
+    python -m pipelines.embed --input 'data/*.parquet' --output out/
+    python -m pipelines.embed --input gs://b/in/*.jsonl --output gs://b/out \\
         --runner DataflowRunner --project P --region R --temp_location gs://b/tmp \\
         --setup_file ./setup.py --sdk_container_image IMAGE
 """
@@ -37,133 +35,23 @@ from collections.abc import Sequence
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
+import pyarrow as pa
 from apache_beam.options.pipeline_options import DebugOptions, StandardOptions
 
 import beam_jax as bj
 from beam_jax import jobs
 from beam_jax.jobs import OutputDir, OutputExistsError, RunConsole, failure_line, verbose_requested
-from pipelines import dataflow_job, embed_columnar, embed_text_plan, minilm
+from pipelines import dataflow_job
 from pipelines import input_files as inp
-from pipelines import text_input as ti
-from pipelines import text_parts as tp
 from pipelines import text_rows as tr
-from pipelines.embed_step import EmbedStep
-from pipelines.embed_text_flags import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_BUCKETS,
-    DEFAULT_CACHE,
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_OUTPUT,
-    parse_args,
-)
+from pipelines.embed import plan as launch_plan
+from pipelines.embed import write
+from pipelines.embed.flags import DEFAULT_CACHE, DEFAULT_OUTPUT, parse_args
+from pipelines.embed.parts import KEY
+from pipelines.embed.read import ReadParts
+from pipelines.embed.tokenize import INPUT_IDS, PARTS, TokenizeParts
 
-__all__ = [
-    "DEFAULT_BUCKETS",
-    "DEFAULT_CACHE",
-    "DEFAULT_OUTPUT",
-    "EmbedTextSummary",
-    "EmbedTexts",
-    "parse_args",
-    "run",
-]
-
-
-class EmbedTexts(EmbedStep):
-    """Sentence embeddings (all-MiniLM-L6-v2 in JAX) as a PTransform, for your own pipeline.
-
-    ``RowBatch``es in; ``(key, float32[384])`` results and ``FailedElement``s out.
-    :meth:`from_pairs` takes ``(id, text)`` pairs instead, as most pipelines have them.
-    A row's key is its id, unless the batch gives ``keys`` (this job's are ``(file, row)`` tuples,
-    so that each result finds its output part); dead letters carry the same key.
-
-    Example:
-        >>> pairs = p | beam.Create([(1, "Beam batches records."), (2, "")])  # doctest: +SKIP
-        >>> vectors, failed = pairs | EmbedTexts.from_pairs("int")  # doctest: +SKIP
-        >>> vectors | beam.Map(print)  # (1, array([...], dtype=float32)) # doctest: +SKIP
-
-    Args:
-        id_type: The type every id must have.
-        bucketing: Token-length buckets and batch sizes; defaults to this module's.
-        model_dir: See ``text_rows.local_model_dir``.
-        compilation_cache_dir: JAX's persistent compilation cache, if any.
-        precompile: compile every listed shape in background threads from each worker's
-            start, while it reads and tokenizes (for planned buckets, whose shapes are
-            all used; fixed buckets list every power-of-two batch size).
-        accelerator: A Beam ``accelerator`` resource hint (on Dataflow e.g.
-            ``"type:nvidia-l4;count:1;install-nvidia-driver"``) for the embedding kernel
-            only; tokenizing stays on the default workers.
-    """
-
-    def __init__(
-        self,
-        id_type: tr.IdType,
-        *,
-        bucketing: bj.Bucketing | None = None,
-        model_dir: str | None = None,
-        compilation_cache_dir: str | None = None,
-        precompile: bool = False,
-        accelerator: str | None = None,
-    ):
-        bucketing = bucketing or bj.Bucketing(
-            boundaries={"L": DEFAULT_BUCKETS},
-            batch_size=DEFAULT_BATCH_SIZE,
-            max_padded_size=DEFAULT_MAX_TOKENS,
-        )
-        super().__init__(
-            tr.Tokenize(id_type, model_dir),
-            bj.RunKernel(
-                minilm.embed_element,
-                spec={"input_ids": bj.ArraySpec(("L",), np.int32)},
-                bucketing=bucketing,
-                load_params=functools.partial(tr.load_params, model_dir),
-                keyed=True,
-                compilation_cache_dir=compilation_cache_dir,
-                precompile=precompile,
-            ).with_exception_handling(),
-            accelerator=accelerator,
-        )
-        self.id_type = id_type
-        self.bucketing = bucketing
-        self.model_dir = model_dir
-        self.compilation_cache_dir = compilation_cache_dir
-
-    @classmethod
-    def from_pairs(
-        cls, id_type: str = "int", *, rows_per_batch: int = 256, **kwargs: Any
-    ) -> beam.PTransform:
-        """``(id, text)`` pairs in; ``(id, float32[384])`` results and dead letters out.
-
-        Args:
-            id_type: ``"int"`` or ``"string"``: the type every id must have (a row whose id
-                is not is a dead letter).
-            rows_per_batch: Rows tokenized together (one tokenizer call).
-            **kwargs: As for the constructor (``bucketing``, ``model_dir``,
-                ``compilation_cache_dir``, ``precompile``, ``accelerator``).
-
-        Returns:
-            A transform whose output unpacks as ``results, dead_letters``.
-        """
-        if not isinstance(rows_per_batch, int) or rows_per_batch < 1:
-            raise ValueError(f"rows_per_batch must be a positive int, got {rows_per_batch!r}")
-        return _EmbedPairs(cls(tr.IdType.from_name(id_type), **kwargs), rows_per_batch)
-
-
-class _EmbedPairs(beam.PTransform):
-    """``(id, text)`` pairs batched into ``RowBatch``es, then ``EmbedTexts``."""
-
-    def __init__(self, embed: EmbedTexts, rows_per_batch: int):
-        super().__init__()
-        self._embed = embed
-        self._rows_per_batch = rows_per_batch
-
-    def expand(self, pairs):
-        batches = (
-            pairs
-            | "Batch" >> beam.BatchElements(max_batch_size=self._rows_per_batch)
-            | "RowBatches" >> beam.Map(tr.RowBatch.from_pairs)
-        )
-        return batches | "EmbedTexts" >> self._embed
+__all__ = ["DEFAULT_CACHE", "DEFAULT_OUTPUT", "EmbedTextSummary", "Encoder", "embed_kernel", "run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +72,8 @@ class EmbedTextSummary:
         unreadable_files: Files whose reading failed (each has one dead letter naming it).
         parts_written: Output parts written by this run.
         parts_reused: Parts found written by an earlier, unfinished run of the same job.
+        batching: ``"packed"`` or ``"buckets"``: how the batches were shaped.
+        batching_reason: Why (``--batching``, or the launch plan's prediction).
     """
 
     rows: int
@@ -200,6 +90,8 @@ class EmbedTextSummary:
     parts_written: int = 0
     parts_reused: int = 0
     compile_wait_seconds: float = 0.0
+    batching: str = "buckets"
+    batching_reason: str = ""
 
     @property
     def sentences_per_second(self) -> float:
@@ -228,87 +120,102 @@ class EmbedTextSummary:
             f"embed_text: {self.rows} rows -> {self.results} embeddings, "
             f"{self.dead_letters} dead letters{f' ({stages})' if stages else ''}{files}"
             f"{resumed}; "
-            f"padding {self.padding_ratio:.2f}x over {self.batches} batches; "
+            f"{'packed' if self.batching == 'packed' else 'bucketed'}, padding "
+            f"{self.padding_ratio:.2f}x over {self.batches} batches; "
             f"{self.compiles} compiles ({self.compile_seconds:.1f} s, "
             f"{self.compile_wait_seconds:.1f} s of it waited for); "
             f"{self.sentences_per_second:.1f} sentences/s, {self.wall_seconds:.1f} s wall"
         )
 
 
-def _build(
-    pipeline,
-    args,
-    inputs: inp.Inputs,
-    id_type: tr.IdType,
-    staging: str,
-    done,
-    launch,
-    progress_dir: str | None = None,
-):
-    """Adds the job to ``pipeline``; returns its embedding transform (to start its worker)."""
-    if inputs.format != "jsonl" and not args.per_element:
-        embed, results, dead = embed_columnar.build(
-            pipeline, args, inputs, id_type, staging, done, launch
-        )
-        count = len  # record batches of results
-    else:
-        embed, results, dead = _build_per_element(
-            pipeline, args, inputs, id_type, staging, done, launch
-        )
-        count = None
-    if progress_dir is not None:  # counted by the workers, printed by the driver
-        _ = results | "ProgressDone" >> beam.ParDo(
-            jobs.CountProgress(progress_dir, "done", size=count)
-        )
-        _ = dead | "ProgressDead" >> beam.ParDo(jobs.CountProgress(progress_dir, "dead"))
-    if launch.planned and not embed_text_plan.in_process(pipeline.options):
-        # The model loads and the planned shapes compile while the input is read (in the
-        # pipeline's first stage; in-process runners start it in run()).
-        _ = pipeline | "StartEmbedWorker" >> embed.start_workers()
-    return embed
+@dataclasses.dataclass(frozen=True)
+class Encoder:
+    """Functions that replace the model's in the embedding step, e.g. a kernel that takes
+    no time, for measuring the host alone (``bench/embed_text.py``); they keep the model's
+    tokenizer and output shape. ``None`` keeps the model's own.
+
+    Attributes:
+        element_fn: ``fn(params, element, lengths)``, for token-length buckets.
+        packed_fn: ``fn(params, row, segments)``, for packed rows.
+        load_params: ``load_params()`` on each worker.
+    """
+
+    element_fn: Any = None
+    packed_fn: Any = None
+    load_params: Any = None
 
 
-def _build_per_element(
-    pipeline, args, inputs: inp.Inputs, id_type: tr.IdType, staging: str, done, launch
-) -> tuple[EmbedTexts, Any, Any]:
-    reads = (
-        pipeline
-        | "Files" >> beam.Create(range(len(inputs.files)))
-        | "SpreadFiles" >> beam.Reshuffle()
-        | "Read"
-        >> beam.ParDo(ti.ReadRows(inputs, args.rows_per_part, done)).with_outputs(
-            ti.ReadRows.PARTS, ti.ReadRows.UNREADABLE, main="batches"
-        )
+def embed_kernel(args, launch: launch_plan.LaunchPlan, encoder=Encoder()) -> bj.RunKernelOnArrow:
+    """The embedding step: token ids in (``key``, ``input_ids``), ``key`` and ``output``
+    (``fixed_size_list<float32, dim>``) out, bucketed or packed as ``launch`` says, with the
+    model of ``--model_dir`` (any sentence-transformers BERT directory)."""
+    model = tr.sentence_encoder(args.model_dir)
+    packed = launch.packing is not None
+    fn = (
+        (encoder.packed_fn or model.packed_fn)
+        if packed
+        else (encoder.element_fn or model.element_fn)
     )
-    # One file's batches spread over all workers, as a splittable source's would.
-    batches = reads.batches | "SpreadBatches" >> beam.Reshuffle()
-    embed = EmbedTexts(
-        id_type,
+    return bj.RunKernelOnArrow(
+        fn,
+        spec=model.spec,
+        columns=bj.ArrowColumns(leaves={INPUT_IDS: INPUT_IDS}, id=KEY),
         bucketing=launch.bucketing,
-        model_dir=args.model_dir,
+        packing=launch.packing,
+        load_params=encoder.load_params or functools.partial(tr.load_params, args.model_dir),
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
-        accelerator=args.accelerator,
+    ).with_exception_handling()
+
+
+def _on_accelerator(transform: beam.PTransform, accelerator: str | None) -> beam.PTransform:
+    return transform.with_resource_hints(accelerator=accelerator) if accelerator else transform
+
+
+def _build(pipeline, args, inputs, id_type, staging, done, launch, progress_dir=None, encoder=None):
+    """Adds the job to ``pipeline``; returns its embedding transform (to start its worker).
+
+    read parts -> spread -> tokenize -> RunKernelOnArrow -> write parts, the last three
+    fused: each part's results and dead letters meet its rows in ``WriteParts`` without a
+    shuffle.
+    """
+    batches, unreadable = pipeline | "Read" >> ReadParts(
+        inputs, args.input, args.rows_per_part, done, id_type
     )
-    results, dead = batches | "EmbedTexts" >> embed
-    by_part = functools.partial(tp.by_part, part_rows=args.rows_per_part)
-    _ = (
-        {
-            "rows": reads[ti.ReadRows.PARTS],
-            "results": results | "ResultsByPart" >> beam.Map(by_part),
-            "dead": dead | "DeadByPart" >> beam.Map(by_part),
-        }
-        | "GroupByPart" >> beam.CoGroupByKey()
-        | "WriteParts" >> beam.ParDo(tp.WriteParts(staging, inputs, tr.output_schema(id_type)))
-        # A consumer for the parts' names: the local FnApiRunner then reads WriteParts'
-        # output, and so fails when a worker dies there, instead of waiting for it forever
-        # (measured: a SIGKILL in WriteParts hung a multi-process run, Beam 2.77).
-        | "CountParts" >> beam.combiners.Count.Globally()
-    )
-    _ = reads[ti.ReadRows.UNREADABLE] | "WriteUnreadable" >> beam.ParDo(
-        tp.WriteUnreadable(staging, inputs)
-    )
-    return embed, results, dead
+    files = [inputs.file_name(i) for i in range(len(inputs.files))]
+    tokens = batches | "Tokenize" >> beam.ParDo(
+        TokenizeParts(id_type, args.model_dir, files)
+    ).with_output_types(pa.RecordBatch).with_outputs(PARTS, tr.DEAD_LETTERS, main="tokens")
+    embed = embed_kernel(args, launch, encoder or Encoder())
+    results, kernel_dead = tokens.tokens | "Embed" >> _on_accelerator(embed, args.accelerator)
+    # Each stream that makes up the parts meets the others in WriteParts, fused in the
+    # stage that tokenizes and embeds: no shuffle of embeddings (see WriteParts).
+    parts = write.WriteParts(staging, inputs, tr.output_schema(id_type))
+    streams = {
+        "Parts": tokens[PARTS],
+        "TokenizeDeadLetters": tokens[tr.DEAD_LETTERS],
+        "Results": results,
+        "KernelDeadLetters": kernel_dead,
+    }
+    names = [s | f"Write{name}" >> beam.ParDo(parts) for name, s in streams.items()]
+    # A consumer for the parts' names: the local FnApiRunner then reads WriteParts'
+    # output, and so fails when a worker dies there, instead of waiting for it forever
+    # (measured: a SIGKILL in WriteParts hung a multi-process run, Beam 2.77).
+    _ = names | "PartNames" >> beam.Flatten() | "CountParts" >> beam.combiners.Count.Globally()
+    _ = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
+    if progress_dir is not None:  # counted by the workers, printed by the driver
+        _ = results | "ProgressDone" >> beam.ParDo(
+            jobs.CountProgress(progress_dir, "done", size=len)
+        )
+        dead = (tokens[tr.DEAD_LETTERS], kernel_dead) | "AllDeadLetters" >> beam.Flatten()
+        _ = dead | "ProgressDead" >> beam.ParDo(jobs.CountProgress(progress_dir, "dead"))
+    if launch.planned and not launch_plan.in_process(pipeline.options):
+        # The model loads and the planned shapes compile while the input is read (in the
+        # pipeline's first stage; in-process runners start it in run()).
+        _ = pipeline | "StartEmbedWorker" >> _on_accelerator(
+            embed.start_workers(), args.accelerator
+        )
+    return embed
 
 
 def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSummary:
@@ -339,7 +246,7 @@ def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSumma
 
 
 def _check_threshold(summary, threshold, files: int, output: OutputDir, reused) -> None:
-    results, dead = tp.part_counts(output.staging, reused) if reused else (0, 0)
+    results, dead = write.part_counts(output.staging, reused) if reused else (0, 0)
     rows, dead = summary.rows + results + dead, summary.dead_letters + dead
     over = [
         f"{bad} of {total} {what} failed ({bad / total:.2%})"
@@ -373,7 +280,7 @@ def _explain_failure(error: Exception, output: OutputDir, parts_reused: int) -> 
 
 def _dry_run(args, options, inputs: inp.Inputs, id_type: tr.IdType, output: OutputDir) -> None:
     """Builds the job for its runner without running it (Beam's ``--dry_run=True``)."""
-    launch = embed_text_plan.plan_for(args, inputs, embed_text_plan.local_devices(options))
+    launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options))
     print(launch, flush=True)
     pipeline = beam.Pipeline(options=options)  # validates the options for the runner
     _build(pipeline, args, inputs, id_type, output.staging, frozenset(), launch)
@@ -389,12 +296,15 @@ def _dry_run(args, options, inputs: inp.Inputs, id_type: tr.IdType, output: Outp
     )
 
 
-def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
+def run(
+    argv: Sequence[str] | None = None, *, encoder: Encoder | None = None
+) -> EmbedTextSummary | None:
     """Runs the job to completion, publishes its output, prints a summary and returns it.
 
     Args:
-        argv: Command-line flags (see ``python -m pipelines.embed_text --help``); Beam's
+        argv: Command-line flags (see ``python -m pipelines.embed --help``); Beam's
             flags pass through. ``None`` reads ``sys.argv``.
+        encoder: The embedding step's functions, if not MiniLM's (see :class:`Encoder`).
 
     Returns:
         The run's counts, padding, compiles and throughput; ``None`` with Beam's
@@ -423,7 +333,7 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
             inp.match_inputs(args.input), id_column=args.id_column, text_column=args.text_column
         )
     id_type = inp.id_type_of(inputs, args.id_type)
-    output = OutputDir(args.output, layout=tp.LAYOUT)
+    output = OutputDir(args.output, layout=write.LAYOUT)
     job = {
         "inputs": inputs.describe(),
         "id_type": str(id_type.arrow_type),
@@ -434,17 +344,18 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
     if dataflow_job.dry_run(options):
         return _dry_run(args, options, inputs, id_type, output)
     reused = output.prepare(job, overwrite=args.overwrite)
-    launch = embed_text_plan.plan_for(args, inputs, embed_text_plan.local_devices(options))
+    launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options))
     print(launch, flush=True)
     pipeline = beam.Pipeline(options=options)
     console = RunConsole("embed_text", args, options, output.path)
-    done = tp.done_parts(reused, inputs)
+    done = write.done_parts(reused, inputs)
     embed = _build(
-        pipeline, args, inputs, id_type, output.staging, done, launch, console.progress_dir
-    )
+        pipeline, args, inputs, id_type, output.staging, done, launch, console.progress_dir,
+        encoder,
+    )  # fmt: skip
     try:
         with console:
-            if launch.planned and embed_text_plan.in_process(options):
+            if launch.planned and launch_plan.in_process(options):
                 # This process runs the pipeline: the model loads and the planned shapes
                 # compile while Beam starts and reads the input.
                 embed.start_worker_here()
@@ -456,9 +367,10 @@ def run(argv: Sequence[str] | None = None) -> EmbedTextSummary | None:
     finally:
         embed.forget_worker_here()
     summary = _summarize(result, time.perf_counter() - started, len(reused))
+    summary = dataclasses.replace(summary, batching=launch.batching, batching_reason=launch.reason)
     print(summary, flush=True)
     _check_threshold(summary, args.threshold, len(inputs.files), output, reused)
-    output.publish({"job": job, "summary": str(summary)})
+    output.publish({"job": job, "summary": str(summary), "batching": launch.describe()})
     jobs.write_metrics(jobs.metrics_record("embed_text", summary, result), output.path)
     return summary
 
@@ -474,11 +386,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         if verbose_requested(argv):
             raise
         sys.exit(failure_line("embed_text", e))
-
-
-if __name__ == "__main__":
-    # Re-import under the package name, so the DoFns and functions that Beam pickles refer
-    # to `pipelines.embed_text`, which workers can import, and not to `__main__`.
-    from pipelines import embed_text
-
-    embed_text.main()

@@ -1,4 +1,4 @@
-"""The flags of ``python -m pipelines.embed_text``, and Beam's, checked before anything runs.
+"""The flags of ``python -m pipelines.embed``, and Beam's, checked before anything runs.
 
 The job's own flags are parsed here; every other flag must be one of Beam's
 ``PipelineOptions`` (``--runner``, ``--project``, ``--direct_num_workers`` ...), which pass
@@ -34,7 +34,6 @@ __all__ = [
     "DEFAULT_OUTPUT",
     "DefaultsHelpFormatter",
     "int_list",
-    "is_local",
     "parse_args",
     "positive_int",
     "reject_unknown_flags",
@@ -122,7 +121,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=jobs.prog("pipelines.embed_text", "embed"),
+        prog=jobs.prog("pipelines.embed", "embed"),
         formatter_class=DefaultsHelpFormatter,
         description="Embed the 'text' of every row with all-MiniLM-L6-v2 (JAX); write 'id' and "
         "'embedding' to Parquet and failed rows to OUTPUT/_failed/*.jsonl.",
@@ -217,11 +216,14 @@ def _parser() -> argparse.ArgumentParser:
         "--batch_size); fewer sizes mean fewer compiles but more padded rows",
     )
     add(
-        "--per_element",
-        action="store_true",
-        help="Parquet and the built-in corpus: take rows one Python object at a time through "
-        "RunKernel, as JSON lines always do, instead of the default columnar path (Arrow "
-        "record batches through RunKernelOnArrow); the output is the same",
+        "--batching",
+        choices=("auto", "packed", "buckets"),
+        default="auto",
+        help="how texts are shaped into batches: 'buckets' pads each to its token-length "
+        "bucket; 'packed' packs several short texts into each row of a few fixed lengths "
+        "(block-diagonal attention, the same embeddings); 'auto' (default) plans both from "
+        "the launch sample and packs when the predicted executed FLOPs per real token (and "
+        "compiles) are lower; fixed --buckets mean buckets",
     )
     add(
         "--id_column",

@@ -1,0 +1,17 @@
+"""The flagship: sentence embeddings of every row of Parquet, JSON lines or the built-in corpus.
+
+One route for every input, each step a module::
+
+    flags.py     the job's flags, and Beam's, checked before anything runs
+    plan.py      at launch: buckets or packed rows, planned from a sample of the input
+    read.py      files -> Arrow record batches, one per part (file, row range)
+                  (Parquet: beam_jax.ReadArrowBatches; JSON lines, built-in corpus: ReadLines)
+                 -> Reshuffle (spread the parts over the workers)
+    tokenize.py  -> one Rust tokenizer call per record batch -> key + input_ids
+                 -> beam_jax.RunKernelOnArrow (MiniLM in JAX, bucketed or packed)
+    write.py     -> each part written once all its rows have a result or a dead letter,
+                  in the same fused stage (no shuffle of embeddings)
+    job.py       the graph above, the run: resume, staged publishing, threshold, summary
+
+Run it with ``python -m pipelines.embed`` (``beam-jax embed``); see docs/embed_text.md.
+"""

@@ -1,0 +1,380 @@
+"""Writing the flagship's output in parts, each named by its input file and row range.
+
+A part is rows ``[start, end)`` of one input file (lines, for JSON lines). Once every row
+of a part has an embedding or a dead letter, :class:`WriteParts` writes its dead letters
+to ``_failed/failed-SOURCE-START-END.jsonl`` (if it has any), then its embeddings to
+``embeddings-SOURCE-START-END.parquet``: that file, written last, marks the part done.
+``SOURCE`` is the file's stem and a hash of its path, ``START`` and ``END`` 12-digit row
+numbers. Each file is written under a temporary name and renamed, so a part is whole or
+absent, and writing a part twice (a retried bundle, a resumed run) rewrites the same file:
+no id is ever written twice.
+
+Example:
+    >>> embeddings_name("in-1a2b3c4d", 0, 1024)
+    'embeddings-in-1a2b3c4d-000000000000-000000001024.parquet'
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+import beam_jax as bj
+from beam_jax.jobs import OutputLayout, write_atomically
+from pipelines import text_rows as tr
+from pipelines.embed.parts import KEY, Part, split_keys
+from pipelines.input_files import Inputs
+
+__all__ = [
+    "DEAD_LETTER_DIR",
+    "EMBEDDINGS",
+    "FAILED",
+    "LAYOUT",
+    "READ",
+    "RECORD",
+    "WriteParts",
+    "WriteUnreadable",
+    "dead_letter_json",
+    "done_parts",
+    "embeddings_name",
+    "part_counts",
+    "write_part",
+]
+
+READ = bj.Stage.READ  # the stage of a file that could not be read
+EMBEDDINGS = re.compile(r"^embeddings-(?P<source>.+)-(?P<start>\d{12})-(?P<end>\d{12})\.parquet$")
+# Dead letters sit in "_failed/": dataset readers (pyarrow, pandas, DuckDB globs of
+# "*.parquet") skip names that start with "_", so OUTPUT reads as one Parquet dataset.
+DEAD_LETTER_DIR = "_failed"
+FAILED = re.compile(rf"^{DEAD_LETTER_DIR}/failed-.+\.jsonl$")
+RECORD = "_embed_text.json"  # the published run's record, written last
+# The flagship's files in OUTPUT; failed/...: where dead letters were published before
+# they moved to _failed/. A rerun of the same job resumes from the staged embeddings.
+LAYOUT = OutputLayout(
+    published=re.compile(rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]})$"),
+    ours=re.compile(
+        rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}|failed/failed-.+\.jsonl"
+        rf"|{RECORD}|_metrics\.json)$"
+    ),
+    record=RECORD,
+    resumable=True,
+    parts=EMBEDDINGS,
+    dead_letters=FAILED,
+)
+
+
+def embeddings_name(source: str, start: int, end: int) -> str:
+    return f"embeddings-{source}-{start:012d}-{end:012d}.parquet"
+
+
+def failed_name(source: str, start: int, end: int) -> str:
+    return f"{DEAD_LETTER_DIR}/failed-{source}-{start:012d}-{end:012d}.jsonl"
+
+
+def unreadable_name(source: str, after_row: int) -> str:
+    return f"{DEAD_LETTER_DIR}/failed-{source}-unreadable-{after_row:012d}.jsonl"
+
+
+def done_parts(names: Iterable[str], inputs: Inputs) -> frozenset[tuple[int, int]]:
+    """``(file_index, start)`` of the parts whose embeddings file is among ``names``."""
+    index = {f.source: i for i, f in enumerate(inputs.files)}
+    done = set()
+    for name in names:
+        match = EMBEDDINGS.match(name)
+        if match and match["source"] in index:
+            done.add((index[match["source"]], int(match["start"])))
+    return frozenset(done)
+
+
+def _json_value(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    text = repr(value)  # a float, a list...: JSON could hold some, Parquet ids could not
+    return text if len(text) <= 1000 else f"{text[:997]}..."
+
+
+def dead_letter_json(record: bj.FailedElement, **where: Any) -> str:
+    """One dead-letter JSON line: ``id``, where the row was, ``stage``, ``error``, details.
+
+    ``id`` is ``where["id"]`` if given, else the record's key; other ``where`` fields
+    (``file``, ``row``) come after it. ``error`` is ``"<type>: <message>"``; ``element`` is
+    a bounded ``repr`` of the text (or of the token ids, for a kernel failure).
+    """
+    fields = {"id": record.key, **where}
+    fields["id"] = _json_value(fields["id"])
+    fields.update(
+        stage=record.stage,
+        error=f"{record.error_type}: {record.message}",
+        error_type=record.error_type,
+        message=record.message,
+        element=record.element,
+        traceback=record.traceback,
+    )
+    line = json.dumps(fields, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON can escape it, UTF-8 cannot hold it
+        line = json.dumps(fields)
+    return line
+
+
+OUTPUT = "output"  # RunKernelOnArrow's column for a kernel returning one array
+
+
+class _Open:
+    """A part being collected: its rows, and the results and dead letters seen so far."""
+
+    def __init__(self, part: Part):
+        self.part = part
+        self.results: list[pa.RecordBatch] = []
+        self.dead: list[tuple[int, bj.FailedElement]] = []
+        self.done = 0
+
+    def add_results(self, batch: pa.RecordBatch) -> None:
+        self.results.append(batch)
+        self.done += batch.num_rows
+
+    def add_dead(self, row: int, record: bj.FailedElement) -> None:
+        self.dead.append((row, record))
+        self.done += 1
+
+    @property
+    def whole(self) -> bool:
+        return self.done >= len(self.part.positions)
+
+
+class _Bundle(threading.local):
+    """The parts of the bundle this thread runs: shared by the ``WriteParts`` steps of one
+    fused stage (each reads one of the streams: parts, results, dead letters)."""
+
+    def __init__(self):
+        self.open: dict[int, list[_Open]] | None = None  # by file, in any order
+        self.early: list[Any] = []  # results or dead letters whose part is not open yet
+
+
+_BUNDLE = _Bundle()
+
+
+class WriteParts(beam.DoFn):
+    """Parts, results or dead letters in; each part's files written as soon as every row of
+    it has an embedding or a dead letter; its name out.
+
+    A pipeline applies it to each stream that makes up its parts (the tokenize step's parts
+    and dead letters, the kernel's results and dead letters): Beam runners fuse a chain of
+    single-input steps into one stage, whose bundles run each on one thread, so these steps
+    share the parts of the bundle through a thread-local (a Flatten of the streams would
+    not do: the FnApiRunner runs a Flatten of several inputs between stages). A part is one
+    record batch, which one bundle tokenizes and embeds whole; the kernel flushes its
+    batches when the bundle finishes, and Beam finishes a stage's steps producers first, so
+    when the first ``WriteParts`` finishes, no part may be open. One that is means the
+    steps were not fused, and is an error rather than a part written incomplete.
+
+    Args:
+        directory: Where the parts go (the run's staging directory).
+        inputs: The run's inputs, for file names.
+        schema: The embeddings' Arrow schema.
+    """
+
+    def __init__(self, directory: str, inputs: Inputs, schema: pa.Schema):
+        self._directory = directory
+        self._inputs = inputs
+        self._schema = schema
+
+    def setup(self):
+        self._parts = beam.metrics.Metrics.counter(tr.METRICS_NAMESPACE, "parts_written")
+
+    def start_bundle(self):
+        # Every step starts before any element of the bundle is processed: each may reset.
+        _BUNDLE.open, _BUNDLE.early = {}, []
+
+    @property
+    def _open(self) -> dict[int, list[_Open]]:
+        return _BUNDLE.open
+
+    @property
+    def _early(self) -> list[Any]:
+        return _BUNDLE.early
+
+    def process(self, element: Any) -> Iterator[str]:
+        if isinstance(element, Part):
+            self._open.setdefault(element.file_index, []).append(_Open(element))
+            early, _BUNDLE.early = self._early, []
+            for item in early:
+                yield from self._add(item)
+            yield from self._flush(element.file_index)
+        else:
+            yield from self._add(element)
+
+    def _find(self, file_index: int, row: int) -> _Open | None:
+        for part in self._open.get(file_index, ()):
+            if part.part.start <= row < part.part.end:
+                return part
+        return None
+
+    def _add(self, item: Any) -> Iterator[str]:
+        if isinstance(item, bj.FailedElement):
+            (file_index,), (row,) = split_keys(np.array([item.key]))
+            part = self._find(int(file_index), int(row))
+            if part is None:
+                self._early.append(item)
+                return
+            part.add_dead(int(row), item)
+            yield from self._flush(int(file_index))
+            return
+        files, rows = split_keys(item.column(KEY).to_numpy())
+        for file_index in np.unique(files).tolist():
+            # Packed batches mix the rows of several parts: cut by part.
+            parts = sorted(self._open.get(file_index, []), key=lambda p: p.part.start)
+            mine = np.flatnonzero(files == file_index) if len(files) else files
+            starts = np.array([p.part.start for p in parts], np.int64)
+            ends = np.array([p.part.end for p in parts], np.int64)
+            at = np.searchsorted(starts, rows[mine], side="right") - 1
+            found = (at >= 0) & (rows[mine] < ends[np.maximum(at, 0)] if parts else False)
+            for index in np.unique(at[found]).tolist():
+                rows_of = mine[found & (at == index)]
+                whole = len(rows_of) == item.num_rows
+                parts[index].add_results(item if whole else item.take(pa.array(rows_of)))
+            if not found.all():
+                self._early.append(item.take(pa.array(mine[~found])))
+            yield from self._flush(file_index)
+
+    def _flush(self, file_index: int) -> Iterator[str]:
+        parts = self._open.get(file_index, [])
+        for part in [p for p in parts if p.whole]:
+            parts.remove(part)
+            yield self._write(part)
+
+    def finish_bundle(self):
+        if _BUNDLE.open is None:
+            return  # another WriteParts of the stage checked the bundle
+        left = [p for parts in self._open.values() for p in parts]
+        early = len(self._early)
+        _BUNDLE.open, _BUNDLE.early = None, []
+        if left or early:
+            part = left[0].part if left else None
+            raise RuntimeError(
+                f"{len(left)} parts were still incomplete and {early} results or "
+                "dead letters had no part when the bundle finished"
+                + (f" (e.g. rows {part.start}-{part.end} of "
+                   f"{self._inputs.file_name(part.file_index)})" if part else "")
+                + ": the tokenize step, the kernel and WriteParts must run fused in one "
+                "stage, with nothing (a Reshuffle, a GroupByKey) between them"
+            )  # fmt: skip
+
+    def _write(self, collected: _Open) -> str:
+        part = collected.part
+        positions = part.positions
+        batches = [b for b in collected.results if b.num_rows]
+        table = self._schema.empty_table()
+        if batches:
+            results = pa.Table.from_batches(batches).combine_chunks()
+            done = split_keys(results[KEY].to_numpy())[1]
+            by_row = np.argsort(done, kind="stable")
+            index = np.searchsorted(positions, done[by_row])
+            vectors = results[OUTPUT].chunk(0).take(pa.array(by_row))
+            width = vectors.type.list_size
+            offsets = pa.array(np.arange(0, (len(by_row) + 1) * width, width, dtype=np.int32))
+            embedding = pa.ListArray.from_arrays(offsets, vectors.flatten())
+            ids = part.ids.take(pa.array(index)).cast(self._schema.field("id").type)
+            table = pa.Table.from_arrays([ids, embedding], schema=self._schema)
+        dead = sorted(collected.dead, key=lambda d: d[0])
+        dead_rows = []
+        if dead:
+            index = np.searchsorted(positions, [p for p, _ in dead])
+            ids = part.id_of(index)
+            dead_rows = [(i, p, r) for i, (p, r) in zip(ids, dead, strict=True)]
+        covered = table.num_rows + len(dead_rows)
+        if covered != len(positions):
+            # Every row ends as one embedding or one dead letter; anything else is a bug,
+            # and an incomplete part must not be written as if it were whole.
+            raise RuntimeError(
+                f"part {part.start} of {self._inputs.file_name(part.file_index)}: "
+                f"{len(positions)} rows but {table.num_rows} embeddings and {len(dead)} "
+                "dead letters"
+            )
+        name = write_part(
+            self._directory, self._inputs, (part.file_index, part.start, part.end), dead_rows,
+            table,
+        )  # fmt: skip
+        self._parts.inc()
+        return name
+
+
+def write_part(
+    directory: str,
+    inputs: Inputs,
+    part: tuple[int, int, int],
+    dead: Iterable[tuple[Any, int, bj.FailedElement]],
+    table: pa.Table,
+) -> str:
+    """Writes one whole part: its dead letters (if any), then its embeddings; returns the
+    embeddings file's name.
+
+    Args:
+        directory: The run's staging directory.
+        inputs: The run's inputs, for file names.
+        part: ``(file_index, start, end)``: the part's file and row range.
+        dead: ``(id, row, record)`` of each dead letter, in row order.
+        table: The part's embeddings, in row order.
+    """
+    file_index, start, end = part
+    source = inputs.files[file_index].source
+    file = inputs.file_name(file_index)
+    lines = [dead_letter_json(r, id=i, file=file, row=p) for i, p, r in dead]
+    if lines:
+        data = "".join(f"{line}\n" for line in lines).encode("utf-8")
+        write_atomically(f"{directory}/{failed_name(source, start, end)}", data)
+    buffer = io.BytesIO()
+    # Embeddings do not compress (snappy saved ~5%) and have no repeats to look up: without
+    # either, writing took 0.6x the time (8,192 rows x 384 floats).
+    pq.write_table(table, buffer, use_dictionary=["id"], compression="none")
+    name = embeddings_name(source, start, end)
+    write_atomically(f"{directory}/{name}", buffer.getvalue())
+    return name
+
+
+class WriteUnreadable(beam.DoFn):
+    """A read step's dead letter (a file or row group that cannot be read) in; written to
+    its own file under ``_failed/``."""
+
+    def __init__(self, directory: str, inputs: Inputs):
+        self._directory = directory
+        self._inputs = inputs
+
+    def setup(self):
+        self._unreadable = beam.metrics.Metrics.counter(tr.METRICS_NAMESPACE, "files_unreadable")
+
+    def process(self, record: bj.FailedElement) -> Iterator[str]:
+        paths = [self._inputs.file_name(i) for i in range(len(self._inputs.files))]
+        index = paths.index(record.source) if record.source in paths else 0
+        row = record.row or 0
+        self._unreadable.inc()
+        line = dead_letter_json(record, id=None, file=paths[index], row=row)
+        name = unreadable_name(self._inputs.files[index].source, row)
+        write_atomically(f"{self._directory}/{name}", f"{line}\n".encode())
+        yield name
+
+
+def part_counts(directory: str, names: Iterable[str]) -> tuple[int, int]:
+    """Embeddings and dead letters in the parts ``names`` (embeddings files) already written."""
+    results = dead = 0
+    for name in names:
+        match = EMBEDDINGS.match(name)
+        with FileSystems.open(f"{directory}/{name}", compression_type="uncompressed") as f:
+            results += pq.ParquetFile(f).metadata.num_rows
+        part = failed_name(match["source"], int(match["start"]), int(match["end"]))
+        failed = f"{directory}/{part}"
+        if FileSystems.exists(failed):
+            with FileSystems.open(failed, compression_type="uncompressed") as f:
+                dead += sum(1 for line in f if line.strip())
+    return results, dead

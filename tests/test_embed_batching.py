@@ -1,0 +1,214 @@
+"""The flagship's two ways to shape batches (pipelines/embed), end to end and in parts.
+
+Packed rows must write what token-length buckets write: the same parts, the same
+embeddings (cosine >= 0.99999), the same dead letters. The end-to-end test runs both on the
+same awkward files and compares every output file; the others check the pieces (keys,
+results cut by part in the writer), a resume after a failed run, the launch's choice, and
+a second real corpus against sentence-transformers, packed.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import pathlib
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.testing.util import assert_that, equal_to
+
+import beam_jax as bj
+from beam_jax.testing import assert_conserved
+from pipelines import input_files as inp
+from pipelines import text_rows as tr
+from pipelines.embed import parts as read
+from pipelines.embed import write
+from pipelines.embed.parts import Part
+from tests import flagship as ft
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+MIN_COSINE = 0.9999
+
+
+def _outputs(out: pathlib.Path) -> tuple[dict[str, pa.Table], dict[str, list[dict]]]:
+    """Every embeddings part (by name) and every dead-letter file's lines (by name)."""
+    parts = {pathlib.Path(p).name: pq.read_table(p) for p in glob.glob(str(out / "*.parquet"))}
+    failed = {}
+    for path in glob.glob(str(out / "_failed" / "*.jsonl")):
+        lines = [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
+        failed[pathlib.Path(path).name] = [
+            {k: v for k, v in d.items() if k != "traceback"} for d in lines
+        ]
+    return parts, failed
+
+
+def _results(keys: list[int]) -> pa.RecordBatch:
+    vectors = pa.array(np.repeat(np.array(keys, np.float32), 2), pa.float32())
+    return pa.record_batch({"key": pa.array(keys, pa.int64()),
+                            "output": pa.FixedSizeListArray.from_arrays(vectors, 2)})  # fmt: skip
+
+
+def test_keys_split_back_and_the_writer_cuts_packed_results_by_part(tmp_path):
+    keys = [read.row_key(0, 5), read.row_key(0, 6), read.row_key(2, 5), read.row_key(0, 2**39)]
+    files, rows = read.split_keys(np.array(keys))
+    assert files.tolist() == [0, 0, 2, 0] and rows.tolist() == [5, 6, 5, 2**39]
+
+    inputs = inp.Inputs("jsonl", tuple(inp.InputFile(f"/in/{n}.jsonl", 1, 1.0) for n in "ab"))
+    schema = tr.output_schema(tr.IdType(pa.int64()))
+
+    def part(file_index, positions):
+        positions = np.array(positions, np.int64)
+        return Part(file_index, positions, pa.array(positions + 100 * file_index))
+
+    dead = bj.FailedElement.from_error("E", "bad", stage="tokenize", element="x",
+                                       key=read.row_key(1, 2))  # fmt: skip
+    elements = [
+        part(0, [0, 1, 2]),
+        part(0, [3, 4]),
+        part(1, [0, 2]),
+        # a packed batch: rows of three parts, in the order the packer put them
+        _results([read.row_key(0, 4), read.row_key(1, 0), read.row_key(0, 1)]),
+        _results([read.row_key(0, 0), read.row_key(0, 2), read.row_key(0, 3)]),
+        dead,
+    ]
+    with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
+        names = (
+            p
+            | beam.Create(elements, reshuffle=False)
+            | beam.ParDo(write.WriteParts(str(tmp_path), inputs, schema))
+        )
+        sources = [f.source for f in inputs.files]
+        assert_that(names, equal_to([
+            write.embeddings_name(sources[0], 0, 3), write.embeddings_name(sources[0], 3, 5),
+            write.embeddings_name(sources[1], 0, 3),
+        ]))  # fmt: skip
+    first = pq.read_table(tmp_path / write.embeddings_name(sources[0], 0, 3))
+    assert first.column("id").to_pylist() == [0, 1, 2]  # in row order, with the part's ids
+    assert [v[0] for v in first.column("embedding").to_pylist()] == [
+        float(read.row_key(0, r)) for r in (0, 1, 2)
+    ]
+    other = pq.read_table(tmp_path / write.embeddings_name(sources[1], 0, 3))
+    assert other.column("id").to_pylist() == [100]
+    lines = (tmp_path / write.failed_name(sources[1], 0, 3)).read_text().splitlines()
+    assert [(d["id"], d["row"]) for d in map(json.loads, lines)] == [(102, 2)]
+
+
+def test_a_part_left_open_at_the_end_of_a_bundle_is_an_error(tmp_path):
+    inputs = inp.Inputs("jsonl", (inp.InputFile("/in/a.jsonl", 1, 1.0),))
+    schema = tr.output_schema(tr.IdType(pa.int64()))
+    opened = Part(0, np.arange(3, dtype=np.int64), pa.array([0, 1, 2]))
+    with pytest.raises(Exception, match="must run fused in one stage"):
+        with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
+            _ = (
+                p
+                | beam.Create([opened, _results([read.row_key(0, 1)])], reshuffle=False)
+                | beam.ParDo(write.WriteParts(str(tmp_path), inputs, schema))
+            )
+
+
+def test_packed_rows_write_what_buckets_write(tmp_path):
+    texts = ft.texts(30)
+    raw = [t.encode() for t in texts]
+    raw[3] = b"caf\xe9 au lait"  # not UTF-8: this batch is checked value by value
+    raw[4] = b""  # empty: embedded as [CLS] [SEP]
+    raw[5] = b" " * (tr.MAX_TOKENIZED_CHARS + 10) + b"word"  # too long to be prose
+    raw[6] = b"enormous prose " * (tr.MAX_TOKENIZED_CHARS // 10)  # embedded from its start
+    text = pa.array(raw, pa.binary()).view(pa.string())
+    ids = pa.array([*range(25), None, *range(26, 30)], pa.int32())
+    text = pa.concat_arrays([text.slice(0, 7), pa.array([None], pa.string()), text.slice(8)])
+    pq.write_table(pa.table({"id": ids, "text": text}), tmp_path / "a.parquet")
+    # A second file whose ids are int64, one beyond int32: the run's type is the first's.
+    pq.write_table(
+        pa.table({"id": pa.array([40, 2**40, 42], pa.int64()), "text": ["one", "two", "   "]}),
+        tmp_path / "b.parquet",
+    )
+    source = tmp_path / "*.parquet"
+    flags = ("--rows_per_part", "4")  # parts cut the reader's batches
+
+    packed = ft.run(source, tmp_path / "packed", *flags, "--batching", "packed")
+    buckets = ft.run(source, tmp_path / "buckets", *flags, "--batching", "buckets")
+
+    assert (packed.batching, buckets.batching) == ("packed", "buckets")
+    parts, failed = _outputs(tmp_path / "packed")
+    want_parts, want_failed = _outputs(tmp_path / "buckets")
+    assert sorted(parts) == sorted(want_parts) and len(parts) == 8 + 1
+    for name, table in parts.items():
+        want = want_parts[name]
+        assert table.schema == want.schema and table.column("id") == want.column("id"), name
+        got = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+        expected = np.stack(want.column("embedding").to_numpy(zero_copy_only=False))
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+        cos = np.sum(got * expected, 1) / (
+            np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1)
+        )
+        assert cos.min() >= 0.99999, (name, cos.min())
+    assert failed == want_failed
+    stages = sorted(((d["id"], d["row"], d["stage"]) for f in failed.values() for d in f), key=repr)
+    assert stages == sorted(
+        [(3, 3, "validation"), (5, 5, "tokenize"), (7, 7, "validation"),
+         (None, 25, "validation"), (2**40, 1, "validation")],
+        key=repr,
+    )  # fmt: skip
+    for summary in (packed, buckets):
+        assert (summary.rows, summary.results, summary.dead_letters) == (33, 28, 5)
+        stages = {k: n for k, n in summary.dead_letters_by_stage.items() if n}
+        assert stages == {"validation": 4, "tokenize": 1}
+        assert_conserved(summary.totals())
+        assert_conserved(summary.kernel)
+
+
+class FailAfterParts(write.WriteParts):
+    """Fails the job right after writing its second part, the first time only."""
+
+    failed = False
+
+    def process(self, element):
+        for name in super().process(element):
+            yield name
+            type(self).written = getattr(type(self), "written", 0) + 1
+            if type(self).written >= 2 and not FailAfterParts.failed:
+                FailAfterParts.failed = True
+                raise RuntimeError("a worker fault after two parts")
+
+
+def test_a_run_resumes_after_a_failure(tmp_path, monkeypatch):
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": list(range(12)), "text": ft.texts(12)}), source)
+    out, flags = tmp_path / "out", ("--rows_per_part", "3")  # 4 parts
+    monkeypatch.setattr(write, "WriteParts", FailAfterParts)
+
+    with pytest.raises(Exception, match="a worker fault after two parts"):
+        ft.run(source, out, *flags)
+    summary = ft.run(source, out, *flags)
+
+    table, failed = ft.read_outputs(out)
+    assert sorted(ft.ids(table)) == list(range(12)) and not failed
+    assert summary.parts_reused == 2 and summary.parts_written == 2
+    assert summary.rows == summary.results == 6  # the reused parts' rows are not read again
+
+
+def test_second_corpus_matches_sentence_transformers(tmp_path):
+    meta = json.loads((FIXTURES / "minilm_reference_topics.json").read_text(encoding="utf-8"))
+    with np.load(FIXTURES / "minilm_reference_topics.npz", allow_pickle=False) as npz:
+        embeddings, full_lengths = npz["embeddings"], npz["full_lengths"]
+    texts = meta["texts"]
+    assert len(texts) >= 100 and (full_lengths > 256).sum() >= 10
+    source = tmp_path / "topics.parquet"
+    pq.write_table(pa.table({"id": [f"t{i}" for i in range(len(texts))], "text": texts}), source)
+    # Packed: the model's answer does not depend on the rows a text shares.
+    flags = ["--batching", "packed"]
+
+    summary = ft.run(source, tmp_path / "out", *flags)
+
+    table, failed = ft.read_outputs(tmp_path / "out")
+    assert not failed and summary.results == len(texts) and summary.batching == "packed"
+    order = np.argsort([int(i[1:]) for i in ft.ids(table)])
+    got = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))[order]
+    cos = np.sum(got * embeddings, 1) / (
+        np.linalg.norm(got, axis=1) * np.linalg.norm(embeddings, axis=1)
+    )
+    worst = int(np.argmin(cos))
+    assert cos[worst] >= MIN_COSINE, (cos[worst], texts[worst][:80])
