@@ -411,3 +411,65 @@ def test_pytrees_of_mixed_leaves_round_trip_and_unpack_per_segment(lengths, pack
         for i, leaves in zip(b.indices, plan.unpack_inputs(b), strict=True):
             for name, leaf in zip(names, leaves, strict=True):
                 np.testing.assert_array_equal(leaf, records[i][name[2:-2]])
+
+
+def _first_fit_reference(lengths, capacity, max_segments):
+    """First fit decreasing by a plain scan of the open rows: (row, segment) per record."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    room, counts, placed = [], [], {}
+    for i in order:
+        if lengths[i] > capacity:
+            continue
+        r = next(
+            (r for r in range(len(room)) if room[r] >= lengths[i] and counts[r] < max_segments),
+            None,
+        )
+        if r is None:
+            r = len(room)
+            room.append(capacity)
+            counts.append(0)
+        placed[i] = (r, counts[r])
+        room[r] -= lengths[i]
+        counts[r] += 1
+    return placed
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(
+    lengths=st.lists(st.integers(1, 40), min_size=0, max_size=120),
+    max_segments=st.integers(1, 6),
+)
+def test_first_fit_matches_a_plain_scan_of_open_rows(lengths, max_segments):
+    a = assign_rows(lengths, bj.Packing(row_lengths=32, max_segments=max_segments))
+    placed = _first_fit_reference(lengths, 32, max_segments)
+    got = {i: (int(a.row[i]), int(a.segment[i])) for i in range(len(lengths)) if a.row[i] >= 0}
+    assert got == placed
+    assert sorted(a.refused.tolist()) == [i for i, n in enumerate(lengths) if n > 32]
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(
+    rows=st.lists(st.integers(0, 5), min_size=0, max_size=30),
+    data=st.data(),
+)
+def test_lay_out_places_each_row_records_end_to_end_in_the_order_given(rows, data):
+    plan = PackPlan(
+        bj.ArraySpec(("L",), np.float32),
+        bj.Packing(row_lengths=64, rows_per_batch=8, max_segments=8),
+    )
+    lengths = [data.draw(st.integers(1, 8)) for _ in rows]
+    records = [[np.full(n, i + 1, np.float32)] for i, n in enumerate(lengths)]
+    batch = plan.lay_out(records, rows, 64)
+    given = plan.lay_out(records, rows, 64, lengths)
+    numbered = {r: k for k, r in enumerate(dict.fromkeys(rows))}  # by first appearance
+    used: dict[int, int] = {}
+    for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
+        row, start = numbered[r], used.get(numbered[r], 0)
+        used[row] = start + n
+        for b in (batch, given):
+            assert b.rows[i] == row and b.offsets[i] == start
+            assert b.leaves[0][row, start : start + n].tolist() == [i + 1] * n
+    for b in (batch, given):
+        assert b.segment.tolist() == [
+            sum(numbered[q] == numbered[r] for q in rows[:i]) for i, r in enumerate(rows)
+        ]

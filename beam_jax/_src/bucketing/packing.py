@@ -144,16 +144,23 @@ class Assignment:
 
 
 def _first_fit(order, lengths, capacity, max_segments):
-    """Rows by first fit: a max-tree over the rows' room finds the first row with room."""
+    """Rows by first fit: a max-tree over the rows' room finds the first row with room.
+
+    A tight loop over plain Python lists (numpy scalar indexing costs several times more
+    per step); an update stops climbing where a node's maximum is unchanged.
+    """
     size = 1 << max(1, math.ceil(math.log2(max(len(order), 1) + 1)))
-    tree = np.full(2 * size, -1, np.int64)  # room per row; -1: no row, or a full one
+    tree = [-1] * (2 * size)  # room per row; -1: no row, or a full one
+    need_of = lengths.tolist()
     room, counts, rows, segments = [], [], {}, {}
     for i in order:
-        need = int(lengths[i])
+        need = need_of[i]
         if tree[1] >= need:
             node = 1
             while node < size:
-                node = 2 * node if tree[2 * node] >= need else 2 * node + 1
+                node <<= 1
+                if tree[node] < need:
+                    node += 1
             r = node - size
         else:
             r = len(room)
@@ -164,10 +171,14 @@ def _first_fit(order, lengths, capacity, max_segments):
         counts[r] += 1
         node = r + size
         tree[node] = room[r] if counts[r] < max_segments else -1
-        node //= 2
+        node >>= 1
         while node:
-            tree[node] = max(tree[2 * node], tree[2 * node + 1])
-            node //= 2
+            left, right = tree[2 * node], tree[2 * node + 1]
+            top = left if left > right else right
+            if tree[node] == top:
+                break  # the ancestors' maxima are unchanged too
+            tree[node] = top
+            node >>= 1
     return rows, segments, counts
 
 
@@ -215,18 +226,22 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     capacity = packing.max_row_length
     fits = lengths <= capacity
     # Longest first; a stable sort keeps equal lengths in input order.
-    order = [int(i) for i in np.argsort(-lengths, kind="stable") if fits[i]]
+    order = np.argsort(-lengths, kind="stable")
+    order = order[fits[order]].tolist()
     place = _first_fit if packing.algorithm == "first_fit_decreasing" else _best_fit
     rows, segments, counts = place(order, lengths, capacity, packing.max_segments)
-    row = np.full(n, -1, np.int64)
-    segment = np.full(n, -1, np.int64)
-    offset = np.full(n, -1, np.int64)
+    row_of, segment_of, offset_of = [-1] * n, [-1] * n, [-1] * n
     num_rows = len(counts)
-    used = np.zeros(num_rows, np.int64)
+    used_by = [0] * num_rows
+    need_of = lengths.tolist()
     for i in order:  # in placement order, so offsets follow segment order
         r = rows[i]
-        row[i], segment[i], offset[i] = r, segments[i], used[r]
-        used[r] += lengths[i]
+        row_of[i], segment_of[i], offset_of[i] = r, segments[i], used_by[r]
+        used_by[r] += need_of[i]
+    row = np.asarray(row_of, np.int64)
+    segment = np.asarray(segment_of, np.int64)
+    offset = np.asarray(offset_of, np.int64)
+    used = np.asarray(used_by, np.int64)
     allowed = np.asarray(packing.row_lengths, np.int64)
     cut = allowed[np.searchsorted(allowed, used, side="left")] if num_rows else used
     return Assignment(

@@ -318,7 +318,11 @@ class PackPlan:
         )
 
     def lay_out(
-        self, records: Sequence[Sequence[np.ndarray]], rows: Sequence[int], row_length: int
+        self,
+        records: Sequence[Sequence[np.ndarray]],
+        rows: Sequence[int],
+        row_length: int,
+        lengths: Sequence[int] | None = None,
     ) -> PackedBatch:
         """One batch of ``records`` (flat leaves, shapes already checked) in the rows given.
 
@@ -326,7 +330,8 @@ class PackPlan:
         rows are numbered by first appearance, and the batch has the smallest listed size
         of ``row_length`` that holds them. The engine uses it to run a subset of a packed
         batch's records (bisection, chunks after a lowered limit) in at most as many rows,
-        of the same length, as the batch held.
+        of the same length, as the batch held. ``lengths``: the records' lengths where the
+        caller knows them already (validated records), else read from the leaves.
 
         Raises:
             SpecError: a row overflows ``row_length`` or ``max_segments``, or there are more
@@ -337,16 +342,22 @@ class PackPlan:
         order = np.argsort(first, kind="stable")  # rows numbered by first appearance
         row = np.argsort(order)[row.reshape(-1)] if len(rows) else row.reshape(-1)
         n, num_rows = len(rows), len(first)
-        lengths = np.asarray([self.lengths_of(r) for r in records], np.int64).reshape(-1)
-        segment = np.zeros(n, np.int64)
-        offset = np.zeros(n, np.int64)
-        counts = np.zeros(num_rows, np.int64)
-        used = np.zeros(num_rows, np.int64)
-        for i in range(n):
-            r = row[i]
-            segment[i], offset[i] = counts[r], used[r]
-            counts[r] += 1
-            used[r] += lengths[i]
+        if lengths is None:
+            lengths = [self.lengths_of(r) for r in records]
+        lengths = np.asarray(lengths, np.int64).reshape(-1)
+        # Each record's segment (its rank among its row's records, in the order given) and
+        # offset (the lengths of its row's earlier records), without a loop over records.
+        by_row = np.argsort(row, kind="stable")
+        counts = np.bincount(row, minlength=num_rows).astype(np.int64)
+        used = np.bincount(row, weights=lengths, minlength=num_rows).astype(np.int64)
+        row_start = np.cumsum(counts) - counts  # first position of each row in by_row
+        sorted_lengths = lengths[by_row]
+        before = np.cumsum(sorted_lengths) - sorted_lengths  # lengths before, all rows
+        segment = np.empty(n, np.int64)
+        offset = np.empty(n, np.int64)
+        sorted_row = row[by_row]
+        segment[by_row] = np.arange(n, dtype=np.int64) - row_start[sorted_row]
+        offset[by_row] = before - before[row_start[sorted_row]] if n else before
         sizes = self.packing.sizes_for(row_length)
         if num_rows and (
             used.max() > row_length
@@ -402,9 +413,12 @@ class PackPlan:
             moved = (inner[axis], *inner[:axis], *inner[axis + 1 :])
             flat = np.full((size * length, *moved[1:]), spec.pad_value, spec.dtype)
             if total:
-                flat[slots] = np.concatenate(
-                    [np.moveaxis(np.asarray(records[i][j]), axis, 0) for i in index], axis=0
+                parts = (
+                    [records[i][j] for i in index]
+                    if axis == 0
+                    else [np.moveaxis(np.asarray(records[i][j]), axis, 0) for i in index]
                 )
+                flat[slots] = np.concatenate(parts, axis=0)
             out = flat.reshape(size, *moved)
             if axis:
                 out = np.ascontiguousarray(np.moveaxis(out, 1, axis + 1))

@@ -213,7 +213,9 @@ class PackedPlan:
 
     def lay_out(self, items: Sequence[Validated], rows: Sequence[int], row_length: int):
         """``items`` as one ``PackedRows`` batch, in the rows given (``PackPlan.lay_out``)."""
-        packed = self.pack_plan.lay_out([it.leaves for it in items], rows, row_length)
+        packed = self.pack_plan.lay_out(
+            [it.leaves for it in items], rows, row_length, [it.lengths[0] for it in items]
+        )
         return PackedRows(packed)
 
     def row_outputs(self, outputs: Any, batch: PackedRows) -> tuple[BatchOutputs, np.ndarray]:

@@ -66,6 +66,9 @@ class PaddedBatch:
         """The real rows' volumes summed: the work that was asked for."""
         if not self.lengths:
             return self.num_real
+        if len(self.lengths) == 1:
+            (only,) = self.lengths.values()
+            return int(only[: self.num_real].sum(dtype=np.int64))
         stacked = np.stack([v[: self.num_real] for v in self.lengths.values()], axis=1)
         return int(np.prod(stacked.astype(np.int64), axis=1).sum())
 

@@ -250,8 +250,9 @@ class BatchEngine:
         once the bound is reached), so the host's next padding overlaps the device's run."""
         worker = self._worker
         units = _units(buffer)
-        self._metrics.batch_filled(units, worker.limit(buffer.bucket))
-        if units > worker.limit(buffer.bucket):  # the limit was lowered meanwhile
+        limit = worker.limit(buffer.bucket)
+        self._metrics.batch_filled(units, limit)
+        if units > limit:  # the limit was lowered meanwhile
             yield from self._run(buffer, np.arange(buffer.size))
             self._front.release(buffer)
             return
@@ -259,12 +260,13 @@ class BatchEngine:
         try:
             batch = buffer.padded()
             # A shape seen for the first time compiles while the batch in flight runs.
-            signature = [(x.shape, x.dtype) for x in batch.leaves]
-            compiled = worker.kernel.precompile(
-                worker.params, [(signature, tuple(batch.lengths))], self._plan.kernel_treedef
-            )
-            if compiled:
-                self._metrics.bucket_compiles(buffer.bucket, compiled)
+            kernel, treedef = worker.kernel, self._plan.kernel_treedef
+            names = tuple(sorted(batch.lengths))
+            if kernel.compiled_for(batch.leaves, names, treedef) is None:
+                signature = [(x.shape, x.dtype) for x in batch.leaves]
+                compiled = kernel.precompile(worker.params, [(signature, names)], treedef)
+                if compiled:
+                    self._metrics.bucket_compiles(buffer.bucket, compiled)
         except Exception as e:  # noqa: BLE001 - handled below, outside this block
             error = e
         while len(self._inflight) >= self._max_in_flight:
@@ -383,13 +385,10 @@ class BatchEngine:
         self, buffer: Buffer, rows: np.ndarray, batch: PaddedBatch, outputs: Any, started: float
     ) -> Iterator[Any]:
         """Count a successful call, check its outputs and hand them to the front end."""
-        m = self._metrics
         latency_ms = int((time.perf_counter() - started) * 1000)
-        m.batch_latency_ms.update(latency_ms)
-        m.batches.inc()
-        m.padded_size.inc(batch.padded_volume)
-        m.real_size.inc(batch.real_volume)
-        m.bucket_batch(buffer.bucket, len(rows), batch.padded_volume, batch.real_volume, latency_ms)
+        self._metrics.batch_succeeded(
+            buffer.bucket, len(rows), batch.padded_volume, batch.real_volume, latency_ms
+        )
         error = None
         try:
             checked, bad = self._front.check(outputs, batch)

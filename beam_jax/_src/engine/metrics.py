@@ -52,6 +52,7 @@ class KernelMetrics:
 
         self._namespace = namespace
         self._per_bucket: dict[tuple[Any, str], Any] = {}
+        self._batch_metrics: dict[tuple[int, ...], tuple[Any, ...]] = {}
 
     def compiled(self, n: int, seconds: float, waited: float = 0.0) -> None:
         """``n`` shapes compiled in ``seconds``; batches waited ``waited`` seconds for them."""
@@ -81,15 +82,36 @@ class KernelMetrics:
             metric = self._per_bucket[key] = make(self._namespace, full)
         return metric
 
+    def batch_succeeded(
+        self, bucket: tuple[int, ...], rows: int, padded: int, real: int, latency_ms: int
+    ) -> None:
+        """One successful kernel call on ``bucket``: its rows, sizes and latency, in the
+        totals and in the bucket's own metrics."""
+        self.batch_latency_ms.update(latency_ms)
+        self.batches.inc()
+        self.padded_size.inc(padded)
+        self.real_size.inc(real)
+        self.bucket_batch(bucket, rows, padded, real, latency_ms)
+
     def bucket_batch(
         self, bucket: tuple[int, ...], rows: int, padded: int, real: int, latency_ms: int
     ) -> None:
         """One successful kernel call on ``bucket``: its rows, sizes and latency."""
-        self._bucket(bucket, "elements").inc(rows)
-        self._bucket(bucket, "batches").inc()
-        self._bucket(bucket, "padded_size").inc(padded)
-        self._bucket(bucket, "real_size").inc(real)
-        self._bucket(bucket, "batch_latency_ms", distribution=True).update(latency_ms)
+        metrics = self._batch_metrics.get(bucket)
+        if metrics is None:
+            metrics = self._batch_metrics[bucket] = (
+                self._bucket(bucket, "elements"),
+                self._bucket(bucket, "batches"),
+                self._bucket(bucket, "padded_size"),
+                self._bucket(bucket, "real_size"),
+                self._bucket(bucket, "batch_latency_ms", distribution=True),
+            )
+        elements, batches, padded_size, real_size, latency = metrics
+        elements.inc(rows)
+        batches.inc()
+        padded_size.inc(padded)
+        real_size.inc(real)
+        latency.update(latency_ms)
 
     def bucket_compiles(self, bucket: tuple[int, ...], n: int) -> None:
         """``n`` new batch shapes of ``bucket`` were compiled."""

@@ -67,8 +67,9 @@ class PackedBuffer:
     def padded(self, rows: np.ndarray | None = None) -> PackedRows:
         """All records, or ``rows`` of them, laid out as one packed batch."""
         if rows is None:
-            rows = np.arange(self.size)
-        items = [self.items[int(r)][1] for r in rows]
+            items = [item for _, item in self.items]
+            return self._plan.lay_out(items, self._rows, self.bucket[0])
+        items = [self.items[r][1] for r in rows.tolist()]
         return self._plan.lay_out(items, self._rows[rows], self.bucket[0])
 
 
@@ -85,7 +86,9 @@ class PackedStage:
         self._plan = plan
         self._engine = engine
         self._per_window = per_window
+        # Per slot: the staged ``(tag, Validated)`` pairs and their lengths.
         self._items: dict[Any, list[tuple[Any, Validated]]] = {}
+        self._lengths: dict[Any, list[int]] = {}
         # Slots and records staged since the last pack, per slot: what was left over then
         # (at most one partial batch per row length) does not trigger the next pack.
         self._fresh: dict[Any, list[int]] = {}
@@ -100,10 +103,16 @@ class PackedStage:
     def add(self, tag: Any, item: Validated, slot: Any = None) -> Iterator[Any]:
         """Stage one validated record; pack and run the full batches once enough wait."""
         slot = slot if self._per_window else None
-        items = self._items.setdefault(slot, [])
+        items = self._items.get(slot)
+        if items is None:
+            items = self._items[slot] = []
+            self._lengths[slot] = []
+            self._fresh[slot] = [0, 0]
+        length = item.lengths[0]
         items.append((tag, item))
-        fresh = self._fresh.setdefault(slot, [0, 0])
-        fresh[0] += item.lengths[0]
+        self._lengths[slot].append(length)
+        fresh = self._fresh[slot]
+        fresh[0] += length
         fresh[1] += 1
         # A planner's buffer is what its prediction packed together: keep to it; without
         # one, pack once the staged records fill two batches of the largest shape.
@@ -125,8 +134,8 @@ class PackedStage:
 
     def _pack(self, slot: Any, final: bool) -> Iterator[Any]:
         items = self._items.pop(slot)
+        lengths = np.asarray(self._lengths.pop(slot), np.int64)
         self._fresh.pop(slot, None)
-        lengths = np.fromiter((item.lengths[0] for _, item in items), np.int64, len(items))
         assignment = assign_rows(lengths, self._plan.packing)
         if len(assignment.refused):  # validation refuses these first; kept for safety
             top = self._plan.packing.max_row_length
@@ -146,12 +155,14 @@ class PackedStage:
                 continue
             order = records[np.lexsort((assignment.segment[records], batch_row[records]))]
             buffer = PackedBuffer(
-                self._plan, length, [items[int(i)] for i in order], batch_row[order], slot
+                self._plan, length, [items[i] for i in order.tolist()], batch_row[order], slot
             )
             yield from self._engine.launch(buffer)
         if keep:
             left = np.sort(np.concatenate(keep))
-            self._items[slot] = [items[int(i)] for i in left]
+            self._items[slot] = [items[i] for i in left.tolist()]
+            self._lengths[slot] = lengths[left].tolist()
+            self._fresh[slot] = [0, 0]
 
 
 class BucketStage:

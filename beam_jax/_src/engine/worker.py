@@ -119,8 +119,10 @@ class Worker:
     def take_compile_stats(self) -> tuple[int, float, float]:
         """Compiles, compile seconds and seconds batches waited for compiles, not yet
         reported to metrics."""
+        k = self.kernel
+        if (k.compiles, k.compile_seconds, k.wait_seconds) == self._reported:
+            return 0, 0.0, 0.0  # the common case after start-up: no lock taken per batch
         with self._lock:
-            k = self.kernel
             now = (k.compiles, k.compile_seconds, k.wait_seconds)
             done = self._reported
             self._reported = now
