@@ -324,6 +324,34 @@ def test_bad_rows_are_dead_lettered(tmp_path):
     assert table.schema.field("id").type == pa.string() and table.num_rows == len(good)
 
 
+def test_parquet_rows_keep_their_id_type_and_bad_rows_are_dead_lettered(tmp_path):
+    classes, rows = data.labelled_passages(3)
+    ids = [i * 7 for i in range(len(rows[:40]))] + [None, 900, 901]
+    texts = [t for _, t, _ in rows[:40]] + ["An id-less row.", None, "Labelled ''."]
+    labels = [lab for *_, lab in rows[:40]] + [classes[0], classes[1], ""]
+    table = pa.table(
+        {"id": pa.array(ids, pa.int32()), "text": pa.array(texts, pa.large_string()),
+         "label": labels}
+    )  # fmt: skip
+    pq.write_table(table, tmp_path / "rows.parquet", row_group_size=16)
+    out = tmp_path / "out"
+    summary = curate.run(["--input", str(tmp_path / "rows.parquet"), "--output", str(out),
+                          "--passes", "1"])  # fmt: skip
+    assert summary.rows == 43 and summary.records == 40
+    assert summary.dead_letters_by_stage["validation"] == 3
+    failed = [
+        json.loads(x) for f in out.glob("_failed/*.jsonl") for x in f.read_text().split("\n") if x
+    ]
+    assert sorted(map(repr, (d["id"] for d in failed))) == ["900", "901", "None"]
+    scores = pq.read_table(next(out.glob("scores-*.parquet")))
+    assert scores.schema.field("id").type == pa.int32()
+    assert sorted(scores.column("id").to_pylist()) == ids[:40]
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.set_column(2, "label", pa.array(range(43))), bad)
+    with pytest.raises(ValueError, match="'label' of .* is int64; expected strings"):
+        curate.run(["--input", str(bad), "--output", str(tmp_path / "bad")])
+
+
 # ---------------------------------------------------------------- a user's own data
 
 

@@ -160,14 +160,14 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
         )
         config = model.ModelConfig(len(classes), hash_bits=args.hash_bits, dim=args.dim)
         params = model.init_params(config, args.seed)
-        passes.save_params(params, job.params_path(0))
+        bj.write_params(params, job.params_path(0))
         optimizer = model.Adam(learning_rate=args.learning_rate)
         state = optimizer.init(params)
         trained = []
         for step in range(args.passes):
             grad, pass_stats = passes.gradient_pass(job, step)
             params, state = optimizer.update(grad, state, params)
-            passes.save_params(params, job.params_path(step + 1))
+            bj.write_params(params, job.params_path(step + 1))
             trained.append(pass_stats)
             console.say(
                 f"curate: pass {step + 1}/{args.passes}: loss {pass_stats.loss:.4f}, "

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import time
 from typing import Any
 
@@ -99,13 +98,6 @@ def write_dead_letters(dead, output: str, name: str) -> None:
     )
 
 
-def save_params(params: dict, path: str) -> None:
-    """``beam_jax.write_params``, creating a local directory first."""
-    if "://" not in path:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    bj.write_params(params, path)
-
-
 def run_pipeline(pipeline: beam.Pipeline):
     result = pipeline.run()
     result.wait_until_finish()
@@ -157,7 +149,7 @@ def _save_reduction(reduction: bj.Reduction, path: str) -> None:
         raise bj.KernelError(
             "no record reached the gradient sum (all were dead-lettered); see _failed/"
         )
-    save_params({"total": reduction.total, "count": np.int64(reduction.count)}, path)
+    bj.write_params({"total": reduction.total, "count": np.int64(reduction.count)}, path)
 
 
 def gradient_pass(job: Job, step: int) -> tuple[dict, PassStats]:

@@ -101,7 +101,7 @@ def _builtin_batches(num_classes: int):
         )
 
 
-def _first_id_type(path: str) -> pa.DataType | None:
+def _first_id_type(path: str) -> pa.DataType:
     """The type of the first id in a JSON-lines file whose first lines mix ints and strings."""
     with FileSystems.open(path) as f:
         for line in f:
@@ -111,45 +111,41 @@ def _first_id_type(path: str) -> pa.DataType | None:
                 continue
             if isinstance(key, str) or (isinstance(key, int) and not isinstance(key, bool)):
                 return pa.string() if isinstance(key, str) else pa.int64()
-    return None
+    return pa.null()
 
 
 def input_schema(pattern: str | None, format: str | None) -> pa.Schema:  # noqa: A002
-    """The rows' columns, checked at launch: ``id`` (integers or strings, the first Parquet
+    """The rows' columns, checked at launch: ``id`` (integers or strings: the first Parquet
     file's type, or inferred from the first JSON lines), ``text`` and ``label`` (strings).
 
     Raises:
-        ValueError: A Parquet file lacks a column or has one of another type, or no id is
-            found in the first JSON lines.
+        ValueError: A Parquet file lacks a column, or a column has another type.
         beam_jax.InputFileError: Nothing matches ``pattern``.
     """
-    if pattern is None:
-        return pa.schema([("id", pa.int64()), ("text", pa.string()), ("label", pa.string())])
-    read = bj.ReadArrowBatches(pattern, columns=["id"], format=format)
-    first = read.files()[0]
-    if format == "jsonl":
-        try:
-            id_type = read.json_schema().field("id").type
-        except bj.SpecError:  # the first lines mix ints and strings: the first one's
-            id_type = _first_id_type(first)
-        if id_type is None or pa.types.is_null(id_type):
-            raise ValueError(f"found no 'id' in the first lines of {first}; every row needs one")
-        return pa.schema([("id", id_type), ("text", pa.string()), ("label", pa.string())])
-    with FileSystems.open(first) as f:
-        schema = pq.read_schema(f)
-    for name in COLUMNS:
-        if name not in schema.names:
-            raise ValueError(f"{first} has no column {name!r}; it has {schema.names}")
-    kinds = {"id": "integer or string", "text": "string", "label": "string"}
-    for name, kind in kinds.items():
-        t = schema.field(name).type
-        if not (pa.types.is_string(t) or pa.types.is_large_string(t)) and not (
-            name == "id" and pa.types.is_integer(t)
-        ):
-            raise ValueError(f"column {name!r} of {first} is {t}; expected {kind}")
-    id_type = schema.field("id").type
-    return pa.schema([("id", pa.string() if pa.types.is_string(id_type) else id_type),
-                      ("text", pa.string()), ("label", pa.string())])  # fmt: skip
+    id_type = pa.int64()
+    if pattern is not None:
+        read = bj.ReadArrowBatches(pattern, columns=["id"], format=format)
+        first = read.files()[0]
+        if format == "jsonl":
+            try:
+                types = {"id": read.json_schema().field("id").type}
+            except bj.SpecError:  # the first lines mix ints and strings: the first one's
+                types = {"id": _first_id_type(first)}
+        else:
+            with FileSystems.open(first) as f:
+                schema = pq.read_schema(f)
+            for name in COLUMNS:
+                if name not in schema.names:
+                    raise ValueError(f"{first} has no column {name!r}; it has {schema.names}")
+            types = {name: schema.field(name).type for name in COLUMNS}
+        for name, t in types.items():
+            if not (pa.types.is_string(t) or pa.types.is_large_string(t)) and not (
+                name == "id" and pa.types.is_integer(t)
+            ):
+                kind = "integers or strings" if name == "id" else "strings"
+                raise ValueError(f"the {name!r} of {first} is {t}; expected {kind}")
+        id_type = types["id"]
+    return pa.schema([("id", id_type), ("text", pa.string()), ("label", pa.string())])
 
 
 def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
