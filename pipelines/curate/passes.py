@@ -27,7 +27,7 @@ from apache_beam.io.parquetio import WriteToParquetBatched
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import beam_jax as bj
-from pipelines.curate import model
+from pipelines.curate.model import gradient_kernel, score_kernel
 from pipelines.curate.report import SCORES, PassStats
 
 _ROWS_PER_TABLE = 1024
@@ -157,7 +157,7 @@ def gradient_pass(job: Job, step: int) -> tuple[dict, PassStats]:
     statistics."""
     started = time.perf_counter()
     pipeline = beam.Pipeline(options=job.options)
-    reduce = job.kernel(bj.ReduceKernel, model.gradient_kernel, step)
+    reduce = job.kernel(bj.ReduceKernel, gradient_kernel, step)
     total, dead = job.examples(pipeline) | "FullBatchGradient" >> reduce.with_exception_handling()
     _ = total | "SaveGradient" >> beam.Map(_save_reduction, job.gradient_path(step))
     write_dead_letters(dead, job.output, f"pass-{step:03d}")
@@ -194,7 +194,7 @@ def _scores_table(rows, schema: pa.Schema, classes) -> pa.Table:
 def score_pass(job: Job, step: int, id_type: pa.DataType) -> bj.Summary:
     """One pipeline run: every record's scores at ``params-step``, to ``scores-*.parquet``."""
     pipeline = beam.Pipeline(options=job.options)
-    score = job.kernel(bj.RunKernel, model.score_kernel, step, batched=True)
+    score = job.kernel(bj.RunKernel, score_kernel, step, batched=True)
     results, dead = job.examples(pipeline) | "Score" >> score.with_exception_handling()
     schema = pa.schema(
         [("id", id_type), ("label", pa.string()), ("true_label", pa.string()),
