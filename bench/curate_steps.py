@@ -1,7 +1,7 @@
 """How the curation job's training schedule was chosen: full-batch Adam vs GD vs mini-batches.
 
 Runs in one process, without Beam, on the job's own data (the built-in labelled corpus, the
-same 10% of flipped labels) and model (pipelines/curate_model.py), so it takes seconds:
+same 10% of flipped labels) and model (pipelines/curate/model.py), so it takes seconds:
 
 * the cost of summing per-record gradients (what ReduceKernel does) against the gradient of
   a batch's summed loss, per batch of 64;
@@ -26,18 +26,18 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pipelines import curate_data as data  # noqa: E402
-from pipelines import curate_model as cm  # noqa: E402
-from pipelines import curate_report as report  # noqa: E402
-from pipelines import labelled_corpus, minilm  # noqa: E402
+from beam_jax.text import SentenceEncoder  # noqa: E402
+from pipelines.curate import model as cm  # noqa: E402
+from pipelines.curate import passes, read, report  # noqa: E402
 
 BUCKET = 256
 
 
 def load(flip_fraction: float, seed: int):
-    classes, rows = labelled_corpus.labelled_passages()
-    noise = data.LabelNoise(classes, flip_fraction, seed)
-    encoded = minilm.Tokenizer().encode_batch([t for _, t, _ in rows])
+    classes, rows = read.labelled_passages()
+    noise = passes.LabelNoise(classes, flip_fraction, seed)
+    tokenizer = SentenceEncoder.from_dir().tokenizer()
+    encoded = [tokenizer.encode(t) for _, t, _ in rows]
     tokens = np.zeros((len(rows), BUCKET), np.int32)
     lengths = np.zeros(len(rows), np.int32)
     for i, ids in enumerate(encoded):

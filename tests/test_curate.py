@@ -1,4 +1,4 @@
-"""Tests of pipelines/curate.py: the kernels, the full-batch gradient, and seeded runs.
+"""Tests of pipelines/curate/: the kernels, the full-batch gradient, and seeded runs.
 
 The end-to-end run is the default job (the built-in labelled corpus, 10% of the labels
 flipped, 14 full-batch passes) on the FnApiRunner; its files are then reused to check that
@@ -22,11 +22,11 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 import beam_jax as bj
-from pipelines import curate, labelled_corpus
-from pipelines import curate_data as data
-from pipelines import curate_model as cm
-from pipelines import curate_passes as cp
-from pipelines import curate_report as report
+from pipelines import curate
+from pipelines.curate import model as cm
+from pipelines.curate import passes as cp
+from pipelines.curate import read as data
+from pipelines.curate import report
 
 MAX_RELATIVE_ERROR = 1e-5
 
@@ -78,10 +78,10 @@ def random_records(n: int, seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]
     return records, rng.integers(0, 4, n).astype(np.int32)
 
 
-def read_records(output: pathlib.Path, noise: data.LabelNoise):
+def read_records(output: pathlib.Path, noise: cp.LabelNoise):
     """The prepared records and their observed labels, as every pass sees them."""
     table = pa.concat_tables(pq.read_table(f) for f in sorted(output.glob("data/records-*")))
-    examples = [e for _, e in data.examples(table, noise)]
+    examples = [e for _, e in cp.examples(table, noise)]
     return [e["tokens"] for e in examples], np.array([e["label"] for e in examples])
 
 
@@ -132,20 +132,20 @@ def test_kernels_on_padded_batches_match_the_unpadded_references():
 
 def test_label_noise_is_seeded_and_flips_to_another_class():
     classes = tuple("abcde")
-    noise = data.LabelNoise(classes, fraction=0.1, seed=3)
+    noise = cp.LabelNoise(classes, fraction=0.1, seed=3)
     pairs = [noise.observe(i, classes[i % 5]) for i in range(20000)]
     flipped = [(t, o) for t, o in pairs if t != o]
     assert 0.09 < len(flipped) / len(pairs) < 0.11
     assert pairs == [noise.observe(i, classes[i % 5]) for i in range(20000)]
     assert pairs != [
-        data.LabelNoise(classes, 0.1, 4).observe(i, classes[i % 5]) for i in range(20000)
+        cp.LabelNoise(classes, 0.1, 4).observe(i, classes[i % 5]) for i in range(20000)
     ]
     assert {(o - t) % 5 for t, o in flipped} == {1, 2, 3, 4}  # every other class, never itself
     assert all(
-        t == o for t, o in (data.LabelNoise(classes, 0.0, 3).observe(i, "c") for i in range(500))
+        t == o for t, o in (cp.LabelNoise(classes, 0.0, 3).observe(i, "c") for i in range(500))
     )
     with pytest.raises(ValueError, match="fraction"):
-        data.LabelNoise(classes, 1.0, 0)
+        cp.LabelNoise(classes, 1.0, 0)
 
 
 def test_auroc_and_precision():
@@ -161,7 +161,7 @@ def test_auroc_and_precision():
 def test_flags():
     args, options = curate.parse_args([])
     assert args.input is None and args.passes == curate.DEFAULT_PASSES
-    assert args.flip_fraction == 0.1 and args.classes == labelled_corpus.DEFAULT_CLASSES
+    assert args.flip_fraction == 0.1 and args.classes == data.DEFAULT_CLASSES
     # A user's own labels are flipped only when asked.
     assert curate.parse_args(["--input", "rows.jsonl"])[0].flip_fraction == 0.0
     assert (
@@ -197,7 +197,7 @@ def default_run(tmp_path_factory):
 def test_default_run_finds_the_flipped_labels(default_run):
     out, summary = default_run
     # Measured on CPython 3.11's corpus: ~0.95; chance is 0.5.
-    best = max(summary.auroc[s] for s in cp.SCORES)
+    best = max(summary.auroc[s] for s in report.SCORES)
     assert best >= 0.9, summary.auroc
     assert summary.auroc["random"] == 0.5
     assert summary.precision_at_top["grand"] > 3 * summary.precision_at_top["random"]
@@ -247,7 +247,7 @@ def test_full_batch_gradient_is_the_gradient_of_the_unpadded_loss(
     default_run, tmp_path, name, bucketing, beam_flags
 ):
     out, summary = default_run
-    noise = data.LabelNoise(summary.classes, 0.1, 0)
+    noise = cp.LabelNoise(summary.classes, 0.1, 0)
     records, labels = read_records(out, noise)
     params = bj.read_params(str(out / "passes" / "params-000.npz"))
     want = reference_gradient(params, records, labels)
@@ -278,13 +278,13 @@ def test_full_batch_gradient_is_the_gradient_of_the_unpadded_loss(
 
 
 def test_bad_rows_are_dead_lettered(tmp_path):
-    classes, rows = labelled_corpus.labelled_passages(3)
+    classes, rows = data.labelled_passages(3)
     good = rows[:60]
     lines = [json.dumps({"id": f"r{i}", "text": t, "label": lab}) for i, t, lab in good]
     bad = {  # id -> stage
         "no-text": ({"id": "no-text", "label": classes[0]}, "validation"),
         "no-label": ({"id": "no-label", "text": "A fine sentence."}, "validation"),
-        "int-label": ({"id": "int-label", "text": "A sentence.", "label": 3}, "validation"),
+        "int-label": ({"id": "int-label", "text": "A sentence.", "label": 3}, "read"),
         "empty": ({"id": "empty", "text": "  ", "label": classes[1]}, "tokenize"),
         "zero-width": ({"id": "zero-width", "text": "\u200b", "label": classes[1]}, "tokenize"),
     }
@@ -310,21 +310,53 @@ def test_bad_rows_are_dead_lettered(tmp_path):
     ]
     got = sorted((repr(d["id"]), d["stage"]) for d in failed)
     want = [(repr(k), stage) for k, (_, stage) in bad.items()]
-    want += [("5", "validation"), ("None", "validation"), ("None", "validation")]
+    # Lines the reader cannot give the columns' types (an int id among string ids, not
+    # JSON, not an object) are dead letters of the read.
+    want += [("5", "read"), ("None", "read"), ("None", "read")]
     assert got == sorted(want)
     assert summary.rows == len(lines) - 1 == summary.records + summary.dead_letters
     assert summary.records == len(good) and summary.classes == classes
-    assert summary.dead_letters_by_stage == {"validation": 6, "tokenize": 2, "train": 0, "score": 0}
+    assert summary.dead_letters_by_stage == {
+        "read": 4, "validation": 2, "tokenize": 2, "train": 0, "score": 0
+    }  # fmt: skip
     assert summary.flipped == 0 and summary.auroc == {}  # nothing to find without flips
     table = pq.read_table(glob.glob(str(out / "scores-*.parquet"))[0])
     assert table.schema.field("id").type == pa.string() and table.num_rows == len(good)
+
+
+def test_parquet_rows_keep_their_id_type_and_bad_rows_are_dead_lettered(tmp_path):
+    classes, rows = data.labelled_passages(3)
+    ids = [i * 7 for i in range(len(rows[:40]))] + [None, 900, 901]
+    texts = [t for _, t, _ in rows[:40]] + ["An id-less row.", None, "Labelled ''."]
+    labels = [lab for *_, lab in rows[:40]] + [classes[0], classes[1], ""]
+    table = pa.table(
+        {"id": pa.array(ids, pa.int32()), "text": pa.array(texts, pa.large_string()),
+         "label": labels}
+    )  # fmt: skip
+    pq.write_table(table, tmp_path / "rows.parquet", row_group_size=16)
+    out = tmp_path / "out"
+    summary = curate.run(["--input", str(tmp_path / "rows.parquet"), "--output", str(out),
+                          "--passes", "1"])  # fmt: skip
+    assert summary.rows == 43 and summary.records == 40
+    assert summary.dead_letters_by_stage["validation"] == 3
+    failed = [
+        json.loads(x) for f in out.glob("_failed/*.jsonl") for x in f.read_text().split("\n") if x
+    ]
+    assert sorted(map(repr, (d["id"] for d in failed))) == ["900", "901", "None"]
+    scores = pq.read_table(next(out.glob("scores-*.parquet")))
+    assert scores.schema.field("id").type == pa.int32()
+    assert sorted(scores.column("id").to_pylist()) == ids[:40]
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.set_column(2, "label", pa.array(range(43))), bad)
+    with pytest.raises(ValueError, match="'label' of .* is int64; expected strings"):
+        curate.run(["--input", str(bad), "--output", str(tmp_path / "bad")])
 
 
 # ---------------------------------------------------------------- a user's own data
 
 
 def _labelled_rows(path: pathlib.Path, n: int = 60) -> pathlib.Path:
-    _, rows = labelled_corpus.labelled_passages(3)
+    _, rows = data.labelled_passages(3)
     lines = [json.dumps({"id": f"r{i}", "text": t, "label": lab}) for i, t, lab in rows[:n]]
     path.write_text("\n".join(lines) + "\n")
     return path

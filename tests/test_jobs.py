@@ -150,3 +150,25 @@ def test_the_metrics_report_is_standard_json_that_beam_jax_report_reads(tmp_path
     assert load_metrics(str(tmp_path)) == record
     with pytest.raises(TypeError, match="dataclass instance .* got dict"):
         jobs.metrics_record("my_job", {"rows": 4}, None)
+
+
+def test_the_command_line_refuses_what_neither_the_job_nor_beam_knows(capsys):
+    parser = argparse.ArgumentParser(formatter_class=jobs.DefaultsHelpFormatter)
+    parser.add_argument("--passes", type=jobs.positive_int, default=3, help="passes")
+    parser.add_argument("--buckets", type=jobs.int_list, default=(8, 16), help="buckets")
+    args, rest = parser.parse_known_args(["--buckets", "4,8", "--direct_num_workers", "2"])
+    jobs.reject_unknown_flags(parser, rest)  # Beam's flags pass
+    assert args.buckets == (4, 8) and args.passes == 3
+    assert "(default: 3)" in parser.format_help() and "(default: 8,16)" in parser.format_help()
+    for argv, said in [
+        (["--pases", "2"], "did you mean --passes for --pases?"),
+        (["-x"], "unrecognized arguments: -x"),
+        (["stray"], "unrecognized arguments: stray"),
+    ]:
+        _, rest = parser.parse_known_args(argv)
+        with pytest.raises(SystemExit):
+            jobs.reject_unknown_flags(parser, rest)
+        assert said in capsys.readouterr().err
+    for bad in (["--passes", "0"], ["--buckets", "a,b"], ["--buckets", ","]):
+        with pytest.raises(SystemExit):
+            parser.parse_known_args(bad)

@@ -186,6 +186,11 @@ JOBS = {
     "verbose_requested",
     "metrics_record",
     "write_metrics",
+    "reject_unknown_flags",
+    "positive_int",
+    "int_list",
+    "DefaultsHelpFormatter",
+    "DEFAULT_COMPILATION_CACHE",
 }
 
 

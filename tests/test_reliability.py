@@ -400,7 +400,7 @@ def test_worker_crash_fails_the_job_loudly_and_a_rerun_is_complete(tmp_path):
 def test_parameters_load_only_from_formats_that_cannot_run_code(tmp_path):
     params = {"enc": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, "b": np.ones(2)}
     for suffix in (".safetensors", ".npz"):
-        path = str(tmp_path / f"p{suffix}")
+        path = str(tmp_path / "new" / "dir" / f"p{suffix}")  # missing directories are made
         bj.write_params(params, path)
         back = bj.read_params(path)
         np.testing.assert_array_equal(back["enc"]["w"], params["enc"]["w"])

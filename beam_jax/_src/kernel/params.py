@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -103,7 +104,8 @@ def read_params(path: str, *, sep: str | None = ".") -> dict[str, Any]:
 
 
 def write_params(params: Mapping[str, Any], path: str, *, sep: str = ".") -> None:
-    """Write a (nested) dict of arrays as ``.safetensors`` or ``.npz`` (never a pickle)."""
+    """Write a (nested) dict of arrays as ``.safetensors`` or ``.npz`` (never a pickle); a
+    local path's missing directories are created."""
     flat = _flatten(params, sep)
     if path.endswith(".safetensors"):
         from safetensors.numpy import save
@@ -121,5 +123,6 @@ def write_params(params: Mapping[str, Any], path: str, *, sep: str = ".") -> Non
         with FileSystems.create(path) as f:
             f.write(data)
     else:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "wb") as f:
             f.write(data)

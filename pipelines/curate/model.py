@@ -1,19 +1,9 @@
-"""The curation job's model, its kernels and its optimizer (pure JAX and numpy, no Beam).
+"""The curation job's classifier, its kernels and its optimizer (pure JAX and numpy).
 
-A text classifier small enough to train by full-batch passes: each token id is hashed into
-one of ``2**hash_bits`` rows of an embedding table, the rows of a record's real tokens are
-averaged (a masked mean, so padding never changes a result), and a linear layer maps the
-mean to one logit per class. Its loss is the mean cross-entropy over the records.
-
-Three functions run it over data:
-
-* :func:`gradient_kernel`, one record's loss gradient, which ``beam_jax.ReduceKernel`` sums
-  over the whole dataset: a full-batch gradient.
-* :func:`score_kernel`, per-record scores for a padded batch with ``vmap(grad(...))``:
-  GraNd (the norm of the record's loss gradient) and EL2N (the norm of its error vector,
-  ``softmax - one_hot``), from Paul et al. 2021, "Deep Learning on a Data Diet".
-* :func:`dataset_loss`, the same loss over the whole unpadded dataset in one call (tokens
-  concatenated, records told apart by segment ids): the reference the tests compare with.
+Hashed word-piece embeddings, a masked mean, a linear layer; see docs/curate.md ("The
+model"). :func:`gradient_kernel` is one record's gradient for ``ReduceKernel``,
+:func:`score_kernel` a padded batch's GraNd and EL2N for ``RunKernel(batched=True)``, and
+:func:`dataset_loss` the unpadded reference the tests compare with.
 
 Example:
     >>> params = init_params(ModelConfig(num_classes=3, hash_bits=4, dim=2), seed=0)
@@ -33,33 +23,13 @@ import numpy as np
 
 import beam_jax as bj
 
-__all__ = [
-    "Adam",
-    "ModelConfig",
-    "dataset_loss",
-    "example_logits",
-    "example_loss",
-    "gradient_kernel",
-    "hash_tokens",
-    "init_params",
-    "score_kernel",
-]
-
-# Knuth's multiplicative hash: the top bits of id * 2654435761 (mod 2**32) spread
-# neighbouring word-piece ids over the whole table.
+# Knuth's multiplicative hash: the top bits of id * 2654435761 (mod 2**32).
 _HASH_MULTIPLIER = 2654435761
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The classifier's sizes.
-
-    Args:
-        num_classes: Output classes, at least 2.
-        hash_bits: The embedding table has ``2**hash_bits`` rows (1 to 24).
-        dim: Embedding width.
-        init_scale: Standard deviation of the random initial weights.
-    """
+    """Output classes (>= 2), ``2**hash_bits`` embedding rows (1 to 24), width, init scale."""
 
     num_classes: int
     hash_bits: int = 10
@@ -99,7 +69,7 @@ def hash_tokens(tokens: jax.Array, table_rows: int) -> jax.Array:
 
 def example_logits(params: Any, tokens: jax.Array, length: jax.Array) -> jax.Array:
     """Logits of one record: ``tokens`` int32[L_padded] of which the first ``length`` are real."""
-    embed = jnp.asarray(params["embed"])  # numpy parameters too (tests, the driver)
+    embed = jnp.asarray(params["embed"])
     rows = embed[hash_tokens(tokens, embed.shape[0])]
     mask = bj.length_mask(length, tokens.shape[0]).astype(embed.dtype)
     # max(., 1): a padded batch row has length 0; its (unused) output stays finite.
@@ -109,17 +79,14 @@ def example_logits(params: Any, tokens: jax.Array, length: jax.Array) -> jax.Arr
 
 def example_loss(params: Any, tokens: jax.Array, length: jax.Array, label: jax.Array) -> jax.Array:
     """Cross-entropy of one record against its (observed) label."""
-    logp = jax.nn.log_softmax(example_logits(params, tokens, length))
-    return -logp[label]
+    return -jax.nn.log_softmax(example_logits(params, tokens, length))[label]
 
 
 def gradient_kernel(params: Any, element: dict, lengths: dict) -> dict:
-    """One record's loss gradient, loss and correctness, for ``beam_jax.ReduceKernel``.
+    """One record's loss gradient, loss and correctness; ``ReduceKernel`` sums them.
 
-    Summed over a dataset, ``grad / count`` is the gradient of the mean loss. ReduceKernel
-    vmaps it over a padded batch and adds up the real rows, so a batch of ``B`` records
-    builds ``B`` full gradients (``B x 2**hash_bits x dim`` floats for the embedding
-    table) before summing them: the reason the default table is small (1,024 rows).
+    A padded batch of ``B`` records builds ``B`` full gradients before summing them, the
+    reason the default embedding table is small (1,024 rows).
     """
     tokens, label = element["tokens"], element["label"]
 
@@ -133,12 +100,8 @@ def gradient_kernel(params: Any, element: dict, lengths: dict) -> dict:
 
 
 def score_kernel(params: Any, element: dict, lengths: dict) -> dict:
-    """Per-record scores for one padded batch (``batched=True`` in ``beam_jax.RunKernel``).
-
-    Returns, per row: ``grand``, the L2 norm of the record's loss gradient over every
-    parameter (computed with ``vmap(grad(example_loss))``); ``el2n``, the L2 norm of
-    ``softmax(logits) - one_hot(label)``; ``loss``; and ``predicted``, the argmax class.
-    """
+    """Per row of a padded batch: ``grand`` (the norm of the record's loss gradient, by
+    ``vmap(grad(...))``), ``el2n`` (the norm of ``softmax - one_hot``), ``loss``, ``predicted``."""
     tokens, label, length = element["tokens"], element["label"], lengths["L"]
     grads = jax.vmap(jax.grad(example_loss), in_axes=(None, 0, 0, 0))(params, tokens, length, label)
     squares = [jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in jax.tree.leaves(grads)]
@@ -156,14 +119,8 @@ def score_kernel(params: Any, element: dict, lengths: dict) -> dict:
 def dataset_loss(
     params: Any, tokens: jax.Array, segments: jax.Array, labels: jax.Array
 ) -> jax.Array:
-    """The mean loss over a whole unpadded dataset, in one call.
-
-    Args:
-        params: As for :func:`example_loss`.
-        tokens: int32[T], every record's tokens one after another.
-        segments: int32[T], the record each token belongs to (``0..N-1``).
-        labels: int32[N], each record's label.
-    """
+    """The mean loss over a whole unpadded dataset in one call: ``tokens`` int32[T] of every
+    record one after another, ``segments`` int32[T] their records, ``labels`` int32[N]."""
     embed = jnp.asarray(params["embed"])
     n = labels.shape[0]
     rows = embed[hash_tokens(tokens, embed.shape[0])]
@@ -176,12 +133,8 @@ def dataset_loss(
 
 @dataclasses.dataclass(frozen=True)
 class Adam:
-    """Adam (Kingma and Ba, 2015), applied on the driver to each full-batch gradient.
-
-    On the sparse bag-of-token features here, plain gradient descent at its largest stable
-    step size needs about 100 full-batch steps to reach the loss Adam reaches in 10 to 14
-    (bench/curate_steps.py), and each step is a pass over the data, so per-parameter step
-    sizes are worth their two moments.
+    """Adam (Kingma and Ba, 2015) on the driver, one step per full-batch gradient (why Adam:
+    docs/curate.md).
 
     Example:
         >>> opt = Adam(learning_rate=0.1)
@@ -189,10 +142,6 @@ class Adam:
         >>> params, state = opt.update({"w": np.ones(2)}, state, {"w": np.zeros(2, np.float32)})
         >>> [round(float(x), 3) for x in params["w"]]
         [-0.1, -0.1]
-
-    Args:
-        learning_rate: The step size.
-        b1, b2, eps: Adam's decay rates and its denominator's guard.
     """
 
     learning_rate: float = 0.05
@@ -218,8 +167,7 @@ class Adam:
         v = {k: self.b2 * state["v"][k] + (1 - self.b2) * np.square(g) for k, g in grad.items()}
         new = {}
         for k, p in params.items():
-            m_hat = m[k] / (1 - self.b1**t)
-            v_hat = v[k] / (1 - self.b2**t)
-            step = self.learning_rate * m_hat / (np.sqrt(v_hat) + self.eps)
+            step = self.learning_rate * (m[k] / (1 - self.b1**t))
+            step = step / (np.sqrt(v[k] / (1 - self.b2**t)) + self.eps)
             new[k] = (np.asarray(p, np.float64) - step).astype(np.float32)
         return new, {"step": t, "m": m, "v": v}

@@ -1,6 +1,6 @@
-"""How well the curation scores find the flipped labels: AUROC, precision at the top, a plot.
+"""What a curation run found: AUROC and precision of each score, the summary, the plot.
 
-Pure numpy (and matplotlib for the plot, imported only when plotting, on the driver).
+Pure numpy (matplotlib only for the plot, imported on the driver when plotting).
 
 Example:
     >>> auroc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([False, False, True, True]))
@@ -11,12 +11,73 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["auroc", "plot", "precision_at", "require_matplotlib"]
+SCORES = ("grand", "el2n", "loss")
+TOP_FRACTION = 0.1  # precision is reported for the top 10% of records by score
+
+
+@dataclasses.dataclass(frozen=True)
+class PassStats:
+    """One full-batch pass: mean loss and accuracy at the parameters it started from, records
+    summed, records dead-lettered, batch shapes compiled, and wall seconds."""
+
+    loss: float
+    accuracy: float
+    count: int
+    dead_letters: int
+    compiles: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CurateSummary:
+    """What a finished run did and found (the fields of ``summary.json``, docs/curate.md).
+
+    ``auroc`` and ``precision_at_top`` hold, per score, how well it finds the flipped
+    records (``random``: chance); they are empty when nothing (or everything) was flipped.
+    """
+
+    rows: int
+    records: int
+    dead_letters_by_stage: dict[str, int]
+    classes: tuple[str, ...]
+    flipped: int
+    boundaries: tuple[int, ...]
+    passes: tuple[PassStats, ...]
+    final_loss: float
+    auroc: dict[str, float]
+    precision_at_top: dict[str, float]
+    seconds: dict[str, float]
+
+    @property
+    def dead_letters(self) -> int:
+        return sum(self.dead_letters_by_stage.values())
+
+    @property
+    def losses(self) -> list[float]:
+        """The mean loss before each pass, then at the scored parameters."""
+        return [p.loss for p in self.passes] + [self.final_loss]
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "losses": self.losses}
+
+    def __str__(self) -> str:
+        found = ", ".join(
+            f"{s} AUROC {self.auroc[s]:.3f} / P@10% {self.precision_at_top[s]:.2f}"
+            for s in SCORES
+            if s in self.auroc
+        )
+        return (
+            f"curate: {self.rows} rows -> {self.records} records ({self.flipped} flipped), "
+            f"{self.dead_letters} dead letters; {len(self.passes)} full-batch passes, loss "
+            f"{self.passes[0].loss:.3f} -> {self.final_loss:.3f}; {found or 'no flips to find'}"
+            f"; {self.seconds['total']:.1f} s wall"
+        )
 
 
 def _average_ranks(values: np.ndarray) -> np.ndarray:
@@ -25,14 +86,11 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
     ranks = np.empty(len(values), np.float64)
     ranks[order] = np.arange(1, len(values) + 1)
     _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    sums = np.bincount(inverse, weights=ranks)
-    return (sums / counts)[inverse]
+    return (np.bincount(inverse, weights=ranks) / counts)[inverse]
 
 
 def auroc(scores: np.ndarray, positives: np.ndarray) -> float:
-    """The area under the ROC curve of ``scores`` for telling ``positives`` from the rest.
-
-    The probability that a random positive scores above a random negative (ties count
+    """The probability that a random positive scores above a random negative (ties count
     half): 1.0 ranks every positive first, 0.5 is chance.
 
     Raises:
@@ -66,6 +124,15 @@ def precision_at(scores: np.ndarray, positives: np.ndarray, fraction: float) -> 
     return float(positives[top].mean())
 
 
+def found(scores: Mapping[str, np.ndarray], flipped: np.ndarray) -> tuple[dict, dict]:
+    """``(auroc, precision at the top 10%)`` of each score; empty without a flip to find."""
+    if not flipped.any() or flipped.all():
+        return {}, {}
+    aurocs = {s: auroc(scores[s], flipped) for s in SCORES}
+    precision = {s: precision_at(scores[s], flipped, TOP_FRACTION) for s in SCORES}
+    return {**aurocs, "random": 0.5}, {**precision, "random": float(flipped.mean())}
+
+
 def require_matplotlib() -> None:
     """Fail early, with the fix, when matplotlib (needed for the plot) is missing."""
     try:
@@ -85,15 +152,8 @@ def plot(
     *,
     title: str = "",
 ) -> None:
-    """Write a PNG: the loss per pass, and each score's distribution, clean vs flipped.
-
-    Args:
-        path: Where to write the PNG (a local path).
-        losses: The mean training loss before each pass's update, in order.
-        scores: Score name to one score per record.
-        flipped: Which records had their label flipped.
-        title: A line above the panels.
-    """
+    """Write a PNG to the local ``path``: the loss per pass, and each score's distribution,
+    clean vs flipped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,9 +163,7 @@ def plot(
     fig, axes = plt.subplots(1, 1 + len(scores), figsize=(4.2 * (1 + len(scores)), 3.6))
     ax = axes[0]
     ax.plot(range(len(losses)), losses, marker="o", markersize=3)
-    ax.set_xlabel("full-batch pass")
-    ax.set_ylabel("mean cross-entropy")
-    ax.set_title("training loss")
+    ax.set(xlabel="full-batch pass", ylabel="mean cross-entropy", title="training loss")
     ax.grid(alpha=0.3)
     for ax, (name, values) in zip(axes[1:], scores.items(), strict=True):
         values = np.asarray(values, np.float64)
@@ -115,9 +173,7 @@ def plot(
                 ax.hist(values[group], bins=bins, density=True, alpha=0.6, label=label)
         if flipped.any() and (~flipped).any():
             name = f"{name} (AUROC {auroc(values, flipped):.3f})"
-        ax.set_title(name)
-        ax.set_xlabel("score")
-        ax.set_ylabel("density")
+        ax.set(title=name, xlabel="score", ylabel="density")
         ax.legend()
     if title:
         fig.suptitle(title)

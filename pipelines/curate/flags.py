@@ -1,0 +1,110 @@
+"""The curation job's command line: its flags (docs/curate.md, "Flags"), and Beam's beside
+them for every pipeline run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Sequence
+
+from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+
+from beam_jax import jobs
+from pipelines.curate.read import DEFAULT_CLASSES
+
+DEFAULT_OUTPUT = "output/curate"
+# Measured on the built-in corpus (bench/curate_steps.py): with Adam at 0.05 the scores
+# separate flipped from clean labels best after 14-20 full-batch steps.
+DEFAULT_PASSES = 14
+DEFAULT_LEARNING_RATE = 0.05
+DEFAULT_FLIP_FRACTION = 0.1  # the built-in corpus only; a user's labels are kept as given
+DEFAULT_NUM_BUCKETS = 6
+_FORMATS = {"parquet": (".parquet", ".pq"), "jsonl": (".jsonl", ".json", ".ndjson")}
+_COMPRESSED = re.compile(r"\.(gz|bz2|xz|lzma|zst|zstd|deflate)$")
+
+
+def input_format(pattern: str) -> str:
+    """``"parquet"`` or ``"jsonl"``, from the extension of ``pattern``.
+
+    Raises:
+        ValueError: If the extension is neither.
+    """
+    name = _COMPRESSED.sub("", pattern.lower())
+    for format_, suffixes in _FORMATS.items():
+        if name.endswith(suffixes):
+            return format_
+    raise ValueError(
+        f"cannot tell the format of --input {pattern!r} from its extension; expected "
+        "*.parquet (or .pq) for Parquet, *.jsonl (or .json, .ndjson, optionally compressed) "
+        "for JSON lines"
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PipelineOptions]:
+    """Splits ``argv`` into this job's flags and Beam's ``PipelineOptions`` (the runner
+    defaults to the in-process FnApiRunner)."""
+    parser = argparse.ArgumentParser(
+        prog=jobs.prog("pipelines.curate", "curate"),
+        description="Train a small text classifier by full-batch passes (ReduceKernel), then "
+        "score every record with GraNd and EL2N (RunKernel) to find mislabelled records.",
+        epilog="Beam's flags (--runner, --direct_num_workers, --project, ...) pass through, "
+        "for every pipeline run; any other flag is an error. See docs/curate.md.",
+        formatter_class=jobs.DefaultsHelpFormatter,
+        allow_abbrev=False,  # a prefix must not take a Beam flag's value
+    )
+    add = parser.add_argument
+    positive = jobs.positive_int
+    add("--input", help="Parquet or JSON lines with 'id', 'text' and 'label' (a string); "
+        "default: standard-library docstring passages labelled by their module")  # fmt: skip
+    add("--output", default=DEFAULT_OUTPUT, help="output directory; must be empty, or see "
+        "--overwrite")  # fmt: skip
+    add("--overwrite", action="store_true", help="replace this job's earlier files in "
+        "--output once this run succeeds (they are kept until then; other files are never "
+        "touched); also discards another run's unfinished files there")  # fmt: skip
+    add("--classes", type=positive, default=DEFAULT_CLASSES,
+        help="without --input: how many modules (the largest) to keep as classes")  # fmt: skip
+    add("--flip_fraction", type=float, help="each record's label is replaced by another class "
+        "with this probability, decided by a seeded hash of its id, to measure how well the "
+        f"scores find them (default: {DEFAULT_FLIP_FRACTION} on the built-in corpus; 0 with "
+        "--input, whose labels are taken as they are unless this flag is given)")  # fmt: skip
+    add("--seed", type=int, default=0, help="seeds the flips and the init")
+    add("--passes", type=positive, default=DEFAULT_PASSES, help="full-batch training steps "
+        "(one pipeline run each) before the scores are taken")  # fmt: skip
+    add("--learning_rate", type=float, default=DEFAULT_LEARNING_RATE,
+        help="Adam's learning rate for the full-batch steps")  # fmt: skip
+    add("--hash_bits", type=positive, default=10, help="2**bits embedding rows")
+    add("--dim", type=positive, default=32, help="embedding width")
+    add("--buckets", type=jobs.int_list, help="token-length bucket boundaries; default: "
+        f"planned from the records' lengths (--num_buckets, {DEFAULT_NUM_BUCKETS} by "
+        "default)")  # fmt: skip
+    add("--num_buckets", type=positive, default=DEFAULT_NUM_BUCKETS,
+        help="without --buckets: how many token-length buckets to plan")  # fmt: skip
+    add("--batch_size", type=positive, default=64,
+        help="the largest padded batch of records per kernel call")  # fmt: skip
+    add("--batch_sizes", type=jobs.int_list, help="padded batch sizes allowed (default "
+        "powers of 2)")  # fmt: skip
+    add("--compilation_cache_dir", help="JAX persistent compilation cache, so each pass loads "
+        f"its compiled shapes; default {jobs.DEFAULT_COMPILATION_CACHE} on the local runners; "
+        "'none' turns it off")  # fmt: skip
+    jobs.add_flags(parser)
+    args, rest = parser.parse_known_args(argv)
+    jobs.reject_unknown_flags(parser, rest)
+    if args.flip_fraction is None:
+        args.flip_fraction = DEFAULT_FLIP_FRACTION if args.input is None else 0.0
+    if not 0 <= args.flip_fraction < 1:
+        parser.error(f"--flip_fraction must be within [0, 1), got {args.flip_fraction}")
+    if not args.learning_rate > 0:
+        parser.error(f"--learning_rate must be positive, got {args.learning_rate}")
+    if args.hash_bits > 24:
+        parser.error(f"--hash_bits must be at most 24, got {args.hash_bits}")
+    args.format = None if args.input is None else input_format(args.input)
+    options = PipelineOptions(rest)
+    standard = options.view_as(StandardOptions)
+    standard.runner = standard.runner or "FnApiRunner"
+    if args.compilation_cache_dir is None and jobs.is_local(standard.runner):
+        args.compilation_cache_dir = os.path.expanduser(jobs.DEFAULT_COMPILATION_CACHE)
+    elif args.compilation_cache_dir in ("none", ""):
+        args.compilation_cache_dir = None
+    options.view_as(SetupOptions).save_main_session = False
+    return args, options

@@ -1,0 +1,253 @@
+"""The curation job's records: rows of ``id``, ``text`` and ``label`` read, checked and
+tokenized once, so every pass reads tokens rather than text (docs/curate.md, "The data").
+
+Rows come from Parquet or JSON lines through ``beam_jax.ReadArrowBatches`` (a line it cannot
+read is that line's dead letter, stage ``read``), or from the built-in labelled corpus:
+standard-library docstring passages labelled by their top-level module. Each record batch
+is tokenized in one call (``Tokenizer.encode_arrow``); a row without an id, text or label
+is a ``validation`` dead letter, a text without tokens a ``tokenize`` one.
+
+Example:
+    >>> classes, rows = labelled_passages(4)
+    >>> len(classes), rows[0][0], rows[0][2] in classes
+    (4, 0, True)
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import json
+import pathlib
+from collections import Counter
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+import beam_jax as bj
+from beam_jax.text import SentenceEncoder
+from pipelines import corpus
+
+DEFAULT_CLASSES = 10
+COLUMNS = ("id", "text", "label")
+VALIDATION, TOKENIZE = "validation", "tokenize"
+METRICS_NAMESPACE = "curate"
+_ROWS_PER_BATCH = 256  # the records' row groups, which the passes spread over the workers
+
+
+class EmptyTextError(bj.InvalidElementError):
+    """A text has no tokens besides ``[CLS]`` and ``[SEP]``: empty, whitespace, or only
+    characters the tokenizer drops (such as zero-width spaces); nothing to train on."""
+
+
+@functools.lru_cache(maxsize=1)
+def _passages_by_module(root: str) -> dict[str, frozenset[str]]:
+    """Each passage, and the top-level modules whose files hold it."""
+    base = pathlib.Path(root)
+    found: dict[str, set[str]] = collections.defaultdict(set)
+    for path in corpus._source_files(base):  # the corpus's own reading and prose filter
+        module = path.relative_to(base).parts[0].removesuffix(".py")
+        for doc in corpus._docstrings(path):
+            text = corpus._passage(doc)
+            if text is not None:
+                found[text].add(module)
+    return {text: frozenset(modules) for text, modules in found.items()}
+
+
+def labelled_passages(
+    num_classes: int = DEFAULT_CLASSES,
+) -> tuple[tuple[str, ...], list[tuple[int, str, str]]]:
+    """``(classes, rows)``: the ``num_classes`` largest modules (sorted), and their passages
+    as ``(id, text, label)`` with ids ``0..n-1`` in a fixed order mixed by a hash of the text.
+    A passage found in more than one module is left out.
+
+    Raises:
+        ValueError: If ``num_classes`` is below 2 or above the number of modules found.
+        FileNotFoundError: If this Python install ships no standard-library sources.
+    """
+    root = corpus.stdlib_root()
+    by_text = _passages_by_module(str(root))
+    if not by_text:
+        raise FileNotFoundError(
+            f"found no standard-library docstrings under {root}; use a Python install that "
+            "ships its .py sources."
+        )
+    single = {text: next(iter(mods)) for text, mods in by_text.items() if len(mods) == 1}
+    sizes = collections.Counter(single.values())
+    if not 2 <= num_classes <= len(sizes):
+        raise ValueError(
+            f"num_classes must be between 2 and the {len(sizes)} modules found, got {num_classes}."
+        )
+    ranked = sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0]))  # ties broken by name
+    classes = tuple(sorted(name for name, _ in ranked[:num_classes]))
+    kept = sorted(
+        (text for text, module in single.items() if module in classes),
+        key=lambda t: (hashlib.sha1(t.encode()).hexdigest(), t),
+    )
+    return classes, [(i, text, single[text]) for i, text in enumerate(kept)]
+
+
+def _builtin_batches(num_classes: int):
+    _, rows = labelled_passages(num_classes)
+    for start in range(0, len(rows), _ROWS_PER_BATCH):
+        ids, texts, labels = zip(*rows[start : start + _ROWS_PER_BATCH], strict=True)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(ids, pa.int64()), pa.array(texts), pa.array(labels)], names=list(COLUMNS)
+        )
+
+
+def _first_id_type(path: str) -> pa.DataType:
+    """The type of the first id in a JSON-lines file whose first lines mix ints and strings."""
+    with FileSystems.open(path) as f:
+        for line in f:
+            try:
+                key = json.loads(line).get("id")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(key, str) or (isinstance(key, int) and not isinstance(key, bool)):
+                return pa.string() if isinstance(key, str) else pa.int64()
+    return pa.null()
+
+
+def input_schema(pattern: str | None, format: str | None) -> pa.Schema:  # noqa: A002
+    """The rows' columns, checked at launch: ``id`` (integers or strings: the first Parquet
+    file's type, or inferred from the first JSON lines), ``text`` and ``label`` (strings).
+
+    Raises:
+        ValueError: A Parquet file lacks a column, or a column has another type.
+        beam_jax.InputFileError: Nothing matches ``pattern``.
+    """
+    id_type = pa.int64()
+    if pattern is not None:
+        read = bj.ReadArrowBatches(pattern, columns=["id"], format=format)
+        first = read.files()[0]
+        if format == "jsonl":
+            try:
+                types = {"id": read.json_schema().field("id").type}
+            except bj.SpecError:  # the first lines mix ints and strings: the first one's
+                types = {"id": _first_id_type(first)}
+        else:
+            with FileSystems.open(first) as f:
+                schema = pq.read_schema(f)
+            for name in COLUMNS:
+                if name not in schema.names:
+                    raise ValueError(f"{first} has no column {name!r}; it has {schema.names}")
+            types = {name: schema.field(name).type for name in COLUMNS}
+        for name, t in types.items():
+            if not (pa.types.is_string(t) or pa.types.is_large_string(t)) and not (
+                name == "id" and pa.types.is_integer(t)
+            ):
+                kind = "integers or strings" if name == "id" else "strings"
+                raise ValueError(f"the {name!r} of {first} is {t}; expected {kind}")
+        id_type = types["id"]
+    return pa.schema([("id", id_type), ("text", pa.string()), ("label", pa.string())])
+
+
+def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
+    """``(record batches of the rows, dead letters of what could not be read)``."""
+    pattern = args.input
+    if pattern is None:
+        rows = (
+            pipeline
+            | "Seed" >> beam.Create([args.classes])
+            | "BuiltinCorpus" >> beam.FlatMap(_builtin_batches)
+            | "Spread" >> beam.Reshuffle()
+        )
+        return rows, pipeline | "NoDeadLetters" >> beam.Create([])
+    read = bj.ReadArrowBatches(pattern, columns=list(COLUMNS), max_rows=_ROWS_PER_BATCH,
+                               format=args.format, schema=schema, key="id")  # fmt: skip
+    return pipeline | "Read" >> read.with_exception_handling()
+
+
+def records_schema(id_type: pa.DataType) -> pa.Schema:
+    """``id`` (the input's type), ``label`` (the true one) and ``tokens`` (``list<int32>``)."""
+    return pa.schema([("id", id_type), ("label", pa.string()), ("tokens", pa.list_(pa.int32()))])
+
+
+class ToRecords(beam.DoFn):
+    """A record batch of rows -> a table of records (``id``, ``label``, and ``tokens``, the
+    word-piece ids without ``[CLS]`` and ``[SEP]``), and one dead letter per bad row."""
+
+    def __init__(self, schema: pa.Schema):
+        self._schema = schema
+
+    def setup(self):
+        self._tokenizer = SentenceEncoder.from_dir().tokenizer()  # the packaged MiniLM's
+        self._rows = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rows")
+
+    def process(self, batch: pa.RecordBatch):
+        n = batch.num_rows
+        self._rows.inc(n)
+        ids, text, label = (batch.column(c) for c in COLUMNS)
+        problems: dict[int, tuple[str, Exception]] = {}
+
+        def refuse(mask, message: str, stage: str = VALIDATION):
+            for row in np.flatnonzero(np.asarray(mask, bool)).tolist():
+                problems.setdefault(row, (stage, bj.InvalidElementError(message)))
+
+        want = self._schema.field("id").type
+        try:
+            ids = ids.cast(want)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # another file's type
+            refuse(np.ones(n), f"the ids are {ids.type} here, but {want} in the first file")
+            ids = pa.nulls(n, want)
+        refuse(ids.is_null(), "the row has no id (null or missing); every row needs one")
+        refuse(text.is_null(), "expected a string 'text', got null")
+        label = label.cast(pa.string())
+        refuse(pc.fill_null(pc.equal(label, ""), True), "expected a non-empty string 'label'")
+        tokens, failures = self._tokenizer.encode_arrow(text)
+        for row, error in failures.items():
+            problems.setdefault(row, (TOKENIZE, error))
+        lengths = pc.fill_null(pc.list_value_length(tokens), 0).to_numpy()
+        message = "the text has no tokens besides [CLS] and [SEP] (empty, whitespace, or "
+        for row in np.flatnonzero(lengths <= 2).tolist():
+            error = EmptyTextError(message + "only characters the tokenizer drops)")
+            problems.setdefault(row, (TOKENIZE, error))
+        for row, (stage, error) in sorted(problems.items()):
+            element = batch.slice(row, 1).to_pylist()[0]
+            key = ids[row].as_py() if ids[row].is_valid else element.get("id")
+            record = bj.FailedElement.from_exception(error, stage=stage, element=element, key=key)
+            yield beam.pvalue.TaggedOutput(bj.DEAD_LETTERS, record)
+        keep = np.ones(n, bool)
+        keep[list(problems)] = False
+        if keep.any():
+            kept = tokens.filter(pa.array(keep))
+            offsets = kept.offsets.to_numpy()
+            values = kept.values.to_numpy()[offsets[0] : offsets[-1]]
+            offsets = offsets - offsets[0]
+            inner = np.ones(len(values), bool)  # drop each row's [CLS] and [SEP]
+            inner[offsets[:-1]] = inner[offsets[1:] - 1] = False
+            inner_offsets = offsets - 2 * np.arange(len(offsets), dtype=offsets.dtype)
+            stripped = pa.ListArray.from_arrays(pa.array(inner_offsets), pa.array(values[inner]))
+            columns = [ids.filter(pa.array(keep)), label.filter(pa.array(keep)), stripped]
+            yield pa.Table.from_arrays(columns, schema=records_schema(want))
+
+
+class RecordStats(beam.CombineFn):
+    """How many records of each label and of each token length: picks classes and buckets."""
+
+    def create_accumulator(self):
+        return Counter(), Counter()
+
+    def add_input(self, acc, table: pa.Table):
+        acc[0].update(table.column("label").to_pylist())
+        acc[1].update(pc.list_value_length(table.column("tokens")).to_pylist())
+        return acc
+
+    def merge_accumulators(self, accs):
+        labels, lengths = Counter(), Counter()
+        for a, b in accs:
+            labels.update(a)
+            lengths.update(b)
+        return labels, lengths
+
+    def extract_output(self, acc):
+        return {
+            "labels": dict(sorted(acc[0].items())),
+            "lengths": {str(k): v for k, v in sorted(acc[1].items())},
+        }
