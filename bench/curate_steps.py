@@ -26,10 +26,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from beam_jax.text import SentenceEncoder  # noqa: E402
 from pipelines import curate_data as data  # noqa: E402
 from pipelines import curate_model as cm  # noqa: E402
 from pipelines import curate_report as report  # noqa: E402
-from pipelines import labelled_corpus, minilm  # noqa: E402
+from pipelines import labelled_corpus  # noqa: E402
 
 BUCKET = 256
 
@@ -37,7 +38,7 @@ BUCKET = 256
 def load(flip_fraction: float, seed: int):
     classes, rows = labelled_corpus.labelled_passages()
     noise = data.LabelNoise(classes, flip_fraction, seed)
-    encoded = minilm.Tokenizer().encode_batch([t for _, t, _ in rows])
+    encoded = SentenceEncoder.from_dir().tokenizer().encode_batch([t for _, t, _ in rows])
     tokens = np.zeros((len(rows), BUCKET), np.int32)
     lengths = np.zeros(len(rows), np.int32)
     for i, ids in enumerate(encoded):
