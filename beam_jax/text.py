@@ -33,6 +33,7 @@ from beam_jax._src.text.model_dir import verify_model_dir as verify_model_dir
 from beam_jax._src.text.packed import embed_packed as embed_packed
 from beam_jax._src.text.packed import segment_attention_bias as segment_attention_bias
 from beam_jax._src.text.params import read_weights as read_weights
+from beam_jax._src.text.remote import local_model_dir as local_model_dir
 from beam_jax._src.text.sentence_encoder import SentenceEncoder as SentenceEncoder
 from beam_jax._src.text.tokenizer import MAX_TOKENIZED_CHARS as MAX_TOKENIZED_CHARS
 from beam_jax._src.text.tokenizer import TextTooLongError as TextTooLongError

@@ -154,6 +154,7 @@ TEXT = {
     "ModelDir",
     "read_model_dir",
     "packaged_model_dir",
+    "local_model_dir",
     "verify_model_dir",
     "make_manifest",
     "file_sha256",
@@ -171,6 +172,15 @@ TEXT = {
 
 
 JOBS = {
+    "DEFAULT_COMPILATION_CACHE",
+    "DefaultsHelpFormatter",
+    "add_compilation_cache_flag",
+    "int_list",
+    "non_negative",
+    "parse_job_args",
+    "positive_int",
+    "ratio",
+    "reject_unknown_flags",
     "OutputDir",
     "OutputLayout",
     "OutputExistsError",

@@ -30,7 +30,9 @@ def add_parsers(subparsers) -> None:
 
 
 def run_pipeline(name: str, argv: Sequence[str]) -> int:
-    """Runs pipeline ``name``'s ``main`` with ``argv``."""
+    """Runs pipeline ``name``'s ``main`` with ``argv`` (a package's, from its ``__main__``)."""
     module = importlib.import_module(names()[name][0])
+    if not hasattr(module, "main"):
+        module = importlib.import_module(f"{module.__name__}.__main__")
     module.main(list(argv))
     return 0
