@@ -17,6 +17,8 @@ Example:
     (384, [101, 1037, 4937, 1012, 102], [1])
 """
 
+from beam_jax._src.text.batching import BatchingChoice as BatchingChoice
+from beam_jax._src.text.batching import plan_batching as plan_batching
 from beam_jax._src.text.config import ACTIVATIONS as ACTIVATIONS
 from beam_jax._src.text.config import BertConfig as BertConfig
 from beam_jax._src.text.encoder import POOLING as POOLING

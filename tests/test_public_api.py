@@ -146,6 +146,8 @@ TEXT = {
     # the model, described once
     "SentenceEncoder",
     "EmbedText",
+    "plan_batching",
+    "BatchingChoice",
     "BertConfig",
     "Tokenizer",
     "TextTooLongError",

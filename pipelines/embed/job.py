@@ -325,7 +325,7 @@ def run(
     started = time.perf_counter()
     args, options = parse_args(argv)
     # A tampered or incomplete model fails the launch, naming the file.
-    tr.local_model_dir(args.model_dir)
+    tr.sentence_encoder(args.model_dir)
     if args.input is None:
         inputs = inp.builtin_inputs(args.builtin_texts)
     else:

@@ -63,7 +63,7 @@ class TokenizeParts(beam.DoFn):
 
     Args:
         id_type: The type every id must have.
-        model_dir: The model directory, as for ``text_rows.local_model_dir``.
+        model_dir: The model directory, as for ``text_rows.sentence_encoder``.
         files: Each input file's name, for dead letters' ``source``.
     """
 

@@ -7,7 +7,7 @@ import pathlib
 import posixpath
 import tempfile
 
-from beam_jax._src.core.files import copy_to_local
+from beam_jax._src.files import copy_to_local
 from beam_jax._src.text import model_dir as md
 
 __all__ = ["is_remote", "local_model_dir"]
