@@ -1,14 +1,7 @@
-"""Rows of ``(id, text)`` for the text pipelines: checking, tokenizing, writing.
+"""Rows of ``(id, text)`` for the flagship: checks, ids of the input's type, the model.
 
-Each row that cannot be embedded becomes one dead-letter record with stage
-``"validation"`` (no usable id, no text, invalid UTF-8 or Unicode, a line that is not
-a JSON object) or ``"tokenize"`` (a text too long to be prose, a text the tokenizer
-rejects). An empty or whitespace-only text is embedded, as sentence-transformers embeds it
-(its tokens are ``[CLS] [SEP]``). The flagship's reading and tokenizing are
-:mod:`pipelines.embed.read` and :mod:`pipelines.embed.tokenize`.
-
-The id keeps its type end to end: the output column has the input's Arrow type for
-Parquet, and ``int64`` or ``string`` for JSON lines (see :class:`IdType`).
+A row that cannot be embedded is a dead letter at stage ``validation`` or ``tokenize``; an
+empty text is embedded as sentence-transformers embeds it (docs/embed_text.md).
 
 Example:
     >>> parse_json_line('{"id": 7, "text": "hi"}'), parse_json_line("[1, 2]")[2]
