@@ -10,9 +10,10 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
 - :class:`RunConsole` keeps Beam's and JAX's logs in a log file unless ``--verbose``
   (:func:`add_flags`), prints the progress line, and :func:`failure_line` says in one line
   what failed and where the traceback is.
-- :func:`reject_unknown_flags` refuses a flag that neither the job nor Beam knows (with a
-  suggestion); :func:`positive_int`, :func:`int_list` and :class:`DefaultsHelpFormatter`
-  help build the job's own flags.
+- :func:`parse_job_args` parses a job's flags and Beam's, rejecting a flag neither knows
+  (:func:`reject_unknown_flags`, with a suggestion); :func:`int_list`, :func:`positive_int`,
+  :func:`non_negative`, :func:`ratio` and :class:`DefaultsHelpFormatter` help write the
+  job's parser.
 - :func:`metrics_record` and :func:`write_metrics` write ``OUTPUT/_metrics.json``, which
   ``beam-jax report OUTPUT`` prints.
 
@@ -35,8 +36,12 @@ from beam_jax._src.jobs.console import prog as prog
 from beam_jax._src.jobs.console import verbose_requested as verbose_requested
 from beam_jax._src.jobs.flags import DEFAULT_COMPILATION_CACHE as DEFAULT_COMPILATION_CACHE
 from beam_jax._src.jobs.flags import DefaultsHelpFormatter as DefaultsHelpFormatter
+from beam_jax._src.jobs.flags import add_compilation_cache_flag as add_compilation_cache_flag
 from beam_jax._src.jobs.flags import int_list as int_list
+from beam_jax._src.jobs.flags import non_negative as non_negative
+from beam_jax._src.jobs.flags import parse_job_args as parse_job_args
 from beam_jax._src.jobs.flags import positive_int as positive_int
+from beam_jax._src.jobs.flags import ratio as ratio
 from beam_jax._src.jobs.flags import reject_unknown_flags as reject_unknown_flags
 from beam_jax._src.jobs.output_dir import OutputDir as OutputDir
 from beam_jax._src.jobs.output_dir import OutputExistsError as OutputExistsError

@@ -17,6 +17,8 @@ Example:
     (384, [101, 1037, 4937, 1012, 102], [1])
 """
 
+from beam_jax._src.text.batching import BatchingChoice as BatchingChoice
+from beam_jax._src.text.batching import plan_batching as plan_batching
 from beam_jax._src.text.config import ACTIVATIONS as ACTIVATIONS
 from beam_jax._src.text.config import BertConfig as BertConfig
 from beam_jax._src.text.encoder import POOLING as POOLING
@@ -33,6 +35,7 @@ from beam_jax._src.text.model_dir import verify_model_dir as verify_model_dir
 from beam_jax._src.text.packed import embed_packed as embed_packed
 from beam_jax._src.text.packed import segment_attention_bias as segment_attention_bias
 from beam_jax._src.text.params import read_weights as read_weights
+from beam_jax._src.text.remote import local_model_dir as local_model_dir
 from beam_jax._src.text.sentence_encoder import SentenceEncoder as SentenceEncoder
 from beam_jax._src.text.tokenizer import MAX_TOKENIZED_CHARS as MAX_TOKENIZED_CHARS
 from beam_jax._src.text.tokenizer import TextTooLongError as TextTooLongError

@@ -30,10 +30,11 @@ def main(argv: list[str] | None = None) -> None:
 
     from beam_jax._src.kernel.precompile import BackgroundCompile
     from beam_jax.internal import Kernel
-    from pipelines import minilm
+    from beam_jax.text import SentenceEncoder
 
-    kernel = Kernel(minilm.embed_element)
-    params = kernel.put_params(minilm.load_params())
+    encoder = SentenceEncoder.from_dir()
+    kernel = Kernel(encoder.element_fn)
+    params = kernel.put_params(encoder.load_params())
     treedef = __import__("jax").tree_util.tree_structure({"input_ids": 0})
 
     def shapes(offset: int):

@@ -143,21 +143,22 @@ def _write_data(workdir: Path, n: int) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines import corpus, minilm
+    from beam_jax.text import SentenceEncoder, packaged_model_dir
+    from pipelines import corpus
 
     texts = [t for _, t in corpus.builtin_corpus()]
     texts = [texts[i % len(texts)] for i in range(n)]
     table = pa.table({"id": pa.array(range(n), pa.int64()), "text": pa.array(texts)})
     pq.write_table(table, workdir / "texts.parquet", row_group_size=1024)
     (workdir / "texts.json").write_text(json.dumps(texts))
-    lengths = [len(ids) for ids in minilm.Tokenizer().encode_batch(texts)]
+    lengths = [len(ids) for ids in SentenceEncoder.from_dir().tokenizer().encode_batch(texts)]
     tokens = sum(lengths)
     return {
         "flops": model_flops(lengths),
         "st_slots_by_length": st_slots_by_length(texts, lengths, BATCH_SIZE),
         "parquet": str(workdir / "texts.parquet"),
         "texts": str(workdir / "texts.json"),
-        "model_dir": str(minilm.model_dir()),
+        "model_dir": str(packaged_model_dir()),
         "n": n,
         "tokens": tokens,
     }
@@ -222,9 +223,9 @@ def host_only_expected(texts: list[str]):
     """What the host-only variants must write for ``texts``: float32 ``[n, 384]``."""
     import numpy as np
 
-    from pipelines import minilm
+    from beam_jax.text import SentenceEncoder
 
-    sums = [int(ids.sum()) for ids in minilm.Tokenizer().encode_batch(texts)]
+    sums = [int(ids.sum()) for ids in SentenceEncoder.from_dir().tokenizer().encode_batch(texts)]
     return np.repeat(np.asarray(sums, np.float32)[:, None], DIM, axis=1)
 
 
@@ -234,9 +235,9 @@ def model_flops(token_lengths) -> float:
     4 H L^2 per text (scores and weighted values)."""
     import numpy as np
 
-    from pipelines import minilm
+    from beam_jax.text import SentenceEncoder
 
-    config = minilm.load_config(minilm.model_dir())
+    config = SentenceEncoder.from_dir().config
     h, layers = config.hidden_size, config.num_hidden_layers
     n = np.asarray(token_lengths, np.float64)
     return float(layers * np.sum(24 * h * h * n + 4 * h * n * n))
@@ -276,9 +277,9 @@ def _tokenize_only(cfg: dict) -> dict:
     """
     import pyarrow.parquet as pq
 
-    from pipelines import minilm
+    from beam_jax.text import SentenceEncoder
 
-    tokenizer = minilm.Tokenizer(cfg["model_dir"])
+    tokenizer = SentenceEncoder.from_dir(cfg["model_dir"]).tokenizer()
     start = time.perf_counter()
     texts = tokens = 0
     parquet = pq.ParquetFile(cfg["parquet"])
@@ -346,16 +347,17 @@ def _runinference(cfg: dict) -> dict:
     )
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines import minilm
+    from beam_jax.text import SentenceEncoder
     from pipelines import text_rows as tr
 
     class Model:
         """The parameters, tokenizer and jitted function (a class: Beam keeps a weakref)."""
 
         def __init__(self):
-            self.params = jax.device_put(minilm.load_params())
-            self.tokenizer = minilm.Tokenizer()
-            self.fn = jax.jit(jax.vmap(minilm.embed_element, in_axes=(None, 0, 0)))
+            encoder = SentenceEncoder.from_dir()
+            self.params = jax.device_put(encoder.load_params())
+            self.tokenizer = encoder.tokenizer()
+            self.fn = jax.jit(jax.vmap(encoder.element_fn, in_axes=(None, 0, 0)))
             self.shapes = set()
 
     import beam_jax.internal as bji
@@ -400,7 +402,7 @@ def _runinference(cfg: dict) -> dict:
 
     class Tokenize(beam.DoFn):
         def setup(self):
-            self.tokenizer = minilm.Tokenizer()
+            self.tokenizer = SentenceEncoder.from_dir().tokenizer()
 
         def process(self, table):
             ids = self.tokenizer.encode_batch(table.column("text").to_pylist())

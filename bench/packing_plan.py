@@ -32,7 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import beam_jax as bj  # noqa: E402
-from pipelines import corpus, minilm  # noqa: E402
+from beam_jax.text import SentenceEncoder  # noqa: E402
+from pipelines import corpus  # noqa: E402
 from pipelines.embed.flags import (  # noqa: E402
     DEFAULT_BATCH_SIZE,
     DEFAULT_COMPILE_BUDGET,
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--budget", type=int, default=4, help="packing's compile budget")
     args = parser.parse_args(argv)
-    tokenizer = minilm.Tokenizer()
+    tokenizer = SentenceEncoder.from_dir().tokenizer()
     corpora = {
         "built-in corpus": [t for _, t in corpus.builtin_corpus()],
         "help topics": topic_paragraphs(),

@@ -1,19 +1,9 @@
-"""A built-in corpus of real English prose, gathered from the Python standard library.
+"""A built-in corpus of real English prose: the docstrings of the Python standard library.
 
-Every CPython install ships the source of its standard library, and that source is
-full of hand-written English: the docstrings of its modules, classes and functions.
-:func:`builtin_corpus` reads those ``.py`` files (without importing them: each file is
-parsed with :mod:`ast`, which runs no code), splits every docstring into paragraphs,
-keeps the paragraphs that read as prose (not code, doctests, tables or argument lists)
-and joins them back into one passage per docstring. One-line docstrings give short
-sentences; long module and class docstrings give passages of several hundred tokens,
-longer than a 256-token encoder window. Test suites, IDLE, Tkinter and the deprecated
-distutils are left out: their docstrings are terse internal notes rather than prose.
-
-The result is deterministic for a given Python install (the files are read in sorted
-order, and passages are ordered by a hash of their text), needs no network and no
-data files, and takes a couple of seconds. Different Python versions ship different
-docstrings, so the exact passages differ between versions.
+The ``.py`` files are parsed with :mod:`ast` (no code runs); each docstring's prose
+paragraphs (not code, doctests, tables or argument lists) become one passage, short or
+longer than a 256-token window. Deterministic for a given Python install, no network or
+data files; tests, IDLE, Tkinter and distutils are left out. See docs/embed_text.md.
 
 Example:
     >>> corpus = builtin_corpus(5)

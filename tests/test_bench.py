@@ -188,13 +188,14 @@ def test_embed_text_bench_flop_counts_match_the_encoder():
     import jax
     import numpy as np
 
-    from pipelines import minilm
+    from beam_jax.text import SentenceEncoder
 
     embed_text = _bench_module("embed_text")
     length = 32
-    params = minilm.load_params()
+    encoder = SentenceEncoder.from_dir()
+    params = encoder.load_params()
     element = {"input_ids": np.full((length,), 1000, np.int32)}
-    cost = jax.jit(minilm.embed_element).lower(params, element, {"L": np.int32(length)})
+    cost = jax.jit(encoder.element_fn).lower(params, element, {"L": np.int32(length)})
     cost = cost.compile().cost_analysis()
     xla = (cost[0] if isinstance(cost, list) else cost)["flops"]
     ours = length * embed_text.flops_per_token(length)

@@ -146,6 +146,8 @@ TEXT = {
     # the model, described once
     "SentenceEncoder",
     "EmbedText",
+    "plan_batching",
+    "BatchingChoice",
     "BertConfig",
     "Tokenizer",
     "TextTooLongError",
@@ -154,6 +156,7 @@ TEXT = {
     "ModelDir",
     "read_model_dir",
     "packaged_model_dir",
+    "local_model_dir",
     "verify_model_dir",
     "make_manifest",
     "file_sha256",
@@ -171,6 +174,15 @@ TEXT = {
 
 
 JOBS = {
+    "DEFAULT_COMPILATION_CACHE",
+    "DefaultsHelpFormatter",
+    "add_compilation_cache_flag",
+    "int_list",
+    "non_negative",
+    "parse_job_args",
+    "positive_int",
+    "ratio",
+    "reject_unknown_flags",
     "OutputDir",
     "OutputLayout",
     "OutputExistsError",
@@ -186,11 +198,6 @@ JOBS = {
     "verbose_requested",
     "metrics_record",
     "write_metrics",
-    "reject_unknown_flags",
-    "positive_int",
-    "int_list",
-    "DefaultsHelpFormatter",
-    "DEFAULT_COMPILATION_CACHE",
 }
 
 

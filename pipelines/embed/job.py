@@ -1,27 +1,14 @@
-"""Sentence embeddings with all-MiniLM-L6-v2, in JAX, from Parquet or JSON lines to Parquet.
+"""The flagship's job graph and run: resume, staged publishing, threshold, summary.
 
-The job, one route for every input (see the package's docstring for the drawing):
-read each part as an Arrow record batch (:mod:`pipelines.embed.read`), spread them over the
-workers, tokenize each batch with one call to the Rust tokenizer
-(:mod:`pipelines.embed.tokenize`), embed the token ids with ``beam_jax.RunKernelOnArrow``
-(token-length buckets, or packed rows: :mod:`pipelines.embed.plan`), and write each part
-in the same fused step as soon as all its rows are done (:mod:`pipelines.embed.write`).
-Every row that cannot be embedded becomes one JSON line under ``OUTPUT/_failed/``, and every
-file that cannot be read one line naming it. The parts are staged and published only when the
-job succeeds (:class:`beam_jax.jobs.OutputDir`); a rerun resumes. See docs/embed_text.md.
+The route is drawn in the package's docstring and docs/embed_text.md: read parts
+(:mod:`~pipelines.embed.read`), spread them, tokenize (:mod:`~pipelines.embed.tokenize`),
+``beam_jax.RunKernelOnArrow`` as :mod:`~pipelines.embed.plan` planned, write each part in
+the same fused step (:mod:`~pipelines.embed.write`).
 
 Example:
     >>> summary = run(["--builtin_texts", "50", "--output", "/tmp/embed"])  # doctest: +SKIP
     >>> summary.conserved  # doctest: +SKIP
     True
-
-Run it::
-
-    python -m pipelines.embed                                  # the built-in corpus
-    python -m pipelines.embed --input 'data/*.parquet' --output out/
-    python -m pipelines.embed --input gs://b/in/*.jsonl --output gs://b/out \\
-        --runner DataflowRunner --project P --region R --temp_location gs://b/tmp \\
-        --setup_file ./setup.py --sdk_container_image IMAGE
 """
 
 from __future__ import annotations
@@ -325,7 +312,7 @@ def run(
     started = time.perf_counter()
     args, options = parse_args(argv)
     # A tampered or incomplete model fails the launch, naming the file.
-    tr.local_model_dir(args.model_dir)
+    tr.sentence_encoder(args.model_dir)
     if args.input is None:
         inputs = inp.builtin_inputs(args.builtin_texts)
     else:

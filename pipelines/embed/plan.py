@@ -1,14 +1,8 @@
-"""Batches planned at launch from a sample of the input: buckets or packed rows.
+"""At launch: the run's batches, planned from a sample of its input (docs/embed_text.md).
 
-Before the job starts, the first texts of the input (spread over its files) are tokenized
-as the job will tokenize them. ``beam_jax.plan_bucketing`` picks bucket boundaries and
-batch sizes from their token counts (the least padded tokens, batch rows included, for at
-most ``--compile_budget`` compiled shapes), and ``beam_jax.plan_packing`` the row lengths
-and rows per batch of packed rows. With ``--batching auto`` the job packs when packing is
-predicted to execute fewer FLOPs per real token, counting attention (whose cost grows with
-the row length) and a price per compiled shape, and says which it chose and why.
-``--buckets 16,32,...`` keeps fixed buckets instead. Only the sample is read here, with
-pyarrow (Parquet), line by line (JSON lines) or from the built-in corpus.
+The first texts of the input (spread over its files) are tokenized as the job will
+tokenize them; ``beam_jax.text.plan_batching`` plans buckets and packed rows from their
+token counts and says which it chose and why. ``--buckets 16,32,...`` fixes buckets.
 
 Example:
     >>> plan = plan_for(args, inputs)  # doctest: +SKIP
@@ -29,7 +23,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 import beam_jax as bj
-from beam_jax.internal import Plan, assign_rows, batch_rows
+from beam_jax import text
+from beam_jax.internal import Plan
 from beam_jax.jobs import is_local
 from pipelines import corpus
 from pipelines import input_files as inp
@@ -248,28 +243,6 @@ def in_process(options: Any) -> bool:
     )
 
 
-def _bucketed_flops(lengths: np.ndarray, plan: bj.BucketingPlan, encoder) -> float:
-    """Predicted executed FLOPs per real token of ``plan`` on the sample."""
-    bounds = np.asarray(plan.bucketing.boundaries["L"], np.int64)
-    padded_to = bounds[np.minimum(np.searchsorted(bounds, lengths), len(bounds) - 1)]
-    # Each text runs at its bucket's length; batch rows add the plan's own padding.
-    per_text = padded_to * np.array([encoder.flops_per_token(int(b)) for b in padded_to])
-    rows = plan.padding_ratio * lengths.sum() / max(padded_to.sum(), 1)
-    return float(per_text.sum() * rows / max(lengths.sum(), 1))
-
-
-def _packed_flops(lengths: np.ndarray, plan: bj.PackingPlan, encoder) -> float:
-    """Predicted executed FLOPs per real token of ``plan`` on the sample, packed buffer by
-    buffer as the job packs (empty slots and empty rows included)."""
-    step = plan.buffer_size or len(lengths)
-    executed = 0.0
-    for start in range(0, len(lengths), step):
-        assignment = assign_rows(lengths[start : start + step], plan.packing)
-        for n, size, _ in batch_rows(assignment, plan.packing):
-            executed += n * size * encoder.flops_per_token(n)
-    return executed / max(int(lengths.sum()), 1)
-
-
 def plan_for(args: Any, inputs: inp.Inputs, num_devices: int = 1) -> LaunchPlan:
     """The run's batches: fixed buckets, or buckets or packed rows planned from a sample.
 
@@ -286,77 +259,30 @@ def plan_for(args: Any, inputs: inp.Inputs, num_devices: int = 1) -> LaunchPlan:
         shapes = len(Plan(_SPEC, bucketing, num_devices=num_devices).shapes())
         return LaunchPlan(bucketing, False, 0, 0, shapes, float("nan"))
     texts, total = sample_texts(inputs, args.plan_sample)
-    encoder = tr.sentence_encoder(args.model_dir)
-    lengths = token_lengths(texts, args.model_dir)
-    max_size = encoder.max_length
-    if len(lengths) == 0:
-        lengths = np.asarray([max_size])  # nothing readable: one bucket, the job decides
-    lengths = np.minimum(lengths, max_size)
-    common = dict(max_size=max_size, shape_cost=args.shape_cost, num_devices=num_devices)
-    buckets = packed = None
-    if batching != "packed":
-        buckets = bj.plan_bucketing(
-            lengths,
-            compile_budget=args.compile_budget,
-            max_batch_size=args.batch_size,
-            max_padded_size=args.max_tokens_per_batch,
-            total=max(total, 1),
-            **common,
-        )
-    if batching != "buckets":
-        step = encoder.flops_per_token(2) - encoder.flops_per_token(1)  # attention, per L
-        dense = encoder.flops_per_token(1) - step
-        packed = bj.plan_packing(
-            lengths,
-            compile_budget=min(args.compile_budget, _PACKED_SHAPES),
-            max_rows_per_batch=args.batch_size,
-            max_tokens_per_batch=args.max_tokens_per_batch,
-            buffer_size=args.rows_per_part,
-            attention_cost=step / dense,
-            **common,
-        )
-    flops = {}
-    if buckets is not None:
-        flops["buckets"] = _bucketed_flops(lengths, buckets, encoder)
-    if packed is not None:
-        flops["packed"] = _packed_flops(lengths, packed, encoder)
-    use_packing, reason = _choose(batching, flops, buckets, packed, args, lengths, encoder)
-    plan = packed if use_packing else buckets
+    choice = text.plan_batching(
+        token_lengths(texts, args.model_dir),
+        tr.sentence_encoder(args.model_dir),
+        batching=batching,
+        compile_budget=args.compile_budget,
+        shape_cost=args.shape_cost,
+        max_batch_size=args.batch_size,
+        max_tokens_per_batch=args.max_tokens_per_batch,
+        buffer_size=args.rows_per_part,
+        total=max(total, 1),
+        num_devices=num_devices,
+    )
+    packed = choice.batching == "packed"
     return LaunchPlan(
-        None if use_packing else buckets.bucketing,
+        None if packed else choice.policy,
         True,
         len(texts),
         max(total, 1),
-        plan.shapes,
-        plan.padding_ratio,
-        packing=packed if use_packing else None,
-        flops=flops,
-        reason=reason,
+        choice.shapes,
+        choice.padding_ratio,
+        packing=choice.policy if packed else None,
+        flops=dict(choice.flops),
+        reason=choice.reason,
     )
 
-
-def _choose(batching, flops, buckets, packed, args, lengths, encoder) -> tuple[bool, str]:
-    """Whether to pack, and why: the predicted FLOPs of the whole input, plus
-    ``--shape_cost`` tokens' worth of FLOPs for each compiled shape."""
-    if batching != "auto":
-        return batching == "packed", f"--batching {batching}"
-    real = float(lengths.sum()) / len(lengths)  # tokens per text
-    price = args.shape_cost * encoder.flops_per_token(max(1, int(np.mean(lengths))))
-    cost = {
-        name: flops[name] * real * max(len(lengths), 1) + price * plan.shapes
-        for name, plan in (("buckets", buckets), ("packed", packed))
-    }
-    saved = 1 - flops["packed"] / flops["buckets"]
-    words = (
-        f"predicted {flops['packed'] / 1e6:.1f} MFLOP per real token packed "
-        f"({packed.shapes} shapes) against {flops['buckets'] / 1e6:.1f} bucketed "
-        f"({buckets.shapes} shapes)"
-    )
-    if cost["packed"] < cost["buckets"]:
-        return True, f"packing chosen: {words}, {saved:.0%} fewer FLOPs (--batching auto)"
-    return False, f"buckets chosen: {words} (--batching auto)"
-
-
-_PACKED_SHAPES = 4  # a few shapes: packing's point is fewer compiles
 
 _SPEC = {"input_ids": bj.ArraySpec(("L",), np.int32)}

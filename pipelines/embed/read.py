@@ -1,15 +1,8 @@
-"""Every input as Arrow record batches of ``key``, ``id`` and ``text``, one batch per part.
-
-Parquet is read by the library's ``beam_jax.ReadArrowBatches`` (row groups in parallel,
-record batches of at most ``--rows_per_part`` rows, an unreadable file or row group one
-dead letter naming it); JSON lines (line by line, a bad line that row's problem) and the
-built-in corpus are read by :class:`ReadLines`. Either way a record batch is one *part*:
-rows ``[start, end)`` of one file (lines, for JSON lines), never crossing a multiple of
-``--rows_per_part``, so every run of the same job cuts the same parts and a rerun skips the
-parts already written. ``key`` is ``file_index << 40 | row``: it travels with each row
-through tokenizing and the kernel (as ``RunKernelOnArrow``'s id column), so every result
-and dead letter finds its part. A row that cannot be used as read carries its reason in
-``problem`` (and its id, as JSON, in ``raw_id``), for the tokenize step to dead-letter.
+"""Every input as Arrow record batches of ``key``, ``id`` and ``text``, one batch per part
+(docs/embed_text.md, "The route"): Parquet through ``beam_jax.ReadArrowBatches``, JSON
+lines and the built-in corpus through :class:`ReadLines`. ``key`` is
+``file_index << 40 | row`` (:mod:`pipelines.embed.parts`); a row unusable as read carries
+its reason in ``problem`` (and its id, as JSON, in ``raw_id``) for the tokenize step.
 
 Example:
     >>> read = ReadParts(inputs, "in/*.parquet", 8192, done, id_type)  # doctest: +SKIP

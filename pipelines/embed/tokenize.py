@@ -1,12 +1,6 @@
-"""One tokenize step per part: a record batch of ``key``, ``id``, ``text`` in, token ids out.
-
-:class:`TokenizeParts` checks and tokenizes a whole record batch with one call to the Rust
-tokenizer (flat arrays, no Python object per row on the way; only rows that fail get one,
-their dead letter) and says which part it opened (:class:`Part`), so that the writer
-downstream knows how many rows the part has and their ids. A row is a dead letter with
-stage ``"validation"`` (no usable id, no text, invalid UTF-8 or Unicode, a JSON line that
-is not an object) or ``"tokenize"`` (a text too long to be prose, a text the tokenizer
-rejects). An empty or whitespace-only text is embedded, as sentence-transformers embeds it.
+"""One tokenize step per part: a record batch of ``key``, ``id``, ``text`` in, token ids out,
+with one Rust tokenizer call per batch; a bad row is a dead letter at stage ``validation``
+or ``tokenize`` (docs/embed_text.md).
 
 Example:
     >>> tokens = batches | beam.ParDo(TokenizeParts(id_type)).with_outputs(  # doctest: +SKIP
@@ -63,7 +57,7 @@ class TokenizeParts(beam.DoFn):
 
     Args:
         id_type: The type every id must have.
-        model_dir: The model directory, as for ``text_rows.local_model_dir``.
+        model_dir: The model directory, as for ``text_rows.sentence_encoder``.
         files: Each input file's name, for dead letters' ``source``.
     """
 

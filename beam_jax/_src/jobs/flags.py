@@ -1,17 +1,19 @@
-"""A runnable job's command line: flag types, help with defaults, and Beam's flags beside
-the job's own.
+"""A job's command line: argparse value types, a help formatter, and one parse for the
+job's flags and Beam's.
 
-A job parses its own flags with ``parse_known_args`` and hands the rest to Beam's
-``PipelineOptions``; :func:`reject_unknown_flags` then refuses what neither knows (a typo
-would otherwise be passed to Beam and ignored), suggesting the closest of the job's flags.
+:func:`parse_job_args` parses the job's own flags and passes every other flag to Beam's
+``PipelineOptions``; a flag neither knows stops the launch with a suggestion (a misspelled
+``--inptu`` is not dropped with a warning).
 
 Example:
     >>> parser = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter)
-    >>> _ = parser.add_argument("--passes", type=positive_int, default=3, help="passes")
-    >>> args, rest = parser.parse_known_args(["--passes", "2", "--runner=FnApiRunner"])
-    >>> reject_unknown_flags(parser, rest)
-    >>> args.passes, rest
-    (2, ['--runner=FnApiRunner'])
+    >>> _ = parser.add_argument("--sizes", type=int_list, default=(16, 32))
+    >>> add_compilation_cache_flag(parser)
+    >>> args, options = parse_job_args(parser, ["--sizes", "8,64", "--direct_num_workers=2"])
+    >>> args.sizes, options.view_as(StandardOptions).runner
+    ((8, 64), 'FnApiRunner')
+    >>> args.compilation_cache_dir == os.path.expanduser(DEFAULT_COMPILATION_CACHE)
+    True
 """
 
 from __future__ import annotations
@@ -21,13 +23,24 @@ import difflib
 import os
 from collections.abc import Sequence
 
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import (
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+    TestOptions,
+)
+
+from beam_jax._src.jobs.console import is_local
 
 __all__ = [
     "DEFAULT_COMPILATION_CACHE",
     "DefaultsHelpFormatter",
+    "add_compilation_cache_flag",
     "int_list",
+    "non_negative",
+    "parse_job_args",
     "positive_int",
+    "ratio",
     "reject_unknown_flags",
 ]
 
@@ -38,16 +51,8 @@ DEFAULT_COMPILATION_CACHE = os.path.join(
 )
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an int of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
-    return value
-
-
 def int_list(text: str) -> tuple[int, ...]:
-    """An argparse type: comma-separated ints, at least one (``"16,32,64"``)."""
+    """An argparse type: comma-separated ints, at least one (``"16,32"`` -> ``(16, 32)``)."""
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
@@ -57,8 +62,33 @@ def int_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """An argparse type: a number >= 0."""
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def ratio(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a ratio in [0, 1], got {text!r}")
+    return value
+
+
 class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Appends ``(default: X)`` to a flag's help unless it says its default already."""
+    """Appends ``(default: X)`` to a flag's help unless it says its default already
+    (a tuple default shows comma-separated, as :func:`int_list` reads it)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -72,6 +102,18 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
                 default = ",".join(map(str, default))
             text += f" (default: {default})"
         return text
+
+
+def add_compilation_cache_flag(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--compilation_cache_dir``, which :func:`parse_job_args` resolves: the
+    directory given, :data:`DEFAULT_COMPILATION_CACHE` on the local runners when none is,
+    and ``None`` for ``none`` or on remote runners."""
+    parser.add_argument(
+        "--compilation_cache_dir",
+        help="JAX persistent compilation cache (local or gs://), so a rerun or a new worker "
+        f"loads its compiled shapes instead of compiling them; default "
+        f"{DEFAULT_COMPILATION_CACHE} on the local runners, none elsewhere; 'none' turns it off",
+    )
 
 
 def _unknown_flags(rest: Sequence[str]) -> list[str]:
@@ -92,8 +134,8 @@ def _unknown_flags(rest: Sequence[str]) -> list[str]:
 
 def reject_unknown_flags(parser: argparse.ArgumentParser, rest: Sequence[str]) -> None:
     """Exits through ``parser.error`` if ``rest`` (what ``parse_known_args`` left) holds a
-    flag that neither ``parser`` nor Beam's ``PipelineOptions`` knows, or a stray word,
-    suggesting the closest of ``parser``'s flags.
+    flag that neither ``parser`` nor Beam's ``PipelineOptions`` knows, suggesting the
+    closest of ``parser``'s flags.
 
     Raises:
         SystemExit: On such a flag (after printing the usage and the reason).
@@ -107,3 +149,40 @@ def reject_unknown_flags(parser: argparse.ArgumentParser, rest: Sequence[str]) -
             f"unrecognized arguments: {' '.join(unknown)} (neither this job's flags nor "
             f"Beam's PipelineOptions have them){'; ' + hint if hint else ''}"
         )
+
+
+def parse_job_args(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    *,
+    default_runner: str = "FnApiRunner",
+) -> tuple[argparse.Namespace, PipelineOptions]:
+    """Splits ``argv`` into ``parser``'s flags and Beam's ``PipelineOptions``.
+
+    Every flag ``parser`` does not know must be one of Beam's (``--runner``, ``--project``,
+    ``--temp_location`` ...), which pass through unchanged. The runner defaults to
+    ``default_runner``; ``--dry_run`` is accepted only with the DataflowRunner (other
+    runners ignore it and would run the whole job); a ``--compilation_cache_dir`` flag
+    (:func:`add_compilation_cache_flag`) is resolved; ``save_main_session`` is off (workers
+    import the job's code from its package).
+
+    Raises:
+        SystemExit: On a flag that neither ``parser`` nor Beam knows, or a bad value
+            (after printing the usage and the reason, as argparse does).
+    """
+    args, rest = parser.parse_known_args(argv)
+    reject_unknown_flags(parser, rest)
+    options = PipelineOptions(rest)
+    standard = options.view_as(StandardOptions)
+    if standard.runner is None:
+        standard.runner = default_runner
+    if options.view_as(TestOptions).dry_run and "DataflowRunner" not in str(standard.runner):
+        parser.error(f"--dry_run builds the job without running it only with --runner "
+                     f"DataflowRunner, got --runner {standard.runner}")  # fmt: skip
+    if hasattr(args, "compilation_cache_dir"):
+        if args.compilation_cache_dir in ("none", ""):
+            args.compilation_cache_dir = None
+        elif args.compilation_cache_dir is None and is_local(standard.runner):
+            args.compilation_cache_dir = os.path.expanduser(DEFAULT_COMPILATION_CACHE)
+    options.view_as(SetupOptions).save_main_session = False
+    return args, options

