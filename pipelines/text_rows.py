@@ -262,15 +262,14 @@ def embeddings_table(rows: Sequence[tuple[Any, np.ndarray]], schema: pa.Schema) 
 
 
 @functools.cache
-def sentence_encoder(model_dir: str | None = None) -> text.SentenceEncoder:
-    """``--model_dir``'s encoder (local or on any Beam file system; default: the packaged
-    all-MiniLM-L6-v2), its files checked against all-MiniLM-L6-v2's manifest; once per
+def sentence_encoder(model_dir: str | None = None, manifest: str | None = None):
+    """``--model_dir``'s encoder: any sentence-transformers BERT directory, local or on any
+    Beam file system (default: the packaged all-MiniLM-L6-v2, always checked against its
+    manifest); a directory is checked against ``--model_manifest`` when given. Once per
     process."""
-    return text.SentenceEncoder.from_dir(
-        model_dir, manifest=None if model_dir is None else text.MINILM_MANIFEST
-    )
+    return text.SentenceEncoder.from_dir(model_dir, manifest=manifest)
 
 
-def load_params(model_dir: str | None = None):
+def load_params(model_dir: str | None = None, manifest: str | None = None):
     """The weights of :func:`sentence_encoder`; run once per worker process."""
-    return sentence_encoder(model_dir).load_params()
+    return sentence_encoder(model_dir, manifest).load_params()

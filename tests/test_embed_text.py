@@ -214,3 +214,33 @@ def test_local_runs_keep_a_compilation_cache_and_remote_runs_do_not(monkeypatch,
         ["--runner", "DataflowRunner", "--compilation_cache_dir", "gs://b/cache"]
     )
     assert args.compilation_cache_dir == "gs://b/cache"
+
+
+@pytest.mark.parametrize("batching", ["packed", "buckets"])
+def test_any_sentence_transformers_bert_directory_is_the_model(tmp_path, batching):
+    """--model_dir: a random 2-layer BERT in the sentence-transformers layout (CLS pooling,
+    no Normalize, 64 wide) embeds every row as the float64 reference does."""
+    from beam_jax import text
+    from tests import flagship as ft
+    from tests.test_text_model import reference_embed
+    from tests.tiny_bert import sample_texts, write_tiny_bert
+
+    model = write_tiny_bert(tmp_path / "model", pooling="cls", normalize=False)
+    texts = sample_texts(40, seed=3)
+    pq.write_table(pa.table({"id": list(range(40)), "text": texts}), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    flags = ("--model_dir", str(model), "--batching", batching)
+    summary = ft.run(tmp_path / "in.parquet", out, *flags)
+    assert summary.rows == 40 and summary.results == 40
+    table, failed = ft.read_outputs(out)
+    assert failed == []
+    ids, _ = text.SentenceEncoder.from_dir(str(model)).tokenizer().encode_arrow(pa.array(texts))
+    got = dict(
+        zip(table.column("id").to_pylist(), table.column("embedding").to_pylist(), strict=True)
+    )
+    for key, tokens in enumerate(ids.to_pylist()):
+        want = reference_embed(model, np.asarray(tokens))
+        vector = np.asarray(got[key], np.float64)
+        assert vector.shape == (64,)
+        cosine = vector @ want / (np.linalg.norm(vector) * np.linalg.norm(want))
+        assert cosine >= 0.99999, (key, cosine)

@@ -14,8 +14,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODULES = sorted(
-    f"pipelines.{path.stem}"
-    for path in (ROOT / "pipelines").glob("*.py")
+    ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for path in (ROOT / "pipelines").rglob("*.py")
     if not path.stem.startswith("__") and ">>>" in path.read_text()
 )
 

@@ -98,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
         help="JSON lines only: the ids' type; 'auto' (default) takes the first row's")  # fmt: skip
     add("--model_dir", help="a sentence-transformers model directory (local or e.g. gs://); "
         "default: the packaged all-MiniLM-L6-v2")  # fmt: skip
+    add("--model_manifest", help="a manifest (tools/make_minilm_manifest.py --out) that the "
+        "--model_dir files must match, checked at launch and on each worker")  # fmt: skip
     jobs.add_compilation_cache_flag(parser)
     add("--accelerator",
         help="a Beam resource hint for the embedding step only, e.g. "

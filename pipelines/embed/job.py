@@ -136,7 +136,7 @@ def embed_kernel(args, launch: launch_plan.LaunchPlan, encoder=Encoder()) -> bj.
     """The embedding step: token ids in (``key``, ``input_ids``), ``key`` and ``output``
     (``fixed_size_list<float32, dim>``) out, bucketed or packed as ``launch`` says, with the
     model of ``--model_dir`` (any sentence-transformers BERT directory)."""
-    model = tr.sentence_encoder(args.model_dir)
+    model = tr.sentence_encoder(args.model_dir, args.model_manifest)
     packed = launch.packing is not None
     fn = (
         (encoder.packed_fn or model.packed_fn)
@@ -149,7 +149,8 @@ def embed_kernel(args, launch: launch_plan.LaunchPlan, encoder=Encoder()) -> bj.
         columns=bj.ArrowColumns(leaves={INPUT_IDS: INPUT_IDS}, id=KEY),
         bucketing=launch.bucketing,
         packing=launch.packing,
-        load_params=encoder.load_params or functools.partial(tr.load_params, args.model_dir),
+        load_params=encoder.load_params
+        or functools.partial(tr.load_params, args.model_dir, args.model_manifest),
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
     ).with_exception_handling()
@@ -312,7 +313,7 @@ def run(
     started = time.perf_counter()
     args, options = parse_args(argv)
     # A tampered or incomplete model fails the launch, naming the file.
-    tr.sentence_encoder(args.model_dir)
+    tr.sentence_encoder(args.model_dir, args.model_manifest)
     if args.input is None:
         inputs = inp.builtin_inputs(args.builtin_texts)
     else:
