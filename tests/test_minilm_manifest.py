@@ -107,6 +107,8 @@ def test_the_manifest_ships_with_the_installed_package():
 
 
 def test_embed_text_refuses_a_tampered_model_at_launch(tmp_path):
+    """A copy of MiniLM checked against its manifest (--model_manifest): one changed byte
+    fails the launch, naming the file."""
     from pipelines.embed import job as embed_text
 
     tampered = tmp_path / "model"
@@ -122,6 +124,8 @@ def test_embed_text_refuses_a_tampered_model_at_launch(tmp_path):
                 str(tmp_path / "out"),
                 "--model_dir",
                 str(tampered),
+                "--model_manifest",
+                str(text.MINILM_MANIFEST),
                 "--runner=FnApiRunner",
             ]
         )
