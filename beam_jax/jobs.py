@@ -14,6 +14,9 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   (:func:`reject_unknown_flags`, with a suggestion); :func:`int_list`, :func:`positive_int`,
   :func:`non_negative`, :func:`ratio` and :class:`DefaultsHelpFormatter` help write the
   job's parser.
+- :func:`input_format`, :func:`match_inputs` (:class:`InputFile`) and :func:`id_type_of`
+  check a job's input files at launch: their format, what a rerun must find unchanged, the
+  type of their id column.
 - :func:`metrics_record` and :func:`write_metrics` write ``OUTPUT/_metrics.json``, which
   ``beam-jax report OUTPUT`` prints.
 
@@ -43,6 +46,10 @@ from beam_jax._src.jobs.flags import parse_job_args as parse_job_args
 from beam_jax._src.jobs.flags import positive_int as positive_int
 from beam_jax._src.jobs.flags import ratio as ratio
 from beam_jax._src.jobs.flags import reject_unknown_flags as reject_unknown_flags
+from beam_jax._src.jobs.inputs import InputFile as InputFile
+from beam_jax._src.jobs.inputs import id_type_of as id_type_of
+from beam_jax._src.jobs.inputs import input_format as input_format
+from beam_jax._src.jobs.inputs import match_inputs as match_inputs
 from beam_jax._src.jobs.output_dir import OutputDir as OutputDir
 from beam_jax._src.jobs.output_dir import OutputExistsError as OutputExistsError
 from beam_jax._src.jobs.output_dir import OutputLayout as OutputLayout

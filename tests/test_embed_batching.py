@@ -21,12 +21,12 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
+from beam_jax import jobs
 from beam_jax.testing import assert_conserved
-from pipelines import input_files as inp
-from pipelines import text_rows as tr
+from beam_jax.text import MAX_TOKENIZED_CHARS
 from pipelines.embed import parts as read
 from pipelines.embed import write
-from pipelines.embed.parts import Part
+from pipelines.embed.parts import Inputs, Part
 from tests import flagship as ft
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -56,8 +56,8 @@ def test_keys_split_back_and_the_writer_cuts_packed_results_by_part(tmp_path):
     files, rows = read.split_keys(np.array(keys))
     assert files.tolist() == [0, 0, 2, 0] and rows.tolist() == [5, 6, 5, 2**39]
 
-    inputs = inp.Inputs("jsonl", tuple(inp.InputFile(f"/in/{n}.jsonl", 1, 1.0) for n in "ab"))
-    schema = tr.output_schema(tr.IdType(pa.int64()))
+    inputs = Inputs("jsonl", tuple(jobs.InputFile(f"/in/{n}.jsonl", 1, 1.0) for n in "ab"))
+    schema = pa.schema([("id", pa.int64()), ("embedding", pa.list_(pa.float32()))])
 
     def part(file_index, positions):
         positions = np.array(positions, np.int64)
@@ -80,7 +80,7 @@ def test_keys_split_back_and_the_writer_cuts_packed_results_by_part(tmp_path):
             | beam.Create(elements, reshuffle=False)
             | beam.ParDo(write.WriteParts(str(tmp_path), inputs, schema))
         )
-        sources = [f.source for f in inputs.files]
+        sources = [inputs.source(i) for i in range(2)]
         assert_that(names, equal_to([
             write.embeddings_name(sources[0], 0, 3), write.embeddings_name(sources[0], 3, 5),
             write.embeddings_name(sources[1], 0, 3),
@@ -97,8 +97,8 @@ def test_keys_split_back_and_the_writer_cuts_packed_results_by_part(tmp_path):
 
 
 def test_a_part_left_open_at_the_end_of_a_bundle_is_an_error(tmp_path):
-    inputs = inp.Inputs("jsonl", (inp.InputFile("/in/a.jsonl", 1, 1.0),))
-    schema = tr.output_schema(tr.IdType(pa.int64()))
+    inputs = Inputs("jsonl", (jobs.InputFile("/in/a.jsonl", 1, 1.0),))
+    schema = pa.schema([("id", pa.int64()), ("embedding", pa.list_(pa.float32()))])
     opened = Part(0, np.arange(3, dtype=np.int64), pa.array([0, 1, 2]))
     with pytest.raises(Exception, match="must run fused in one stage"):
         with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
@@ -114,8 +114,8 @@ def test_packed_rows_write_what_buckets_write(tmp_path):
     raw = [t.encode() for t in texts]
     raw[3] = b"caf\xe9 au lait"  # not UTF-8: this batch is checked value by value
     raw[4] = b""  # empty: embedded as [CLS] [SEP]
-    raw[5] = b" " * (tr.MAX_TOKENIZED_CHARS + 10) + b"word"  # too long to be prose
-    raw[6] = b"enormous prose " * (tr.MAX_TOKENIZED_CHARS // 10)  # embedded from its start
+    raw[5] = b" " * (MAX_TOKENIZED_CHARS + 10) + b"word"  # too long to be prose
+    raw[6] = b"enormous prose " * (MAX_TOKENIZED_CHARS // 10)  # embedded from its start
     text = pa.array(raw, pa.binary()).view(pa.string())
     ids = pa.array([*range(25), None, *range(26, 30)], pa.int32())
     text = pa.concat_arrays([text.slice(0, 7), pa.array([None], pa.string()), text.slice(8)])

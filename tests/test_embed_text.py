@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions, SetupOptions, StandardOptions
 
+from beam_jax import jobs
 from beam_jax.testing import assert_conserved
-from pipelines import input_files as inp
 from pipelines import text_rows as tr
 from pipelines.embed import job as embed_text
 
@@ -135,13 +135,13 @@ def test_json_lines_string_ids_and_bad_rows(tmp_path, reference):
     stages = sorted((repr(d["id"]), d["stage"]) for d in failed)
     assert stages == sorted(
         [
-            ("'n42'", "validation"),
-            ("'list'", "validation"),
+            ("'n42'", "read"),  # a JSON line whose fields do not fit the columns' types
+            ("'list'", "read"),
             ("'null'", "validation"),
             ("'missing'", "validation"),
             ("None", "validation"),  # no id
-            ("5", "validation"),  # wrong id type
-            ("None", "validation"),  # not JSON
+            ("5", "read"),  # wrong id type
+            ("None", "read"),  # not JSON
         ]
     )
     assert summary.rows == len(lines) - 1
@@ -175,10 +175,10 @@ def test_flags_defaults_and_passthrough():
 
 
 def test_input_format_and_id_types():
-    assert inp.input_format("a/*.parquet") == "parquet"
-    assert inp.input_format("gs://b/x.JSONL.gz") == "jsonl"
+    assert jobs.input_format("a/*.parquet") == "parquet"
+    assert jobs.input_format("gs://b/x.JSONL.gz") == "jsonl"
     with pytest.raises(ValueError, match="cannot tell the format"):
-        inp.input_format("data.csv")
+        jobs.input_format("data.csv")
     int32 = tr.IdType(pa.int32())
     assert int32.accepts(7) and not int32.accepts(2**31) and not int32.accepts(True)
     assert not int32.accepts("7") and tr.IdType.from_name("string").accepts("7")

@@ -85,9 +85,9 @@ def test_json_lone_surrogates_in_text_or_id_are_those_rows_dead_letters(tmp_path
     assert ft.ids(table) == ["good"]
     by_id = {d["id"]: d for d in failed}
     assert set(by_id) == {"text", "id-\udc00"}
-    assert "text holds a lone surrogate ('\\ud800' at index 12)" in by_id["text"]["error"]
-    assert "id holds a lone surrogate" in by_id["id-\udc00"]["error"]
-    assert {d["stage"] for d in failed} == {"validation"}
+    assert "'text' holds a lone surrogate ('\\ud800' at index 12)" in by_id["text"]["error"]
+    assert "'id' holds a lone surrogate" in by_id["id-\udc00"]["error"]
+    assert {d["stage"] for d in failed} == {"read"}  # the JSON line is no row
     assert_conserved(summary.totals())
 
 
@@ -101,7 +101,7 @@ def test_json_line_of_invalid_utf8_is_that_rows_dead_letter(tmp_path):
 
     table, failed = ft.read_outputs(tmp_path / "out")
     assert ft.ids(table) == [1]
-    d = _only(failed, id=2, row=1, stage="validation")  # the id is read past the bad byte
+    d = _only(failed, id=2, row=1, stage="read")  # the id is read past the bad byte
     assert "line is not valid UTF-8" in d["error"]
 
 
@@ -131,7 +131,7 @@ def test_broken_json_lines_are_dead_letters_and_the_rest_is_embedded(tmp_path):
     table, failed = ft.read_outputs(tmp_path / "out")
     assert sorted(ft.ids(table)) == [1, 3]
     assert sorted(d["row"] for d in failed) == [1, 2, 3]
-    assert all(d["id"] is None and d["stage"] == "validation" for d in failed)
+    assert all(d["id"] is None and d["stage"] == "read" for d in failed)
     assert summary.rows == 5
     assert_conserved(summary.totals())
 
@@ -223,7 +223,7 @@ def test_compressed_json_lines_cut_short_keep_the_rows_before_the_cut(tmp_path):
 
     table, failed = ft.read_outputs(tmp_path / "out")
     d = _only(failed, file=str(path), stage="read")
-    assert 0 < d["row"] < 3000 and f"after row {d['row']}" in d["message"]
+    assert 0 < d["row"] < 3000 and f"past line {d['row']}" in d["message"]
     assert sorted(ft.ids(table)) == list(range(d["row"]))  # every row before the cut, once
     assert summary.rows == d["row"] and summary.unreadable_files == 1
     assert_conserved(summary.totals())

@@ -18,7 +18,7 @@ import pytest
 
 import beam_jax as bj
 from beam_jax import jobs
-from pipelines import text_rows as tr
+from beam_jax.text import SentenceEncoder
 from pipelines.embed import job as embed_text
 from pipelines.embed import write as text_parts
 from tests import flagship as ft
@@ -42,7 +42,7 @@ def _good_output(tmp_path) -> tuple[pathlib.Path, dict[str, bytes]]:
     return out, _files(out)
 
 
-def _workers_cannot_load(model_dir=None):
+def _workers_cannot_load(encoder):
     raise RuntimeError("the model cannot be loaded on this worker (simulated)")
 
 
@@ -51,7 +51,7 @@ def test_a_run_that_fails_at_run_time_leaves_earlier_output_intact(tmp_path, mon
     source = ft.write_json_lines(tmp_path / "second.jsonl", _rows(5, start=100))
     # The model is checked at launch, so the failure is made where launch checks cannot
     # see it: loading the parameters in the workers.
-    monkeypatch.setattr(tr, "load_params", _workers_cannot_load)
+    monkeypatch.setattr(SentenceEncoder, "load_params", _workers_cannot_load)
 
     with pytest.raises(Exception) as failure:  # noqa: B017 - the runner's own error type varies
         ft.run(source, out, "--overwrite")  # fails in the workers

@@ -11,10 +11,11 @@ import pytest
 
 import beam_jax as bj
 from beam_jax.testing import assert_conserved
+from beam_jax.text import SentenceEncoder
 from pipelines import corpus
-from pipelines import input_files as inp
 from pipelines.embed import job as embed_text
 from pipelines.embed import plan as embed_text_plan
+from pipelines.embed.parts import Inputs
 
 
 def _texts(n):
@@ -30,19 +31,27 @@ def test_the_sample_spreads_over_the_files_and_counts_the_rows(tmp_path):
     texts = _texts(600)
     _parquet(tmp_path / "a.parquet", texts[:400])
     _parquet(tmp_path / "b.parquet", texts[400:] + [None] * 10, start=400)
-    inputs = inp.match_inputs(str(tmp_path / "*.parquet"))
+    inputs = _inputs(str(tmp_path / "*.parquet"))
     sample, total = embed_text_plan.sample_texts(inputs, 100)
     assert total == 610  # from the files' footers, not from the sample
     assert sample == texts[:50] + texts[400:450]  # each file's first rows; no nulls
 
     lines = tmp_path / "c.jsonl"
     lines.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
-    sample, total = embed_text_plan.sample_texts(inp.match_inputs(str(lines)), 60)
+    sample, total = embed_text_plan.sample_texts(_inputs(str(lines)), 60)
     assert sample == texts[:60]
     assert total == pytest.approx(600, rel=0.25)  # estimated from the file's size
 
-    sample, total = embed_text_plan.sample_texts(inp.builtin_inputs(300), 5000)
+    sample, total = embed_text_plan.sample_texts(_builtin(300), 5000)
     assert (len(sample), total) == (300, 300)
+
+
+def _inputs(pattern):
+    return Inputs.from_args(_args("--input", pattern))
+
+
+def _builtin(n):
+    return Inputs.from_args(_args("--builtin_texts", str(n)))
 
 
 def _args(*flags):
@@ -51,12 +60,12 @@ def _args(*flags):
 
 
 def test_auto_plans_within_the_budget_and_fixed_buckets_stay():
-    inputs = inp.builtin_inputs(500)
+    inputs = _builtin(500)
     flags = ("--compile_budget", "6", "--shape_cost", "0", "--batching", "buckets")
     plan = embed_text_plan.plan_for(_args(*flags), inputs)
     bounds = plan.bucketing.boundaries["L"]
     assert plan.planned and plan.sample == plan.total == 500
-    assert bounds[-1] == 256 and plan.shapes <= 6
+    assert bounds[-1] == 256 and plan.choice.shapes <= 6
     lengths = embed_text_plan.token_lengths(_texts(500))
     again = bj.plan_bucketing(lengths, max_size=256, compile_budget=6, max_padded_size=2048)
     assert plan.bucketing == again.bucketing  # the sample is tokenized as the job does
@@ -66,7 +75,7 @@ def test_auto_plans_within_the_budget_and_fixed_buckets_stay():
 
     # A price per shape that no padding saving pays for: one shape per bucket, fewer buckets.
     cheap = embed_text_plan.plan_for(_args("--shape_cost", "1e12", "--batching", "buckets"), inputs)
-    assert cheap.shapes == len(cheap.bucketing.boundaries["L"]) == 1
+    assert cheap.choice.shapes == len(cheap.bucketing.boundaries["L"]) == 1
 
 
 def test_flags_are_checked():
@@ -86,35 +95,35 @@ def test_a_run_with_planned_buckets_pads_as_planned_and_compiles_at_start(tmp_pa
 
     plan = embed_text_plan.plan_for(_args("--builtin_texts", "120", "--compile_budget", "3",
                                           "--batching", "buckets"),
-                                    inp.builtin_inputs(120), jax.local_device_count())  # fmt: skip
+                                    _builtin(120), jax.local_device_count())  # fmt: skip
     assert_conserved(summary.totals())
     assert summary.results == 120
     # Every listed shape compiled once (at start-up), and the batches padded as planned.
-    assert summary.compiles == plan.shapes
-    assert summary.padding_ratio == pytest.approx(plan.padding_ratio)
+    assert summary.compiles == plan.choice.shapes
+    assert summary.padding_ratio == pytest.approx(plan.choice.padding_ratio)
     assert 0.0 <= summary.compile_wait_seconds
     assert "waited for" in printed
     assert np.isfinite(summary.kernel.compile_overlapped_seconds)
 
 
 def test_auto_packs_when_the_predicted_flops_say_so_and_says_why():
-    inputs = inp.builtin_inputs(500)
+    inputs = _builtin(500)
     both = embed_text_plan.plan_for(_args(), inputs)
-    assert set(both.flops) == {"buckets", "packed"}
-    packs = both.flops["packed"] < both.flops["buckets"]
+    assert set(both.choice.flops) == {"buckets", "packed"}
+    packs = both.choice.flops["packed"] < both.choice.flops["buckets"]
     assert both.batching == ("packed" if packs else "buckets")  # no shape price decides here
     assert both.reason.startswith("packing chosen" if packs else "buckets chosen")
     assert "MFLOP per real token" in str(both)
     assert both.describe()["batching"] == both.batching
     # The prediction counts attention over the padded row: longer rows cost more per token.
-    encoder = embed_text_plan.tr.sentence_encoder()
+    encoder = SentenceEncoder.from_dir()
     assert encoder.flops_per_token(256) > encoder.flops_per_token(16)
     # A shape price no saving pays for: one shape, whichever policy wins.
     costly = embed_text_plan.plan_for(_args("--shape_cost", "1e9"), inputs)
-    assert costly.shapes == 1
+    assert costly.choice.shapes == 1
     packed = embed_text_plan.plan_for(_args("--batching", "packed"), inputs)
-    assert packed.packing is not None and packed.bucketing is None and packed.shapes <= 4
-    assert packed.padding_ratio < 1.1 and packed.reason == "--batching packed"
+    assert packed.packing is not None and packed.bucketing is None and packed.choice.shapes <= 4
+    assert packed.choice.padding_ratio < 1.1 and packed.reason == "--batching packed"
     fixed = embed_text_plan.plan_for(_args("--buckets", "32,256"), inputs)
     assert fixed.batching == "buckets" and not fixed.planned
 

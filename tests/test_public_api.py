@@ -174,6 +174,10 @@ TEXT = {
 
 
 JOBS = {
+    "InputFile",
+    "id_type_of",
+    "input_format",
+    "match_inputs",
     "DEFAULT_COMPILATION_CACHE",
     "DefaultsHelpFormatter",
     "add_compilation_cache_flag",

@@ -3,9 +3,10 @@
 One route for every input, each step a module::
 
     flags.py     the job's flags, and Beam's, checked before anything runs
+    parts.py     the run's input files, its parts, a row's key (file, row)
     plan.py      at launch: buckets or packed rows, planned from a sample of the input
     read.py      files -> Arrow record batches, one per part (file, row range)
-                  (Parquet: beam_jax.ReadArrowBatches; JSON lines, built-in corpus: ReadLines)
+                  (Parquet, JSON lines: beam_jax.ReadArrowBatches; the built-in corpus)
                  -> Reshuffle (spread the parts over the workers)
     tokenize.py  -> one Rust tokenizer call per record batch -> key + input_ids
                  -> beam_jax.RunKernelOnArrow (MiniLM in JAX, bucketed or packed)

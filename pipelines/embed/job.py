@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import sys
 import time
@@ -28,15 +27,14 @@ from apache_beam.options.pipeline_options import DebugOptions, StandardOptions
 import beam_jax as bj
 from beam_jax import jobs
 from beam_jax.jobs import OutputDir, OutputExistsError, RunConsole, failure_line, verbose_requested
+from beam_jax.text import MAX_TOKENIZED_CHARS, SentenceEncoder
 from pipelines import dataflow_job
-from pipelines import input_files as inp
-from pipelines import text_rows as tr
 from pipelines.embed import plan as launch_plan
 from pipelines.embed import write
 from pipelines.embed.flags import DEFAULT_CACHE, DEFAULT_OUTPUT, parse_args
-from pipelines.embed.parts import KEY
+from pipelines.embed.parts import KEY, Inputs
 from pipelines.embed.read import ReadParts
-from pipelines.embed.tokenize import INPUT_IDS, PARTS, TokenizeParts
+from pipelines.embed.tokenize import INPUT_IDS, METRICS_NAMESPACE, PARTS, TOKENIZE, TokenizeParts
 
 __all__ = ["DEFAULT_CACHE", "DEFAULT_OUTPUT", "EmbedTextSummary", "Encoder", "embed_kernel", "run"]
 
@@ -132,11 +130,11 @@ class Encoder:
     load_params: Any = None
 
 
-def embed_kernel(args, launch: launch_plan.LaunchPlan, encoder=Encoder()) -> bj.RunKernelOnArrow:
+def embed_kernel(
+    args, model: SentenceEncoder, launch: launch_plan.LaunchPlan, encoder=Encoder()
+) -> bj.RunKernelOnArrow:
     """The embedding step: token ids in (``key``, ``input_ids``), ``key`` and ``output``
-    (``fixed_size_list<float32, dim>``) out, bucketed or packed as ``launch`` says, with the
-    model of ``--model_dir`` (any sentence-transformers BERT directory)."""
-    model = tr.sentence_encoder(args.model_dir, args.model_manifest)
+    (``fixed_size_list<float32, dim>``) out, bucketed or packed as ``launch`` says."""
     packed = launch.packing is not None
     fn = (
         (encoder.packed_fn or model.packed_fn)
@@ -149,8 +147,7 @@ def embed_kernel(args, launch: launch_plan.LaunchPlan, encoder=Encoder()) -> bj.
         columns=bj.ArrowColumns(leaves={INPUT_IDS: INPUT_IDS}, id=KEY),
         bucketing=launch.bucketing,
         packing=launch.packing,
-        load_params=encoder.load_params
-        or functools.partial(tr.load_params, args.model_dir, args.model_manifest),
+        load_params=encoder.load_params or model.load_params,
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
     ).with_exception_handling()
@@ -160,28 +157,30 @@ def _on_accelerator(transform: beam.PTransform, accelerator: str | None) -> beam
     return transform.with_resource_hints(accelerator=accelerator) if accelerator else transform
 
 
-def _build(pipeline, args, inputs, id_type, staging, done, launch, progress_dir=None, encoder=None):
+def _build(
+    pipeline, args, model, inputs, id_type, staging, done, launch, progress=None, encoder=None
+):
     """Adds the job to ``pipeline``; returns its embedding transform (to start its worker).
 
     read parts -> spread -> tokenize -> RunKernelOnArrow -> write parts, the last three
     fused: each part's results and dead letters meet its rows in ``WriteParts`` without a
     shuffle.
     """
-    batches, unreadable = pipeline | "Read" >> ReadParts(
-        inputs, args.input, args.rows_per_part, done, id_type
-    )
+    batches, unreadable = pipeline | "Read" >> ReadParts(inputs, args.rows_per_part, done, id_type)
     files = [inputs.file_name(i) for i in range(len(inputs.files))]
-    tokens = batches | "Tokenize" >> beam.ParDo(
-        TokenizeParts(id_type, args.model_dir, files)
-    ).with_output_types(pa.RecordBatch).with_outputs(PARTS, tr.DEAD_LETTERS, main="tokens")
-    embed = embed_kernel(args, launch, encoder or Encoder())
+    tokenize = TokenizeParts(id_type, model, files, inputs.text_column)
+    tokens = batches | "Tokenize" >> beam.ParDo(tokenize).with_output_types(
+        pa.RecordBatch
+    ).with_outputs(PARTS, bj.DEAD_LETTERS, main="tokens")
+    embed = embed_kernel(args, model, launch, encoder or Encoder())
     results, kernel_dead = tokens.tokens | "Embed" >> _on_accelerator(embed, args.accelerator)
     # Each stream that makes up the parts meets the others in WriteParts, fused in the
     # stage that tokenizes and embeds: no shuffle of embeddings (see WriteParts).
-    parts = write.WriteParts(staging, inputs, tr.output_schema(id_type))
+    schema = pa.schema([("id", id_type), ("embedding", pa.list_(pa.float32()))])
+    parts = write.WriteParts(staging, inputs, schema)
     streams = {
         "Parts": tokens[PARTS],
-        "TokenizeDeadLetters": tokens[tr.DEAD_LETTERS],
+        "TokenizeDeadLetters": tokens[bj.DEAD_LETTERS],
         "Results": results,
         "KernelDeadLetters": kernel_dead,
     }
@@ -191,12 +190,10 @@ def _build(pipeline, args, inputs, id_type, staging, done, launch, progress_dir=
     # (measured: a SIGKILL in WriteParts hung a multi-process run, Beam 2.77).
     _ = names | "PartNames" >> beam.Flatten() | "CountParts" >> beam.combiners.Count.Globally()
     _ = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
-    if progress_dir is not None:  # counted by the workers, printed by the driver
-        _ = results | "ProgressDone" >> beam.ParDo(
-            jobs.CountProgress(progress_dir, "done", size=len)
-        )
-        dead = (tokens[tr.DEAD_LETTERS], kernel_dead) | "AllDeadLetters" >> beam.Flatten()
-        _ = dead | "ProgressDead" >> beam.ParDo(jobs.CountProgress(progress_dir, "dead"))
+    if progress is not None:  # counted by the workers, printed by the driver
+        _ = results | "ProgressDone" >> beam.ParDo(jobs.CountProgress(progress, "done", size=len))
+        dead = (tokens[bj.DEAD_LETTERS], kernel_dead) | "AllDeadLetters" >> beam.Flatten()
+        _ = dead | "ProgressDead" >> beam.ParDo(jobs.CountProgress(progress, "dead"))
     if launch.planned and not launch_plan.in_process(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the
         # pipeline's first stage; in-process runners start it in run()).
@@ -206,17 +203,28 @@ def _build(pipeline, args, inputs, id_type, staging, done, launch, progress_dir=
     return embed
 
 
+def _id_type(args, inputs: Inputs) -> pa.DataType:
+    """``--id_type``, or the input's (the built-in corpus: int64)."""
+    if args.id_type != "auto":
+        return {"int": pa.int64(), "string": pa.string()}[args.id_type]
+    if inputs.format == "builtin":
+        return pa.int64()
+    return jobs.id_type_of([f.path for f in inputs.files], *inputs.columns)
+
+
 def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSummary:
     kernel = bj.summarize(result)
-    ours = bj.metric_totals(result, tr.METRICS_NAMESPACE)
+    ours = bj.metric_totals(result, METRICS_NAMESPACE)
+    validation, lines = bj.Stage.VALIDATION, ours.get("lines_unreadable", 0)
     by_stage = {
-        tr.VALIDATION: ours.get(f"dead_letters_{tr.VALIDATION}", 0)
-        + kernel.dead_letters_by_stage.get(tr.VALIDATION, 0),
-        tr.TOKENIZE: ours.get(f"dead_letters_{tr.TOKENIZE}", 0),
-        **{s: n for s, n in kernel.dead_letters_by_stage.items() if s != tr.VALIDATION},
+        **({bj.Stage.READ: lines} if lines else {}),  # JSON lines that are no row
+        validation: ours.get(f"dead_letters_{validation}", 0)
+        + kernel.dead_letters_by_stage.get(validation, 0),
+        TOKENIZE: ours.get(f"dead_letters_{TOKENIZE}", 0),
+        **{s: n for s, n in kernel.dead_letters_by_stage.items() if s != validation},
     }
     return EmbedTextSummary(
-        rows=ours.get("rows", 0),
+        rows=ours.get("rows", 0) + lines,
         results=kernel.results,
         dead_letters=sum(by_stage.values()),
         dead_letters_by_stage=by_stage,
@@ -233,45 +241,12 @@ def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSumma
     )
 
 
-def _check_threshold(summary, threshold, files: int, output: OutputDir, reused) -> None:
-    results, dead = write.part_counts(output.staging, reused) if reused else (0, 0)
-    rows, dead = summary.rows + results + dead, summary.dead_letters + dead
-    over = [
-        f"{bad} of {total} {what} failed ({bad / total:.2%})"
-        for bad, total, what in ((dead, rows, "rows"), (summary.unreadable_files, files, "files"))
-        if total and bad / total > threshold
-    ]
-    if over:
-        path, count = output.collect_dead_letters()
-        raise bj.DeadLetterThresholdError(
-            f"{' and '.join(over)}, more than --threshold {threshold:g}. Nothing was published: "
-            f"the earlier files in {output.path} (if any) are untouched. The {count} dead "
-            f"letters are in {path}. Fix the data and rerun with --overwrite, or rerun with a "
-            f"higher --threshold to publish the parts already written in {output.staging} "
-            "without recomputing them"
-        )
-
-
-def _explain_failure(error: Exception, output: OutputDir, parts_reused: int) -> None:
-    try:
-        path, count = output.collect_dead_letters()
-        parts = len(output.staged_parts())
-    except Exception:  # noqa: BLE001 - the job's own error matters more than this note
-        return
-    error.add_note(
-        f"embed_text: the job failed, so nothing was published; the earlier files in "
-        f"{output.path} (if any) are untouched. {parts} parts are kept in {output.staging} "
-        f"({parts_reused} from earlier runs), and rerunning the same command resumes from them. "
-        f"Their {count} dead letters so far are in {path}."
-    )
-
-
-def _dry_run(args, options, inputs: inp.Inputs, id_type: tr.IdType, output: OutputDir) -> None:
+def _dry_run(args, options, model, inputs: Inputs, id_type, output: OutputDir) -> None:
     """Builds the job for its runner without running it (Beam's ``--dry_run=True``)."""
-    launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options))
+    launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options), model)
     print(launch, flush=True)
     pipeline = beam.Pipeline(options=options)  # validates the options for the runner
-    _build(pipeline, args, inputs, id_type, output.staging, frozenset(), launch)
+    _build(pipeline, args, model, inputs, id_type, output.staging, frozenset(), launch)
     result = pipeline.run()  # DataflowRunner: translated and packaged, not submitted
     path = options.view_as(DebugOptions).dataflow_job_file
     if path and hasattr(result, "job"):
@@ -313,33 +288,28 @@ def run(
     started = time.perf_counter()
     args, options = parse_args(argv)
     # A tampered or incomplete model fails the launch, naming the file.
-    tr.sentence_encoder(args.model_dir, args.model_manifest)
-    if args.input is None:
-        inputs = inp.builtin_inputs(args.builtin_texts)
-    else:
-        inputs = dataclasses.replace(
-            inp.match_inputs(args.input), id_column=args.id_column, text_column=args.text_column
-        )
-    id_type = inp.id_type_of(inputs, args.id_type)
+    model = SentenceEncoder.from_dir(args.model_dir, manifest=args.model_manifest)
+    inputs = Inputs.from_args(args)
+    id_type = _id_type(args, inputs)
     output = OutputDir(args.output, layout=write.LAYOUT)
     job = {
         "inputs": inputs.describe(),
-        "id_type": str(id_type.arrow_type),
+        "id_type": str(id_type),
         "rows_per_part": args.rows_per_part,
         "model_dir": args.model_dir,
-        "max_tokenized_chars": tr.MAX_TOKENIZED_CHARS,
+        "max_tokenized_chars": MAX_TOKENIZED_CHARS,
     }
     if dataflow_job.dry_run(options):
-        return _dry_run(args, options, inputs, id_type, output)
+        return _dry_run(args, options, model, inputs, id_type, output)
     reused = output.prepare(job, overwrite=args.overwrite)
-    launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options))
+    launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options), model)
     print(launch, flush=True)
     pipeline = beam.Pipeline(options=options)
     console = RunConsole("embed_text", args, options, output.path)
     done = write.done_parts(reused, inputs)
     embed = _build(
-        pipeline, args, inputs, id_type, output.staging, done, launch, console.progress_dir,
-        encoder,
+        pipeline, args, model, inputs, id_type, output.staging, done, launch,
+        console.progress_dir, encoder,
     )  # fmt: skip
     try:
         with console:
@@ -350,14 +320,17 @@ def run(
             result = pipeline.run()
             result.wait_until_finish()
     except Exception as e:
-        _explain_failure(e, output, len(reused))
+        output.explain_failure(e, "embed_text", len(reused))
         raise
     finally:
         embed.forget_worker_here()
     summary = _summarize(result, time.perf_counter() - started, len(reused))
     summary = dataclasses.replace(summary, batching=launch.batching, batching_reason=launch.reason)
     print(summary, flush=True)
-    _check_threshold(summary, args.threshold, len(inputs.files), output, reused)
+    results, dead = write.part_counts(output.staging, reused)  # parts of earlier runs
+    rows = (summary.dead_letters + dead, summary.rows + results + dead)
+    files = (summary.unreadable_files, len(inputs.files))
+    output.check_threshold({"rows": rows, "files": files}, args.threshold)
     output.publish({"job": job, "summary": str(summary), "batching": launch.describe()})
     jobs.write_metrics(jobs.metrics_record("embed_text", summary, result), output.path)
     return summary

@@ -1,13 +1,13 @@
 """Writing the flagship's output in parts, each named by its input file and row range.
 
-A part is rows ``[start, end)`` of one input file (lines, for JSON lines). Once every row
-of a part has an embedding or a dead letter, :class:`WriteParts` writes its dead letters
-to ``_failed/failed-SOURCE-START-END.jsonl`` (if it has any), then its embeddings to
-``embeddings-SOURCE-START-END.parquet``: that file, written last, marks the part done.
-``SOURCE`` is the file's stem and a hash of its path, ``START`` and ``END`` 12-digit row
-numbers. Each file is written under a temporary name and renamed, so a part is whole or
-absent, and writing a part twice (a retried bundle, a resumed run) rewrites the same file:
-no id is ever written twice.
+Once every row of a part has an embedding or a dead letter, :class:`WriteParts` writes its
+dead letters to ``_failed/failed-SOURCE-START-END.jsonl`` (if it has any), then its
+embeddings to ``embeddings-SOURCE-START-END.parquet``: that file, written last, marks the
+part done. ``SOURCE`` is the file's stem and a hash of its path, ``START`` and ``END``
+12-digit row numbers. Each file is written under a temporary name and renamed, so a part is
+whole or absent, and writing a part twice (a retried bundle, a resumed run) rewrites the
+same file: no id is ever written twice. What could not be read (a file, a row group, a
+JSON line) is written by :class:`WriteUnreadable`.
 
 Example:
     >>> embeddings_name("in-1a2b3c4d", 0, 1024)
@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -31,16 +32,14 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
 from beam_jax.jobs import OutputLayout, write_atomically
-from pipelines import text_rows as tr
-from pipelines.embed.parts import KEY, Part, split_keys
-from pipelines.input_files import Inputs
+from pipelines.embed.parts import KEY, Inputs, Part, split_keys
+from pipelines.embed.tokenize import METRICS_NAMESPACE
 
 __all__ = [
     "DEAD_LETTER_DIR",
     "EMBEDDINGS",
     "FAILED",
     "LAYOUT",
-    "READ",
     "RECORD",
     "WriteParts",
     "WriteUnreadable",
@@ -48,10 +47,8 @@ __all__ = [
     "done_parts",
     "embeddings_name",
     "part_counts",
-    "write_part",
 ]
 
-READ = bj.Stage.READ  # the stage of a file that could not be read
 EMBEDDINGS = re.compile(r"^embeddings-(?P<source>.+)-(?P<start>\d{12})-(?P<end>\d{12})\.parquet$")
 # Dead letters sit in "_failed/": dataset readers (pyarrow, pandas, DuckDB globs of
 # "*.parquet") skip names that start with "_", so OUTPUT reads as one Parquet dataset.
@@ -87,7 +84,7 @@ def unreadable_name(source: str, after_row: int) -> str:
 
 def done_parts(names: Iterable[str], inputs: Inputs) -> frozenset[tuple[int, int]]:
     """``(file_index, start)`` of the parts whose embeddings file is among ``names``."""
-    index = {f.source: i for i, f in enumerate(inputs.files)}
+    index = {inputs.source(i): i for i in range(len(inputs.files))}
     done = set()
     for name in names:
         match = EMBEDDINGS.match(name)
@@ -191,24 +188,16 @@ class WriteParts(beam.DoFn):
         self._schema = schema
 
     def setup(self):
-        self._parts = beam.metrics.Metrics.counter(tr.METRICS_NAMESPACE, "parts_written")
+        self._parts = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "parts_written")
 
     def start_bundle(self):
         # Every step starts before any element of the bundle is processed: each may reset.
         _BUNDLE.open, _BUNDLE.early = {}, []
 
-    @property
-    def _open(self) -> dict[int, list[_Open]]:
-        return _BUNDLE.open
-
-    @property
-    def _early(self) -> list[Any]:
-        return _BUNDLE.early
-
     def process(self, element: Any) -> Iterator[str]:
         if isinstance(element, Part):
-            self._open.setdefault(element.file_index, []).append(_Open(element))
-            early, _BUNDLE.early = self._early, []
+            _BUNDLE.open.setdefault(element.file_index, []).append(_Open(element))
+            early, _BUNDLE.early = _BUNDLE.early, []
             for item in early:
                 yield from self._add(item)
             yield from self._flush(element.file_index)
@@ -216,7 +205,7 @@ class WriteParts(beam.DoFn):
             yield from self._add(element)
 
     def _find(self, file_index: int, row: int) -> _Open | None:
-        for part in self._open.get(file_index, ()):
+        for part in _BUNDLE.open.get(file_index, ()):
             if part.part.start <= row < part.part.end:
                 return part
         return None
@@ -226,7 +215,7 @@ class WriteParts(beam.DoFn):
             (file_index,), (row,) = split_keys(np.array([item.key]))
             part = self._find(int(file_index), int(row))
             if part is None:
-                self._early.append(item)
+                _BUNDLE.early.append(item)
                 return
             part.add_dead(int(row), item)
             yield from self._flush(int(file_index))
@@ -234,7 +223,7 @@ class WriteParts(beam.DoFn):
         files, rows = split_keys(item.column(KEY).to_numpy())
         for file_index in np.unique(files).tolist():
             # Packed batches mix the rows of several parts: cut by part.
-            parts = sorted(self._open.get(file_index, []), key=lambda p: p.part.start)
+            parts = sorted(_BUNDLE.open.get(file_index, []), key=lambda p: p.part.start)
             mine = np.flatnonzero(files == file_index) if len(files) else files
             starts = np.array([p.part.start for p in parts], np.int64)
             ends = np.array([p.part.end for p in parts], np.int64)
@@ -245,11 +234,11 @@ class WriteParts(beam.DoFn):
                 whole = len(rows_of) == item.num_rows
                 parts[index].add_results(item if whole else item.take(pa.array(rows_of)))
             if not found.all():
-                self._early.append(item.take(pa.array(mine[~found])))
+                _BUNDLE.early.append(item.take(pa.array(mine[~found])))
             yield from self._flush(file_index)
 
     def _flush(self, file_index: int) -> Iterator[str]:
-        parts = self._open.get(file_index, [])
+        parts = _BUNDLE.open.get(file_index, [])
         for part in [p for p in parts if p.whole]:
             parts.remove(part)
             yield self._write(part)
@@ -257,8 +246,8 @@ class WriteParts(beam.DoFn):
     def finish_bundle(self):
         if _BUNDLE.open is None:
             return  # another WriteParts of the stage checked the bundle
-        left = [p for parts in self._open.values() for p in parts]
-        early = len(self._early)
+        left = [p for parts in _BUNDLE.open.values() for p in parts]
+        early = len(_BUNDLE.early)
         _BUNDLE.open, _BUNDLE.early = None, []
         if left or early:
             part = left[0].part if left else None
@@ -272,6 +261,7 @@ class WriteParts(beam.DoFn):
             )  # fmt: skip
 
     def _write(self, collected: _Open) -> str:
+        """Writes a whole part: its dead letters (if any), then its embeddings, in row order."""
         part = collected.part
         positions = part.positions
         batches = [b for b in collected.results if b.num_rows]
@@ -288,13 +278,7 @@ class WriteParts(beam.DoFn):
             ids = part.ids.take(pa.array(index)).cast(self._schema.field("id").type)
             table = pa.Table.from_arrays([ids, embedding], schema=self._schema)
         dead = sorted(collected.dead, key=lambda d: d[0])
-        dead_rows = []
-        if dead:
-            index = np.searchsorted(positions, [p for p, _ in dead])
-            ids = part.id_of(index)
-            dead_rows = [(i, p, r) for i, (p, r) in zip(ids, dead, strict=True)]
-        covered = table.num_rows + len(dead_rows)
-        if covered != len(positions):
+        if table.num_rows + len(dead) != len(positions):
             # Every row ends as one embedding or one dead letter; anything else is a bug,
             # and an incomplete part must not be written as if it were whole.
             raise RuntimeError(
@@ -302,65 +286,50 @@ class WriteParts(beam.DoFn):
                 f"{len(positions)} rows but {table.num_rows} embeddings and {len(dead)} "
                 "dead letters"
             )
-        name = write_part(
-            self._directory, self._inputs, (part.file_index, part.start, part.end), dead_rows,
-            table,
-        )  # fmt: skip
+        source, file = self._inputs.source(part.file_index), self._inputs.file_name(part.file_index)
+        if dead:
+            ids = part.id_of(np.searchsorted(positions, [p for p, _ in dead]))
+            lines = [
+                f"{dead_letter_json(r, id=i, file=file, row=p)}\n"
+                for i, (p, r) in zip(ids, dead, strict=True)
+            ]
+            name = failed_name(source, part.start, part.end)
+            write_atomically(f"{self._directory}/{name}", "".join(lines).encode("utf-8"))
+        buffer = io.BytesIO()
+        # Embeddings do not compress (snappy saved ~5%) and have no repeats to look up:
+        # without either, writing took 0.6x the time (8,192 rows x 384 floats).
+        pq.write_table(table, buffer, use_dictionary=["id"], compression="none")
+        name = embeddings_name(source, part.start, part.end)
+        write_atomically(f"{self._directory}/{name}", buffer.getvalue())
         self._parts.inc()
         return name
 
 
-def write_part(
-    directory: str,
-    inputs: Inputs,
-    part: tuple[int, int, int],
-    dead: Iterable[tuple[Any, int, bj.FailedElement]],
-    table: pa.Table,
-) -> str:
-    """Writes one whole part: its dead letters (if any), then its embeddings; returns the
-    embeddings file's name.
-
-    Args:
-        directory: The run's staging directory.
-        inputs: The run's inputs, for file names.
-        part: ``(file_index, start, end)``: the part's file and row range.
-        dead: ``(id, row, record)`` of each dead letter, in row order.
-        table: The part's embeddings, in row order.
-    """
-    file_index, start, end = part
-    source = inputs.files[file_index].source
-    file = inputs.file_name(file_index)
-    lines = [dead_letter_json(r, id=i, file=file, row=p) for i, p, r in dead]
-    if lines:
-        data = "".join(f"{line}\n" for line in lines).encode("utf-8")
-        write_atomically(f"{directory}/{failed_name(source, start, end)}", data)
-    buffer = io.BytesIO()
-    # Embeddings do not compress (snappy saved ~5%) and have no repeats to look up: without
-    # either, writing took 0.6x the time (8,192 rows x 384 floats).
-    pq.write_table(table, buffer, use_dictionary=["id"], compression="none")
-    name = embeddings_name(source, start, end)
-    write_atomically(f"{directory}/{name}", buffer.getvalue())
-    return name
-
-
 class WriteUnreadable(beam.DoFn):
-    """A read step's dead letter (a file or row group that cannot be read) in; written to
-    its own file under ``_failed/``."""
+    """A read step's dead letter in, written to its own file under ``_failed/``: a file or
+    row group that cannot be read (counted as ``files_unreadable``), or a JSON line that is
+    no row (``lines_unreadable``; its row's dead letter at stage ``read``, filed as if it
+    were a part of one row)."""
 
     def __init__(self, directory: str, inputs: Inputs):
         self._directory = directory
         self._inputs = inputs
 
     def setup(self):
-        self._unreadable = beam.metrics.Metrics.counter(tr.METRICS_NAMESPACE, "files_unreadable")
+        counter = functools.partial(beam.metrics.Metrics.counter, METRICS_NAMESPACE)
+        self._files, self._lines = counter("files_unreadable"), counter("lines_unreadable")
 
     def process(self, record: bj.FailedElement) -> Iterator[str]:
         paths = [self._inputs.file_name(i) for i in range(len(self._inputs.files))]
         index = paths.index(record.source) if record.source in paths else 0
-        row = record.row or 0
-        self._unreadable.inc()
-        line = dead_letter_json(record, id=None, file=paths[index], row=row)
-        name = unreadable_name(self._inputs.files[index].source, row)
+        row, source = record.row or 0, self._inputs.source(index)
+        if record.message.startswith(f"line {row} of "):  # how ReadArrowBatches names a line
+            self._lines.inc()
+            name, key = failed_name(source, row, row + 1), record.key
+        else:
+            self._files.inc()
+            name, key = unreadable_name(source, row), None
+        line = dead_letter_json(record, id=key, file=paths[index], row=row)
         write_atomically(f"{self._directory}/{name}", f"{line}\n".encode())
         yield name
 

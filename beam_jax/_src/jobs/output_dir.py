@@ -30,7 +30,7 @@ from typing import Any
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jax._src.errors import BeamJaxError
+from beam_jax._src.errors import BeamJaxError, DeadLetterThresholdError
 
 __all__ = ["OutputLayout", "OutputDir", "OutputExistsError", "write_atomically"]
 
@@ -264,6 +264,54 @@ class OutputDir:
                             count += 1
         FileSystems.rename([temporary], [path])
         return path, count
+
+    def check_threshold(self, failed: dict[str, tuple[int, int]], threshold: float) -> None:
+        """Fails the run, before publishing, if more than ``threshold`` of anything failed.
+
+        Example:
+            >>> output.check_threshold({"rows": (3, 1000), "files": (0, 4)}, 0.01)  # doctest: +SKIP
+
+        Args:
+            failed: ``{what: (failed, total)}``, e.g. rows and files.
+            threshold: The largest tolerated ratio (a job's ``--threshold``).
+
+        Raises:
+            beam_jax.DeadLetterThresholdError: Naming what failed and the file that holds
+                the staged dead letters (:meth:`collect_dead_letters`).
+        """
+        over = [
+            f"{bad} of {total} {what} failed ({bad / total:.2%})"
+            for what, (bad, total) in failed.items()
+            if total and bad / total > threshold
+        ]
+        if not over:
+            return
+        path, count = self.collect_dead_letters()
+        kept = f" to publish the parts already written in {self.staging} without recomputing them"
+        raise DeadLetterThresholdError(
+            f"{' and '.join(over)}, more than --threshold {threshold:g}. Nothing was published: "
+            f"the earlier files in {self.path} (if any) are untouched. The {count} dead "
+            f"letters are in {path}. Fix the data and rerun with --overwrite, or rerun with a "
+            f"higher --threshold{kept if self.layout.resumable else ''}"
+        )
+
+    def explain_failure(self, error: BaseException, job: str, reused: int = 0) -> None:
+        """Adds a note to the run's ``error``: nothing was published, and where the staged
+        parts (``reused`` of them from earlier runs) and their dead letters are."""
+        try:
+            path, count = self.collect_dead_letters()
+            parts = len(self.staged_parts()) if self.layout.parts else 0
+        except Exception:  # noqa: BLE001 - the job's own error matters more than this note
+            return
+        resume = (
+            ", and rerunning the same command resumes from them" if self.layout.resumable else ""
+        )
+        error.add_note(
+            f"{job}: the job failed, so nothing was published; the earlier files in "
+            f"{self.path} (if any) are untouched. {parts} parts are kept in {self.staging} "
+            f"({reused} from earlier runs){resume}. Their {count} dead letters so far are "
+            f"in {path}."
+        )
 
     def _list(self, directory: str) -> list[str]:
         """Every file under ``directory``, relative to it; temporary files left out."""

@@ -1,0 +1,157 @@
+"""A job's input files at launch: their format, what a rerun must find unchanged, the id type.
+
+:func:`input_format` tells Parquet from JSON lines by the pattern's extension;
+:func:`match_inputs` lists the files with their sizes and modification times (a resumable
+job records them, so a rerun resumes only over the same files); :func:`id_type_of` reads
+the type of the rows' id column, so every file's ids are checked against one type. A file
+that cannot be read is skipped here: reading it (``ReadArrowBatches``) dead-letters it.
+
+Example:
+    >>> input_format("gs://bucket/in/part-*.jsonl.gz"), input_format("in/*.parquet")
+    ('jsonl', 'parquet')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import json
+import os
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from beam_jax._src.arrow.json_lines import (
+    BOM,
+    COMPRESSED_SUFFIXES,
+    JSON_LINES_SUFFIXES,
+    SAMPLE_LINES,
+    open_stream,
+)
+
+__all__ = ["InputFile", "id_type_of", "input_format", "match_inputs"]
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def input_format(pattern: str) -> str:
+    """``"parquet"`` or ``"jsonl"``, from the extension of ``pattern`` (compressed or not).
+
+    Raises:
+        ValueError: If the extension is neither.
+    """
+    name = pattern.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        name = name.removesuffix(suffix)
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if name.endswith(JSON_LINES_SUFFIXES):
+        return "jsonl"
+    raise ValueError(
+        f"cannot tell the format of --input {pattern!r} from its extension; expected "
+        "*.parquet (or .pq) for Parquet, *.jsonl (or .json, .ndjson, optionally compressed) "
+        "for JSON lines"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class InputFile:
+    """One input file as matched at launch; ``size`` and ``mtime`` are None for a link to
+    nothing (listed so that its reading fails and names it)."""
+
+    path: str
+    size: int | None
+    mtime: float | None
+
+
+def match_inputs(pattern: str) -> tuple[InputFile, ...]:
+    """The files ``pattern`` matches (any Beam file system), sorted by path.
+
+    Raises:
+        FileNotFoundError: If nothing matches.
+    """
+    found = {
+        m.path: InputFile(m.path, m.size_in_bytes, m.last_updated_in_seconds)
+        for m in FileSystems.match([pattern])[0].metadata_list
+    }
+    if "://" not in pattern:  # Beam's local match leaves out a link to nothing
+        for path in glob.glob(pattern, recursive=True):
+            if path not in found and os.path.islink(path) and not os.path.exists(path):
+                found[path] = InputFile(path, None, None)
+    if not found:
+        raise FileNotFoundError(
+            f"--input {pattern!r} matches no file; check the path and the glob (quote it so "
+            "the shell does not expand it)"
+        )
+    return tuple(found[p] for p in sorted(found))
+
+
+def _usable(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def id_type_of(paths: Sequence[str], id_column: str, text_column: str) -> pa.DataType:
+    """The type of the id column: integers or strings, as the first usable file says.
+
+    Parquet: the id column's type in the first file that has both columns and an integer
+    or string id. JSON lines: the type of the first integer or string id in the first
+    1,000 lines of the files (int64 if none has one).
+
+    Example:
+        >>> id_type_of(["in/a.parquet", "in/b.parquet"], "id", "text")  # doctest: +SKIP
+        DataType(int64)
+
+    Raises:
+        ValueError: If no Parquet file has both columns with an integer or string id (each
+            file's problem is named).
+    """
+    if paths and all(input_format(p) == "jsonl" for p in paths):
+        return _json_lines_id_type(paths, id_column)
+    problems = []
+    for path in paths:
+        try:
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                schema = pq.read_schema(f)
+        except Exception as e:  # noqa: BLE001 - its reading will dead-letter it; try the next
+            problems.append(f"{path} cannot be read ({type(e).__name__}: {e})")
+            continue
+        missing = [c for c in (id_column, text_column) if c not in schema.names]
+        if missing:
+            problems.append(f"{path} has no column {missing}; it has {schema.names}")
+        elif not _usable(schema.field(id_column).type):
+            problems.append(f"{path}: its {id_column!r} is {schema.field(id_column).type}")
+        else:
+            return schema.field(id_column).type
+    shown = "; ".join(problems[:5]) + (f"; {len(problems) - 5} more" if problems[5:] else "")
+    raise ValueError(
+        f"no input file has both columns {id_column!r} and {text_column!r} with a usable id "
+        f"type: {shown}. The input needs a string column {text_column!r} and an integer or "
+        f"string column {id_column!r}"
+    )
+
+
+def _json_lines_id_type(paths: Sequence[str], id_column: str) -> pa.DataType:
+    lines = 0
+    for path in paths:
+        try:
+            with contextlib.ExitStack() as stack:
+                stream = open_stream(path, stack)
+                for raw in iter(stream.readline, b""):
+                    lines += 1
+                    if lines > SAMPLE_LINES:
+                        return pa.int64()
+                    try:
+                        value = json.loads(raw.removeprefix(BOM)).get(id_column)
+                    except (ValueError, AttributeError):
+                        continue
+                    if isinstance(value, str):
+                        return pa.string()
+                    if isinstance(value, int) and not isinstance(value, bool):
+                        return pa.int64()
+        except Exception:  # noqa: BLE001, S112 - its reading will dead-letter it
+            continue
+    return pa.int64()
