@@ -79,6 +79,25 @@ def test_publishing_replaces_only_the_job_s_files_and_resumes_the_same_job(tmp_p
     assert sorted(_tree(root)) == ["_my_job.json", "notes.txt", "part-7.txt"]
 
 
+def test_over_the_threshold_nothing_is_published_and_a_failure_says_what_is_kept(tmp_path):
+    output = jobs.OutputDir(str(tmp_path / "out"), layout=LAYOUT)
+    output.prepare({"inputs": ["a"]}, overwrite=False)
+    _stage(output, "part-0.txt", b"zero")
+    _stage(output, "_failed/f-0.jsonl", b'{"id": 1}\n{"id": 2}\n')
+    output.check_threshold({"rows": (2, 100), "files": (0, 0)}, 0.05)  # 2% <= 5%
+    with pytest.raises(bj.DeadLetterThresholdError) as over:
+        output.check_threshold({"rows": (2, 100), "files": (1, 4)}, 0.01)
+    message = str(over.value)
+    assert message.startswith("2 of 100 rows failed (2.00%) and 1 of 4 files failed (25.00%)")
+    assert "The 2 dead letters are in" in message and "without recomputing them" in message
+    assert not (tmp_path / "out" / "part-0.txt").exists()
+
+    error = RuntimeError("a worker died")
+    output.explain_failure(error, "my_job", reused=1)
+    assert "my_job: the job failed, so nothing was published" in error.__notes__[0]
+    assert "1 parts are kept" in error.__notes__[0] and "resumes" in error.__notes__[0]
+
+
 def test_counted_progress_is_read_back_on_the_driver(tmp_path):
     with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as p:
         batches = p | beam.Create([[1, 2], [3], [4, 5, 6]])
