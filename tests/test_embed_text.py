@@ -205,7 +205,7 @@ def test_builtin_corpus_is_the_default_input(tmp_path):
 def test_local_runs_keep_a_compilation_cache_and_remote_runs_do_not(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     args, _ = embed_text.parse_args([])
-    assert args.compilation_cache_dir == os.path.expanduser(embed_text.DEFAULT_CACHE)
+    assert args.compilation_cache_dir == os.path.expanduser(jobs.DEFAULT_COMPILATION_CACHE)
     args, _ = embed_text.parse_args(["--compilation_cache_dir", "none"])
     assert args.compilation_cache_dir is None
     args, _ = embed_text.parse_args(["--runner", "DataflowRunner"])

@@ -15,21 +15,9 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions  # noqa: F401
 
 from beam_jax import jobs
+from beam_jax.jobs import DefaultsHelpFormatter, int_list, positive_int
 
-# Re-exported for pipelines.curate, which takes them from here.
-from beam_jax.jobs import DEFAULT_COMPILATION_CACHE as DEFAULT_CACHE
-from beam_jax.jobs import DefaultsHelpFormatter, int_list, positive_int, reject_unknown_flags
-
-__all__ = [
-    "DEFAULT_BUCKETS",
-    "DEFAULT_CACHE",
-    "DEFAULT_OUTPUT",
-    "DefaultsHelpFormatter",
-    "int_list",
-    "parse_args",
-    "positive_int",
-    "reject_unknown_flags",
-]
+__all__ = ["DEFAULT_BUCKETS", "DEFAULT_OUTPUT", "parse_args"]
 
 # Token-length buckets up to the model's 256-token window, with midpoints between powers
 # of two (docs/embed_text.md); the launch-time planner (--buckets auto) and its costs:

@@ -31,12 +31,12 @@ from beam_jax.text import MAX_TOKENIZED_CHARS, SentenceEncoder
 from pipelines import dataflow_job
 from pipelines.embed import plan as launch_plan
 from pipelines.embed import write
-from pipelines.embed.flags import DEFAULT_CACHE, DEFAULT_OUTPUT, parse_args
+from pipelines.embed.flags import DEFAULT_OUTPUT, parse_args
 from pipelines.embed.parts import KEY, Inputs
 from pipelines.embed.read import ReadParts
 from pipelines.embed.tokenize import INPUT_IDS, METRICS_NAMESPACE, PARTS, TOKENIZE, TokenizeParts
 
-__all__ = ["DEFAULT_CACHE", "DEFAULT_OUTPUT", "EmbedTextSummary", "Encoder", "embed_kernel", "run"]
+__all__ = ["DEFAULT_OUTPUT", "EmbedTextSummary", "Encoder", "embed_kernel", "run"]
 
 
 @dataclasses.dataclass(frozen=True)
