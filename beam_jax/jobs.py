@@ -14,6 +14,8 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   (:func:`reject_unknown_flags`, with a suggestion); :func:`int_list`, :func:`positive_int`,
   :func:`non_negative`, :func:`ratio` and :class:`DefaultsHelpFormatter` help write the
   job's parser.
+- :func:`dead_letter_json` writes a failed element as one JSON line, and
+  :class:`WriteDeadLetters` a PCollection of them as ``.jsonl`` files, counted per stage.
 - :func:`metrics_record` and :func:`write_metrics` write ``OUTPUT/_metrics.json``, which
   ``beam-jax report OUTPUT`` prints.
 
@@ -34,6 +36,8 @@ from beam_jax._src.jobs.console import failure_line as failure_line
 from beam_jax._src.jobs.console import is_local as is_local
 from beam_jax._src.jobs.console import prog as prog
 from beam_jax._src.jobs.console import verbose_requested as verbose_requested
+from beam_jax._src.jobs.dead_letters import WriteDeadLetters as WriteDeadLetters
+from beam_jax._src.jobs.dead_letters import dead_letter_json as dead_letter_json
 from beam_jax._src.jobs.flags import DEFAULT_COMPILATION_CACHE as DEFAULT_COMPILATION_CACHE
 from beam_jax._src.jobs.flags import DefaultsHelpFormatter as DefaultsHelpFormatter
 from beam_jax._src.jobs.flags import add_compilation_cache_flag as add_compilation_cache_flag

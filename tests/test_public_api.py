@@ -196,6 +196,8 @@ JOBS = {
     "is_local",
     "prog",
     "verbose_requested",
+    "dead_letter_json",
+    "WriteDeadLetters",
     "metrics_record",
     "write_metrics",
 }
