@@ -22,10 +22,10 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 import beam_jax as bj
+from beam_jax.text import labelled_corpus
 from pipelines import curate
 from pipelines.curate import model as cm
 from pipelines.curate import passes as cp
-from pipelines.curate import read as data
 from pipelines.curate import report
 
 MAX_RELATIVE_ERROR = 1e-5
@@ -161,7 +161,7 @@ def test_auroc_and_precision():
 def test_flags():
     args, options = curate.parse_args([])
     assert args.input is None and args.passes == curate.DEFAULT_PASSES
-    assert args.flip_fraction == 0.1 and args.classes == data.DEFAULT_CLASSES
+    assert args.flip_fraction == 0.1 and args.classes == 10
     # A user's own labels are flipped only when asked.
     assert curate.parse_args(["--input", "rows.jsonl"])[0].flip_fraction == 0.0
     assert (
@@ -278,7 +278,7 @@ def test_full_batch_gradient_is_the_gradient_of_the_unpadded_loss(
 
 
 def test_bad_rows_are_dead_lettered(tmp_path):
-    classes, rows = data.labelled_passages(3)
+    classes, rows = labelled_corpus(3)
     good = rows[:60]
     lines = [json.dumps({"id": f"r{i}", "text": t, "label": lab}) for i, t, lab in good]
     bad = {  # id -> stage
@@ -325,7 +325,7 @@ def test_bad_rows_are_dead_lettered(tmp_path):
 
 
 def test_parquet_rows_keep_their_id_type_and_bad_rows_are_dead_lettered(tmp_path):
-    classes, rows = data.labelled_passages(3)
+    classes, rows = labelled_corpus(3)
     ids = [i * 7 for i in range(len(rows[:40]))] + [None, 900, 901]
     texts = [t for _, t, _ in rows[:40]] + ["An id-less row.", None, "Labelled ''."]
     labels = [lab for *_, lab in rows[:40]] + [classes[0], classes[1], ""]
@@ -356,7 +356,7 @@ def test_parquet_rows_keep_their_id_type_and_bad_rows_are_dead_lettered(tmp_path
 
 
 def _labelled_rows(path: pathlib.Path, n: int = 60) -> pathlib.Path:
-    _, rows = data.labelled_passages(3)
+    _, rows = labelled_corpus(3)
     lines = [json.dumps({"id": f"r{i}", "text": t, "label": lab}) for i, t, lab in rows[:n]]
     path.write_text("\n".join(lines) + "\n")
     return path

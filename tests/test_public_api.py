@@ -170,6 +170,9 @@ TEXT = {
     "ACTIVATIONS",
     "POOLING",
     "MAX_TOKENIZED_CHARS",
+    # text to try them on
+    "builtin_corpus",
+    "labelled_corpus",
 }
 
 
