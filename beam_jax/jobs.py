@@ -16,6 +16,9 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   job's parser.
 - :func:`dead_letter_json` writes a failed element as one JSON line, and
   :class:`WriteDeadLetters` a PCollection of them as ``.jsonl`` files, counted per stage.
+- :func:`dataflow_job_description` is the request ``DataflowRunner`` would send, from a
+  ``--dry_run=True`` run (:func:`is_dry_run`), checked offline; :func:`write_dataflow_job_file`
+  writes it and :func:`dataflow_staged_files` lists what the workers would install.
 - :func:`metrics_record` and :func:`write_metrics` write ``OUTPUT/_metrics.json``, which
   ``beam-jax report OUTPUT`` prints.
 
@@ -36,6 +39,11 @@ from beam_jax._src.jobs.console import failure_line as failure_line
 from beam_jax._src.jobs.console import is_local as is_local
 from beam_jax._src.jobs.console import prog as prog
 from beam_jax._src.jobs.console import verbose_requested as verbose_requested
+from beam_jax._src.jobs.dataflow import ACCELERATOR_HINT as ACCELERATOR_HINT
+from beam_jax._src.jobs.dataflow import dataflow_job_description as dataflow_job_description
+from beam_jax._src.jobs.dataflow import dataflow_staged_files as dataflow_staged_files
+from beam_jax._src.jobs.dataflow import is_dry_run as is_dry_run
+from beam_jax._src.jobs.dataflow import write_dataflow_job_file as write_dataflow_job_file
 from beam_jax._src.jobs.dead_letters import WriteDeadLetters as WriteDeadLetters
 from beam_jax._src.jobs.dead_letters import dead_letter_json as dead_letter_json
 from beam_jax._src.jobs.flags import DEFAULT_COMPILATION_CACHE as DEFAULT_COMPILATION_CACHE

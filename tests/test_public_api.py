@@ -201,6 +201,11 @@ JOBS = {
     "verbose_requested",
     "dead_letter_json",
     "WriteDeadLetters",
+    "ACCELERATOR_HINT",
+    "dataflow_job_description",
+    "dataflow_staged_files",
+    "is_dry_run",
+    "write_dataflow_job_file",
     "metrics_record",
     "write_metrics",
 }
