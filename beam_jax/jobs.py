@@ -9,7 +9,8 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   prints a progress line on the driver (local runners).
 - :class:`RunConsole` keeps Beam's and JAX's logs in a log file unless ``--verbose``
   (:func:`add_flags`), prints the progress line, and :func:`failure_line` says in one line
-  what failed and where the traceback is.
+  what failed and where the traceback is; :func:`run_main` is a job's ``main`` that ends a
+  failure with that line.
 - :func:`parse_job_args` parses a job's flags and Beam's, rejecting a flag neither knows
   (:func:`reject_unknown_flags`, with a suggestion); :func:`int_list`, :func:`positive_int`,
   :func:`non_negative`, :func:`ratio` and :class:`DefaultsHelpFormatter` help write the
@@ -55,6 +56,7 @@ from beam_jax._src.jobs.flags import parse_job_args as parse_job_args
 from beam_jax._src.jobs.flags import positive_int as positive_int
 from beam_jax._src.jobs.flags import ratio as ratio
 from beam_jax._src.jobs.flags import reject_unknown_flags as reject_unknown_flags
+from beam_jax._src.jobs.main import run_main as run_main
 from beam_jax._src.jobs.output_dir import OutputDir as OutputDir
 from beam_jax._src.jobs.output_dir import OutputExistsError as OutputExistsError
 from beam_jax._src.jobs.output_dir import OutputLayout as OutputLayout

@@ -43,7 +43,7 @@ class _Loaded:
         self.worker = worker
 
 
-class MiniLMTextHandler(ModelHandler[str, np.ndarray, _Loaded]):
+class MiniLMTextHandler(bj.JaxModelHandler):
     """Strings in, ``float32[384]`` unit vectors out: tokenize, then ``JaxModelHandler``.
 
     Args:
@@ -54,7 +54,7 @@ class MiniLMTextHandler(ModelHandler[str, np.ndarray, _Loaded]):
 
     def __init__(self, model_dir: str | None = None, bucketing: bj.Bucketing | None = None):
         self._encoder = SentenceEncoder.from_dir(model_dir)
-        self._jax = bj.JaxModelHandler(
+        super().__init__(
             self._encoder.element_fn,
             spec=self._encoder.spec,
             bucketing=bucketing
@@ -66,30 +66,17 @@ class MiniLMTextHandler(ModelHandler[str, np.ndarray, _Loaded]):
             load_params=self._encoder.load_params,
             max_batch_duration_secs=None,  # rows reach Beam's batching, not token ids
         )
-        super().__init__()
-
-    def plan(self, num_devices: int = 1):
-        return self._jax.plan(num_devices)
 
     def load_model(self) -> _Loaded:
-        return _Loaded(self._encoder.tokenizer(), self._jax.load_model())
+        return _Loaded(self._encoder.tokenizer(), super().load_model())
 
     def run_inference(
         self, batch: Sequence[str], model: _Loaded, inference_args: dict | None = None
     ) -> list[np.ndarray]:
         texts = [t.decode("utf-8") if isinstance(t, bytes) else t for t in batch]
         ids = model.tokenizer.encode_batch(texts)
-        results = self._jax.run_inference([{"input_ids": x} for x in ids], model.worker)
+        results = super().run_inference([{"input_ids": x} for x in ids], model.worker)
         return [r.inference for r in results]
-
-    def batch_elements_kwargs(self):
-        return self._jax.batch_elements_kwargs()
-
-    def get_metrics_namespace(self) -> str:
-        return self._jax.get_metrics_namespace()
-
-    def share_model_across_processes(self) -> bool:
-        return False
 
 
 class MiniLMEmbeddings(EmbeddingsManager):

@@ -199,6 +199,7 @@ JOBS = {
     "is_local",
     "prog",
     "verbose_requested",
+    "run_main",
     "dead_letter_json",
     "WriteDeadLetters",
     "ACCELERATOR_HINT",

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -214,12 +212,4 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.getLogger().setLevel(logging.WARNING)
-    try:
-        run(argv)
-    except jobs.OutputExistsError as e:  # about the user's files; the message says what to do
-        sys.exit(f"curate: {type(e).__name__}: {e}")
-    except Exception as e:
-        if jobs.verbose_requested(argv):
-            raise
-        sys.exit(jobs.failure_line("curate", e))
+    jobs.run_main("curate", run, argv)
