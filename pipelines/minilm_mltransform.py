@@ -1,17 +1,9 @@
 """The flagship's JAX MiniLM as an ``MLTransform`` embeddings manager (``MiniLMEmbeddings``).
 
-Beam's ``MLTransform`` embeds text columns through an ``EmbeddingsManager``: the manager
-gives a ``ModelHandler`` that turns a batch of strings into a batch of vectors, and Beam
-wraps it (``_TextEmbeddingHandler``) to pick the columns out of each row and put the
-vectors back. Here that handler tokenizes with a ``beam_jax.text.SentenceEncoder``'s Rust
-tokenizer and embeds with ``beam_jax.JaxModelHandler`` over its kernel, so each batch is
-grouped by token-length bucket, padded to the bucket and to one of the listed batch
-sizes, and compiled only in the listed shapes; the parameters load once per process.
-
-What the interface does not carry: Beam's batching sees whole rows (dicts), not token
-ids, so it cannot bucket by token length; the engine splits each batch by bucket
-instead (more, smaller kernel calls). A failed batch fails (or, with
-``with_exception_handling``, dead-letters) as a whole, as for every MLTransform.
+Its handler tokenizes each batch of strings with a ``beam_jax.text.SentenceEncoder``'s Rust
+tokenizer and embeds them with ``beam_jax.JaxModelHandler`` over its kernel, so padding and
+compiles follow the token-length buckets. What MLTransform's interface does not carry (Beam
+batches whole rows, not token ids): docs/beam_ml.md.
 
 Example:
     >>> from apache_beam.ml.transforms.base import MLTransform

@@ -22,6 +22,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 import beam_jax as bj
+from beam_jax import jobs
 from beam_jax.text import labelled_corpus
 from pipelines import curate
 from pipelines.curate import model as cm
@@ -408,7 +409,7 @@ def test_the_run_is_published_whole_and_nothing_stays_staged(own_data_run):
 def test_a_second_run_into_a_full_output_is_refused_and_leaves_it_intact(own_data_run):
     rows, out, _ = own_data_run
     before = _files(out)
-    with pytest.raises(curate.OutputExistsError, match="--overwrite"):
+    with pytest.raises(jobs.OutputExistsError, match="--overwrite"):
         curate.run(["--input", str(rows), "--output", str(out), "--passes", "2"])
     assert _files(out) == before
 

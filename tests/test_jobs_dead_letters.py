@@ -87,5 +87,5 @@ def test_write_dead_letters_writes_no_file_when_nothing_failed(tmp_path):
 
 
 def test_write_dead_letters_needs_a_prefix():
-    with pytest.raises(ValueError, match="file_path_prefix"):
+    with pytest.raises(bj.SpecError, match="file_path_prefix"):
         jobs.WriteDeadLetters("")

@@ -37,13 +37,10 @@ class EmptyTextError(bj.InvalidElementError):
     characters the tokenizer drops (such as zero-width spaces); nothing to train on."""
 
 
-def _builtin_batches(num_classes: int):
-    _, rows = labelled_corpus(num_classes)
-    for start in range(0, len(rows), _ROWS_PER_BATCH):
-        ids, texts, labels = zip(*rows[start : start + _ROWS_PER_BATCH], strict=True)
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(ids, pa.int64()), pa.array(texts), pa.array(labels)], names=list(COLUMNS)
-        )
+def _builtin_batches(num_classes: int) -> list[pa.RecordBatch]:
+    ids, texts, labels = zip(*labelled_corpus(num_classes)[1], strict=True)
+    rows = pa.table({"id": pa.array(ids, pa.int64()), "text": texts, "label": labels})
+    return rows.to_batches(max_chunksize=_ROWS_PER_BATCH)
 
 
 def _first_id_type(path: str) -> pa.DataType:

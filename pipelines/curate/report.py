@@ -12,11 +12,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import scipy.stats
+
+from beam_jax.jobs import write_atomically
 
 SCORES = ("grand", "el2n", "loss")
 TOP_FRACTION = 0.1  # precision is reported for the top 10% of records by score
@@ -144,8 +147,8 @@ def plot(
     *,
     title: str = "",
 ) -> None:
-    """Write a PNG to the local ``path``: the loss per pass, and each score's distribution,
-    clean vs flipped."""
+    """Write a PNG to ``path`` (any Beam file system): the loss per pass, and each score's
+    distribution, clean vs flipped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,5 +173,7 @@ def plot(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    write_atomically(path, png.getvalue())

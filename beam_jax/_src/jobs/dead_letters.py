@@ -24,6 +24,7 @@ from typing import Any
 import apache_beam as beam
 
 from beam_jax._src.core.dead_letter import MAX_ECHO_CHARS, FailedElement
+from beam_jax._src.errors import SpecError
 
 __all__ = ["WriteDeadLetters", "dead_letter_json"]
 
@@ -79,7 +80,8 @@ class WriteDeadLetters(beam.PTransform):
     The files are ``file_path_prefix-SSSSS-of-NNNNN.jsonl`` (any Beam file system); none is
     written when the input is empty. Each record counts under the Beam metric
     ``dead_letters_<stage>`` of ``metrics_namespace``, so a job can report its dead letters
-    per stage (``beam_jax.metric_totals``).
+    per stage (``beam_jax.metric_totals``). Applied, it gives the PCollection of the
+    written file names.
 
     Example:
         >>> read = ReadArrowBatches("in/*.jsonl").with_exception_handling()  # doctest: +SKIP
@@ -90,15 +92,12 @@ class WriteDeadLetters(beam.PTransform):
         file_path_prefix: Where the files go, up to the shard suffix.
         metrics_namespace: The namespace of the per-stage counters (another than
             ``beam_jax``'s, whose transforms count their own dead letters).
-
-    Returns:
-        From ``expand``: the PCollection of the written file names.
     """
 
     def __init__(self, file_path_prefix: str, *, metrics_namespace: str = "beam_jax.jobs"):
         super().__init__()
         if not file_path_prefix:
-            raise ValueError("file_path_prefix must name where the files go, got ''.")
+            raise SpecError("file_path_prefix must name where the files go, got ''.")
         self._prefix = file_path_prefix
         self._namespace = metrics_namespace
 

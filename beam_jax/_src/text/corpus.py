@@ -146,8 +146,9 @@ def builtin_corpus(n: int | None = None) -> list[tuple[int, str]]:
 
     Example:
         >>> corpus = builtin_corpus()
-        >>> len(corpus) > 2000 and corpus[0][0] == 0
-        True
+        >>> first_id, first_text = corpus[0]
+        >>> len(corpus) > 2000, first_id
+        (True, 0)
 
     Args:
         n: How many passages to return, or None for all of them (about 4,400 on
