@@ -9,7 +9,8 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   prints a progress line on the driver (local runners).
 - :class:`RunConsole` keeps Beam's and JAX's logs in a log file unless ``--verbose``
   (:func:`add_flags`), prints the progress line, and :func:`failure_line` says in one line
-  what failed and where the traceback is.
+  what failed and where the traceback is; :func:`run_main` is a job's ``main`` that ends a
+  failure with that line.
 - :func:`parse_job_args` parses a job's flags and Beam's, rejecting a flag neither knows
   (:func:`reject_unknown_flags`, with a suggestion); :func:`int_list`, :func:`positive_int`,
   :func:`non_negative`, :func:`ratio` and :class:`DefaultsHelpFormatter` help write the
@@ -17,6 +18,11 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
 - :func:`input_format`, :func:`match_inputs` (:class:`InputFile`) and :func:`id_type_of`
   check a job's input files at launch: their format, what a rerun must find unchanged, the
   type of their id column.
+- :func:`dead_letter_json` writes a failed element as one JSON line, and
+  :class:`WriteDeadLetters` a PCollection of them as ``.jsonl`` files, counted per stage.
+- :func:`dataflow_job_description` is the request ``DataflowRunner`` would send, from a
+  ``--dry_run=True`` run (:func:`is_dry_run`), checked offline; :func:`write_dataflow_job_file`
+  writes it and :func:`dataflow_staged_files` lists what the workers would install.
 - :func:`metrics_record` and :func:`write_metrics` write ``OUTPUT/_metrics.json``, which
   ``beam-jax report OUTPUT`` prints.
 
@@ -37,6 +43,13 @@ from beam_jax._src.jobs.console import failure_line as failure_line
 from beam_jax._src.jobs.console import is_local as is_local
 from beam_jax._src.jobs.console import prog as prog
 from beam_jax._src.jobs.console import verbose_requested as verbose_requested
+from beam_jax._src.jobs.dataflow import ACCELERATOR_HINT as ACCELERATOR_HINT
+from beam_jax._src.jobs.dataflow import dataflow_job_description as dataflow_job_description
+from beam_jax._src.jobs.dataflow import dataflow_staged_files as dataflow_staged_files
+from beam_jax._src.jobs.dataflow import is_dry_run as is_dry_run
+from beam_jax._src.jobs.dataflow import write_dataflow_job_file as write_dataflow_job_file
+from beam_jax._src.jobs.dead_letters import WriteDeadLetters as WriteDeadLetters
+from beam_jax._src.jobs.dead_letters import dead_letter_json as dead_letter_json
 from beam_jax._src.jobs.flags import DEFAULT_COMPILATION_CACHE as DEFAULT_COMPILATION_CACHE
 from beam_jax._src.jobs.flags import DefaultsHelpFormatter as DefaultsHelpFormatter
 from beam_jax._src.jobs.flags import add_compilation_cache_flag as add_compilation_cache_flag
@@ -50,6 +63,7 @@ from beam_jax._src.jobs.inputs import InputFile as InputFile
 from beam_jax._src.jobs.inputs import id_type_of as id_type_of
 from beam_jax._src.jobs.inputs import input_format as input_format
 from beam_jax._src.jobs.inputs import match_inputs as match_inputs
+from beam_jax._src.jobs.main import run_main as run_main
 from beam_jax._src.jobs.output_dir import OutputDir as OutputDir
 from beam_jax._src.jobs.output_dir import OutputExistsError as OutputExistsError
 from beam_jax._src.jobs.output_dir import OutputLayout as OutputLayout

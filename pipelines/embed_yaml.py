@@ -1,16 +1,10 @@
 """The flagship's text embedding as a Beam YAML transform (``EmbedText``).
 
-Beam YAML passes schema'd rows between transforms. ``EmbedText`` takes rows with an id
-and a text field, batches them into Arrow record batches, and runs the library's
-``beam_jax.text.EmbedText`` (the Rust tokenizer, then the model through
-``beam_jax.RunKernelOnArrow``); it emits rows of ``id`` and ``embedding``
-(``list<float32>``, 384 values for the default all-MiniLM-L6-v2). Rows that cannot be
-embedded follow Beam YAML's error handling: with ``error_handling: {output: NAME}`` they go
-to the output ``NAME`` as ``(element, msg, stack)`` rows, one per failed row; without it
-the pipeline fails on the first one, as YAML's own transforms do.
-
-The provider listing ``pipelines/beam_jax_provider.yaml`` makes it available to YAML
-pipelines; ``pipelines/embed_text.yaml`` is an example. See docs/beam_ml.md.
+``EmbedText`` batches rows with an id and a text field into Arrow record batches and runs
+the library's ``beam_jax.text.EmbedText``; it emits rows of ``id`` and ``embedding``. Rows
+that cannot be embedded follow Beam YAML's error handling (``error_handling: {output:
+NAME}``), one ``(element, msg, stack)`` row each. ``pipelines/beam_jax_provider.yaml`` lists
+it for YAML pipelines; ``pipelines/embed_text.yaml`` is an example (docs/beam_ml.md).
 
 Example:
     >>> rows | EmbedText(id_type="int", error_handling={"output": "failed"})  # doctest: +SKIP
@@ -29,8 +23,6 @@ import beam_jax as bj
 from beam_jax.internal import YamlErrors
 from beam_jax.text import EmbedText as EmbedTextColumn
 from pipelines import text_rows as tr
-
-_ID_TYPES = {"int": int, "string": str}
 
 
 def _pair(row: Any, id_field: str, text_field: str) -> tuple[Any, Any]:
@@ -95,7 +87,7 @@ class EmbedText(beam.PTransform):
     ):
         super().__init__()
         self._id_type = tr.IdType.from_name(id_type)  # fails now for an unknown name
-        self._id_python_type = _ID_TYPES[id_type]
+        self._id_python_type = int if self._id_type.is_integer else str
         self._fields = (id_field, text_field)
         self._model_dir = model_dir
         if not isinstance(rows_per_batch, int) or rows_per_batch < 1:

@@ -1,17 +1,9 @@
 """The flagship's JAX MiniLM as an ``MLTransform`` embeddings manager (``MiniLMEmbeddings``).
 
-Beam's ``MLTransform`` embeds text columns through an ``EmbeddingsManager``: the manager
-gives a ``ModelHandler`` that turns a batch of strings into a batch of vectors, and Beam
-wraps it (``_TextEmbeddingHandler``) to pick the columns out of each row and put the
-vectors back. Here that handler tokenizes with a ``beam_jax.text.SentenceEncoder``'s Rust
-tokenizer and embeds with ``beam_jax.JaxModelHandler`` over its kernel, so each batch is
-grouped by token-length bucket, padded to the bucket and to one of the listed batch
-sizes, and compiled only in the listed shapes; the parameters load once per process.
-
-What the interface does not carry: Beam's batching sees whole rows (dicts), not token
-ids, so it cannot bucket by token length; the engine splits each batch by bucket
-instead (more, smaller kernel calls). A failed batch fails (or, with
-``with_exception_handling``, dead-letters) as a whole, as for every MLTransform.
+Its handler tokenizes each batch of strings with a ``beam_jax.text.SentenceEncoder``'s Rust
+tokenizer and embeds them with ``beam_jax.JaxModelHandler`` over its kernel, so padding and
+compiles follow the token-length buckets. What MLTransform's interface does not carry (Beam
+batches whole rows, not token ids): docs/beam_ml.md.
 
 Example:
     >>> from apache_beam.ml.transforms.base import MLTransform
@@ -43,7 +35,7 @@ class _Loaded:
         self.worker = worker
 
 
-class MiniLMTextHandler(ModelHandler[str, np.ndarray, _Loaded]):
+class MiniLMTextHandler(bj.JaxModelHandler):
     """Strings in, ``float32[384]`` unit vectors out: tokenize, then ``JaxModelHandler``.
 
     Args:
@@ -54,7 +46,7 @@ class MiniLMTextHandler(ModelHandler[str, np.ndarray, _Loaded]):
 
     def __init__(self, model_dir: str | None = None, bucketing: bj.Bucketing | None = None):
         self._encoder = SentenceEncoder.from_dir(model_dir)
-        self._jax = bj.JaxModelHandler(
+        super().__init__(
             self._encoder.element_fn,
             spec=self._encoder.spec,
             bucketing=bucketing
@@ -66,30 +58,17 @@ class MiniLMTextHandler(ModelHandler[str, np.ndarray, _Loaded]):
             load_params=self._encoder.load_params,
             max_batch_duration_secs=None,  # rows reach Beam's batching, not token ids
         )
-        super().__init__()
-
-    def plan(self, num_devices: int = 1):
-        return self._jax.plan(num_devices)
 
     def load_model(self) -> _Loaded:
-        return _Loaded(self._encoder.tokenizer(), self._jax.load_model())
+        return _Loaded(self._encoder.tokenizer(), super().load_model())
 
     def run_inference(
         self, batch: Sequence[str], model: _Loaded, inference_args: dict | None = None
     ) -> list[np.ndarray]:
         texts = [t.decode("utf-8") if isinstance(t, bytes) else t for t in batch]
         ids = model.tokenizer.encode_batch(texts)
-        results = self._jax.run_inference([{"input_ids": x} for x in ids], model.worker)
+        results = super().run_inference([{"input_ids": x} for x in ids], model.worker)
         return [r.inference for r in results]
-
-    def batch_elements_kwargs(self):
-        return self._jax.batch_elements_kwargs()
-
-    def get_metrics_namespace(self) -> str:
-        return self._jax.get_metrics_namespace()
-
-    def share_model_across_processes(self) -> bool:
-        return False
 
 
 class MiniLMEmbeddings(EmbeddingsManager):

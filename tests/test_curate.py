@@ -22,10 +22,11 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 import beam_jax as bj
+from beam_jax import jobs
+from beam_jax.text import labelled_corpus
 from pipelines import curate
 from pipelines.curate import model as cm
 from pipelines.curate import passes as cp
-from pipelines.curate import read as data
 from pipelines.curate import report
 
 MAX_RELATIVE_ERROR = 1e-5
@@ -57,13 +58,24 @@ def reference_gradient(params, records, labels) -> dict[str, np.ndarray]:
     return {k: v / len(records) for k, v in grad.items()}
 
 
+def dataset_loss(params, tokens: jax.Array, segments: jax.Array, labels: jax.Array) -> jax.Array:
+    """The mean loss over a whole unpadded dataset in one call: ``tokens`` int32[T] of every
+    record one after another, ``segments`` int32[T] their records, ``labels`` int32[N]."""
+    embed = jnp.asarray(params["embed"])
+    n = labels.shape[0]
+    rows = embed[cm.hash_tokens(tokens, embed.shape[0])]
+    sums = jax.ops.segment_sum(rows, segments, num_segments=n)
+    counts = jax.ops.segment_sum(jnp.ones_like(segments, embed.dtype), segments, num_segments=n)
+    logits = (sums / counts[:, None]) @ params["w"] + params["b"][None, :]
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+
 def one_call_gradient(params, records, labels) -> dict[str, np.ndarray]:
     """``jax.grad(dataset_loss)`` over the whole unpadded dataset, in one float32 call."""
     tokens = np.concatenate(records).astype(np.int32)
     segments = np.repeat(np.arange(len(records)), [len(r) for r in records]).astype(np.int32)
-    grad = jax.jit(jax.grad(cm.dataset_loss))(
-        params, tokens, segments, np.asarray(labels, np.int32)
-    )
+    grad = jax.jit(jax.grad(dataset_loss))(params, tokens, segments, np.asarray(labels, np.int32))
     return {k: np.asarray(v, np.float64) for k, v in grad.items()}
 
 
@@ -161,7 +173,7 @@ def test_auroc_and_precision():
 def test_flags():
     args, options = curate.parse_args([])
     assert args.input is None and args.passes == curate.DEFAULT_PASSES
-    assert args.flip_fraction == 0.1 and args.classes == data.DEFAULT_CLASSES
+    assert args.flip_fraction == 0.1 and args.classes == 10
     # A user's own labels are flipped only when asked.
     assert curate.parse_args(["--input", "rows.jsonl"])[0].flip_fraction == 0.0
     assert (
@@ -278,7 +290,7 @@ def test_full_batch_gradient_is_the_gradient_of_the_unpadded_loss(
 
 
 def test_bad_rows_are_dead_lettered(tmp_path):
-    classes, rows = data.labelled_passages(3)
+    classes, rows = labelled_corpus(3)
     good = rows[:60]
     lines = [json.dumps({"id": f"r{i}", "text": t, "label": lab}) for i, t, lab in good]
     bad = {  # id -> stage
@@ -325,7 +337,7 @@ def test_bad_rows_are_dead_lettered(tmp_path):
 
 
 def test_parquet_rows_keep_their_id_type_and_bad_rows_are_dead_lettered(tmp_path):
-    classes, rows = data.labelled_passages(3)
+    classes, rows = labelled_corpus(3)
     ids = [i * 7 for i in range(len(rows[:40]))] + [None, 900, 901]
     texts = [t for _, t, _ in rows[:40]] + ["An id-less row.", None, "Labelled ''."]
     labels = [lab for *_, lab in rows[:40]] + [classes[0], classes[1], ""]
@@ -356,7 +368,7 @@ def test_parquet_rows_keep_their_id_type_and_bad_rows_are_dead_lettered(tmp_path
 
 
 def _labelled_rows(path: pathlib.Path, n: int = 60) -> pathlib.Path:
-    _, rows = data.labelled_passages(3)
+    _, rows = labelled_corpus(3)
     lines = [json.dumps({"id": f"r{i}", "text": t, "label": lab}) for i, t, lab in rows[:n]]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -397,7 +409,7 @@ def test_the_run_is_published_whole_and_nothing_stays_staged(own_data_run):
 def test_a_second_run_into_a_full_output_is_refused_and_leaves_it_intact(own_data_run):
     rows, out, _ = own_data_run
     before = _files(out)
-    with pytest.raises(curate.OutputExistsError, match="--overwrite"):
+    with pytest.raises(jobs.OutputExistsError, match="--overwrite"):
         curate.run(["--input", str(rows), "--output", str(out), "--passes", "2"])
     assert _files(out) == before
 

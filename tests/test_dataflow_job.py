@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient")
 pytest.importorskip("google.cloud.storage")
 
-from pipelines import dataflow_job  # noqa: E402
+from beam_jax import jobs  # noqa: E402
 from pipelines.embed import job as embed_text  # noqa: E402
 
 IMAGE = "us-central1-docker.pkg.dev/my-project/beam-jax/beam-jax-gpu:0.2.0"
@@ -112,7 +112,7 @@ def test_the_setup_file_package_holds_the_library_and_the_pipelines(tmp_path):
     args, options = parse_args(_dataflow_flags(tmp_path))
     pipeline = beam.Pipeline(options=options)
     _ = pipeline | beam.Create([1]) | beam.Map(lambda x: x)
-    files = dataflow_job.staged_files(pipeline.run())
+    files = jobs.dataflow_staged_files(pipeline.run())
     members = {m.split("/", 1)[-1] for m in files["workflow.tar.gz"]}
     assert {"beam_jax/__init__.py", "pipelines/embed/job.py", "setup.py"} <= members
     assert "beam_jax/_src/text/minilm_manifest.json" in members
@@ -121,7 +121,7 @@ def test_the_setup_file_package_holds_the_library_and_the_pipelines(tmp_path):
 def test_the_gpu_hint_is_on_the_kernel_step_only(dry_run):
     _, _, described = dry_run
     leaves = _leaves(described)
-    on_gpu = {name for name, hints in leaves.items() if dataflow_job.ACCELERATOR_HINT in hints}
+    on_gpu = {name for name, hints in leaves.items() if jobs.ACCELERATOR_HINT in hints}
     assert on_gpu, "no step carries the accelerator hint"
     assert all(name.startswith(("Embed/", "StartEmbedWorker/")) for name in on_gpu), on_gpu
     assert any(name.startswith("Embed/") for name in on_gpu), on_gpu
@@ -129,7 +129,7 @@ def test_the_gpu_hint_is_on_the_kernel_step_only(dry_run):
         assert any(n.startswith(name) for n in leaves), name
         assert not any(n.startswith(name) for n in on_gpu), name
     encoded = {
-        leaves[name][dataflow_job.ACCELERATOR_HINT] for name in on_gpu
+        leaves[name][jobs.ACCELERATOR_HINT] for name in on_gpu
     }  # base64 in the JSON form of the proto
     assert {base64.b64decode(e).decode() for e in encoded} == {GPU}
 
@@ -137,7 +137,7 @@ def test_the_gpu_hint_is_on_the_kernel_step_only(dry_run):
 def test_without_the_flag_no_step_asks_for_an_accelerator(tmp_path):
     embed_text.run(_dataflow_flags(tmp_path, "--buckets", "16,64,256"))
     leaves = _leaves(json.loads((tmp_path / "job.json").read_text()))
-    assert leaves and not any(dataflow_job.ACCELERATOR_HINT in h for h in leaves.values())
+    assert leaves and not any(jobs.ACCELERATOR_HINT in h for h in leaves.values())
 
 
 def test_the_options_are_validated_for_dataflow(tmp_path):
@@ -153,7 +153,7 @@ def test_job_description_refuses_a_result_that_is_not_a_dry_run():
     with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
         _ = p | beam.Create([1])
     with pytest.raises(ValueError, match="--dry_run=True"):
-        dataflow_job.job_description(p.run())
+        jobs.dataflow_job_description(p.run())
 
 
 def test_a_dry_run_on_another_runner_is_refused_before_anything_runs(tmp_path, capsys):

@@ -19,9 +19,9 @@ import pytest
 
 import beam_jax as bj
 from beam_jax import text
+from beam_jax._src.text import corpus as corpus_source
 from beam_jax.internal import PackPlan
 from beam_jax.text import BertConfig, SentenceEncoder
-from pipelines import corpus as corpus_module
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 BUCKETS = (16, 32, 64, 128, 256)
@@ -241,20 +241,21 @@ def test_live_against_sentence_transformers(params, tokenizer, reference):
 
 
 def test_builtin_corpus_shape_and_determinism():
-    corpus = corpus_module.builtin_corpus()
+    corpus = text.builtin_corpus()
     assert len(corpus) >= 2000
     assert [i for i, _ in corpus] == list(range(len(corpus)))
     texts = [t for _, t in corpus]
     assert len(set(texts)) == len(texts)
     assert all(t == " ".join(t.split()) and t for t in texts)
     assert not any(">>>" in t for t in texts)
-    assert corpus_module.builtin_corpus(10) == corpus[:10]
-    corpus_module._all_passages.cache_clear()  # recompute from the files, not the cache
-    assert corpus_module.builtin_corpus() == corpus
+    assert text.builtin_corpus(10) == corpus[:10]
+    corpus_source._passages.cache_clear()  # recompute from the files, not the cache
+    corpus_source._ordered.cache_clear()
+    assert text.builtin_corpus() == corpus
 
 
 def test_builtin_corpus_has_a_spread_of_lengths(tokenizer):
-    texts = [t for _, t in corpus_module.builtin_corpus()]
+    texts = [t for _, t in text.builtin_corpus()]
     full = text.Tokenizer(tokenizer.path, max_length=100_000)
     lengths = np.asarray([len(ids) for ids in full.encode_batch(texts)])
     assert (lengths <= 16).sum() >= 200
@@ -264,7 +265,21 @@ def test_builtin_corpus_has_a_spread_of_lengths(tokenizer):
 
 def test_builtin_corpus_rejects_bad_n():
     with pytest.raises(ValueError, match="got -1"):
-        corpus_module.builtin_corpus(-1)
+        text.builtin_corpus(-1)
+
+
+def test_labelled_corpus_keeps_the_largest_modules_and_their_own_passages():
+    classes, rows = text.labelled_corpus(5)
+    assert len(classes) == 5 and list(classes) == sorted(classes)
+    assert [i for i, *_ in rows] == list(range(len(rows)))
+    assert {label for *_, label in rows} == set(classes)
+    corpus = {t for _, t in text.builtin_corpus()}
+    assert all(t in corpus for _, t, _ in rows)  # the same passages, labelled
+    fewer_classes, fewer = text.labelled_corpus(3)
+    assert set(fewer_classes) < set(classes) and len(fewer) < len(rows)
+    assert text.labelled_corpus(5) == (classes, rows)  # deterministic
+    with pytest.raises(ValueError, match="between 2 and .* got 1"):
+        text.labelled_corpus(1)
 
 
 # --- packed encoder ---------------------------------------------------------------

@@ -170,6 +170,9 @@ TEXT = {
     "ACTIVATIONS",
     "POOLING",
     "MAX_TOKENIZED_CHARS",
+    # text to try them on
+    "builtin_corpus",
+    "labelled_corpus",
 }
 
 
@@ -200,6 +203,14 @@ JOBS = {
     "is_local",
     "prog",
     "verbose_requested",
+    "run_main",
+    "dead_letter_json",
+    "WriteDeadLetters",
+    "ACCELERATOR_HINT",
+    "dataflow_job_description",
+    "dataflow_staged_files",
+    "is_dry_run",
+    "write_dataflow_job_file",
     "metrics_record",
     "write_metrics",
 }

@@ -23,7 +23,7 @@ by default; ``--corpus`` picks one):
   int32[N], the untruncated token counts.
 
 ``minilm_reference``: texts drawn deterministically from
-:func:`pipelines.corpus.builtin_corpus`: every passage longer than 256 tokens (up to 30),
+:func:`beam_jax.text.builtin_corpus`: every passage longer than 256 tokens (up to 30),
 the 20 shortest, and 170 spread evenly over the rest by length, plus a few hand-written
 ones with accents, emoji, CJK and other scripts, control and zero-width characters, and
 empty and whitespace-only text (embedded as ``[CLS] [SEP]``).
@@ -82,7 +82,7 @@ def _model_dir() -> pathlib.Path:
 
 def _choose_texts(tokenizer) -> list[str]:
     sys.path.insert(0, str(REPO))
-    from pipelines.corpus import builtin_corpus
+    from beam_jax.text import builtin_corpus
 
     corpus = [text for _, text in builtin_corpus()]
     full = [len(ids) for ids in tokenizer(corpus, truncation=False, verbose=False)["input_ids"]]

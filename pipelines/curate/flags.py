@@ -4,16 +4,15 @@ them for every pipeline run."""
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from collections.abc import Sequence
 
-from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jax import jobs
-from pipelines.curate.read import DEFAULT_CLASSES
 
 DEFAULT_OUTPUT = "output/curate"
+DEFAULT_CLASSES = 10
 # Measured on the built-in corpus (bench/curate_steps.py): with Adam at 0.05 the scores
 # separate flipped from clean labels best after 14-20 full-batch steps.
 DEFAULT_PASSES = 14
@@ -42,8 +41,8 @@ def input_format(pattern: str) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PipelineOptions]:
-    """Splits ``argv`` into this job's flags and Beam's ``PipelineOptions`` (the runner
-    defaults to the in-process FnApiRunner)."""
+    """Splits ``argv`` into this job's flags and Beam's ``PipelineOptions``
+    (``beam_jax.jobs.parse_job_args``)."""
     parser = argparse.ArgumentParser(
         prog=jobs.prog("pipelines.curate", "curate"),
         description="Train a small text classifier by full-batch passes (ReduceKernel), then "
@@ -84,12 +83,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         help="the largest padded batch of records per kernel call")  # fmt: skip
     add("--batch_sizes", type=jobs.int_list, help="padded batch sizes allowed (default "
         "powers of 2)")  # fmt: skip
-    add("--compilation_cache_dir", help="JAX persistent compilation cache, so each pass loads "
-        f"its compiled shapes; default {jobs.DEFAULT_COMPILATION_CACHE} on the local runners; "
-        "'none' turns it off")  # fmt: skip
+    jobs.add_compilation_cache_flag(parser)
     jobs.add_flags(parser)
-    args, rest = parser.parse_known_args(argv)
-    jobs.reject_unknown_flags(parser, rest)
+    args, options = jobs.parse_job_args(parser, argv)
     if args.flip_fraction is None:
         args.flip_fraction = DEFAULT_FLIP_FRACTION if args.input is None else 0.0
     if not 0 <= args.flip_fraction < 1:
@@ -99,12 +95,4 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     if args.hash_bits > 24:
         parser.error(f"--hash_bits must be at most 24, got {args.hash_bits}")
     args.format = None if args.input is None else input_format(args.input)
-    options = PipelineOptions(rest)
-    standard = options.view_as(StandardOptions)
-    standard.runner = standard.runner or "FnApiRunner"
-    if args.compilation_cache_dir is None and jobs.is_local(standard.runner):
-        args.compilation_cache_dir = os.path.expanduser(jobs.DEFAULT_COMPILATION_CACHE)
-    elif args.compilation_cache_dir in ("none", ""):
-        args.compilation_cache_dir = None
-    options.view_as(SetupOptions).save_main_session = False
     return args, options

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import re
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 
@@ -105,20 +102,6 @@ def _read_scores(output: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return scores, table.column("flipped").to_numpy(zero_copy_only=False)
 
 
-def _plot(summary: report.CurateSummary, scores, flipped, output: str) -> None:
-    title = (
-        f"{summary.records} records, {summary.flipped} labels flipped; scores after "
-        f"{len(summary.passes)} full-batch passes"
-    )
-    # matplotlib writes local files; copy through Beam's file systems for gs:// outputs.
-    with tempfile.TemporaryDirectory() as tmp:
-        local = f"{tmp}/curate.png"
-        report.plot(local, summary.losses, {"GraNd": scores["grand"], "EL2N": scores["el2n"]},
-                    flipped, title=title)  # fmt: skip
-        with open(local, "rb") as src:
-            jobs.write_atomically(FileSystems.join(output, "curate.png"), src.read())
-
-
 def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     """Runs the job to completion, prints a summary and returns it.
 
@@ -207,19 +190,16 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
         },
     )
     _write_json(summary.to_json(), FileSystems.join(work, "summary.json"))
-    _plot(summary, scores, flipped, work)
+    title = (
+        f"{summary.records} records, {summary.flipped} labels flipped; scores after "
+        f"{len(summary.passes)} full-batch passes"
+    )
+    named = {"GraNd": scores["grand"], "EL2N": scores["el2n"]}
+    report.plot(FileSystems.join(work, "curate.png"), summary.losses, named, flipped, title=title)
     output.publish({"job": record, "summary": str(summary)})
     print(summary, flush=True)
     return summary
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.getLogger().setLevel(logging.WARNING)
-    try:
-        run(argv)
-    except jobs.OutputExistsError as e:  # about the user's files; the message says what to do
-        sys.exit(f"curate: {type(e).__name__}: {e}")
-    except Exception as e:
-        if jobs.verbose_requested(argv):
-            raise
-        sys.exit(jobs.failure_line("curate", e))
+    jobs.run_main("curate", run, argv)

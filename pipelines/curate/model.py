@@ -2,8 +2,7 @@
 
 Hashed word-piece embeddings, a masked mean, a linear layer; see docs/curate.md ("The
 model"). :func:`gradient_kernel` is one record's gradient for ``ReduceKernel``,
-:func:`score_kernel` a padded batch's GraNd and EL2N for ``RunKernel(batched=True)``, and
-:func:`dataset_loss` the unpadded reference the tests compare with.
+:func:`score_kernel` a padded batch's GraNd and EL2N for ``RunKernel(batched=True)``.
 
 Example:
     >>> params = init_params(ModelConfig(num_classes=3, hash_bits=4, dim=2), seed=0)
@@ -114,21 +113,6 @@ def score_kernel(params: Any, element: dict, lengths: dict) -> dict:
         "loss": -jnp.sum(logp * one_hot, axis=-1),
         "predicted": jnp.argmax(logits, axis=-1).astype(jnp.int32),
     }
-
-
-def dataset_loss(
-    params: Any, tokens: jax.Array, segments: jax.Array, labels: jax.Array
-) -> jax.Array:
-    """The mean loss over a whole unpadded dataset in one call: ``tokens`` int32[T] of every
-    record one after another, ``segments`` int32[T] their records, ``labels`` int32[N]."""
-    embed = jnp.asarray(params["embed"])
-    n = labels.shape[0]
-    rows = embed[hash_tokens(tokens, embed.shape[0])]
-    sums = jax.ops.segment_sum(rows, segments, num_segments=n)
-    counts = jax.ops.segment_sum(jnp.ones_like(segments, embed.dtype), segments, num_segments=n)
-    logits = (sums / counts[:, None]) @ params["w"] + params["b"][None, :]
-    logp = jax.nn.log_softmax(logits)
-    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
 
 
 @dataclasses.dataclass(frozen=True)

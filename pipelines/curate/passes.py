@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import time
 from typing import Any
 
@@ -27,6 +26,7 @@ from apache_beam.io.parquetio import WriteToParquetBatched
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import beam_jax as bj
+from beam_jax import jobs
 from pipelines.curate.model import gradient_kernel, score_kernel
 from pipelines.curate.report import SCORES, PassStats
 
@@ -75,27 +75,11 @@ def examples(batch: pa.RecordBatch | pa.Table, noise: LabelNoise):
         yield (key, true, observed), element
 
 
-def _dead_letter_json(record: bj.FailedElement) -> str:
-    fields = {"id": record.key, **record.to_dict()}
-    del fields["key"]
-    fields["error"] = f"{record.error_type}: {record.message}"
-    return json.dumps(fields, default=repr)
-
-
 def write_dead_letters(dead, output: str, name: str) -> None:
     """Dead letters as JSON lines under ``OUTPUT/_failed/NAME-*.jsonl`` (no file if none),
     each counted under ``dead_letters_STAGE``."""
-
-    def count(record):
-        beam.metrics.Metrics.counter("curate", f"dead_letters_{record.stage}").inc()
-        return _dead_letter_json(record)
-
     path = FileSystems.join(output, "_failed", name)
-    _ = (
-        dead
-        | f"{name}ToJson" >> beam.Map(count)
-        | f"{name}Write" >> beam.io.WriteToText(path, ".jsonl", skip_if_empty=True)
-    )
+    _ = dead | f"{name}DeadLetters" >> jobs.WriteDeadLetters(path, metrics_namespace="curate")
 
 
 def run_pipeline(pipeline: beam.Pipeline):

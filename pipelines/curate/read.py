@@ -2,24 +2,18 @@
 tokenized once, so every pass reads tokens rather than text (docs/curate.md, "The data").
 
 Rows come from Parquet or JSON lines through ``beam_jax.ReadArrowBatches`` (a line it cannot
-read is that line's dead letter, stage ``read``), or from the built-in labelled corpus:
-standard-library docstring passages labelled by their top-level module. Each record batch
-is tokenized in one call (``Tokenizer.encode_arrow``); a row without an id, text or label
-is a ``validation`` dead letter, a text without tokens a ``tokenize`` one.
+read is that line's dead letter, stage ``read``), or from ``beam_jax.text.labelled_corpus``.
+Each record batch is tokenized in one call (``Tokenizer.encode_arrow``); a row without an
+id, text or label is a ``validation`` dead letter, a text without tokens a ``tokenize`` one.
 
 Example:
-    >>> classes, rows = labelled_passages(4)
-    >>> len(classes), rows[0][0], rows[0][2] in classes
-    (4, 0, True)
+    >>> [f.name for f in input_schema(None, None)]
+    ['id', 'text', 'label']
 """
 
 from __future__ import annotations
 
-import collections
-import functools
-import hashlib
 import json
-import pathlib
 from collections import Counter
 
 import apache_beam as beam
@@ -30,10 +24,8 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
-from beam_jax.text import SentenceEncoder
-from pipelines import corpus
+from beam_jax.text import SentenceEncoder, labelled_corpus
 
-DEFAULT_CLASSES = 10
 COLUMNS = ("id", "text", "label")
 VALIDATION, TOKENIZE = "validation", "tokenize"
 METRICS_NAMESPACE = "curate"
@@ -45,60 +37,10 @@ class EmptyTextError(bj.InvalidElementError):
     characters the tokenizer drops (such as zero-width spaces); nothing to train on."""
 
 
-@functools.lru_cache(maxsize=1)
-def _passages_by_module(root: str) -> dict[str, frozenset[str]]:
-    """Each passage, and the top-level modules whose files hold it."""
-    base = pathlib.Path(root)
-    found: dict[str, set[str]] = collections.defaultdict(set)
-    for path in corpus._source_files(base):  # the corpus's own reading and prose filter
-        module = path.relative_to(base).parts[0].removesuffix(".py")
-        for doc in corpus._docstrings(path):
-            text = corpus._passage(doc)
-            if text is not None:
-                found[text].add(module)
-    return {text: frozenset(modules) for text, modules in found.items()}
-
-
-def labelled_passages(
-    num_classes: int = DEFAULT_CLASSES,
-) -> tuple[tuple[str, ...], list[tuple[int, str, str]]]:
-    """``(classes, rows)``: the ``num_classes`` largest modules (sorted), and their passages
-    as ``(id, text, label)`` with ids ``0..n-1`` in a fixed order mixed by a hash of the text.
-    A passage found in more than one module is left out.
-
-    Raises:
-        ValueError: If ``num_classes`` is below 2 or above the number of modules found.
-        FileNotFoundError: If this Python install ships no standard-library sources.
-    """
-    root = corpus.stdlib_root()
-    by_text = _passages_by_module(str(root))
-    if not by_text:
-        raise FileNotFoundError(
-            f"found no standard-library docstrings under {root}; use a Python install that "
-            "ships its .py sources."
-        )
-    single = {text: next(iter(mods)) for text, mods in by_text.items() if len(mods) == 1}
-    sizes = collections.Counter(single.values())
-    if not 2 <= num_classes <= len(sizes):
-        raise ValueError(
-            f"num_classes must be between 2 and the {len(sizes)} modules found, got {num_classes}."
-        )
-    ranked = sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0]))  # ties broken by name
-    classes = tuple(sorted(name for name, _ in ranked[:num_classes]))
-    kept = sorted(
-        (text for text, module in single.items() if module in classes),
-        key=lambda t: (hashlib.sha1(t.encode()).hexdigest(), t),
-    )
-    return classes, [(i, text, single[text]) for i, text in enumerate(kept)]
-
-
-def _builtin_batches(num_classes: int):
-    _, rows = labelled_passages(num_classes)
-    for start in range(0, len(rows), _ROWS_PER_BATCH):
-        ids, texts, labels = zip(*rows[start : start + _ROWS_PER_BATCH], strict=True)
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(ids, pa.int64()), pa.array(texts), pa.array(labels)], names=list(COLUMNS)
-        )
+def _builtin_batches(num_classes: int) -> list[pa.RecordBatch]:
+    ids, texts, labels = zip(*labelled_corpus(num_classes)[1], strict=True)
+    rows = pa.table({"id": pa.array(ids, pa.int64()), "text": texts, "label": labels})
+    return rows.to_batches(max_chunksize=_ROWS_PER_BATCH)
 
 
 def _first_id_type(path: str) -> pa.DataType:

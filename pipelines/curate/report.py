@@ -1,6 +1,6 @@
 """What a curation run found: AUROC and precision of each score, the summary, the plot.
 
-Pure numpy (matplotlib only for the plot, imported on the driver when plotting).
+Pure numpy and scipy (matplotlib only for the plot, imported on the driver when plotting).
 
 Example:
     >>> auroc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([False, False, True, True]))
@@ -12,10 +12,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import scipy.stats
+
+from beam_jax.jobs import write_atomically
 
 SCORES = ("grand", "el2n", "loss")
 TOP_FRACTION = 0.1  # precision is reported for the top 10% of records by score
@@ -80,15 +84,6 @@ class CurateSummary:
         )
 
 
-def _average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks, ties sharing the mean of their ranks (as Mann-Whitney's U needs)."""
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values), np.float64)
-    ranks[order] = np.arange(1, len(values) + 1)
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    return (np.bincount(inverse, weights=ranks) / counts)[inverse]
-
-
 def auroc(scores: np.ndarray, positives: np.ndarray) -> float:
     """The probability that a random positive scores above a random negative (ties count
     half): 1.0 ranks every positive first, 0.5 is chance.
@@ -110,7 +105,7 @@ def auroc(scores: np.ndarray, positives: np.ndarray) -> float:
             f"AUROC needs positives and negatives, got {n_pos} and {n_neg}; flip some labels "
             "(--flip_fraction > 0) to measure it."
         )
-    ranks = _average_ranks(scores)
+    ranks = scipy.stats.rankdata(scores)  # ties share the mean of their ranks
     return float((ranks[positives].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
@@ -152,8 +147,8 @@ def plot(
     *,
     title: str = "",
 ) -> None:
-    """Write a PNG to the local ``path``: the loss per pass, and each score's distribution,
-    clean vs flipped."""
+    """Write a PNG to ``path`` (any Beam file system): the loss per pass, and each score's
+    distribution, clean vs flipped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,5 +173,7 @@ def plot(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    write_atomically(path, png.getvalue())

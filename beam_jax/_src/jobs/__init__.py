@@ -1,2 +1,2 @@
 """What a runnable job needs around its pipeline: a staged output directory, a progress
-line, a quiet console, and a metrics report written beside its output."""
+line, a quiet console, dead letters as JSON lines, and a metrics report beside its output."""
