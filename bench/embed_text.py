@@ -143,10 +143,9 @@ def _write_data(workdir: Path, n: int) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from beam_jax.text import SentenceEncoder, packaged_model_dir
-    from pipelines import corpus
+    from beam_jax.text import SentenceEncoder, builtin_corpus, packaged_model_dir
 
-    texts = [t for _, t in corpus.builtin_corpus()]
+    texts = [t for _, t in builtin_corpus()]
     texts = [texts[i % len(texts)] for i in range(n)]
     table = pa.table({"id": pa.array(range(n), pa.int64()), "text": pa.array(texts)})
     pq.write_table(table, workdir / "texts.parquet", row_group_size=1024)

@@ -307,7 +307,7 @@ def _texts(args) -> list[str]:
 
         texts = pq.read_table(args.parquet, columns=[args.column]).column(0).to_pylist()
     else:
-        from pipelines.corpus import builtin_corpus
+        from beam_jax.text import builtin_corpus
 
         texts = [t for _, t in builtin_corpus()]
     return [texts[i % len(texts)] for i in range(args.texts)]

@@ -128,7 +128,7 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines import corpus
+    from beam_jax.text import builtin_corpus
 
     embed_text = _bench_module("embed_text")
     out = tmp_path / "bench.json"
@@ -150,7 +150,7 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
     )
     for variant in variants.values():  # no model ran: no model FLOPs
         assert variant["mfu"] is None and variant["flops_per_real_token"] is None
-    texts = [t for _, t in corpus.builtin_corpus()][:60]
+    texts = [t for _, t in builtin_corpus()][:60]
     expected = embed_text.host_only_expected(texts)
     assert len(set(expected[:, 0].tolist())) > 30  # the texts' outputs differ from each other
     for variant in ("host_only", "host_only_buckets"):

@@ -11,15 +11,14 @@ import pytest
 
 import beam_jax as bj
 from beam_jax.testing import assert_conserved
-from beam_jax.text import SentenceEncoder
-from pipelines import corpus
+from beam_jax.text import SentenceEncoder, builtin_corpus
 from pipelines.embed import job as embed_text
 from pipelines.embed import plan as embed_text_plan
 from pipelines.embed.parts import Inputs
 
 
 def _texts(n):
-    return [t for _, t in corpus.builtin_corpus(n)]
+    return [t for _, t in builtin_corpus(n)]
 
 
 def _parquet(path, texts, start=0):

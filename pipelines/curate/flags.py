@@ -4,7 +4,6 @@ them for every pipeline run."""
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -19,25 +18,6 @@ DEFAULT_PASSES = 14
 DEFAULT_LEARNING_RATE = 0.05
 DEFAULT_FLIP_FRACTION = 0.1  # the built-in corpus only; a user's labels are kept as given
 DEFAULT_NUM_BUCKETS = 6
-_FORMATS = {"parquet": (".parquet", ".pq"), "jsonl": (".jsonl", ".json", ".ndjson")}
-_COMPRESSED = re.compile(r"\.(gz|bz2|xz|lzma|zst|zstd|deflate)$")
-
-
-def input_format(pattern: str) -> str:
-    """``"parquet"`` or ``"jsonl"``, from the extension of ``pattern``.
-
-    Raises:
-        ValueError: If the extension is neither.
-    """
-    name = _COMPRESSED.sub("", pattern.lower())
-    for format_, suffixes in _FORMATS.items():
-        if name.endswith(suffixes):
-            return format_
-    raise ValueError(
-        f"cannot tell the format of --input {pattern!r} from its extension; expected "
-        "*.parquet (or .pq) for Parquet, *.jsonl (or .json, .ndjson, optionally compressed) "
-        "for JSON lines"
-    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PipelineOptions]:
@@ -94,5 +74,5 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         parser.error(f"--learning_rate must be positive, got {args.learning_rate}")
     if args.hash_bits > 24:
         parser.error(f"--hash_bits must be at most 24, got {args.hash_bits}")
-    args.format = None if args.input is None else input_format(args.input)
+    args.format = None if args.input is None else jobs.input_format(args.input)
     return args, options

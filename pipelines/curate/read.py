@@ -13,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import apache_beam as beam
@@ -24,6 +23,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
+from beam_jax import jobs
 from beam_jax.text import SentenceEncoder, labelled_corpus
 
 COLUMNS = ("id", "text", "label")
@@ -43,19 +43,6 @@ def _builtin_batches(num_classes: int) -> list[pa.RecordBatch]:
     return rows.to_batches(max_chunksize=_ROWS_PER_BATCH)
 
 
-def _first_id_type(path: str) -> pa.DataType:
-    """The type of the first id in a JSON-lines file whose first lines mix ints and strings."""
-    with FileSystems.open(path) as f:
-        for line in f:
-            try:
-                key = json.loads(line).get("id")
-            except (ValueError, AttributeError):
-                continue
-            if isinstance(key, str) or (isinstance(key, int) and not isinstance(key, bool)):
-                return pa.string() if isinstance(key, str) else pa.int64()
-    return pa.null()
-
-
 def input_schema(pattern: str | None, format: str | None) -> pa.Schema:  # noqa: A002
     """The rows' columns, checked at launch: ``id`` (integers or strings: the first Parquet
     file's type, or inferred from the first JSON lines), ``text`` and ``label`` (strings).
@@ -69,10 +56,7 @@ def input_schema(pattern: str | None, format: str | None) -> pa.Schema:  # noqa:
         read = bj.ReadArrowBatches(pattern, columns=["id"], format=format)
         first = read.files()[0]
         if format == "jsonl":
-            try:
-                types = {"id": read.json_schema().field("id").type}
-            except bj.SpecError:  # the first lines mix ints and strings: the first one's
-                types = {"id": _first_id_type(first)}
+            types = {"id": jobs.id_type_of([first], "id", "text")}  # the first id's type
         else:
             with FileSystems.open(first) as f:
                 schema = pq.read_schema(f)

@@ -14,8 +14,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import logging
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -26,9 +24,8 @@ from apache_beam.options.pipeline_options import DebugOptions, StandardOptions
 
 import beam_jax as bj
 from beam_jax import jobs
-from beam_jax.jobs import OutputDir, OutputExistsError, RunConsole, failure_line, verbose_requested
+from beam_jax.jobs import OutputDir, RunConsole
 from beam_jax.text import MAX_TOKENIZED_CHARS, SentenceEncoder
-from pipelines import dataflow_job
 from pipelines.embed import plan as launch_plan
 from pipelines.embed import write
 from pipelines.embed.flags import DEFAULT_OUTPUT, parse_args
@@ -250,7 +247,7 @@ def _dry_run(args, options, model, inputs: Inputs, id_type, output: OutputDir) -
     result = pipeline.run()  # DataflowRunner: translated and packaged, not submitted
     path = options.view_as(DebugOptions).dataflow_job_file
     if path and hasattr(result, "job"):
-        dataflow_job.write_job_file(dataflow_job.job_description(result), path)
+        jobs.write_dataflow_job_file(jobs.dataflow_job_description(result), path)
     print(
         f"embed_text: dry run: the job was built for {options.view_as(StandardOptions).runner} "
         f"and not run{f'; its description is in {path}' if path else ''}; nothing was "
@@ -299,7 +296,7 @@ def run(
         "model_dir": args.model_dir,
         "max_tokenized_chars": MAX_TOKENIZED_CHARS,
     }
-    if dataflow_job.dry_run(options):
+    if jobs.is_dry_run(options):
         return _dry_run(args, options, model, inputs, id_type, output)
     reused = output.prepare(job, overwrite=args.overwrite)
     launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options), model)
@@ -337,13 +334,6 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.getLogger().setLevel(logging.WARNING)
-    try:
-        run(argv)
-    except (OutputExistsError, FileNotFoundError, bj.DeadLetterThresholdError) as e:
-        # Errors about the user's files, whose message says what to do: no traceback.
-        sys.exit(f"embed_text: {type(e).__name__}: {e}")
-    except Exception as e:
-        if verbose_requested(argv):
-            raise
-        sys.exit(failure_line("embed_text", e))
+    jobs.run_main(
+        "embed_text", run, argv, user_errors=(FileNotFoundError, bj.DeadLetterThresholdError)
+    )

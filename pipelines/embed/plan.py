@@ -27,7 +27,7 @@ from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 import beam_jax as bj
 from beam_jax import text
 from beam_jax.jobs import is_local
-from pipelines import corpus
+from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import Inputs
 
 __all__ = ["LaunchPlan", "in_process", "local_devices", "plan_for", "sample_texts", "token_lengths"]
@@ -99,7 +99,7 @@ def sample_texts(inputs: Inputs, n: int) -> tuple[list[str], int]:
     letters in the job. A file that cannot be read is skipped here; the job names it.
     """
     if inputs.format == "builtin":
-        rows = corpus.builtin_corpus(inputs.builtin_texts)
+        rows = builtin_corpus(inputs.builtin_texts)
         return [t for _, t in rows[:n]], len(rows)
     files = [f for f in inputs.files if f.size]
     per_file = max(1, math.ceil(n / len(files))) if files else 0

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 import beam_jax as bj
 from beam_jax.internal import origin_of
-from pipelines import corpus
+from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import KEY, ROW_BITS, Inputs
 
 __all__ = ["KeyBatches", "ReadParts"]
@@ -52,7 +52,7 @@ class KeyBatches(beam.DoFn):
 
 def _builtin_part(start: int, texts: int | None, part_rows: int) -> pa.RecordBatch:
     """Rows ``start .. start + part_rows`` of the built-in corpus, keyed (file 0)."""
-    rows = corpus.builtin_corpus(texts)[start : start + part_rows]
+    rows = builtin_corpus(texts)[start : start + part_rows]
     ids = pa.array([i for i, _ in rows], pa.int64())
     return pa.RecordBatch.from_arrays(
         [ids, ids, pa.array([t for _, t in rows])], [KEY, "id", "text"]
@@ -77,7 +77,7 @@ class ReadParts(beam.PTransform):
     def expand(self, pbegin):
         inputs = self._inputs
         if inputs.format == "builtin":
-            starts = range(0, len(corpus.builtin_corpus(inputs.builtin_texts)), self._part_rows)
+            starts = range(0, len(builtin_corpus(inputs.builtin_texts)), self._part_rows)
             batches = (
                 pbegin
                 | "Parts" >> beam.Create([s for s in starts if (0, s) not in self._done])

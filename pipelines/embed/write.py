@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import io
-import json
 import re
 import threading
 from collections.abc import Iterable, Iterator
@@ -31,7 +30,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
-from beam_jax.jobs import OutputLayout, write_atomically
+from beam_jax.jobs import OutputLayout, dead_letter_json, write_atomically
 from pipelines.embed.parts import KEY, Inputs, Part, split_keys
 from pipelines.embed.tokenize import METRICS_NAMESPACE
 
@@ -43,7 +42,6 @@ __all__ = [
     "RECORD",
     "WriteParts",
     "WriteUnreadable",
-    "dead_letter_json",
     "done_parts",
     "embeddings_name",
     "part_counts",
@@ -91,38 +89,6 @@ def done_parts(names: Iterable[str], inputs: Inputs) -> frozenset[tuple[int, int
         if match and match["source"] in index:
             done.add((index[match["source"]], int(match["start"])))
     return frozenset(done)
-
-
-def _json_value(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    text = repr(value)  # a float, a list...: JSON could hold some, Parquet ids could not
-    return text if len(text) <= 1000 else f"{text[:997]}..."
-
-
-def dead_letter_json(record: bj.FailedElement, **where: Any) -> str:
-    """One dead-letter JSON line: ``id``, where the row was, ``stage``, ``error``, details.
-
-    ``id`` is ``where["id"]`` if given, else the record's key; other ``where`` fields
-    (``file``, ``row``) come after it. ``error`` is ``"<type>: <message>"``; ``element`` is
-    a bounded ``repr`` of the text (or of the token ids, for a kernel failure).
-    """
-    fields = {"id": record.key, **where}
-    fields["id"] = _json_value(fields["id"])
-    fields.update(
-        stage=record.stage,
-        error=f"{record.error_type}: {record.message}",
-        error_type=record.error_type,
-        message=record.message,
-        element=record.element,
-        traceback=record.traceback,
-    )
-    line = json.dumps(fields, ensure_ascii=False)
-    try:
-        line.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: JSON can escape it, UTF-8 cannot hold it
-        line = json.dumps(fields)
-    return line
 
 
 OUTPUT = "output"  # RunKernelOnArrow's column for a kernel returning one array
