@@ -197,7 +197,8 @@ def test_padding_counts_empty_slots_and_empty_rows():
 
 
 def test_length_classes_run_short_records_in_short_rows_through_a_pipeline():
-    # Four records of 4 fill two rows of 8 (their class); the record of 12 a row of 16.
+    # The record of 12 opens a row of 16 that one record of 4 fills; the other three of 4
+    # (their class: 8) open rows of 8.
     elements = [np.ones(4, np.float32) * (i + 1) for i in range(4)] + [np.ones(12, np.float32)]
     p = pipeline()
     out = (

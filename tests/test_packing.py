@@ -122,19 +122,21 @@ def test_rows_are_cut_to_the_shortest_row_length_that_holds_them():
 
 def test_length_classes_pack_short_records_into_short_rows_of_their_own():
     packing = bj.Packing(row_lengths=(4, 8, 16), pack_lengths=(8, 16), rows_per_batch=2)
-    a = assign_rows([3, 10, 5, 2, 9, 7, 1, 20], packing)
-    # Records up to 8 long fill rows of 8 (the last cut to 4); 9 and 10 get rows of 16.
-    assert a.row.tolist() == [1, 3, 1, 2, 4, 0, 0, -1]
-    assert a.row_lengths.tolist() == [8, 8, 4, 16, 16] and a.used.tolist() == [8, 8, 2, 10, 9]
-    assert a.refused.tolist() == [7]
+    a = assign_rows([3, 10, 5, 2, 9, 7, 1, 6, 20], packing)
+    # 10 and 9 (class 16) open rows of 16; the shorter records fill their room first (those
+    # slots run anyway), then open rows of 8 (the last cut to 4).
+    assert a.row.tolist() == [2, 0, 2, 3, 1, 1, 3, 0, -1]
+    assert a.row_lengths.tolist() == [16, 16, 8, 4] and a.used.tolist() == [16, 16, 8, 3]
+    assert a.offset.tolist() == [5, 0, 0, 0, 0, 9, 2, 10, -1]
+    assert a.refused.tolist() == [8]
     assert [(n, s, m.tolist()) for n, s, m in batch_rows(a, packing)] == [
-        (4, 2, [2]),
-        (8, 2, [0, 1]),
-        (16, 2, [3, 4]),
+        (4, 2, [3]),
+        (8, 2, [2]),
+        (16, 2, [0, 1]),
     ]
-    # One class (the default): the same records share rows of 16.
-    one = assign_rows([3, 10, 5, 2, 9, 7, 1], bj.Packing(row_lengths=(4, 8, 16)))
-    assert one.row_lengths.tolist() == [16, 16, 8]
+    # One class (the default): every row is opened at 16.
+    one = assign_rows([3, 10, 5, 2, 9, 7, 1, 6], bj.Packing(row_lengths=(4, 8, 16)))
+    assert one.row_lengths.tolist() == [16, 16, 16]
 
 
 def test_max_segments_caps_records_per_row():

@@ -162,16 +162,25 @@ class Assignment:
     refused: np.ndarray
 
 
-def _first_fit(order, lengths, capacity, max_segments):
+def _first_fit(order, lengths, capacity, max_segments, room=None, counts=None):
     """Rows by first fit: a max-tree over the rows' room finds the first row with room.
 
-    A tight loop over plain Python lists (numpy scalar indexing costs several times more
-    per step); an update stops climbing where a node's maximum is unchanged.
+    New rows hold ``capacity``; ``room`` and ``counts`` (changed in place) are rows opened
+    before, tried first. A tight loop over plain Python lists (numpy scalar indexing costs
+    several times more per step); an update stops climbing where a node's maximum is
+    unchanged.
     """
-    size = 1 << max(1, math.ceil(math.log2(max(len(order), 1) + 1)))
+    room = [] if room is None else room
+    counts = [] if counts is None else counts
+    size = 1 << max(1, math.ceil(math.log2(max(len(order) + len(room), 1) + 1)))
     tree = [-1] * (2 * size)  # room per row; -1: no row, or a full one
+    if room:  # rows opened before: their room, then the maxima above them
+        for r, left in enumerate(room):
+            tree[size + r] = left if counts[r] < max_segments else -1
+        for node in range(size - 1, 0, -1):
+            tree[node] = max(tree[2 * node], tree[2 * node + 1])
     need_of = lengths.tolist()
-    room, counts, rows, segments = [], [], {}, {}
+    rows, segments = {}, {}
     for i in order:
         need = need_of[i]
         if tree[1] >= need:
@@ -201,10 +210,16 @@ def _first_fit(order, lengths, capacity, max_segments):
     return rows, segments, counts
 
 
-def _best_fit(order, lengths, capacity, max_segments):
-    """Rows by best fit: the open row with the least room that still holds the record."""
-    open_rows: list[tuple[int, int]] = []  # (room, row), sorted
-    room, counts, rows, segments = [], [], {}, {}
+def _best_fit(order, lengths, capacity, max_segments, room=None, counts=None):
+    """Rows by best fit: the open row with the least room that still holds the record.
+
+    New rows hold ``capacity``; ``room`` and ``counts`` (changed in place) are rows opened
+    before.
+    """
+    room = [] if room is None else room
+    counts = [] if counts is None else counts
+    open_rows = sorted((left, r) for r, left in enumerate(room) if counts[r] < max_segments)
+    rows, segments = {}, {}
     for i in order:
         need = int(lengths[i])
         k = bisect.bisect_left(open_rows, (need, -1))
@@ -253,18 +268,17 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     if len(classes) == 1:
         rows, segments, counts = place(order, lengths, capacity, packing.max_segments)
     else:
-        # Each record to its class: the shortest class length that holds it.
+        # Each record to its class (the shortest class length that holds it), longest
+        # class first: a record fills the room left in the rows of longer classes (slots
+        # run anyway) before it opens a row of its own class's length.
         of = np.searchsorted(np.asarray(classes, np.int64), lengths, side="left").tolist()
-        rows, segments, counts = {}, {}, []
-        for c, room in enumerate(classes):
+        rows, segments, room, counts = {}, {}, [], []
+        for c in range(len(classes) - 1, -1, -1):
             members = [i for i in order if of[i] == c]
-            if not members:
-                continue
-            r, g, k = place(members, lengths, room, packing.max_segments)
-            base = len(counts)
-            rows.update((i, base + row) for i, row in r.items())
-            segments.update(g)
-            counts.extend(k)
+            if members:
+                r, g, _ = place(members, lengths, classes[c], packing.max_segments, room, counts)
+                rows.update(r)
+                segments.update(g)
     row_of, segment_of, offset_of = [-1] * n, [-1] * n, [-1] * n
     num_rows = len(counts)
     used_by = [0] * num_rows
