@@ -51,7 +51,7 @@ def test_auto_takes_the_plan_with_the_lower_predicted_cost(lengths, budget, shap
 def test_a_forced_policy_is_planned_alone_and_says_so(lengths):
     packed = plan_batching(lengths, Encoder(), batching="packed")
     assert isinstance(packed.policy, bj.PackingPlan) and set(packed.flops) == {"packed"}
-    assert packed.reason == "--batching packed" and packed.padding_ratio >= 1.0
+    assert packed.reason.startswith("--batching packed") and packed.padding_ratio >= 1.0
     buckets = plan_batching(lengths, Encoder(), batching="buckets")
     assert isinstance(buckets.policy, bj.Bucketing) and buckets.batching == "buckets"
     assert buckets.policy.boundaries["L"][-1] == 128  # every text fits
@@ -69,6 +69,28 @@ def test_varied_short_texts_pack_with_the_packaged_model_and_equal_ones_bucket()
     assert empty.describe()["shapes"] == empty.shapes
 
 
+def test_short_texts_get_rows_of_their_own_when_short_rows_cost_less_per_token():
+    encoder = SentenceEncoder.from_dir()
+    rng = np.random.default_rng(0)
+    lengths = np.concatenate([rng.integers(8, 60, 2000), rng.integers(130, 256, 60)])
+    rng.shuffle(lengths)
+    flops_only = plan_batching(lengths, encoder, batching="packed", attention_time=1.0)
+    assert flops_only.plan.packing.pack_lengths == (256,)
+    timed = plan_batching(lengths, encoder, batching="packed")  # attention's measured time
+    classes = timed.plan.packing.pack_lengths
+    assert len(classes) >= 2 and classes[-1] == 256 and timed.shapes <= 4
+    assert "length classes: rows of" in timed.reason and timed.padding_ratio < 1.06
+    # Measured times per slot: rows of 64 and 128 as dear per token as 256 -> one class.
+    flat = plan_batching(
+        lengths, encoder, batching="packed", slot_costs={64: 1.0, 128: 1.0, 256: 1.0}
+    )
+    assert flat.plan.packing.pack_lengths == (256,) and "length classes" not in flat.reason
+    cheap = plan_batching(
+        lengths, encoder, batching="packed", slot_costs={64: 0.7, 128: 0.8, 256: 1.0}
+    )
+    assert len(cheap.plan.packing.pack_lengths) >= 2
+
+
 def test_bad_arguments_say_what_was_given():
     with pytest.raises(
         bj.SpecError, match="batching must be one of auto, packed, buckets, got 'x'"
@@ -76,3 +98,7 @@ def test_bad_arguments_say_what_was_given():
         plan_batching([4], Encoder(), batching="x")
     with pytest.raises(TypeError, match="got dict"):
         BatchingChoice(plan={}, flops={}, reason="")
+    with pytest.raises(bj.SpecError, match="attention_time must be positive, got 0"):
+        plan_batching([4], Encoder(), attention_time=0)
+    with pytest.raises(bj.SpecError, match=r"for each packed row length \[32, 64, 128\]"):
+        plan_batching([4], Encoder(), slot_costs={128: 1.0})
