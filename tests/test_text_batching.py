@@ -67,6 +67,7 @@ def test_varied_short_texts_pack_with_the_packaged_model_and_equal_ones_bucket()
     empty = plan_batching([], encoder, batching="buckets")
     assert empty.policy.boundaries["L"] == (encoder.max_length,)
     assert empty.describe()["shapes"] == empty.shapes
+    assert empty.describe()["length_classes"] is None
 
 
 def test_short_texts_get_rows_of_their_own_when_short_rows_cost_less_per_token():
@@ -80,6 +81,7 @@ def test_short_texts_get_rows_of_their_own_when_short_rows_cost_less_per_token()
     classes = timed.plan.packing.pack_lengths
     assert len(classes) >= 2 and classes[-1] == 256 and timed.shapes <= 4
     assert "length classes: rows of" in timed.reason and timed.padding_ratio < 1.06
+    assert timed.describe()["length_classes"] == list(classes)
     # Measured times per slot: rows of 64 and 128 as dear per token as 256 -> one class.
     flat = plan_batching(
         lengths, encoder, batching="packed", slot_costs={64: 1.0, 128: 1.0, 256: 1.0}

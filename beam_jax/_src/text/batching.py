@@ -81,9 +81,12 @@ class BatchingChoice:
 
     def describe(self) -> dict:
         """For a run report: the policy, its shapes and the prediction it was chosen on."""
+        packing = getattr(self.plan, "packing", None)
         return {
             "batching": self.batching,
             "shapes": self.shapes,
+            # Packed: the row lengths records are packed into (several: length classes).
+            "length_classes": list(packing.pack_lengths) if packing is not None else None,
             "padding_ratio": self.padding_ratio,
             "flops_per_real_token": dict(self.flops),
             "reason": self.reason,
