@@ -174,8 +174,7 @@ def plan_batching(
         )
         flops["packed"] = _packed_flops(lengths, plans["packed"], encoder)
     if batching != "auto":
-        words = f"--batching {batching}"
-        return BatchingChoice(plans[batching], flops, words + _classes(plans[batching]))
+        return BatchingChoice(plans[batching], flops, f"--batching {batching}")
     price = shape_cost * encoder.flops_per_token(max(1, int(np.mean(lengths))))
     cost = {k: flops[k] * float(lengths.sum()) + price * plans[k].shapes for k in plans}
     words = (
