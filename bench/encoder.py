@@ -7,8 +7,10 @@
 No Beam, no reading or writing: the same tokenized texts go through
 
 * ``packed R xN``: ``SentenceEncoder.packed_fn`` under ``jax.vmap``, texts packed
-  first-fit-decreasing into rows of ``R`` tokens (texts longer than ``R`` into rows of the
-  model's ``max_length``), ``N`` rows per batch, the last batch padded with empty rows;
+  first-fit-decreasing with length classes ``R`` and the model's ``max_length`` (as
+  ``Packing(pack_lengths=(R, max_length))`` packs them: texts longer than ``R`` open rows
+  of ``max_length``, shorter ones fill those rows' room, then rows of ``R``), ``N`` rows
+  per batch, the last batch padded with empty rows;
 * ``bucketed``: ``SentenceEncoder.element_fn`` under ``jax.vmap`` at the flagship's length
   buckets (16, 24, ..., 256), ``min(64, 2048 // L)`` rows per batch (its
   ``--max_tokens_per_batch``), the last batch of a bucket padded with empty rows;
@@ -77,24 +79,18 @@ for line in sys.stdin:
 
 
 def pack_rows(lengths: np.ndarray, row_length: int, max_length: int) -> list[tuple[int, list]]:
-    """First-fit-decreasing: ``[(row_length, [text indices])]`` per row; texts longer than
-    ``row_length`` go into rows of ``max_length``."""
-    rows: list[tuple[int, list]] = []
-    space: dict[int, list[int]] = {row_length: [], max_length: []}
-    index: dict[int, list[int]] = {row_length: [], max_length: []}
-    for i in np.argsort(-lengths, kind="stable"):
-        n = int(lengths[i])
-        width = row_length if n <= row_length else max_length
-        free = space[width]
-        for r, left in enumerate(free):
-            if left >= n:
-                rows[index[width][r]][1].append(int(i))
-                free[r] -= n
-                break
-        else:
-            index[width].append(len(rows))
-            free.append(width - n)
-            rows.append((width, [int(i)]))
+    """``[(row length, [text indices])]`` per row, packed as the library packs them
+    (``assign_rows``, first-fit-decreasing) with length classes ``row_length`` and
+    ``max_length``: texts up to ``row_length`` tokens fill the room left in rows of
+    ``max_length`` (opened by the longer texts), then rows of ``row_length``."""
+    from beam_jax import Packing
+    from beam_jax.internal import assign_rows
+
+    widths = sorted({row_length, max_length})
+    a = assign_rows(lengths, Packing(row_lengths=widths, pack_lengths=widths))
+    rows: list[tuple[int, list]] = [(int(w), []) for w in a.row_lengths]
+    for i in np.lexsort((a.segment, a.row)):  # each row's texts in segment order
+        rows[int(a.row[i])][1].append(int(i))
     return rows
 
 

@@ -112,6 +112,7 @@ def test_plan_shows_the_packed_plans_beside_the_buckets_as_the_packer_runs_them(
         chosen = bj.plan_packing(
             np.maximum(lengths, 1), max_size=int(lengths.max()),
             compile_budget=p["compile_budget"], buffer_size=200, max_rows_per_batch=64,
+            length_classes=False,
         )  # fmt: skip
         assert [tuple(s) for s in p["shapes"]] == chosen.packing.shapes()
         assert p["padding_ratio"] == pytest.approx(chosen.padding_ratio)

@@ -14,6 +14,7 @@ import beam_jax as bj
 from beam_jax._src.kernel.memory import hidden_fusion_bytes
 from beam_jax.internal import (
     Kernel,
+    PackedPlan,
     Plan,
     ShapeBytes,
     analyse_shape,
@@ -426,6 +427,19 @@ def test_plan_with_batch_limits_cuts_each_bucket_at_its_limit():
     assert one.batch_sizes((8,)) == (4,) and one.padded_batch_size((8,), 1) == 4
     assert one.batch_sizes((16,)) == (8,) and plan.batch_sizes((8,)) == (1, 2, 4, 8)
     with pytest.raises(bj.SpecError, match=r"batch limit 3 of bucket \(8,\) is not one of"):
+        plan.with_batch_limits({(8,): 3})
+
+
+def test_packed_plan_with_batch_limits_cuts_each_row_length_as_plan_does():
+    packing = bj.Packing(row_lengths=(8, 16), rows_per_batch={8: (2, 4, 8), 16: (1, 2)})
+    plan = PackedPlan(bj.ArraySpec(("L",), np.int32), packing)
+    cut = plan.with_batch_limits({(8,): 4})
+    assert cut.batch_sizes((8,)) == (2, 4) and cut.batch_sizes((16,)) == (1, 2)
+    assert cut.shapes() == [((8,), 2), ((8,), 4), ((16,), 1), ((16,), 2)]
+    one = plan.with_batch_limits({(16,): 1}, one_size=True)
+    assert one.batch_sizes((8,)) == (8,) and one.batch_sizes((16,)) == (1,)
+    assert plan.batch_sizes((8,)) == (2, 4, 8)
+    with pytest.raises(bj.SpecError, match=r"batch limit 3 of row length 8 is not one of"):
         plan.with_batch_limits({(8,): 3})
 
 

@@ -39,10 +39,17 @@ def rounded(out):
     return (tuple(np.round(out["sum"], 4).tolist()), int(out["length"]))
 
 
-@pytest.mark.parametrize("keyed", [True, False])
-def test_packed_results_equal_the_unpacked_kernels(keyed):
+@pytest.mark.parametrize(
+    "keyed, classes", [(True, None), (False, None), (True, (8, 16)), (False, (4, 8, 16))]
+)
+def test_packed_results_equal_the_unpacked_kernels(keyed, classes):
     data = records(60)
-    packing = Packing(row_lengths=(8, 16), rows_per_batch=(4, 8), max_segments=6)
+    packing = Packing(
+        row_lengths=(4, 8, 16) if classes else (8, 16),
+        rows_per_batch=(4, 8),
+        max_segments=6,
+        pack_lengths=classes,
+    )
     inputs = list(enumerate(data)) if keyed else data
     p = pipeline()
     created = p | beam.Create(inputs)
@@ -187,6 +194,27 @@ def test_padding_counts_empty_slots_and_empty_rows():
     summary = assert_conserved(run(p))
     assert summary.padding_ratio == pytest.approx(32 / 16)
     assert summary.kernel_calls == 1
+
+
+def test_length_classes_run_short_records_in_short_rows_through_a_pipeline():
+    # The record of 12 opens a row of 16 that one record of 4 fills; the other three of 4
+    # (their class: 8) open rows of 8.
+    elements = [np.ones(4, np.float32) * (i + 1) for i in range(4)] + [np.ones(12, np.float32)]
+    p = pipeline()
+    out = (
+        p
+        | beam.Create(elements)
+        | RunKernel(
+            pk.inverse_sum,
+            spec=ArraySpec(("L",), np.float32),
+            packing=Packing(row_lengths=(8, 16), rows_per_batch=4, pack_lengths=(8, 16)),
+            validation=bj.Validation(check_outputs_finite=False),
+        )
+    )
+    assert_that(out | beam.combiners.Count.Globally(), equal_to([5]))
+    summary = assert_conserved(run(p))
+    assert summary.kernel_calls == 2  # one batch of rows of 8, one of rows of 16
+    assert summary.padding_ratio == pytest.approx((4 * 8 + 4 * 16) / 28)
 
 
 def test_only_listed_shapes_compile():
@@ -400,7 +428,8 @@ def test_property_packed_engine_results_dead_letters_and_call_bound(lengths, fai
     assert calls <= bound, (calls, bound)
 
 
-def test_run_kernel_on_arrow_packs_rows_with_results_by_id_and_origins(tmp_path):
+@pytest.mark.parametrize("classes", [None, (8, 16)])
+def test_run_kernel_on_arrow_packs_rows_with_results_by_id_and_origins(tmp_path, classes):
     from tests.test_columnar import BAD, SPEC, records, write_parquet
 
     xs = records(60)
@@ -417,7 +446,9 @@ def test_run_kernel_on_arrow_packs_rows_with_results_by_id_and_origins(tmp_path)
             pk.failing_vector_sum,
             spec=SPEC,
             columns=bj.ArrowColumns(leaves={"x": "x"}, id="id"),
-            packing=Packing(row_lengths=(8, 16), rows_per_batch=4, max_segments=4),
+            packing=Packing(
+                row_lengths=(8, 16), rows_per_batch=4, max_segments=4, pack_lengths=classes
+            ),
             metrics_namespace="arrow_packed",
         ).with_exception_handling()
     )

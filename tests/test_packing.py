@@ -15,18 +15,28 @@ from beam_jax.internal import PackPlan, SegmentInfo, assign_rows, batch_rows, si
 PROPERTY = hypothesis.settings(max_examples=150, deadline=2000, derandomize=True)
 
 lengths_st = st.lists(st.integers(0, 40), min_size=0, max_size=120)
-packing_st = st.builds(
-    lambda top, shorter, sizes, segments, algorithm: bj.Packing(
-        row_lengths=tuple(sorted({top, *[s for s in shorter if s < top]})),
+
+
+def _packing(top, shorter, sizes, segments, algorithm, classes):
+    lengths = tuple(sorted({top, *[s for s in shorter if s < top]}))
+    return bj.Packing(
+        row_lengths=lengths,
         rows_per_batch=tuple(sorted(set(sizes))),
         max_segments=segments,
         algorithm=algorithm,
-    ),
+        # Length classes: none, or a subset of the shorter rows with the longest.
+        pack_lengths=None if classes is None else (*[n for n in lengths[:-1] if classes], top),
+    )
+
+
+packing_st = st.builds(
+    _packing,
     top=st.integers(8, 48),
     shorter=st.lists(st.integers(1, 47), max_size=2),
     sizes=st.lists(st.integers(1, 9), min_size=1, max_size=3),
     segments=st.none() | st.integers(1, 12),
     algorithm=st.sampled_from(["first_fit_decreasing", "best_fit"]),
+    classes=st.none() | st.booleans(),
 )
 
 
@@ -64,6 +74,8 @@ def test_packing_normalises_and_lists_its_shapes():
         ({"row_lengths": 8, "rows_per_batch": {16: 4}}, "exactly the row lengths (8,)"),
         ({"row_lengths": 8, "max_segments": 0}, "max_segments must be a positive int, got 0"),
         ({"row_lengths": 8, "algorithm": "next_fit"}, "algorithm must be one of"),
+        ({"row_lengths": (8, 16), "pack_lengths": (8,)}, "include the longest (16), got (8,)"),
+        ({"row_lengths": (8, 16), "pack_lengths": (4, 16)}, "among row_lengths (8, 16)"),
     ],
 )
 def test_packing_rejects_bad_values(kwargs, message):
@@ -106,6 +118,25 @@ def test_first_fit_and_best_fit_place_records_as_documented():
 def test_rows_are_cut_to_the_shortest_row_length_that_holds_them():
     a = assign_rows([16, 16, 3], bj.Packing(row_lengths=(4, 8, 32)))
     assert a.used.tolist() == [32, 3] and a.row_lengths.tolist() == [32, 4]
+
+
+def test_length_classes_pack_short_records_into_short_rows_of_their_own():
+    packing = bj.Packing(row_lengths=(4, 8, 16), pack_lengths=(8, 16), rows_per_batch=2)
+    a = assign_rows([3, 10, 5, 2, 9, 7, 1, 6, 20], packing)
+    # 10 and 9 (class 16) open rows of 16; the shorter records fill their room first (those
+    # slots run anyway), then open rows of 8 (the last cut to 4).
+    assert a.row.tolist() == [2, 0, 2, 3, 1, 1, 3, 0, -1]
+    assert a.row_lengths.tolist() == [16, 16, 8, 4] and a.used.tolist() == [16, 16, 8, 3]
+    assert a.offset.tolist() == [5, 0, 0, 0, 0, 9, 2, 10, -1]
+    assert a.refused.tolist() == [8]
+    assert [(n, s, m.tolist()) for n, s, m in batch_rows(a, packing)] == [
+        (4, 2, [3]),
+        (8, 2, [2]),
+        (16, 2, [0, 1]),
+    ]
+    # One class (the default): every row is opened at 16.
+    one = assign_rows([3, 10, 5, 2, 9, 7, 1, 6], bj.Packing(row_lengths=(4, 8, 16)))
+    assert one.row_lengths.tolist() == [16, 16, 16]
 
 
 def test_max_segments_caps_records_per_row():
@@ -324,6 +355,57 @@ def test_plan_packing_small_example_and_its_choices():
     assert two.stats.max_segments == 7 and two.packing.max_segments == 8
 
 
+def _priced(lengths, plan, slot_costs, shape_cost, buffer_size=None):
+    """What a plan costs on the sample: its batches' slots at their row length's price."""
+    lengths = np.asarray(lengths)
+    step = buffer_size or len(lengths)
+    cost = shape_cost * plan.shapes
+    for start in range(0, len(lengths), step):
+        a = assign_rows(lengths[start : start + step], plan.packing)
+        cost += sum(n * size * slot_costs[n] for n, size, _ in batch_rows(a, plan.packing))
+    return cost
+
+
+@hypothesis.settings(max_examples=80, deadline=None, derandomize=True)
+@hypothesis.given(
+    lengths=st.lists(st.integers(1, 64), min_size=1, max_size=200),
+    budget=st.integers(1, 4),
+    buffer_size=st.none() | st.integers(5, 80),
+    short_cost=st.floats(0.3, 1.2),
+)
+def test_length_classes_are_chosen_only_when_priced_lower(lengths, budget, buffer_size, short_cost):
+    costs = {16: short_cost, 32: (1 + short_cost) / 2, 64: 1.0}
+    common = dict(max_size=64, compile_budget=budget, buffer_size=buffer_size, shape_cost=50.0)
+    plan = bj.plan_packing(lengths, slot_costs=costs, **common)
+    flat = bj.plan_packing(lengths, slot_costs=costs, length_classes=False, **common)
+    assert flat.packing.pack_lengths == (flat.packing.max_row_length,)
+    assert plan.shapes <= budget and set(plan.packing.pack_lengths) <= set(plan.packing.row_lengths)
+    price = _priced(lengths, plan, costs, 50.0, buffer_size)
+    flat_price = _priced(lengths, flat, costs, 50.0, buffer_size)
+    assert price <= flat_price + 1e-6
+    if len(plan.packing.pack_lengths) > 1:
+        assert price < flat_price  # classes only when strictly cheaper
+    # The padding predicted is the padding the packer gives, classes or not.
+    packer = PackPlan(bj.ArraySpec(("L",), np.int32), plan.packing)
+    step = buffer_size or len(lengths)
+    padded = sum(
+        packer.pack(records_of(lengths[i : i + step])).padded_volume
+        for i in range(0, len(lengths), step)
+    )
+    assert plan.padding_ratio == padded / sum(lengths)
+
+
+def test_cheaper_short_rows_give_short_records_a_class_of_their_own():
+    rng = np.random.default_rng(0)
+    sample = np.concatenate([rng.integers(8, 60, 2000), rng.integers(130, 256, 40)])
+    rng.shuffle(sample)
+    costs = {64: 0.75, 128: 0.85, 256: 1.0}
+    plan = bj.plan_packing(sample, max_size=256, slot_costs=costs, shape_cost=2000)
+    assert plan.packing.pack_lengths[-1] == 256 and len(plan.packing.pack_lengths) >= 2
+    flat = bj.plan_packing(sample, max_size=256, slot_costs={n: 1.0 for n in costs})
+    assert flat.packing.pack_lengths == (256,)  # equal prices: one class packs tighter
+
+
 def test_attention_cost_prefers_shorter_rows():
     rng = np.random.default_rng(0)
     sample = np.clip(rng.lognormal(3, 1, 2000), 2, 256).astype(int)
@@ -355,6 +437,9 @@ def test_plan_packing_truncates_long_samples_and_respects_token_budgets():
         ({"buffer_size": 0}, "buffer_size must be a positive int"),
         ({"algorithm": "x"}, "algorithm must be one of"),
         ({"attention_cost": -1.0}, "must be >= 0"),
+        ({"slot_costs": {8: 1.0, 16: 1.0}}, "missing [32]"),
+        ({"slot_costs": {8: 1.0, 16: 0.0, 32: 1.0}}, "not positive {16: 0.0}"),
+        ({"slot_costs": {8: 1, 16: 1, 32: 1}, "attention_cost": 0.1}, "not both"),
     ],
 )
 def test_plan_packing_rejects_bad_arguments(kwargs, message):

@@ -67,6 +67,32 @@ def test_varied_short_texts_pack_with_the_packaged_model_and_equal_ones_bucket()
     empty = plan_batching([], encoder, batching="buckets")
     assert empty.policy.boundaries["L"] == (encoder.max_length,)
     assert empty.describe()["shapes"] == empty.shapes
+    assert empty.describe()["length_classes"] is None
+
+
+def test_short_texts_get_rows_of_their_own_when_short_rows_cost_less_per_token():
+    encoder = SentenceEncoder.from_dir()
+    rng = np.random.default_rng(0)
+    lengths = np.concatenate([rng.integers(8, 60, 2000), rng.integers(130, 256, 60)])
+    rng.shuffle(lengths)
+    flops_only = plan_batching(lengths, encoder, batching="packed", attention_time=1.0)
+    assert flops_only.plan.packing.pack_lengths == (256,)
+    timed = plan_batching(lengths, encoder, batching="packed")  # attention's measured time
+    classes = timed.plan.packing.pack_lengths
+    assert len(classes) >= 2 and classes[-1] == 256 and timed.shapes <= 4
+    assert timed.reason == "--batching packed" and timed.padding_ratio < 1.06
+    assert timed.describe()["length_classes"] == list(classes)
+    # Measured times per slot: rows of 64 and 128 as dear per token as 256 -> one class.
+    flat = plan_batching(
+        lengths, encoder, batching="packed", slot_costs={64: 1.0, 128: 1.0, 256: 1.0}
+    )
+    assert flat.plan.packing.pack_lengths == (256,)
+    cheap = plan_batching(
+        lengths, encoder, batching="packed", slot_costs={64: 0.7, 128: 0.8, 256: 1.0}
+    )
+    assert len(cheap.plan.packing.pack_lengths) >= 2
+    auto = plan_batching(lengths, encoder, slot_costs={64: 0.7, 128: 0.8, 256: 1.0})
+    assert auto.batching == "packed" and "; length classes: rows of 64" in auto.reason
 
 
 def test_bad_arguments_say_what_was_given():
@@ -76,3 +102,7 @@ def test_bad_arguments_say_what_was_given():
         plan_batching([4], Encoder(), batching="x")
     with pytest.raises(TypeError, match="got dict"):
         BatchingChoice(plan={}, flops={}, reason="")
+    with pytest.raises(bj.SpecError, match="attention_time must be positive, got 0"):
+        plan_batching([4], Encoder(), attention_time=0)
+    with pytest.raises(bj.SpecError, match=r"for each packed row length \[32, 64, 128\]"):
+        plan_batching([4], Encoder(), slot_costs={128: 1.0})

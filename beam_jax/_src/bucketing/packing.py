@@ -57,6 +57,11 @@ class Packing:
     largest size, the rest in the smallest size that holds it). The kernel sees only
     ``len(row_lengths) x len(rows_per_batch)`` shapes (:meth:`shapes`).
 
+    With ``pack_lengths`` (length classes), a record is packed among the records of its
+    class only, into rows of its class's length: the shortest of ``pack_lengths`` that
+    holds it. Short records then fill short rows of their own (cheaper per slot where
+    attention's cost grows with the row length) and only the longer ones use the long rows.
+
     Example:
         >>> Packing(row_lengths=(128, 256), rows_per_batch=(8, 32)).shapes()
         [(128, 8), (128, 32), (256, 8), (256, 32)]
@@ -69,12 +74,16 @@ class Packing:
             default the longest row length (every record has at least one slot).
         algorithm: ``"first_fit_decreasing"`` (each record, longest first, into the first
             row with room) or ``"best_fit"`` (longest first, into the row it fills most).
+        pack_lengths: the length classes: row lengths (among ``row_lengths``, the longest
+            included) that records are packed into, each record into rows of the shortest
+            that holds it; default the longest row length alone (one class).
     """
 
     row_lengths: int | tuple[int, ...]
     rows_per_batch: int | tuple[int, ...] | Mapping[int, Sequence[int]] = 32
     max_segments: int | None = None
     algorithm: Algorithm = "first_fit_decreasing"
+    pack_lengths: int | tuple[int, ...] | None = None
 
     def __post_init__(self):
         lengths = _positive_ints("row_lengths", self.row_lengths)
@@ -105,6 +114,16 @@ class Packing:
             raise SpecError(f"max_segments must be a positive int, got {self.max_segments!r}.")
         if self.algorithm not in ALGORITHMS:
             raise SpecError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}.")
+        if self.pack_lengths is None:
+            classes = (lengths[-1],)
+        else:
+            classes = _positive_ints("pack_lengths", self.pack_lengths)
+            if not set(classes) <= set(lengths) or classes[-1] != lengths[-1]:
+                raise SpecError(
+                    f"pack_lengths must be among row_lengths {lengths} and include the longest "
+                    f"({lengths[-1]}), got {self.pack_lengths!r}; add the missing row lengths."
+                )
+        object.__setattr__(self, "pack_lengths", classes)
 
     @property
     def max_row_length(self) -> int:
@@ -143,16 +162,25 @@ class Assignment:
     refused: np.ndarray
 
 
-def _first_fit(order, lengths, capacity, max_segments):
+def _first_fit(order, lengths, capacity, max_segments, room=None, counts=None):
     """Rows by first fit: a max-tree over the rows' room finds the first row with room.
 
-    A tight loop over plain Python lists (numpy scalar indexing costs several times more
-    per step); an update stops climbing where a node's maximum is unchanged.
+    New rows hold ``capacity``; ``room`` and ``counts`` (changed in place) are rows opened
+    before, tried first. A tight loop over plain Python lists (numpy scalar indexing costs
+    several times more per step); an update stops climbing where a node's maximum is
+    unchanged.
     """
-    size = 1 << max(1, math.ceil(math.log2(max(len(order), 1) + 1)))
+    room = [] if room is None else room
+    counts = [] if counts is None else counts
+    size = 1 << max(1, math.ceil(math.log2(max(len(order) + len(room), 1) + 1)))
     tree = [-1] * (2 * size)  # room per row; -1: no row, or a full one
+    if room:  # rows opened before: their room, then the maxima above them
+        for r, left in enumerate(room):
+            tree[size + r] = left if counts[r] < max_segments else -1
+        for node in range(size - 1, 0, -1):
+            tree[node] = max(tree[2 * node], tree[2 * node + 1])
     need_of = lengths.tolist()
-    room, counts, rows, segments = [], [], {}, {}
+    rows, segments = {}, {}
     for i in order:
         need = need_of[i]
         if tree[1] >= need:
@@ -182,10 +210,16 @@ def _first_fit(order, lengths, capacity, max_segments):
     return rows, segments, counts
 
 
-def _best_fit(order, lengths, capacity, max_segments):
-    """Rows by best fit: the open row with the least room that still holds the record."""
-    open_rows: list[tuple[int, int]] = []  # (room, row), sorted
-    room, counts, rows, segments = [], [], {}, {}
+def _best_fit(order, lengths, capacity, max_segments, room=None, counts=None):
+    """Rows by best fit: the open row with the least room that still holds the record.
+
+    New rows hold ``capacity``; ``room`` and ``counts`` (changed in place) are rows opened
+    before.
+    """
+    room = [] if room is None else room
+    counts = [] if counts is None else counts
+    open_rows = sorted((left, r) for r, left in enumerate(room) if counts[r] < max_segments)
+    rows, segments = {}, {}
     for i in order:
         need = int(lengths[i])
         k = bisect.bisect_left(open_rows, (need, -1))
@@ -206,8 +240,9 @@ def _best_fit(order, lengths, capacity, max_segments):
 def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assignment:
     """Places the records of one buffer in rows, from their lengths alone.
 
-    Records are taken longest first (ties in input order); each row's segments are in
-    placement order and laid end to end from slot 0.
+    Records are taken longest first (ties in input order), each class of
+    ``packing.pack_lengths`` into rows of its own length (rows of shorter classes first);
+    each row's segments are in placement order and laid end to end from slot 0.
 
     Example:
         >>> a = assign_rows([5, 3, 2, 9], Packing(row_lengths=8))
@@ -229,7 +264,21 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     order = np.argsort(-lengths, kind="stable")
     order = order[fits[order]].tolist()
     place = _first_fit if packing.algorithm == "first_fit_decreasing" else _best_fit
-    rows, segments, counts = place(order, lengths, capacity, packing.max_segments)
+    classes = packing.pack_lengths
+    if len(classes) == 1:
+        rows, segments, counts = place(order, lengths, capacity, packing.max_segments)
+    else:
+        # Each record to its class (the shortest class length that holds it), longest
+        # class first: a record fills the room left in the rows of longer classes (slots
+        # run anyway) before it opens a row of its own class's length.
+        of = np.searchsorted(np.asarray(classes, np.int64), lengths, side="left").tolist()
+        rows, segments, room, counts = {}, {}, [], []
+        for c in range(len(classes) - 1, -1, -1):
+            members = [i for i in order if of[i] == c]
+            if members:
+                r, g, _ = place(members, lengths, classes[c], packing.max_segments, room, counts)
+                rows.update(r)
+                segments.update(g)
     row_of, segment_of, offset_of = [-1] * n, [-1] * n, [-1] * n
     num_rows = len(counts)
     used_by = [0] * num_rows

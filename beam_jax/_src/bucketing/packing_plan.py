@@ -3,10 +3,12 @@
 ``plan_packing`` is the packing counterpart of ``plan_bucketing``. It packs a sample of
 lengths exactly as a job would (buffer by buffer, with ``assign_rows`` and ``batch_rows``), so
 the padding it predicts is the padding those buffers get, empty slots and empty rows
-included. It chooses the longest row (from candidates at least ``max_size``), shorter rows
-that the last, partly filled rows of a buffer may be cut to, and the rows per batch of each
-row length, minimising the executed slots (optionally weighted by a per-slot cost that grows
-with the row length, as attention's does) plus a price per compiled shape (pure numpy).
+included. It chooses the longest row (from candidates at least ``max_size``), length classes
+(shorter rows that short records are packed into on their own), shorter rows that the last,
+partly filled rows of a buffer may be cut to, and the rows per batch of each row length,
+minimising the executed slots (optionally weighted by a per-slot cost that grows with the
+row length, as attention's does, or measured per row length) plus a price per compiled
+shape (pure numpy).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -171,6 +173,16 @@ def _choose_sizes(counts, lengths, caps, budget, weight, shape_cost, num_devices
     return sizes
 
 
+def _class_sets(candidates, tops, budget, length_classes):
+    """``(longest row, shorter length classes)`` to try: no classes first, then every set
+    of shorter candidates that leaves room in the compile budget."""
+    for top in tops:
+        shorter = [n for n in candidates if n < top] if length_classes else []
+        for k in range(min(len(shorter), budget - 1) + 1):
+            for classes in itertools.combinations(shorter, k):
+                yield top, classes
+
+
 def plan_packing(
     lengths: Sequence[int] | np.ndarray,
     *,
@@ -185,17 +197,22 @@ def plan_packing(
     attention_cost: float = 0.0,
     shape_cost: float = 0.0,
     num_devices: int = 1,
+    slot_costs: Mapping[int, float] | None = None,
+    length_classes: bool = True,
 ) -> PackingPlan:
     """Row lengths and rows per batch that minimise the executed slots of a sample.
 
-    Every candidate longest row ``T >= max_size`` packs the sample buffer by buffer; each
-    set of shorter candidates (that a buffer's partly filled rows are cut to) and each
-    choice of rows per batch is then priced by the rows it runs. A slot of a row of length
-    ``L`` costs ``1 + attention_cost * L`` (for a transformer, attention adds about
-    ``4 L h`` FLOPs per token per layer to the dense ``24 h**2``: ``attention_cost = 1 /
-    (6 h)``), and each compiled shape ``shape_cost``. The padding it reports is that of
-    the sample packed with the chosen policy (``simulate_packing``), so it is exact for
-    the sample and its buffering.
+    Every candidate longest row ``T >= max_size``, alone or with shorter length classes
+    (``Packing.pack_lengths``: records that fit a shorter class row are packed into rows
+    of that length on their own), packs the sample buffer by buffer; each set of shorter
+    candidates (that a buffer's partly filled rows are cut to) and each choice of rows per
+    batch is then priced by the rows it runs. A slot of a row of length ``L`` costs
+    ``slot_costs[L]`` when given (e.g. measured time per token at that row length), else
+    ``1 + attention_cost * L`` (for a transformer, attention adds about ``4 L h`` FLOPs per
+    token per layer to the dense ``24 h**2``: ``attention_cost = 1 / (6 h)``), and each
+    compiled shape ``shape_cost``. Length classes are chosen only when that price is lower
+    than without them. The padding it reports is that of the sample packed with the chosen
+    policy (``simulate_packing``), so it is exact for the sample and its buffering.
 
     Example:
         >>> plan = plan_packing([30, 12, 7, 100, 64, 3] * 20, max_size=128, buffer_size=60)
@@ -217,6 +234,10 @@ def plan_packing(
         attention_cost: the extra cost of a slot per unit of row length (see above).
         shape_cost: the price of one more compiled shape, in slots.
         num_devices: rows per batch are multiples of this.
+        slot_costs: the cost of one slot in a row of each candidate length, in the unit of
+            ``shape_cost`` (a slot at cost 1); replaces ``attention_cost``'s rule.
+        length_classes: try length classes (``Packing.pack_lengths``); ``False``: every
+            record is packed into rows of the longest length (then cut).
 
     Returns:
         The plan, with its ``Packing`` and the padding of the sample packed with it.
@@ -243,6 +264,10 @@ def plan_packing(
         )
     if algorithm not in ALGORITHMS:
         raise SpecError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}.")
+    if slot_costs is not None and attention_cost:
+        raise SpecError(
+            f"give slot_costs or attention_cost, not both; got attention_cost={attention_cost!r}."
+        )
     sample = np.minimum(_check_lengths(lengths), max_size)
     if row_lengths is None:
         row_lengths = sorted({max(1, max_size // 4), max(1, max_size // 2), max_size})
@@ -253,8 +278,18 @@ def plan_packing(
             f"row_lengths must hold positive lengths, one at least max_size ({max_size}) so "
             f"every record fits a row, got {tuple(row_lengths)}."
         )
+    if slot_costs is not None:
+        missing = [n for n in candidates if n not in slot_costs]
+        bad = {n: c for n, c in slot_costs.items() if not c > 0}
+        if missing or bad:
+            raise SpecError(
+                f"slot_costs must give a positive cost for every candidate row length "
+                f"{candidates}; missing {missing}, not positive {bad}."
+            )
 
     def weight(n: int) -> float:
+        if slot_costs is not None:
+            return n * float(slot_costs[n])
         return n * (1.0 + attention_cost * n)
 
     def cap(n: int) -> int:
@@ -264,15 +299,21 @@ def plan_packing(
         return max(num_devices, c // num_devices * num_devices)
 
     best = None
-    for top in tops:
-        uncapped = Packing(row_lengths=top, max_segments=max_segments, algorithm=algorithm)
+    for top, classes in _class_sets(candidates, tops, compile_budget, length_classes):
+        uncapped = Packing(
+            row_lengths=(*classes, top),
+            pack_lengths=(*classes, top),
+            max_segments=max_segments,
+            algorithm=algorithm,
+        )
         assignments = [assign_rows(chunk, uncapped) for chunk in _buffers(sample, buffer_size)]
         used = [a.used for a in assignments]
         seen = max(int(a.counts.max(initial=0)) for a in assignments)
         segments = max_segments or min(top, _round_up(max(seen, 1), _SEGMENT_MULTIPLE))
-        shorter = [n for n in candidates if n < top]
-        for k in range(min(len(shorter), compile_budget - 1) + 1):
-            for subset in itertools.combinations(shorter, k):
+        shorter = [n for n in candidates if n < top and n not in classes]
+        for k in range(min(len(shorter), compile_budget - 1 - len(classes)) + 1):
+            for extra in itertools.combinations(shorter, k):
+                subset = sorted((*classes, *extra))
                 allowed = np.asarray((*subset, top), np.int64)
                 counts = {n: np.zeros(len(used), np.int64) for n in allowed.tolist()}
                 for b, u in enumerate(used):
@@ -284,10 +325,11 @@ def plan_packing(
                                       weight, shape_cost, num_devices)  # fmt: skip
                 shapes = sum(len(s) for s in sizes.values())
                 cost = sum(_padded_rows(counts[n], sizes[n]) * weight(n) for n in names)
-                key = (cost + shape_cost * shapes, shapes, top)
+                key = (cost + shape_cost * shapes, shapes, len(classes), top)
                 if best is None or key < best[0]:
                     best = (key, Packing(row_lengths=tuple(names), rows_per_batch=sizes,
-                                         max_segments=segments, algorithm=algorithm))  # fmt: skip
+                                         max_segments=segments, algorithm=algorithm,
+                                         pack_lengths=(*classes, top)))  # fmt: skip
     packing = best[1]
     stats = simulate_packing(sample, packing, buffer_size=buffer_size)
     return PackingPlan(packing, len(packing.shapes()), stats.padding_ratio, stats, buffer_size)

@@ -140,6 +140,9 @@ def plan_packings(
             compile_budget=k,
             buffer_size=buffer_size,
             max_rows_per_batch=max_rows_per_batch,
+            # The table lists shapes alone: one length class keeps each row reproducible
+            # as Packing(row_lengths=..., rows_per_batch=...).
+            length_classes=False,
         )
         out.append(
             PackedBudgetPlan(

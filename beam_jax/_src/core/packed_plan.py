@@ -22,6 +22,7 @@ from beam_jax._src.bucketing.packing import Packing
 from beam_jax._src.bucketing.rule import Bucket, round_up
 from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
 from beam_jax._src.core.packed_batch import PackedBatch, PackPlan, SegmentInfo
+from beam_jax._src.core.plan import cut_batch_sizes
 from beam_jax._src.core.spec import Layout, as_layout
 from beam_jax._src.core.validation import Validated, Validation, validate
 from beam_jax._src.errors import KernelError, SpecError
@@ -161,16 +162,12 @@ class PackedPlan:
         (one of its sizes); with ``one_size``, that size alone. Used when batch limits are
         fitted to memory (``FitToMemory``), as ``Plan.with_batch_limits``.
         """
-        sizes = {}
-        for (n,) in self.buckets:
-            allowed = self.packing.sizes_for(n)
-            limit = limits.get((n,), allowed[-1])
-            if limit not in allowed:
-                raise SpecError(
-                    f"batch limit {limit} of row length {n} is not one of its rows per batch "
-                    f"{allowed}."
-                )
-            sizes[n] = (limit,) if one_size else tuple(s for s in allowed if s <= limit)
+        sizes = {
+            n: cut_batch_sizes(
+                self.packing.sizes_for(n), limits.get((n,)), one_size, f"row length {n}"
+            )
+            for (n,) in self.buckets
+        }
         out = copy.copy(self)
         out.packing = dataclasses.replace(self.packing, rows_per_batch=sizes)
         out.pack_plan = PackPlan(self._spec, out.packing)

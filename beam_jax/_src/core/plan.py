@@ -79,6 +79,27 @@ class PaddedBatch:
         return np.stack([self.lengths[n][: self.num_real] for n in names], axis=1)
 
 
+def cut_batch_sizes(
+    allowed: tuple[int, ...], limit: int | None, one_size: bool, where: str
+) -> tuple[int, ...]:
+    """``allowed`` batch sizes (ascending) cut at ``limit``, one of them (``None``: the
+    largest); with ``one_size``, ``limit`` alone. ``where`` names the bucket in the error.
+
+    Example:
+        >>> cut_batch_sizes((8, 16, 32), 16, False, "bucket (64,)")
+        (8, 16)
+
+    Raises:
+        SpecError: ``limit`` is not one of ``allowed``.
+    """
+    limit = allowed[-1] if limit is None else limit
+    if limit not in allowed:
+        raise SpecError(
+            f"batch limit {limit} of {where} is not one of its allowed batch sizes {allowed}."
+        )
+    return (limit,) if one_size else tuple(s for s in allowed if s <= limit)
+
+
 class Plan:
     """Everything about batching that can be decided before the job starts.
 
@@ -163,15 +184,10 @@ class Plan:
         With ``one_size`` every batch of a bucket is padded to its limit, so the compile set
         is one shape per bucket. Used when batch limits are fitted to memory (``FitToMemory``).
         """
-        sizes = {}
-        for bucket, allowed in self._sizes.items():
-            limit = limits.get(bucket, allowed[-1])
-            if limit not in allowed:
-                raise SpecError(
-                    f"batch limit {limit} of bucket {bucket} is not one of its allowed batch "
-                    f"sizes {allowed}."
-                )
-            sizes[bucket] = (limit,) if one_size else tuple(s for s in allowed if s <= limit)
+        sizes = {
+            bucket: cut_batch_sizes(allowed, limits.get(bucket), one_size, f"bucket {bucket}")
+            for bucket, allowed in self._sizes.items()
+        }
         out = copy.copy(self)
         out._sizes = sizes
         return out
