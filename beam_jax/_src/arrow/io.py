@@ -356,9 +356,10 @@ class ReadArrowBatches(beam.PTransform):
     row groups, which are then read in parallel. Each worker reads one row group ahead of
     the steps fused after the read (decoding, padding, the kernel), so reading overlaps
     them; memory per worker is about two row groups, whatever the size of the dataset, so
-    write files with row groups of a few MB. A file
-    that cannot be read (truncated, not Parquet, lacking a column read) or a row group that
-    cannot be decoded is an ``InputFileError`` naming the file.
+    write files with row groups of a few MB. A local file is memory-mapped for each read
+    (and its footer parsed once per worker), so do not rewrite a file while a job reads
+    it. A file that cannot be read (truncated, not Parquet, lacking a column read) or a row
+    group that cannot be decoded is an ``InputFileError`` naming the file.
 
     **JSON lines** (``.jsonl``, ``.json``, ``.ndjson``, also compressed: ``.gz``, ``.bz2``,
     ``.xz``, ``.lzma``, ``.zst``, ``.deflate``; or ``format="jsonl"``): one JSON object per
