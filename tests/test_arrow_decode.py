@@ -54,7 +54,7 @@ row_kinds = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     dtype=st.sampled_from(DTYPES),
     ragged=st.booleans(),
