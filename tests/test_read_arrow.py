@@ -8,6 +8,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
 from beam_jax._src.arrow.io import _ReadRowGroup
+from beam_jax.internal import origin_of
 from tests.beam_helpers import pipeline, run
 
 
@@ -173,8 +174,6 @@ def test_row_groups_are_read_one_ahead_and_emitted_in_their_own_window(files):
 def test_a_reader_keeps_footers_but_reads_a_rewritten_file_with_its_new_one(tmp_path):
     """A worker parses each local file's footer once; a file rewritten since (other size or
     time) is read with its new footer, and each batch says its first file row."""
-    from beam_jax._src.arrow.io import origin_of
-
     path = tmp_path / "a.parquet"
     _write(path, list(range(8)), row_group_size=4)
     reader = _ReadRowGroup(["id", "x"], None, handle_errors=False)
