@@ -8,6 +8,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
 from beam_jax._src.arrow.io import _ReadRowGroup
+from beam_jax.internal import origin_of
 from tests.beam_helpers import pipeline, run
 
 
@@ -168,3 +169,32 @@ def test_row_groups_are_read_one_ahead_and_emitted_in_their_own_window(files):
     batches = [v.value for tag, v in got if tag is None]
     assert [_ids(b) for b in batches] == [[0, 1, 2], [3], [4, 5, 6], [7], [8, 9]]
     assert "row group 7 (4 rows)" in got[2][1].value.message
+
+
+def test_a_reader_keeps_footers_but_reads_a_rewritten_file_with_its_new_one(tmp_path):
+    """A worker parses each local file's footer once; a file rewritten since (other size or
+    time) is read with its new footer, and each batch says its first file row."""
+    path = tmp_path / "a.parquet"
+    _write(path, list(range(8)), row_group_size=4)
+    reader = _ReadRowGroup(["id", "x"], None, handle_errors=False)
+    (batch,) = reader.process((str(path), 1, 4))
+    assert _ids(batch) == [4, 5, 6, 7] and origin_of(batch) == (str(path), 4)
+    (again,) = reader.process((str(path), 0, 4))
+    assert _ids(again) == [0, 1, 2, 3] and len(reader._footers) == 1
+    _write(path, list(range(100, 109)), row_group_size=3)
+    (batch,) = reader.process((str(path), 2, 3))
+    assert _ids(batch) == [106, 107, 108] and origin_of(batch) == (str(path), 6)
+    assert batch.column("x").to_pylist()[0] == [106.0] * 3
+
+
+def test_a_compressed_parquet_file_is_one_dead_letter_naming_it(tmp_path):
+    """Parquet compresses inside the file; a gzipped file is not Parquet, and says so."""
+    import gzip
+
+    _write(tmp_path / "a.parquet", list(range(6)), row_group_size=3)
+    packed = tmp_path / "a.parquet.gz"
+    packed.write_bytes(gzip.compress((tmp_path / "a.parquet").read_bytes()))
+    reader = _ReadRowGroup(["id"], None, handle_errors=True)
+    (out,) = reader.process((str(packed), 1, 3))
+    assert out.tag == bj.DEAD_LETTERS and out.value.source == str(packed)
+    assert "of Parquet file" in out.value.message and "a.parquet.gz" in out.value.message

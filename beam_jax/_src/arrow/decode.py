@@ -239,32 +239,65 @@ def _list_layout(column, spec, name, checks, ids, item, casting):
 
 
 def _binary_layout(column, spec, name, checks, ids, item):
-    """Raw bytes of the spec's dtype, row-major: the data buffer is used without a copy."""
+    """Raw bytes of the spec's dtype, row-major: ``(values, lo, hi, count)``.
+
+    The data buffer is viewed without a copy when every usable row starts on a multiple
+    of the dtype's size. Otherwise (a row of the wrong byte length earlier in the batch
+    shifts the rows after it) the usable rows' bytes are gathered once into an aligned
+    buffer, so only the rows that are wrong fail.
+    """
     size = spec.dtype.itemsize
+    n = len(column)
     width = np.dtype(np.int64 if pa.types.is_large_binary(column.type) else np.int32)
     _, offsets_buffer, data = column.buffers()
     offsets = np.frombuffer(
-        offsets_buffer, width, count=len(column) + 1, offset=column.offset * width.itemsize
+        offsets_buffer, width, count=n + 1, offset=column.offset * width.itemsize
     ).astype(np.int64)
     raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    values = raw[: len(raw) // size * size].view(spec.dtype)
-    if column.null_count:
-        checks.add(~_valid(column), _null(name, ids))
+    valid = _valid(column)
+    if valid is not None:
+        checks.add(~valid, _null(name, ids))
     nbytes = offsets[1:] - offsets[:-1]
     want = item * size
-    bad = (nbytes % want != 0) | (offsets[:-1] % size != 0)
+    bad = nbytes % want != 0
     if not spec.shape:
         bad |= nbytes != size
     checks.add(
         bad,
         lambda r: InvalidElementError(
             f"{ids(r)}: column {name!r} holds {int(nbytes[r])} bytes; as raw {spec.dtype} "
-            f"values of shape {spec.shape} it needs a multiple of {want} bytes, starting on "
-            f"a {size}-byte boundary."
+            f"values of shape {spec.shape} it needs {_bytes_wanted(spec, want)}."
         ),
     )
+    usable = ~bad if valid is None else ~bad & valid
+    shifted = offsets[:-1] % size != 0
+    if raw.ctypes.data % spec.dtype.alignment:
+        shifted[:] = True
+    if (usable & shifted).any():
+        raw, offsets = _gather_rows(raw, offsets, usable)
+    values = raw[: len(raw) // size * size].view(spec.dtype)
     lo, hi = offsets[:-1] // size, offsets[1:] // size
     return values, lo, hi, (hi - lo) // item
+
+
+def _bytes_wanted(spec: ArraySpec, want: int) -> str:
+    if not spec.shape:
+        return f"exactly {want} bytes"
+    if isinstance(spec.shape[0], str):
+        return f"a multiple of {want} bytes"
+    return f"{want * spec.shape[0]} bytes"
+
+
+def _gather_rows(raw: np.ndarray, offsets: np.ndarray, keep: np.ndarray):
+    """The bytes of the ``keep`` rows, one after another in a new buffer (numpy's, so
+    aligned), and every row's offsets into it (rows not kept are empty)."""
+    nbytes = np.where(keep, offsets[1:] - offsets[:-1], 0)
+    new_offsets = np.zeros(len(offsets), np.int64)
+    np.cumsum(nbytes, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    # Byte j of the new buffer is byte ``j - new_start + old_start`` of its row.
+    shift = np.repeat(offsets[:-1] - new_offsets[:-1], nbytes)
+    return raw[np.arange(total, dtype=np.int64) + shift], new_offsets
 
 
 def _not_numeric(t: pa.DataType) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import glob
+import itertools
 import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -113,6 +114,34 @@ class _ListRowGroups(beam.DoFn):
             yield (path, group, meta.row_group(group).num_rows)
 
 
+# Footers kept per reader: a worker reads row groups of many files in any order.
+_FOOTERS_KEPT = 64
+
+
+class _Footer(NamedTuple):
+    metadata: pq.FileMetaData
+    starts: list[int]  # the file row of each row group's first row
+
+
+@contextlib.contextmanager
+def _open_parquet(path: str):
+    """Opens ``path`` for reading one row group: ``(file, cache key or None)``.
+
+    A local file is memory-mapped for the one read (pyarrow reads the row
+    group's pages straight from the page cache, without a Python file object holding the
+    GIL on every read or a copy into read buffers; the map is closed after the read, so
+    the process's resident memory does not grow with the file). Other files go through
+    Beam's file systems.
+    """
+    if "://" not in path:
+        stat = os.stat(path)
+        with pa.memory_map(path) as f:
+            yield f, (path, stat.st_size, stat.st_mtime_ns)
+    else:
+        with FileSystems.open(path) as f:
+            yield f, None
+
+
 class _ReadRowGroup(beam.DoFn):
     """``(path, row group, rows)`` -> record batches of at most ``max_rows`` rows.
 
@@ -167,10 +196,11 @@ class _ReadRowGroup(beam.DoFn):
         path, group, rows = item
         error, first, table = None, None, None
         try:
-            with FileSystems.open(path) as f:
-                parquet = pq.ParquetFile(f)
-                if group < parquet.metadata.num_row_groups:
-                    first = sum(parquet.metadata.row_group(g).num_rows for g in range(group))
+            with _open_parquet(path) as (f, key):
+                footer = self._footer(f, key)
+                if group < len(footer.starts):
+                    first = footer.starts[group]
+                parquet = pq.ParquetFile(f, metadata=footer.metadata)
                 table = parquet.read_row_group(group, columns=self._columns)
         except Exception as e:  # noqa: BLE001 - a corrupt row group is reported, not fatal
             error = InputFileError(
@@ -179,6 +209,22 @@ class _ReadRowGroup(beam.DoFn):
                 ".with_exception_handling() to dead-letter its unreadable row groups)."
             )
         return item, table, error, first
+
+    def _footer(self, f, key) -> _Footer:
+        """The file's footer, parsed once per worker for a local file (``key`` its path,
+        size and modification time; ``None``: not cached)."""
+        footers = self.__dict__.setdefault("_footers", {})
+        footer = footers.get(key) if key is not None else None
+        if footer is None:
+            metadata = pq.ParquetFile(f).metadata
+            counts = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+            starts = [0, *itertools.accumulate(counts)][: len(counts)]
+            footer = _Footer(metadata, starts)
+            if key is not None:
+                if len(footers) >= _FOOTERS_KEPT:
+                    footers.pop(next(iter(footers)))
+                footers[key] = footer
+        return footer
 
     def _emit(self, item, table, error, first):
         path, group, rows = item
@@ -310,9 +356,10 @@ class ReadArrowBatches(beam.PTransform):
     row groups, which are then read in parallel. Each worker reads one row group ahead of
     the steps fused after the read (decoding, padding, the kernel), so reading overlaps
     them; memory per worker is about two row groups, whatever the size of the dataset, so
-    write files with row groups of a few MB. A file
-    that cannot be read (truncated, not Parquet, lacking a column read) or a row group that
-    cannot be decoded is an ``InputFileError`` naming the file.
+    write files with row groups of a few MB. A local file is memory-mapped for each read
+    (and its footer parsed once per worker), so do not rewrite a file while a job reads
+    it. A file that cannot be read (truncated, not Parquet, lacking a column read) or a row
+    group that cannot be decoded is an ``InputFileError`` naming the file.
 
     **JSON lines** (``.jsonl``, ``.json``, ``.ndjson``, also compressed: ``.gz``, ``.bz2``,
     ``.xz``, ``.lzma``, ``.zst``, ``.deflate``; or ``format="jsonl"``): one JSON object per
