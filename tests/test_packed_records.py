@@ -72,6 +72,15 @@ def test_records_take_and_concat_keep_every_record(lengths, seed, cut):
         assert subset.source(k) == both.source(i)
         for got, expected in zip(subset[k], both[i], strict=True):
             np.testing.assert_array_equal(got, expected)
+    # What a stage keeps between packs holds only its own records' values.
+    kept = ColumnRecords.concat([subset, rest])
+    assert len(kept.values[1]) == 2 * int(kept.lengths.sum())
+    assert len(kept.values[0]) == len(kept)
+    assert len(kept.describe) == len(set(subset.batch.tolist())) + 1
+    for k in range(len(subset)):
+        for got, expected in zip(kept[k], subset[k], strict=True):
+            np.testing.assert_array_equal(got, expected)
+        assert kept.source(k) == subset.source(k)
     ids = subset.id_array(np.arange(len(subset)), both.id_array(np.arange(1), _id_type(both)).type)
     assert ids.to_pylist() == [both.key(i) for i in index.tolist()]
 

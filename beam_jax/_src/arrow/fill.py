@@ -284,15 +284,21 @@ class ColumnRecords:
 
     @staticmethod
     def concat(parts: Sequence[ColumnRecords]) -> ColumnRecords:
+        """The records of ``parts``, in order. The values are copied compactly (only the
+        records' own), so what a stage keeps between packs never holds the values of
+        records already run."""
         if len(parts) == 1:
             return parts[0]
         values, starts = [], []
-        for j in range(len(parts[0].values)):
-            shift = np.cumsum([0] + [len(p.values[j]) for p in parts[:-1]])
-            values.append(np.concatenate([p.values[j] for p in parts]))
-            starts.append(
-                np.concatenate([p.starts[j] + k for p, k in zip(parts, shift, strict=True)])
-            )
+        for j, (ragged, size, _) in enumerate(parts[0].sizes):
+            pieces, firsts, at = [], [], 0
+            for p in parts:
+                counts = p.lengths * size if ragged else np.full(len(p), size, np.int64)
+                pieces.append(p.values[j][ragged_index(counts, p.starts[j])])
+                firsts.append(at + np.cumsum(counts) - counts)
+                at += int(counts.sum())
+            values.append(np.concatenate(pieces))
+            starts.append(np.concatenate(firsts))
         keys = [p.keys for p in parts]
         if keys[0] is None:
             keys = None
@@ -300,12 +306,15 @@ class ColumnRecords:
             keys = np.concatenate(keys)
         else:
             keys = pa.concat_arrays([k if isinstance(k, pa.Array) else pa.array(k) for k in keys])
+        # Only the record batches still referenced keep their description.
         shift = np.cumsum([0] + [len(p.describe) for p in parts[:-1]])
+        batch = np.concatenate([p.batch + k for p, k in zip(parts, shift, strict=True)])
+        describe = [d for p in parts for d in p.describe]
+        used, batch = np.unique(batch, return_inverse=True)
         return ColumnRecords(
             values, starts, parts[0].sizes, np.concatenate([p.lengths for p in parts]), keys,
-            np.concatenate([p.rows for p in parts]),
-            np.concatenate([p.batch + k for p, k in zip(parts, shift, strict=True)]),
-            [d for p in parts for d in p.describe],
+            np.concatenate([p.rows for p in parts]), batch.reshape(-1).astype(np.int64),
+            [describe[i] for i in used.tolist()],
         )  # fmt: skip
 
     def key(self, i: int) -> Any:
