@@ -22,6 +22,7 @@ from beam_jax._src.arrow.decode import DecodedBatch as DecodedBatch
 from beam_jax._src.arrow.decode import decode_batch as decode_batch
 from beam_jax._src.arrow.encode import outputs_to_arrow as outputs_to_arrow
 from beam_jax._src.arrow.fill import BucketFill as BucketFill
+from beam_jax._src.arrow.fill import ColumnRecords as ColumnRecords
 from beam_jax._src.arrow.io import ArrowCoder as ArrowCoder
 from beam_jax._src.arrow.io import origin_of as origin_of
 from beam_jax._src.bucketing.boundaries import padded_total as padded_total
@@ -70,6 +71,7 @@ from beam_jax._src.engine.metrics import BufferMetrics as BufferMetrics
 from beam_jax._src.engine.metrics import KernelMetrics as KernelMetrics
 from beam_jax._src.engine.metrics import bucket_totals as bucket_totals
 from beam_jax._src.engine.packing import BucketStage as BucketStage
+from beam_jax._src.engine.packing import ItemRecords as ItemRecords
 from beam_jax._src.engine.packing import PackedBuffer as PackedBuffer
 from beam_jax._src.engine.packing import PackedStage as PackedStage
 from beam_jax._src.engine.worker import Worker as Worker

@@ -46,6 +46,23 @@ def test_encode_arrow_equals_encode_batch_on_real_text(tokenizer, texts):
     np.testing.assert_array_equal(lengths, np.diff(ids.offsets.to_numpy()))
 
 
+@hypothesis.settings(max_examples=40, deadline=None, derandomize=True)
+@hypothesis.given(
+    picks=st.lists(st.integers(0, 10_000), max_size=12),
+    extra=st.lists(st.text(max_size=40), max_size=4),
+    long_at=st.integers(0, 3),
+)
+def test_count_tokens_equals_encode_flat(tokenizer, texts, picks, extra, long_at):
+    """Counts without ids: what encode_flat's lengths are, for real, odd and long texts
+    (a text past max_chars counts from its prefix, as encode_flat tokenizes it)."""
+    chosen = [texts[i % len(texts)] for i in picks] + extra
+    chosen.insert(min(long_at, len(chosen)), "word " * (tokenizer.max_chars // 4))
+    _, lengths = tokenizer.encode_flat(chosen)
+    counts = tokenizer.count_tokens(chosen)
+    assert counts.dtype == np.int64
+    np.testing.assert_array_equal(counts, lengths)
+
+
 def test_bad_rows_fail_alone(tokenizer):
     column = pa.array(["A cat.", None, "", "  spaced  ", None])
     ids, failures = tokenizer.encode_arrow(column)

@@ -2,11 +2,14 @@
 
 Rows of one bucket are copied once, from a decoded record batch's flat values into the
 bucket's padded buffer, with one vectorised gather per (record batch, bucket, leaf); the
-record batch can then be dropped, so memory is bounded by one buffer per bucket.
+record batch can then be dropped, so memory is bounded by one buffer per bucket. For
+packing, ``ColumnRecords`` stages a record batch's rows as they are (flat values, where
+each row starts, its length) and lays a packed batch out with one gather per leaf.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +17,7 @@ import pyarrow as pa
 
 from beam_jax._src.arrow.decode import DecodedBatch
 from beam_jax._src.bucketing.rule import Bucket
+from beam_jax._src.core.packed_plan import PackedPlan, PackedRows
 from beam_jax._src.core.plan import PaddedBatch, Plan, aligned_full
 
 
@@ -187,3 +191,174 @@ class BucketFill:
                 )
             self.ids = [whole]
         return self.ids[0]
+
+
+class ColumnRecords:
+    """Records staged for packing as the columns they were decoded from: no per-row objects.
+
+    Per leaf, one flat values array and each record's first value; per record, its length
+    along the packed axis, its id and its row in its record batch. A record's dead-letter
+    description is made only when one is needed, by its batch's ``describe(key, row)``.
+    ``take`` and ``concat`` make subsets and unions (the engine's ``PackedStage`` stages,
+    packs and keeps the rest with them); ``lay_out`` copies a packed batch's values with one
+    gather per leaf.
+
+    Args:
+        values: per leaf, its values, flat.
+        starts: per leaf, ``int64[records]``: the index in its values of each record's first.
+        sizes: per leaf ``(ragged, size, shape)``: whether its first axis is the packed
+            one, and the values and shape of one step along it (of the whole leaf, without).
+        lengths: ``int64[records]``: each record's length along the packed axis.
+        keys: each record's id (numpy, or an Arrow array), or ``None``.
+        rows: ``int64[records]``: each record's row in its record batch.
+        batch: ``int64[records]``: each record's record batch, an index into ``describe``.
+        describe: per record batch, ``describe(key, row)``: a record's dead-letter source.
+    """
+
+    def __init__(
+        self,
+        values: Sequence[np.ndarray],
+        starts: Sequence[np.ndarray],
+        sizes: Sequence[tuple[bool, int, tuple[int, ...]]],
+        lengths: np.ndarray,
+        keys: np.ndarray | pa.Array | None,
+        rows: np.ndarray,
+        batch: np.ndarray,
+        describe: Sequence[Callable[[Any, int], Any]],
+    ):
+        self.values = tuple(values)
+        self.starts = tuple(starts)
+        self.sizes = tuple(sizes)
+        self.lengths = lengths
+        self.keys = keys
+        self.rows = rows
+        self.batch = batch
+        self.describe = list(describe)
+
+    @classmethod
+    def from_decoded(
+        cls,
+        decoded: DecodedBatch,
+        rows: np.ndarray,
+        ragged: Sequence[bool],
+        shapes: Sequence[tuple[int, ...]],
+        describe: Callable[[Any, int], Any],
+    ) -> ColumnRecords:
+        """Rows ``rows`` of a decoded record batch; per leaf, whether its first axis is the
+        packed one, and its shape past that axis (its whole shape without it)."""
+        numeric = decoded.id_values()
+        if decoded.ids is None:
+            keys = None
+        elif numeric is not None:
+            keys = numeric[rows]
+        else:
+            keys = decoded.ids.take(pa.array(rows))
+        return cls(
+            [leaf.values for leaf in decoded.leaves],
+            [leaf.start[rows] for leaf in decoded.leaves],
+            [
+                (bool(r), int(np.prod(shape, dtype=np.int64)), tuple(shape))
+                for r, shape in zip(ragged, shapes, strict=True)
+            ],
+            decoded.lengths[rows, 0].astype(np.int64),
+            keys,
+            np.asarray(rows, np.int64),
+            np.zeros(len(rows), np.int64),
+            [describe],
+        )
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def take(self, index: np.ndarray) -> ColumnRecords:
+        index = np.asarray(index, np.int64)
+        keys = self.keys
+        if isinstance(keys, np.ndarray):
+            keys = keys[index]
+        elif keys is not None:
+            keys = keys.take(pa.array(index))
+        return ColumnRecords(
+            self.values, [s[index] for s in self.starts], self.sizes, self.lengths[index],
+            keys, self.rows[index], self.batch[index], self.describe,
+        )  # fmt: skip
+
+    @staticmethod
+    def concat(parts: Sequence[ColumnRecords]) -> ColumnRecords:
+        """The records of ``parts``, in order. The values are copied compactly (only the
+        records' own), so what a stage keeps between packs never holds the values of
+        records already run."""
+        if len(parts) == 1:
+            return parts[0]
+        values, starts = [], []
+        for j, (ragged, size, _) in enumerate(parts[0].sizes):
+            pieces, firsts, at = [], [], 0
+            for p in parts:
+                counts = p.lengths * size if ragged else np.full(len(p), size, np.int64)
+                pieces.append(p.values[j][ragged_index(counts, p.starts[j])])
+                firsts.append(at + np.cumsum(counts) - counts)
+                at += int(counts.sum())
+            values.append(np.concatenate(pieces))
+            starts.append(np.concatenate(firsts))
+        keys = [p.keys for p in parts]
+        if keys[0] is None:
+            keys = None
+        elif all(isinstance(k, np.ndarray) for k in keys):
+            keys = np.concatenate(keys)
+        else:
+            keys = pa.concat_arrays([k if isinstance(k, pa.Array) else pa.array(k) for k in keys])
+        # Only the record batches still referenced keep their description.
+        shift = np.cumsum([0] + [len(p.describe) for p in parts[:-1]])
+        batch = np.concatenate([p.batch + k for p, k in zip(parts, shift, strict=True)])
+        describe = [d for p in parts for d in p.describe]
+        used, batch = np.unique(batch, return_inverse=True)
+        return ColumnRecords(
+            values, starts, parts[0].sizes, np.concatenate([p.lengths for p in parts]), keys,
+            np.concatenate([p.rows for p in parts]), batch.reshape(-1).astype(np.int64),
+            [describe[i] for i in used.tolist()],
+        )  # fmt: skip
+
+    def key(self, i: int) -> Any:
+        """Record ``i``'s id as a Python value (``None`` without ids)."""
+        if self.keys is None:
+            return None
+        return self.keys[i].item() if isinstance(self.keys, np.ndarray) else self.keys[i].as_py()
+
+    def id_array(self, index: np.ndarray, type: pa.DataType) -> pa.Array:
+        """The ids of records ``index``, as an Arrow array of ``type``."""
+        if isinstance(self.keys, np.ndarray):
+            return pa.array(self.keys[index], type=type)
+        return self.keys.take(pa.array(np.asarray(index, np.int64)))
+
+    def source(self, i: int) -> Any:
+        """Record ``i``'s dead-letter source."""
+        return self.describe[int(self.batch[i])](self.key(i), int(self.rows[i]))
+
+    def __getitem__(self, i: int) -> list[np.ndarray]:
+        """Record ``i``'s leaves (views of the values)."""
+        out = []
+        for values, starts, (ragged, size, shape) in zip(
+            self.values, self.starts, self.sizes, strict=True
+        ):
+            begin = int(starts[i])
+            if ragged:
+                n = int(self.lengths[i])
+                out.append(values[begin : begin + n * size].reshape(n, *shape))
+            else:
+                out.append(values[begin : begin + size].reshape(shape))
+        return out
+
+    def gather(self, j: int, index: np.ndarray) -> np.ndarray:
+        """Leaf ``j`` of records ``index``: along the packed axis laid end to end
+        (``[total length, *step]``), or stacked for a leaf without it (``[n, *shape]``)."""
+        ragged, size, shape = self.sizes[j]
+        starts = self.starts[j][index]
+        if ragged:
+            counts = self.lengths[index] * size
+            return self.values[j][ragged_index(counts, starts)].reshape(-1, *shape)
+        flat = starts[:, None] + np.arange(size, dtype=np.int64)[None, :]
+        return self.values[j][flat].reshape(len(index), *shape)
+
+    def lay_out(self, plan: PackedPlan, index: np.ndarray | None, rows, row_length: int):
+        """Records ``index`` (all by default) as one packed batch, in the batch rows given."""
+        chosen = self if index is None else self.take(index)
+        return PackedRows(plan.pack_plan.lay_out(chosen, rows, row_length, chosen.lengths))

@@ -375,9 +375,9 @@ class PackPlan:
             row, segment, offset, np.full(num_rows, row_length, np.int64), used, counts,
             np.zeros(0, np.int64),
         )  # fmt: skip
+        records = records if hasattr(records, "gather") else list(records)
         return self._fill(
-            assignment, np.arange(n), lengths, list(records), row_length, size,
-            np.arange(num_rows),
+            assignment, np.arange(n), lengths, records, row_length, size, np.arange(num_rows),
         )  # fmt: skip
 
     def _fill(self, assignment, ok, lengths, records, length, size, members) -> PackedBatch:
@@ -401,24 +401,33 @@ class PackPlan:
         positions[slots] = within
         counts = np.zeros(size, np.int32)
         counts[: len(members)] = assignment.counts[members]
+        # Columnar records (``gather(leaf, index)``: the records' values of one leaf, laid
+        # end to end along the first axis) are copied with one gather per leaf.
+        gather = getattr(records, "gather", None)
         leaves = []
         for j, (spec, axis) in enumerate(zip(self.layout.specs, self.ragged_axis, strict=True)):
             inner = spec.resolve({self.axis: length})
             if axis is None:
                 out = np.full((size, self.packing.max_segments, *inner), spec.pad_value, spec.dtype)
-                for i, r, s in zip(index, rows, segment, strict=True):
-                    out[r, s] = records[i][j]
+                if gather is not None:
+                    out[rows, segment] = gather(j, index)
+                else:
+                    for i, r, s in zip(index, rows, segment, strict=True):
+                        out[r, s] = records[i][j]
                 leaves.append(out)
                 continue
             moved = (inner[axis], *inner[:axis], *inner[axis + 1 :])
             flat = np.full((size * length, *moved[1:]), spec.pad_value, spec.dtype)
             if total:
-                parts = (
-                    [records[i][j] for i in index]
-                    if axis == 0
-                    else [np.moveaxis(np.asarray(records[i][j]), axis, 0) for i in index]
-                )
-                flat[slots] = np.concatenate(parts, axis=0)
+                if gather is not None and axis == 0:
+                    flat[slots] = gather(j, index)
+                else:
+                    parts = (
+                        [records[i][j] for i in index]
+                        if axis == 0
+                        else [np.moveaxis(np.asarray(records[i][j]), axis, 0) for i in index]
+                    )
+                    flat[slots] = np.concatenate(parts, axis=0)
             out = flat.reshape(size, *moved)
             if axis:
                 out = np.ascontiguousarray(np.moveaxis(out, 1, axis + 1))

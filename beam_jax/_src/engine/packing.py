@@ -28,28 +28,74 @@ from beam_jax._src.engine.batching import RowBuffer
 from beam_jax._src.errors import ElementTooLargeError
 
 
+class ItemRecords:
+    """Staged records as ``(tag, Validated)`` pairs (the element front end's records).
+
+    Staged records of either kind (this, or a front end's columnar records such as the
+    Arrow front end's ``ColumnRecords``) answer the same questions: how many, their
+    lengths, a subset (``take``), several joined (``concat``), a record's dead-letter
+    source, and a subset laid out as one packed batch (``lay_out``).
+    """
+
+    def __init__(self, items: list[tuple[Any, Validated]], lengths: Any = None):
+        self.items = items
+        if lengths is None:
+            lengths = [item.lengths[0] for _, item in items]
+        self.lengths = np.asarray(lengths, np.int64).reshape(-1)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def take(self, index: np.ndarray) -> ItemRecords:
+        return ItemRecords([self.items[i] for i in index.tolist()], self.lengths[index])
+
+    @staticmethod
+    def concat(parts: list[ItemRecords]) -> ItemRecords:
+        if len(parts) == 1:
+            return parts[0]
+        items = [item for part in parts for item in part.items]
+        return ItemRecords(items, np.concatenate([part.lengths for part in parts]))
+
+    def source(self, i: int) -> Any:
+        """Record ``i``'s tag (what the front end describes it by)."""
+        return self.items[i][0]
+
+    def lay_out(self, plan: PackedPlan, index: np.ndarray | None, rows, row_length: int):
+        chosen = self.items if index is None else [self.items[i] for i in index.tolist()]
+        return plan.lay_out([item for _, item in chosen], rows, row_length)
+
+
 class PackedBuffer:
-    """One packed batch's records for the engine: ``items`` (``(tag, Validated)`` pairs,
-    ordered by batch row then segment) and each record's batch row.
+    """One packed batch's records for the engine: ``records`` (ordered by batch row then
+    segment) and each record's batch row.
 
     Args:
         plan: the worker's ``PackedPlan``.
         row_length: the batch's row length (its ``bucket`` is ``(row_length,)``).
-        items: the records.
+        records: the records: ``ItemRecords``, or a front end's columnar records.
         rows: per record, its batch row (non-decreasing).
         slot: the engine's slot (``None``: packed batches may mix windows).
     """
 
-    def __init__(self, plan: PackedPlan, row_length: int, items: list, rows: Any, slot: Any = None):
+    def __init__(
+        self, plan: PackedPlan, row_length: int, records: Any, rows: Any, slot: Any = None
+    ):
+        if isinstance(records, list):
+            records = ItemRecords(records)
         self.bucket = (row_length,)
         self.slot = slot
-        self.items = items
+        self.records = records
         self._rows = np.asarray(rows, np.int64)
         self._plan = plan
 
     @property
+    def items(self) -> list:
+        """The ``(tag, Validated)`` pairs of ``ItemRecords``."""
+        return self.records.items
+
+    @property
     def size(self) -> int:
-        return len(self.items)
+        return len(self.records)
 
     def units(self, rows: np.ndarray | None = None) -> int:
         """Batch rows the records ``rows`` (all by default) take."""
@@ -67,14 +113,32 @@ class PackedBuffer:
     def padded(self, rows: np.ndarray | None = None) -> PackedRows:
         """All records, or ``rows`` of them, laid out as one packed batch."""
         if rows is None:
-            items = [item for _, item in self.items]
-            return self._plan.lay_out(items, self._rows, self.bucket[0])
-        items = [self.items[r][1] for r in rows.tolist()]
-        return self._plan.lay_out(items, self._rows[rows], self.bucket[0])
+            return self.records.lay_out(self._plan, None, self._rows, self.bucket[0])
+        return self.records.lay_out(self._plan, rows, self._rows[rows], self.bucket[0])
+
+
+def _batches_of(assignment: Any, packing: Any) -> tuple[list, np.ndarray, np.ndarray]:
+    """The batches of an assignment and, per record, its batch (-1: refused) and its row in
+    that batch; ``batch_rows``' batches, found for all records at once."""
+    batches = batch_rows(assignment, packing)
+    num_rows = len(assignment.row_lengths)
+    batch_of_row = np.full(num_rows, -1, np.int64)
+    row_in_batch = np.full(num_rows, -1, np.int64)
+    for b, (_, _, members) in enumerate(batches):
+        batch_of_row[members] = b
+        row_in_batch[members] = np.arange(len(members))
+    placed = assignment.row >= 0
+    row = np.maximum(assignment.row, 0)
+    batch = np.where(placed, batch_of_row[row] if num_rows else -1, -1)
+    within = np.where(placed, row_in_batch[row] if num_rows else -1, -1)
+    return batches, batch, within
 
 
 class PackedStage:
-    """The packing policy of an ``ElementFrontEnd``: stage records, run full packed batches.
+    """The packing policy of a front end: stage records, run full packed batches.
+
+    Records come one at a time (``add``: a ``Validated`` with its tag) or many at once
+    (``add_records``: a front end's columnar records, e.g. a whole Arrow record batch).
 
     Args:
         plan: the worker's ``PackedPlan``.
@@ -86,11 +150,11 @@ class PackedStage:
         self._plan = plan
         self._engine = engine
         self._per_window = per_window
-        # Per slot: the staged ``(tag, Validated)`` pairs and their lengths.
-        self._items: dict[Any, list[tuple[Any, Validated]]] = {}
-        self._lengths: dict[Any, list[int]] = {}
-        # Slots and records staged since the last pack, per slot: what was left over then
-        # (at most one partial batch per row length) does not trigger the next pack.
+        # Per slot: the staged records, as a list of record sets (records added one at a
+        # time go to a trailing list of ``(tag, Validated)`` pairs).
+        self._staged: dict[Any, list[Any]] = {}
+        # Records staged since the last pack, per slot: ``[slots, records]``; what was left
+        # over then (at most one partial batch per row length) does not trigger the next pack.
         self._fresh: dict[Any, list[int]] = {}
         packing = plan.packing
         # Pack once the staged records fill the planner's buffer (what its prediction
@@ -100,29 +164,57 @@ class PackedStage:
         self._min_records = plan.buffer_size or 0
         self._full = {n: packing.sizes_for(n)[-1] for n in packing.row_lengths}
 
+    def _slot(self, slot: Any) -> tuple[Any, list[Any], list[int]]:
+        slot = slot if self._per_window else None
+        staged = self._staged.get(slot)
+        if staged is None:
+            staged = self._staged[slot] = []
+            self._fresh[slot] = [0, 0]
+        return slot, staged, self._fresh[slot]
+
     def add(self, tag: Any, item: Validated, slot: Any = None) -> Iterator[Any]:
         """Stage one validated record; pack and run the full batches once enough wait."""
-        slot = slot if self._per_window else None
-        items = self._items.get(slot)
-        if items is None:
-            items = self._items[slot] = []
-            self._lengths[slot] = []
-            self._fresh[slot] = [0, 0]
-        length = item.lengths[0]
-        items.append((tag, item))
-        self._lengths[slot].append(length)
-        fresh = self._fresh[slot]
-        fresh[0] += length
+        slot, staged, fresh = self._slot(slot)
+        if not staged or not isinstance(staged[-1], list):
+            staged.append([])
+        staged[-1].append((tag, item))
+        fresh[0] += item.lengths[0]
         fresh[1] += 1
         # A planner's buffer is what its prediction packed together: keep to it; without
         # one, pack once the staged records fill two batches of the largest shape.
-        full = fresh[1] >= self._min_records if self._min_records else fresh[0] >= self._min_slots
-        if full:
+        if self._is_full(fresh):
             yield from self._pack(slot, final=False)
+
+    def add_records(self, records: Any, slot: Any = None) -> Iterator[Any]:
+        """Stage many records at once (``ItemRecords`` or a front end's columnar records);
+        pack and run the full batches whenever enough wait, exactly where ``add`` record
+        by record would."""
+        lengths = records.lengths
+        done = 0
+        while done < len(lengths):
+            slot_, staged, fresh = self._slot(slot)
+            rest = lengths[done:]
+            if self._min_records:
+                need = max(1, self._min_records - fresh[1])
+            else:  # the first record at which the staged slots reach the threshold
+                need = int(np.searchsorted(np.cumsum(rest), self._min_slots - fresh[0])) + 1
+            take = min(need, len(rest))
+            part = records if take == len(lengths) else records.take(np.arange(done, done + take))
+            staged.append(part)
+            fresh[0] += int(rest[:take].sum())
+            fresh[1] += take
+            done += take
+            if self._is_full(fresh):
+                yield from self._pack(slot_, final=False)
+
+    def _is_full(self, fresh: list[int]) -> bool:
+        if self._min_records:
+            return fresh[1] >= self._min_records
+        return fresh[0] >= self._min_slots
 
     def drain(self) -> Iterator[Any]:
         """Pack and run everything staged (the end of a bundle)."""
-        for slot in list(self._items):
+        for slot in list(self._staged):
             yield from self._pack(slot, final=True)
 
     def run_now(self, bucket: Any, slot: Any, items: list) -> Iterator[Any]:
@@ -133,9 +225,12 @@ class PackedStage:
         yield from self.drain()
 
     def _pack(self, slot: Any, final: bool) -> Iterator[Any]:
-        items = self._items.pop(slot)
-        lengths = np.asarray(self._lengths.pop(slot), np.int64)
+        parts = [ItemRecords(p) if isinstance(p, list) else p for p in self._staged.pop(slot)]
         self._fresh.pop(slot, None)
+        if not parts:
+            return
+        records = type(parts[0]).concat(parts)
+        lengths = records.lengths
         assignment = assign_rows(lengths, self._plan.packing)
         if len(assignment.refused):  # validation refuses these first; kept for safety
             top = self._plan.packing.max_row_length
@@ -143,25 +238,25 @@ class PackedStage:
                 error = ElementTooLargeError(
                     f"record of length {int(lengths[i])} is longer than the longest row ({top})."
                 )
-                yield from self._engine.reject(error, VALIDATION, [items[int(i)][0]])
+                yield from self._engine.reject(error, VALIDATION, [records.source(int(i))])
+        batches, batch, within = _batches_of(assignment, self._plan.packing)
+        # Every placed record, ordered by batch, then row in it, then segment.
+        placed = np.flatnonzero(batch >= 0)
+        placed = placed[np.lexsort((assignment.segment[placed], within[placed], batch[placed]))]
+        ends = np.searchsorted(batch[placed], np.arange(len(batches)), side="right")
         keep: list[np.ndarray] = []
-        for length, _, members in batch_rows(assignment, self._plan.packing):
-            where = np.full(len(assignment.row_lengths), -1, np.int64)
-            where[members] = np.arange(len(members))
-            batch_row = np.where(assignment.row >= 0, where[np.maximum(assignment.row, 0)], -1)
-            records = np.flatnonzero(batch_row >= 0)
+        begin = 0
+        for b, (length, _, members) in enumerate(batches):
+            order = placed[begin : ends[b]]
+            begin = ends[b]
             if not final and len(members) < self._full[length]:
-                keep.append(records)  # a partial batch waits for more records
+                keep.append(order)  # a partial batch waits for more records
                 continue
-            order = records[np.lexsort((assignment.segment[records], batch_row[records]))]
-            buffer = PackedBuffer(
-                self._plan, length, [items[i] for i in order.tolist()], batch_row[order], slot
-            )
+            buffer = PackedBuffer(self._plan, length, records.take(order), within[order], slot)
             yield from self._engine.launch(buffer)
         if keep:
             left = np.sort(np.concatenate(keep))
-            self._items[slot] = [items[i] for i in left.tolist()]
-            self._lengths[slot] = lengths[left].tolist()
+            self._staged[slot] = [records.take(left)]
             self._fresh[slot] = [0, 0]
 
 

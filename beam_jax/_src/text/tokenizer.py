@@ -158,6 +158,29 @@ class Tokenizer:
         flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
         return flat, lengths
 
+    def count_tokens(self, texts: Sequence[str]) -> np.ndarray:
+        """How many tokens :meth:`encode_flat` gives each text, without building the ids.
+
+        For planning from a sample (batch shapes from token lengths): the Rust tokenizer
+        still runs, but no Python list of ids is made per text (most of the Python time of
+        :meth:`encode_flat`, measured).
+
+        Example:
+            >>> from beam_jax.text import SentenceEncoder
+            >>> SentenceEncoder.from_dir().tokenizer().count_tokens(["Hello, world!", ""]).tolist()
+            [6, 2]
+
+        Returns:
+            ``int64[len(texts)]``: each text's count, ``[CLS]`` and ``[SEP]`` included,
+            after truncation to ``max_length``.
+
+        Raises:
+            Exception: Whatever the tokenizer raises on a text it cannot take.
+        """
+        texts = [t if len(t) <= self.max_chars else _prefix(t, self.max_chars) for t in texts]
+        encodings = self._fast(self._prepare(texts))
+        return np.fromiter(map(len, encodings), np.int64, len(encodings))
+
     def encode_arrow(self, texts: pa.Array | pa.ChunkedArray) -> tuple[pa.ListArray, dict]:
         """Tokenizes an Arrow string column with one tokenizer call.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,12 +16,11 @@ from typing_extensions import Unpack
 from beam_jax._src.arrow.columns import ArrowColumns
 from beam_jax._src.arrow.decode import decode_batch
 from beam_jax._src.arrow.encode import outputs_to_arrow
-from beam_jax._src.arrow.fill import BucketFill
+from beam_jax._src.arrow.fill import BucketFill, ColumnRecords
 from beam_jax._src.arrow.io import origin_of, source_of
 from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax._src.core.packed_plan import PackedPlan
-from beam_jax._src.core.validation import Validated
 from beam_jax._src.engine.batching import check_row_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
 from beam_jax._src.engine.packing import PackedBuffer, PackedStage
@@ -144,45 +144,31 @@ class _ArrowFrontEnd(WorkerDoFn):
                 yield from self._engine.added(fill)
 
     def _stage_rows(self, decoded, ok, window, where, origin) -> Iterator[Any]:
-        """Packing: each valid row as a record (its leaves cut from the columns), tagged
-        with its dead-letter ``Source`` and id, staged for packing.
-
-        Keys, value ranges and shapes are worked out per column first, so each row costs
-        only its own record and tag.
-        """
-        layout = self._plan.layout
+        """Packing: the valid rows staged as they were decoded (``ColumnRecords``: flat
+        values, starts, lengths, ids), with no per-row objects; a row's dead-letter
+        ``Source`` is made only if it fails."""
         if decoded.ids is not None:
             self._id_type = decoded.ids.type
-        numeric = decoded.id_values()
-        keys = (
-            [None] * decoded.num_rows
-            if decoded.ids is None
-            else (numeric.tolist() if numeric is not None else decoded.ids.to_pylist())
-        )
-        lengths = decoded.lengths[:, 0].tolist()
-        # Per leaf: its values, each row's first value, and its shape past the ragged axis
-        # (the whole shape for a leaf without one).
-        cuts = []
-        for spec, leaf in zip(layout.specs, decoded.leaves, strict=True):
-            ragged = bool(spec.shape) and isinstance(spec.shape[0], str)
-            rest = tuple(spec.shape[1:] if ragged else spec.shape)
-            size = int(np.prod(rest, dtype=np.int64))
-            cuts.append((leaf.values, leaf.start.tolist(), ragged, rest, size))
         timestamp = window.max_timestamp()
         path, first = origin
-        for r in ok.tolist():
-            length = lengths[r]
-            leaves = []
-            for values, starts, ragged, rest, size in cuts:
-                begin = starts[r]
-                if ragged:
-                    leaves.append(values[begin : begin + length * size].reshape(length, *rest))
-                else:
-                    leaves.append(values[begin : begin + size].reshape(rest))
-            key = keys[r]
-            at = None if first is None else first + r
-            tag = Source(key, {"id": key, "row": r, **where}, timestamp, window, path, at)
-            yield from self._stage.add((tag, key), Validated(tuple(leaves), (length,)), window)
+
+        def describe(key, row):
+            at = None if first is None else first + row
+            return Source(key, {"id": key, "row": row, **where}, timestamp, window, path, at)
+
+        records = ColumnRecords.from_decoded(decoded, ok, *self._packed_leaves, describe)
+        yield from self._stage.add_records(records, window)
+
+    @functools.cached_property
+    def _packed_leaves(self) -> tuple[list[bool], list[tuple[int, ...]]]:
+        """Per leaf: whether its first axis is the packed one, and its shape past that axis
+        (its whole shape without it)."""
+        ragged, shapes = [], []
+        for spec in self._plan.layout.specs:
+            first = bool(spec.shape) and isinstance(spec.shape[0], str)
+            ragged.append(first)
+            shapes.append(tuple(spec.shape[1:] if first else spec.shape))
+        return ragged, shapes
 
     # --- the engine's front end -------------------------------------------------------
 
@@ -200,7 +186,7 @@ class _ArrowFrontEnd(WorkerDoFn):
 
     def source(self, fill: BucketFill, row: int) -> Source:
         if isinstance(fill, PackedBuffer):
-            return fill.items[row][0][0]
+            return fill.records.source(row)
         ids = fill.id_column()
         key = None if ids is None else ids[row].as_py()
         names = self._plan.layout.axis_names
@@ -216,7 +202,7 @@ class _ArrowFrontEnd(WorkerDoFn):
         if isinstance(fill, PackedBuffer):  # records of several input batches: ids by row
             names, arrays = outputs_to_arrow(outputs, keep, np.zeros((len(keep), 1), np.int64))
             if self._id_type is not None:
-                ids = pa.array([fill.items[int(rows[k])][0][1] for k in keep], self._id_type)
+                ids = fill.records.id_array(rows[keep], self._id_type)
                 names, arrays = [self._columns.id, *names], [ids, *arrays]
             if len(keep):
                 self._metrics.results.inc(len(keep))
