@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -230,17 +231,24 @@ def _best_fit(groups, max_segments, most):
     """Runs by best fit: the open row with the least room that still holds the record.
 
     That row stays the least roomy that holds one until it is spent, so, as in
-    ``_first_fit``, a group's records are placed as one run per row.
+    ``_first_fit``, a group's records are placed as one run per row. The open rows are kept
+    by room (a heap of row indices per room value, the first row among equals first), and
+    the room values held in a short sorted list: rooms are at most the longest row, so a
+    search and an update cost the same however many rows are open.
     """
     del most
     room, counts, used = [], [], []
-    open_rows = []  # (room, row) of the rows with segments left, sorted
+    by_room: dict[int, list[int]] = {}  # room -> heap of the open rows with that room
+    rooms: list[int] = []  # the keys of by_room, sorted
     run_row, run_take, run_segment, run_slot = [], [], [], []
     for need, left, capacity in groups:
         while left:
-            k = bisect.bisect_left(open_rows, (need, -1))
-            if k < len(open_rows):
-                r = open_rows.pop(k)[1]
+            k = bisect.bisect_left(rooms, need)
+            if k < len(rooms):
+                heap = by_room[rooms[k]]
+                r = heapq.heappop(heap)
+                if not heap:
+                    del by_room[rooms.pop(k)]
             else:
                 r = len(room)
                 room.append(capacity)
@@ -257,7 +265,12 @@ def _best_fit(groups, max_segments, most):
             used[r] += take * need
             counts[r] += take
             if counts[r] < max_segments:
-                bisect.insort(open_rows, (room[r], r))
+                heap = by_room.get(room[r])
+                if heap is None:
+                    by_room[room[r]] = [r]
+                    bisect.insort(rooms, room[r])
+                else:
+                    heapq.heappush(heap, r)
     return (run_row, run_take, run_segment, run_slot), counts, used
 
 
