@@ -178,13 +178,19 @@ def _first_fit(groups, max_segments, most):
     room, counts, used = [], [], []
     run_row, run_take, run_segment, run_slot = [], [], [], []
     for need, left, capacity in groups:
-        while left and tree[1] >= need:
-            node = 1
-            while node < size:
-                node <<= 1
-                if tree[node] < need:
-                    node += 1
-            r = node - size
+        while left:
+            if tree[1] >= need:
+                node = 1
+                while node < size:
+                    node <<= 1
+                    if tree[node] < need:
+                        node += 1
+                r = node - size
+            else:  # a new row
+                r = len(room)
+                room.append(capacity)
+                counts.append(0)
+                used.append(0)
             slots = max_segments - counts[r]
             take = min(left, slots if need == 0 else min(room[r] // need, slots))
             run_row.append(r)
@@ -195,6 +201,7 @@ def _first_fit(groups, max_segments, most):
             room[r] -= take * need
             used[r] += take * need
             counts[r] += take
+            node = r + size
             tree[node] = room[r] if counts[r] < max_segments else -1
             node >>= 1
             while node:
@@ -204,26 +211,6 @@ def _first_fit(groups, max_segments, most):
                     break  # the ancestors' maxima are unchanged too
                 tree[node] = top
                 node >>= 1
-        if left:  # new rows, each as full as its length and segments allow
-            per = max_segments if need == 0 else min(capacity // need, max_segments)
-            first = len(room)
-            while left:
-                take = min(per, left)
-                run_row.append(len(room))
-                run_take.append(take)
-                run_segment.append(0)
-                run_slot.append(0)
-                room.append(capacity - take * need)
-                used.append(take * need)
-                counts.append(take)
-                tree[size + len(room) - 1] = room[-1] if take < max_segments else -1
-                left -= take
-            lo, hi = (first + size) >> 1, (len(room) - 1 + size) >> 1
-            while lo:  # the maxima above the new leaves, level by level
-                for node in range(lo, hi + 1):
-                    a, b = tree[2 * node], tree[2 * node + 1]
-                    tree[node] = a if a > b else b
-                lo, hi = lo >> 1, hi >> 1
     return (run_row, run_take, run_segment, run_slot), counts, used
 
 
