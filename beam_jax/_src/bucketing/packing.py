@@ -169,9 +169,9 @@ def _first_fit(groups, max_segments, most):
     has no room (or segments) left, then to the next such row, and the rest open rows of
     their own: so a group's records are placed as one run per row, the tree searched once
     per run, not per record. ``groups`` holds ``(length, count, row length)`` per length,
-    longest first; returns the runs as ``(row, records, first segment, first slot)`` lists
-    and the rows' records and used slots. Plain Python lists: numpy scalar indexing costs
-    several times more per step.
+    longest first, and ``most`` bounds the rows (the records); returns the runs as
+    ``(row, records, first segment, first slot)`` lists and the rows' records and used
+    slots. Plain Python lists: numpy scalar indexing costs several times more per step.
     """
     size = 1 << max(1, most.bit_length())
     tree = [-1] * (2 * size)  # room per row; -1: no row, or a full one
@@ -265,8 +265,9 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     """Places the records of one buffer in rows, from their lengths alone.
 
     Records are taken longest first (ties in input order), each class of
-    ``packing.pack_lengths`` into rows of its own length (rows of shorter classes first);
-    each row's segments are in placement order and laid end to end from slot 0.
+    ``packing.pack_lengths`` into rows of its own length, after filling the room left in
+    the rows of longer classes; each row's segments are in placement order and laid end to
+    end from slot 0.
 
     Example:
         >>> a = assign_rows([5, 3, 2, 9], Packing(row_lengths=8))
@@ -279,6 +280,9 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
 
     Returns:
         The assignment; records longer than ``packing.max_row_length`` are in ``refused``.
+
+    Raises:
+        SpecError: If a length is negative.
     """
     lengths = np.asarray(lengths, np.int64).reshape(-1)
     if len(lengths) and lengths.min() < 0:
