@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
+import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -162,87 +162,112 @@ class Assignment:
     refused: np.ndarray
 
 
-def _first_fit(order, lengths, capacity, max_segments, room=None, counts=None):
-    """Rows by first fit: a max-tree over the rows' room finds the first row with room.
+def _first_fit(groups, max_segments, most):
+    """Runs by first fit: a max-tree over the rows' room finds the first row with room.
 
-    New rows hold ``capacity``; ``room`` and ``counts`` (changed in place) are rows opened
-    before, tried first. A tight loop over plain Python lists (numpy scalar indexing costs
-    several times more per step); an update stops climbing where a node's maximum is
-    unchanged.
+    Records of one length go to the first row with room, which keeps taking them until it
+    has no room (or segments) left, then to the next such row, and the rest open rows of
+    their own: so a group's records are placed as one run per row, the tree searched once
+    per run, not per record. ``groups`` holds ``(length, count, row length)`` per length,
+    longest first, and ``most`` bounds the rows (the records); returns the runs as
+    ``(row, records, first segment, first slot)`` lists and the rows' records and used
+    slots. Plain Python lists: numpy scalar indexing costs several times more per step.
     """
-    room = [] if room is None else room
-    counts = [] if counts is None else counts
-    size = 1 << max(1, math.ceil(math.log2(max(len(order) + len(room), 1) + 1)))
+    size = 1 << max(1, most.bit_length())
     tree = [-1] * (2 * size)  # room per row; -1: no row, or a full one
-    if room:  # rows opened before: their room, then the maxima above them
-        for r, left in enumerate(room):
-            tree[size + r] = left if counts[r] < max_segments else -1
-        for node in range(size - 1, 0, -1):
-            tree[node] = max(tree[2 * node], tree[2 * node + 1])
-    need_of = lengths.tolist()
-    rows, segments = {}, {}
-    for i in order:
-        need = need_of[i]
-        if tree[1] >= need:
-            node = 1
-            while node < size:
-                node <<= 1
-                if tree[node] < need:
-                    node += 1
-            r = node - size
-        else:
-            r = len(room)
-            room.append(capacity)
-            counts.append(0)
-        rows[i], segments[i] = r, counts[r]
-        room[r] -= need
-        counts[r] += 1
-        node = r + size
-        tree[node] = room[r] if counts[r] < max_segments else -1
-        node >>= 1
-        while node:
-            left, right = tree[2 * node], tree[2 * node + 1]
-            top = left if left > right else right
-            if tree[node] == top:
-                break  # the ancestors' maxima are unchanged too
-            tree[node] = top
+    room, counts, used = [], [], []
+    run_row, run_take, run_segment, run_slot = [], [], [], []
+    for need, left, capacity in groups:
+        while left:
+            if tree[1] >= need:
+                node = 1
+                while node < size:
+                    node <<= 1
+                    if tree[node] < need:
+                        node += 1
+                r = node - size
+            else:  # a new row
+                r = len(room)
+                room.append(capacity)
+                counts.append(0)
+                used.append(0)
+            slots = max_segments - counts[r]
+            take = min(left, slots if need == 0 else min(room[r] // need, slots))
+            run_row.append(r)
+            run_take.append(take)
+            run_segment.append(counts[r])
+            run_slot.append(used[r])
+            left -= take
+            room[r] -= take * need
+            used[r] += take * need
+            counts[r] += take
+            node = r + size
+            tree[node] = room[r] if counts[r] < max_segments else -1
             node >>= 1
-    return rows, segments, counts
+            while node:
+                a, b = tree[2 * node], tree[2 * node + 1]
+                top = a if a > b else b
+                if tree[node] == top:
+                    break  # the ancestors' maxima are unchanged too
+                tree[node] = top
+                node >>= 1
+    return (run_row, run_take, run_segment, run_slot), counts, used
 
 
-def _best_fit(order, lengths, capacity, max_segments, room=None, counts=None):
-    """Rows by best fit: the open row with the least room that still holds the record.
+def _best_fit(groups, max_segments, most):
+    """Runs by best fit: the open row with the least room that still holds the record.
 
-    New rows hold ``capacity``; ``room`` and ``counts`` (changed in place) are rows opened
-    before.
+    That row stays the least roomy that holds one until it is spent, so, as in
+    ``_first_fit``, a group's records are placed as one run per row. The open rows are kept
+    by room (a heap of row indices per room value, the first row among equals first), and
+    the room values held in a short sorted list: rooms are at most the longest row, so a
+    search and an update cost the same however many rows are open.
     """
-    room = [] if room is None else room
-    counts = [] if counts is None else counts
-    open_rows = sorted((left, r) for r, left in enumerate(room) if counts[r] < max_segments)
-    rows, segments = {}, {}
-    for i in order:
-        need = int(lengths[i])
-        k = bisect.bisect_left(open_rows, (need, -1))
-        if k < len(open_rows):
-            r = open_rows.pop(k)[1]
-        else:
-            r = len(room)
-            room.append(capacity)
-            counts.append(0)
-        rows[i], segments[i] = r, counts[r]
-        room[r] -= need
-        counts[r] += 1
-        if counts[r] < max_segments:
-            bisect.insort(open_rows, (room[r], r))
-    return rows, segments, counts
+    del most
+    room, counts, used = [], [], []
+    by_room: dict[int, list[int]] = {}  # room -> heap of the open rows with that room
+    rooms: list[int] = []  # the keys of by_room, sorted
+    run_row, run_take, run_segment, run_slot = [], [], [], []
+    for need, left, capacity in groups:
+        while left:
+            k = bisect.bisect_left(rooms, need)
+            if k < len(rooms):
+                heap = by_room[rooms[k]]
+                r = heapq.heappop(heap)
+                if not heap:
+                    del by_room[rooms.pop(k)]
+            else:
+                r = len(room)
+                room.append(capacity)
+                counts.append(0)
+                used.append(0)
+            slots = max_segments - counts[r]
+            take = min(left, slots if need == 0 else min(room[r] // need, slots))
+            run_row.append(r)
+            run_take.append(take)
+            run_segment.append(counts[r])
+            run_slot.append(used[r])
+            left -= take
+            room[r] -= take * need
+            used[r] += take * need
+            counts[r] += take
+            if counts[r] < max_segments:
+                heap = by_room.get(room[r])
+                if heap is None:
+                    by_room[room[r]] = [r]
+                    bisect.insort(rooms, room[r])
+                else:
+                    heapq.heappush(heap, r)
+    return (run_row, run_take, run_segment, run_slot), counts, used
 
 
 def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assignment:
     """Places the records of one buffer in rows, from their lengths alone.
 
     Records are taken longest first (ties in input order), each class of
-    ``packing.pack_lengths`` into rows of its own length (rows of shorter classes first);
-    each row's segments are in placement order and laid end to end from slot 0.
+    ``packing.pack_lengths`` into rows of its own length, after filling the room left in
+    the rows of longer classes; each row's segments are in placement order and laid end to
+    end from slot 0.
 
     Example:
         >>> a = assign_rows([5, 3, 2, 9], Packing(row_lengths=8))
@@ -255,47 +280,50 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
 
     Returns:
         The assignment; records longer than ``packing.max_row_length`` are in ``refused``.
+
+    Raises:
+        SpecError: If a length is negative.
     """
     lengths = np.asarray(lengths, np.int64).reshape(-1)
+    if len(lengths) and lengths.min() < 0:
+        raise SpecError(
+            f"record lengths must be >= 0, got {int(lengths.min())} (record "
+            f"{int(lengths.argmin())}); pass each record's length along the packed axis."
+        )
     n = len(lengths)
-    capacity = packing.max_row_length
-    fits = lengths <= capacity
-    # Longest first; a stable sort keeps equal lengths in input order.
+    fits = lengths <= packing.max_row_length
+    # Longest first; a stable sort keeps equal lengths in input order. Records of one
+    # length are placed together, one run per row they land in (see ``_first_fit``).
     order = np.argsort(-lengths, kind="stable")
-    order = order[fits[order]].tolist()
+    order = order[fits[order]]
+    by_length = lengths[order]
+    starts = np.flatnonzero(np.r_[True, by_length[1:] != by_length[:-1]]) if len(order) else []
+    bounds = np.r_[starts, len(order)].astype(np.int64)
+    # Each record to its class (the shortest class length that holds it). Longest first is
+    # also longest class first: a record fills the room left in the rows of longer classes
+    # (slots run anyway) before it opens a row of its own class's length.
+    classes = np.asarray(packing.pack_lengths, np.int64)
+    needs = by_length[bounds[:-1]]
+    capacities = classes[np.searchsorted(classes, needs, side="left")]
+    groups = zip(needs.tolist(), np.diff(bounds).tolist(), capacities.tolist(), strict=True)
     place = _first_fit if packing.algorithm == "first_fit_decreasing" else _best_fit
-    classes = packing.pack_lengths
-    if len(classes) == 1:
-        rows, segments, counts = place(order, lengths, capacity, packing.max_segments)
-    else:
-        # Each record to its class (the shortest class length that holds it), longest
-        # class first: a record fills the room left in the rows of longer classes (slots
-        # run anyway) before it opens a row of its own class's length.
-        of = np.searchsorted(np.asarray(classes, np.int64), lengths, side="left").tolist()
-        rows, segments, room, counts = {}, {}, [], []
-        for c in range(len(classes) - 1, -1, -1):
-            members = [i for i in order if of[i] == c]
-            if members:
-                r, g, _ = place(members, lengths, classes[c], packing.max_segments, room, counts)
-                rows.update(r)
-                segments.update(g)
-    row_of, segment_of, offset_of = [-1] * n, [-1] * n, [-1] * n
+    runs, counts, used = place(groups, packing.max_segments, len(order))
+    run_row, run_take, run_segment, run_slot = (np.asarray(x, np.int64) for x in runs)
+    # The runs cover the records in placement order (``order``): the k-th record of a run
+    # is its row's segment ``first + k``, at slot ``first slot + k * length``.
+    within = np.arange(len(order)) - np.repeat(np.cumsum(run_take) - run_take, run_take)
+    row = np.full(n, -1, np.int64)
+    segment = np.full(n, -1, np.int64)
+    offset = np.full(n, -1, np.int64)
+    row[order] = np.repeat(run_row, run_take)
+    segment[order] = np.repeat(run_segment, run_take) + within
+    offset[order] = np.repeat(run_slot, run_take) + within * by_length
     num_rows = len(counts)
-    used_by = [0] * num_rows
-    need_of = lengths.tolist()
-    for i in order:  # in placement order, so offsets follow segment order
-        r = rows[i]
-        row_of[i], segment_of[i], offset_of[i] = r, segments[i], used_by[r]
-        used_by[r] += need_of[i]
-    row = np.asarray(row_of, np.int64)
-    segment = np.asarray(segment_of, np.int64)
-    offset = np.asarray(offset_of, np.int64)
-    used = np.asarray(used_by, np.int64)
+    used = np.asarray(used, np.int64)
+    counts = np.asarray(counts, np.int64)
     allowed = np.asarray(packing.row_lengths, np.int64)
     cut = allowed[np.searchsorted(allowed, used, side="left")] if num_rows else used
-    return Assignment(
-        row, segment, offset, cut, used, np.asarray(counts, np.int64), np.flatnonzero(~fits)
-    )
+    return Assignment(row, segment, offset, cut, used, counts, np.flatnonzero(~fits))
 
 
 def batch_rows(assignment: Assignment, packing: Packing) -> list[tuple[int, int, np.ndarray]]:
