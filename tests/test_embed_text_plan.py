@@ -140,3 +140,14 @@ def test_a_packed_run_compiles_its_planned_shapes_and_reports_the_choice(tmp_pat
     assert record["batching"]["batching"] == "packed"
     metrics = json.loads((out / "_metrics.json").read_text())
     assert metrics["summary"]["batching"] == "packed"
+
+
+def test_sample_token_counts_are_the_jobs():
+    texts = [*_texts(200), "", "   padded   ", "word " * 2000]  # empty, trimmed, truncated
+    tokenizer = SentenceEncoder.from_dir().tokenizer()
+    ids, failures = tokenizer.encode_arrow(pa.array(texts))
+    assert not failures
+    counts = embed_text_plan.token_lengths(texts)
+    assert counts.dtype == np.int64
+    assert counts.tolist() == ids.value_lengths().to_pylist()
+    assert counts[-3:].tolist() == [2, 3, 256]

@@ -18,7 +18,6 @@ import math
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -29,6 +28,7 @@ from beam_jax import text
 from beam_jax.jobs import is_local
 from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import Inputs
+from pipelines.embed.tokenize import shared_tokenizer
 
 __all__ = ["LaunchPlan", "in_process", "local_devices", "plan_for", "sample_texts", "token_lengths"]
 
@@ -160,10 +160,11 @@ def _json_lines_sample(file, want: int, column: str, count: bool) -> tuple[list[
 
 
 def token_lengths(texts: list[str], model: Any = None) -> np.ndarray:
-    """Token counts (with ``[CLS]``/``[SEP]``, after truncation) as the job counts them."""
-    tokenizer = (model or text.SentenceEncoder.from_dir()).tokenizer()
-    ids, _ = tokenizer.encode_arrow(pa.array(texts, pa.string()))
-    return ids.value_lengths().drop_null().to_numpy().astype(np.int64)
+    """Token counts (with ``[CLS]``/``[SEP]``, after truncation) as the job counts them.
+
+    Counted without building the ids (``Tokenizer.count_tokens``), with the tokenizer the
+    job's tokenize step shares when it runs in this process."""
+    return shared_tokenizer(model or text.SentenceEncoder.from_dir()).count_tokens(texts)
 
 
 def local_devices(options: Any) -> int:
