@@ -162,21 +162,77 @@ class Assignment:
     refused: np.ndarray
 
 
-def _first_fit(groups, max_segments, most):
+class _Rows:
+    """The rows of one buffer and the runs placed in them, for ``_first_fit`` and
+    ``_best_fit``: per row its room, records and used slots; per run ``(row, records, first
+    segment, first slot)``. Plain Python lists: numpy scalar indexing costs several times
+    more per step.
+    """
+
+    __slots__ = (
+        "counts",
+        "max_segments",
+        "room",
+        "run_row",
+        "run_segment",
+        "run_slot",
+        "run_take",
+        "used",
+    )
+
+    def __init__(self, max_segments: int):
+        self.max_segments = max_segments
+        self.room: list[int] = []
+        self.counts: list[int] = []
+        self.used: list[int] = []
+        self.run_row: list[int] = []
+        self.run_take: list[int] = []
+        self.run_segment: list[int] = []
+        self.run_slot: list[int] = []
+
+    @property
+    def runs(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        return self.run_row, self.run_take, self.run_segment, self.run_slot
+
+    def open(self, capacity: int) -> int:
+        """A new empty row of ``capacity`` slots; returns its index."""
+        self.room.append(capacity)
+        self.counts.append(0)
+        self.used.append(0)
+        return len(self.room) - 1
+
+    def place(self, r: int, need: int, left: int) -> int:
+        """Puts as many of ``left`` records of length ``need`` in row ``r`` as its room and
+        segments allow, as one run; returns how many."""
+        counts, used, room = self.counts, self.used, self.room
+        count = counts[r]
+        slots = self.max_segments - count
+        take = min(left, slots if need == 0 else min(room[r] // need, slots))
+        self.run_row.append(r)
+        self.run_take.append(take)
+        self.run_segment.append(count)
+        self.run_slot.append(used[r])
+        room[r] -= take * need
+        used[r] += take * need
+        counts[r] = count + take
+        return take
+
+    def has_segments(self, r: int) -> bool:
+        return self.counts[r] < self.max_segments
+
+
+def _first_fit(groups, max_segments, most) -> _Rows:
     """Runs by first fit: a max-tree over the rows' room finds the first row with room.
 
     Records of one length go to the first row with room, which keeps taking them until it
-    has no room (or segments) left, then to the next such row, and the rest open rows of
-    their own: so a group's records are placed as one run per row, the tree searched once
-    per run, not per record. ``groups`` holds ``(length, count, row length)`` per length,
-    longest first, and ``most`` bounds the rows (the records); returns the runs as
-    ``(row, records, first segment, first slot)`` lists and the rows' records and used
-    slots. Plain Python lists: numpy scalar indexing costs several times more per step.
+    is full or out of segments; then the next such row; the rest open rows of their own:
+    so a group's records are placed as one run per row, the tree searched once per run, not
+    per record. ``groups`` holds ``(length, count, row length)`` per length, longest first,
+    and ``most`` bounds the rows (the records).
     """
     size = 1 << max(1, most.bit_length())
     tree = [-1] * (2 * size)  # room per row; -1: no row, or a full one
-    room, counts, used = [], [], []
-    run_row, run_take, run_segment, run_slot = [], [], [], []
+    rows = _Rows(max_segments)
     for need, left, capacity in groups:
         while left:
             if tree[1] >= need:
@@ -186,23 +242,11 @@ def _first_fit(groups, max_segments, most):
                     if tree[node] < need:
                         node += 1
                 r = node - size
-            else:  # a new row
-                r = len(room)
-                room.append(capacity)
-                counts.append(0)
-                used.append(0)
-            slots = max_segments - counts[r]
-            take = min(left, slots if need == 0 else min(room[r] // need, slots))
-            run_row.append(r)
-            run_take.append(take)
-            run_segment.append(counts[r])
-            run_slot.append(used[r])
-            left -= take
-            room[r] -= take * need
-            used[r] += take * need
-            counts[r] += take
+            else:
+                r = rows.open(capacity)
+            left -= rows.place(r, need, left)
             node = r + size
-            tree[node] = room[r] if counts[r] < max_segments else -1
+            tree[node] = rows.room[r] if rows.has_segments(r) else -1
             node >>= 1
             while node:
                 a, b = tree[2 * node], tree[2 * node + 1]
@@ -211,10 +255,10 @@ def _first_fit(groups, max_segments, most):
                     break  # the ancestors' maxima are unchanged too
                 tree[node] = top
                 node >>= 1
-    return (run_row, run_take, run_segment, run_slot), counts, used
+    return rows
 
 
-def _best_fit(groups, max_segments, most):
+def _best_fit(groups, max_segments, most) -> _Rows:
     """Runs by best fit: the open row with the least room that still holds the record.
 
     That row stays the least roomy that holds one until it is spent, so, as in
@@ -224,10 +268,9 @@ def _best_fit(groups, max_segments, most):
     search and an update cost the same however many rows are open.
     """
     del most
-    room, counts, used = [], [], []
+    rows = _Rows(max_segments)
     by_room: dict[int, list[int]] = {}  # room -> heap of the open rows with that room
     rooms: list[int] = []  # the keys of by_room, sorted
-    run_row, run_take, run_segment, run_slot = [], [], [], []
     for need, left, capacity in groups:
         while left:
             k = bisect.bisect_left(rooms, need)
@@ -237,28 +280,17 @@ def _best_fit(groups, max_segments, most):
                 if not heap:
                     del by_room[rooms.pop(k)]
             else:
-                r = len(room)
-                room.append(capacity)
-                counts.append(0)
-                used.append(0)
-            slots = max_segments - counts[r]
-            take = min(left, slots if need == 0 else min(room[r] // need, slots))
-            run_row.append(r)
-            run_take.append(take)
-            run_segment.append(counts[r])
-            run_slot.append(used[r])
-            left -= take
-            room[r] -= take * need
-            used[r] += take * need
-            counts[r] += take
-            if counts[r] < max_segments:
-                heap = by_room.get(room[r])
+                r = rows.open(capacity)
+            left -= rows.place(r, need, left)
+            if rows.has_segments(r):
+                room = rows.room[r]
+                heap = by_room.get(room)
                 if heap is None:
-                    by_room[room[r]] = [r]
-                    bisect.insort(rooms, room[r])
+                    by_room[room] = [r]
+                    bisect.insort(rooms, room)
                 else:
                     heapq.heappush(heap, r)
-    return (run_row, run_take, run_segment, run_slot), counts, used
+    return rows
 
 
 def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assignment:
@@ -307,8 +339,8 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     capacities = classes[np.searchsorted(classes, needs, side="left")]
     groups = zip(needs.tolist(), np.diff(bounds).tolist(), capacities.tolist(), strict=True)
     place = _first_fit if packing.algorithm == "first_fit_decreasing" else _best_fit
-    runs, counts, used = place(groups, packing.max_segments, len(order))
-    run_row, run_take, run_segment, run_slot = (np.asarray(x, np.int64) for x in runs)
+    rows = place(groups, packing.max_segments, len(order))
+    run_row, run_take, run_segment, run_slot = (np.asarray(x, np.int64) for x in rows.runs)
     # The runs cover the records in placement order (``order``): the k-th record of a run
     # is its row's segment ``first + k``, at slot ``first slot + k * length``.
     within = np.arange(len(order)) - np.repeat(np.cumsum(run_take) - run_take, run_take)
@@ -318,9 +350,9 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     row[order] = np.repeat(run_row, run_take)
     segment[order] = np.repeat(run_segment, run_take) + within
     offset[order] = np.repeat(run_slot, run_take) + within * by_length
-    num_rows = len(counts)
-    used = np.asarray(used, np.int64)
-    counts = np.asarray(counts, np.int64)
+    num_rows = len(rows.counts)
+    used = np.asarray(rows.used, np.int64)
+    counts = np.asarray(rows.counts, np.int64)
     allowed = np.asarray(packing.row_lengths, np.int64)
     cut = allowed[np.searchsorted(allowed, used, side="left")] if num_rows else used
     return Assignment(row, segment, offset, cut, used, counts, np.flatnonzero(~fits))
