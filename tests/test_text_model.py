@@ -213,6 +213,15 @@ def test_the_tokenizer_overrides_the_files_padding_and_truncation(model):
     assert len(long) == 32 and long[0] == cls and long[-1] == sep
 
 
+def test_the_tokenizer_is_loaded_once_per_process_and_model(model):
+    encoder = model["encoder"]
+    assert encoder.tokenizer() is encoder.tokenizer()
+    assert pickle.loads(pickle.dumps(encoder)).tokenizer() is encoder.tokenizer()  # an equal copy
+    other = text.SentenceEncoder.from_dir()  # another model: its own tokenizer
+    assert other.tokenizer() is not encoder.tokenizer()
+    assert other.tokenizer().encode("Hello, world!").tolist() == [101, 7592, 1010, 2088, 999, 102]
+
+
 # --- the forward pass equals the reference ------------------------------------------
 
 

@@ -28,7 +28,6 @@ from beam_jax import text
 from beam_jax.jobs import is_local
 from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import Inputs
-from pipelines.embed.tokenize import shared_tokenizer
 
 __all__ = ["LaunchPlan", "in_process", "local_devices", "plan_for", "sample_texts", "token_lengths"]
 
@@ -164,7 +163,7 @@ def token_lengths(texts: list[str], model: Any = None) -> np.ndarray:
 
     Counted without building the ids (``Tokenizer.count_tokens``), with the tokenizer the
     job's tokenize step shares when it runs in this process."""
-    return shared_tokenizer(model or text.SentenceEncoder.from_dir()).count_tokens(texts)
+    return (model or text.SentenceEncoder.from_dir()).tokenizer().count_tokens(texts)
 
 
 def local_devices(options: Any) -> int:

@@ -10,7 +10,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,29 +28,12 @@ __all__ = [
     "PARTS",
     "TOKENIZE",
     "TokenizeParts",
-    "shared_tokenizer",
 ]
 
 INPUT_IDS = "input_ids"
 PARTS = "parts"
 TOKENIZE = "tokenize"
 METRICS_NAMESPACE = "embed_text"
-
-_TOKENIZERS: dict[Any, Any] = {}
-_TOKENIZERS_LOCK = threading.Lock()
-
-
-def shared_tokenizer(encoder) -> Any:
-    """``encoder.tokenizer()``, loaded once per process and model: a runner makes a copy of
-    the step per thread and stage, and each load reads and checks the model's files.
-
-    The tokenizer is only read after it is built, so the copies may share it.
-    """
-    with _TOKENIZERS_LOCK:
-        tokenizer = _TOKENIZERS.get(encoder)
-        if tokenizer is None:
-            tokenizer = _TOKENIZERS[encoder] = encoder.tokenizer()
-        return tokenizer
 
 
 def _valid_strings(column: pa.Array) -> bool:
@@ -87,7 +69,7 @@ class TokenizeParts(beam.DoFn):
         self._text = text_column
 
     def setup(self):
-        self._tokenizer = shared_tokenizer(self._encoder)
+        self._tokenizer = self._encoder.tokenizer()
         counter = functools.partial(beam.metrics.Metrics.counter, METRICS_NAMESPACE)
         self._rows = counter("rows")
         self._rejected = {s: counter(f"dead_letters_{s}") for s in (bj.Stage.VALIDATION, TOKENIZE)}

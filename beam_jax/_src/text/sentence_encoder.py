@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,10 @@ from beam_jax._src.text.params import Params, read_weights
 from beam_jax._src.text.tokenizer import Tokenizer
 
 __all__ = ["SentenceEncoder"]
+
+
+_TOKENIZERS: dict[SentenceEncoder, Tokenizer] = {}  # per process: see tokenizer()
+_TOKENIZERS_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,13 +171,21 @@ class SentenceEncoder:
         return read_weights(files.transformer / "model.safetensors", self.config)
 
     def tokenizer(self) -> Tokenizer:
-        """The model's tokenizer, truncating to ``max_length`` as sentence-transformers does."""
-        files = self._files()
-        return Tokenizer(
-            files.transformer / "tokenizer.json",
-            max_length=self.max_length,
-            lowercase=self.lowercase,
-        )
+        """The model's tokenizer, truncating to ``max_length`` as sentence-transformers does.
+
+        Loaded (its files read and checked) once per process and model: the copies of a
+        step a runner makes per thread share it, as a tokenizer is only read once built.
+        """
+        with _TOKENIZERS_LOCK:
+            tokenizer = _TOKENIZERS.get(self)
+            if tokenizer is None:
+                files = self._files()
+                tokenizer = _TOKENIZERS[self] = Tokenizer(
+                    files.transformer / "tokenizer.json",
+                    max_length=self.max_length,
+                    lowercase=self.lowercase,
+                )
+            return tokenizer
 
     def element_fn(
         self, params: Params, element: Mapping[str, jax.Array], lengths: Mapping[str, jax.Array]
