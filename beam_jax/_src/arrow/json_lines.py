@@ -55,6 +55,7 @@ __all__ = [
     "is_json_lines",
     "open_stream",
     "read_json_lines",
+    "uncompressed_name",
 ]
 
 JSON_LINES_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -113,10 +114,16 @@ def is_json_lines(path: str) -> bool:
         >>> is_json_lines("gs://b/part-0.jsonl.gz"), is_json_lines("x.parquet")
         (True, False)
     """
+    return uncompressed_name(path).endswith(JSON_LINES_SUFFIXES)
+
+
+def uncompressed_name(path: str) -> str:
+    """``path`` lower-cased, without the compression suffixes :func:`open_stream` reads
+    (``"in/a.jsonl.gz"`` -> ``"in/a.jsonl"``): the name that tells its format."""
     name = path.lower()
     for suffix in COMPRESSED_SUFFIXES:
         name = name.removesuffix(suffix)
-    return name.endswith(JSON_LINES_SUFFIXES)
+    return name
 
 
 def open_stream(path: str, stack: contextlib.ExitStack) -> BinaryIO:

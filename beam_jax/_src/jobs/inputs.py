@@ -27,10 +27,10 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_jax._src.arrow.json_lines import (
     BOM,
-    COMPRESSED_SUFFIXES,
     JSON_LINES_SUFFIXES,
     SAMPLE_LINES,
     open_stream,
+    uncompressed_name,
 )
 
 __all__ = ["InputFile", "id_type_of", "input_format", "match_inputs"]
@@ -44,9 +44,7 @@ def input_format(pattern: str) -> str:
     Raises:
         ValueError: If the extension is neither.
     """
-    name = pattern.lower()
-    for suffix in COMPRESSED_SUFFIXES:
-        name = name.removesuffix(suffix)
+    name = uncompressed_name(pattern)
     if name.endswith(PARQUET_SUFFIXES):
         return "parquet"
     if name.endswith(JSON_LINES_SUFFIXES):
