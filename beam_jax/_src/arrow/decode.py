@@ -71,6 +71,14 @@ class DecodedBatch:
             self._id_values = ids.to_numpy(zero_copy_only=False) if numeric else None
         return self._id_values
 
+    def ids_of(self, rows: np.ndarray) -> np.ndarray | pa.Array | None:
+        """The ids of ``rows``: a numpy gather where :meth:`id_values` allows, else an
+        Arrow take; ``None`` without an id column."""
+        if self.ids is None:
+            return None
+        numeric = self.id_values()
+        return self.ids.take(pa.array(rows)) if numeric is None else numeric[rows]
+
 
 class _Checks:
     """Per-row failures in priority order; the first failing check names the row's error."""

@@ -131,8 +131,7 @@ class BucketFill:
         self._files[at : at + k] = path
         self._file_rows[at : at + k] = -1 if first is None else first + np.asarray(rows)
         if decoded.ids is not None:
-            numeric = decoded.id_values()
-            self.ids.append(decoded.ids.take(pa.array(rows)) if numeric is None else numeric[rows])
+            self.ids.append(decoded.ids_of(rows))
             self._id_type = decoded.ids.type
         self.size += k
 
@@ -246,13 +245,6 @@ class ColumnRecords:
     ) -> ColumnRecords:
         """Rows ``rows`` of a decoded record batch; per leaf, whether its first axis is the
         packed one, and its shape past that axis (its whole shape without it)."""
-        numeric = decoded.id_values()
-        if decoded.ids is None:
-            keys = None
-        elif numeric is not None:
-            keys = numeric[rows]
-        else:
-            keys = decoded.ids.take(pa.array(rows))
         return cls(
             [leaf.values for leaf in decoded.leaves],
             [leaf.start[rows] for leaf in decoded.leaves],
@@ -261,7 +253,7 @@ class ColumnRecords:
                 for r, shape in zip(ragged, shapes, strict=True)
             ],
             decoded.lengths[rows, 0].astype(np.int64),
-            keys,
+            decoded.ids_of(rows),
             np.asarray(rows, np.int64),
             np.zeros(len(rows), np.int64),
             [describe],
