@@ -156,6 +156,7 @@ class _ReadRowGroup(beam.DoFn):
         self._columns = columns
         self._max_rows = max_rows
         self._handle_errors = handle_errors
+        self._footers: dict[Any, _Footer] = {}  # by (path, size, modification time)
 
     def setup(self):
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="beam_jax-read")
@@ -213,7 +214,7 @@ class _ReadRowGroup(beam.DoFn):
     def _footer(self, f, key) -> _Footer:
         """The file's footer, parsed once per worker for a local file (``key`` its path,
         size and modification time; ``None``: not cached)."""
-        footers = self.__dict__.setdefault("_footers", {})
+        footers = self._footers
         footer = footers.get(key) if key is not None else None
         if footer is None:
             metadata = pq.ParquetFile(f).metadata
