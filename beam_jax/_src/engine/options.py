@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
+import numpy as np
+
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.fit import FitToMemory
 from beam_jax._src.bucketing.packing import Packing
@@ -52,6 +54,11 @@ class KernelOptions:
             or what ``plan_packing`` returned); the kernel is then
             ``fn(params, packed_row, segments)`` and returns one output per segment
             (docs/guide.md, "Sequence packing"). Not with ``bucketing``.
+        chunk_units: the most padded units (batch rows x padded bucket volume, e.g.
+            tokens; with packing, rows x row length) the kernel runs at once. A larger batch
+            runs as equal chunks of that size one after another inside the same call: the
+            host pays one dispatch for the whole batch while each chunk's activations stay
+            cache-sized on a CPU. Default off (each batch runs whole).
     """
 
     bucketing: Bucketing = dataclasses.field(default_factory=Bucketing)
@@ -65,6 +72,7 @@ class KernelOptions:
     metrics_namespace: str = NAMESPACE
     fit_to_memory: FitToMemory | None = None
     packing: Packing | PackingPlan | None = None
+    chunk_units: int | None = None
 
     def __post_init__(self):
         if self.bucketing is None:
@@ -91,6 +99,15 @@ class KernelOptions:
             )
         if self.packing is not None:
             self._check_packing()
+        if self.chunk_units is not None and (
+            not isinstance(self.chunk_units, int | np.integer)
+            or isinstance(self.chunk_units, bool)
+            or self.chunk_units < 1
+        ):
+            raise SpecError(
+                f"chunk_units must be a positive int or None, got {self.chunk_units!r}; e.g. "
+                "chunk_units=1024 runs a batch of 4,096 padded tokens as 4 chunks of 1,024."
+            )
         if self.devices is not None and not isinstance(self.devices, str):
             # Device objects cannot be pickled into a DoFn; workers re-resolve the indices.
             object.__setattr__(self, "devices", device_indices(self.devices))
@@ -125,6 +142,7 @@ class KernelOptionsKwargs(TypedDict, total=False):
     metrics_namespace: str
     fit_to_memory: FitToMemory | None
     packing: Packing | PackingPlan | None
+    chunk_units: int | None
 
 
 def resolve_options(options: KernelOptions | None, kwargs: dict[str, Any]) -> KernelOptions:
@@ -141,6 +159,19 @@ def resolve_options(options: KernelOptions | None, kwargs: dict[str, Any]) -> Ke
     if not isinstance(options, KernelOptions):
         raise SpecError(f"options must be a KernelOptions, got {options!r}.")
     return dataclasses.replace(options, **kwargs) if kwargs else options
+
+
+def chunk_rows_for(plan: Plan | PackedPlan, chunk_units: int | None):
+    """``Kernel``'s ``chunk_rows`` for ``plan``: per batch shape (its rows' leaf shapes),
+    the rows of ``chunk_units`` padded units of its bucket (at least one); ``None`` without
+    ``chunk_units``, and for a shape the plan does not list."""
+    if chunk_units is None:
+        return None
+    rows = {}
+    for bucket, _ in plan.shapes():
+        shapes = tuple(tuple(shape[1:]) for shape, _ in plan.leaf_shapes(bucket, 1))
+        rows[shapes] = max(1, chunk_units // int(np.prod(bucket, dtype=np.int64)))
+    return lambda row_shapes: rows.get(tuple(tuple(s) for s in row_shapes))
 
 
 def make_plan(spec: Any, options: KernelOptions, num_devices: int = 1) -> Plan | PackedPlan:

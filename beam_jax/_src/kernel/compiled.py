@@ -96,6 +96,11 @@ class Kernel:
         batched: ``fn`` already takes a batch: a leading axis on every leaf, and
             ``lengths`` is a ``BatchLengths`` (per-axis lengths plus ``valid`` rows).
         devices: see ``select_devices``.
+        chunk_rows: ``chunk_rows(row_shapes)``: for a batch whose rows have these leaf
+            shapes (each leaf's shape past the batch axis), the most rows ``fn`` runs at
+            once, or ``None`` for all. A batch of more rows (a whole multiple of them, per
+            device) runs as a sequence of chunks inside one call (``jax.lax.map``): one
+            dispatch, and each chunk's activations stay cache-sized on a CPU.
     """
 
     def __init__(
@@ -104,6 +109,7 @@ class Kernel:
         *,
         batched: bool = False,
         devices: Sequence[jax.Device] | str | None = None,
+        chunk_rows: Callable[[Sequence[tuple[int, ...]]], int | None] | None = None,
     ):
         self.fn = fn
         self.batched = batched
@@ -112,6 +118,8 @@ class Kernel:
         self._shard = NamedSharding(self.mesh, PartitionSpec("batch"))
         self._replicate = NamedSharding(self.mesh, PartitionSpec())
         batched_fn = fn if batched else per_element(fn)
+        if chunk_rows is not None:
+            batched_fn = in_chunks(batched_fn, chunk_rows)
         if not batched:
             if len(self.devices) > 1:
                 # Elements are independent, so each device runs its own shard of the batch
@@ -322,6 +330,40 @@ def per_element(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` vmapped over a batch; per-element functions see plain per-axis lengths."""
     vmapped = jax.vmap(fn, in_axes=(None, 0, 0))
     return lambda params, element, lengths: vmapped(params, element, dict(lengths))
+
+
+def in_chunks(
+    fn: Callable[..., Any], chunk_rows: Callable[[Sequence[tuple[int, ...]]], int | None]
+) -> Callable[..., Any]:
+    """A batched ``fn`` that runs a batch of more than ``chunk_rows(row_shapes)`` rows as
+    equal chunks of that many, one after another inside the same call (``jax.lax.map``),
+    with the outputs stacked back in row order. A batch that is not a whole number of
+    chunks, or no larger than one, runs whole.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> double = in_chunks(lambda p, x, lengths: 2 * x, lambda shapes: 2)
+        >>> double(None, jnp.arange(6), {}).tolist()
+        [0, 2, 4, 6, 8, 10]
+    """
+
+    def run(params: Any, element: Any, lengths: Any) -> Any:
+        leaves = jax.tree_util.tree_leaves(element)
+        size = leaves[0].shape[0]
+        rows = chunk_rows([tuple(x.shape[1:]) for x in leaves])
+        if not rows or size <= rows or size % rows:
+            return fn(params, element, lengths)
+        count = size // rows
+
+        def split(x):
+            return x.reshape(count, rows, *x.shape[1:])
+
+        outputs = jax.lax.map(
+            lambda chunk: fn(params, *chunk), jax.tree_util.tree_map(split, (element, lengths))
+        )
+        return jax.tree_util.tree_map(lambda y: y.reshape(size, *y.shape[2:]), outputs)
+
+    return run
 
 
 def _unflatten(treedef, leaves):

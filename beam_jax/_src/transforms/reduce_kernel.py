@@ -164,6 +164,12 @@ class ReduceKernel(KernelTransform):
                 "ReduceKernel sums whole outputs, so output_spec (which cuts per-element "
                 f"outputs to their lengths) does not apply; got {self.options.output_spec!r}."
             )
+        if self.options.chunk_units is not None:
+            raise SpecError(
+                "ReduceKernel sums each batch whole, so chunk_units (which runs a batch's "
+                f"rows in chunks) does not apply; got chunk_units={self.options.chunk_units!r}. "
+                "Lower the batch size instead."
+            )
         self.keyed = keyed
 
     def expand(self, pcoll):
