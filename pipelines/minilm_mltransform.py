@@ -23,7 +23,7 @@ from apache_beam.ml.transforms.base import EmbeddingsManager, _TextEmbeddingHand
 
 import beam_jax as bj
 from beam_jax.text import SentenceEncoder
-from pipelines.embed.flags import DEFAULT_BATCH_SIZE, DEFAULT_BUCKETS, DEFAULT_MAX_TOKENS
+from pipelines.embed.flags import DEFAULT_BUCKETS, DEFAULT_TOKENS_PER_CHUNK
 
 
 class _Loaded:
@@ -41,7 +41,8 @@ class MiniLMTextHandler(bj.JaxModelHandler):
     Args:
         model_dir: a sentence-transformers BERT directory, as for the flagship's
             ``--model_dir``; default the packaged all-MiniLM-L6-v2.
-        bucketing: token-length buckets and batch sizes; default the flagship's.
+        bucketing: token-length buckets and batch sizes; default the flagship's buckets in
+            batches of at most 1,024 padded tokens (what its model runs at once).
     """
 
     def __init__(self, model_dir: str | None = None, bucketing: bj.Bucketing | None = None):
@@ -52,8 +53,8 @@ class MiniLMTextHandler(bj.JaxModelHandler):
             bucketing=bucketing
             or bj.Bucketing(
                 boundaries={"L": DEFAULT_BUCKETS},
-                batch_size=DEFAULT_BATCH_SIZE,
-                max_padded_size=DEFAULT_MAX_TOKENS,
+                batch_size=64,
+                max_padded_size=DEFAULT_TOKENS_PER_CHUNK,  # what the model runs at once
             ),
             load_params=self._encoder.load_params,
             max_batch_duration_secs=None,  # rows reach Beam's batching, not token ids
@@ -78,7 +79,8 @@ class MiniLMEmbeddings(EmbeddingsManager):
     Args:
         columns: the text columns to embed.
         model_dir: as for the flagship's ``--model_dir``.
-        bucketing: token-length buckets and batch sizes; default the flagship's.
+        bucketing: token-length buckets and batch sizes; default the flagship's buckets in
+            batches of at most 1,024 padded tokens (what its model runs at once).
         **kwargs: ``EmbeddingsManager``'s (``min_batch_size``, ``max_batch_size``, ...).
     """
 

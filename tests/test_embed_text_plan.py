@@ -14,6 +14,7 @@ from beam_jax.testing import assert_conserved
 from beam_jax.text import SentenceEncoder, builtin_corpus
 from pipelines.embed import job as embed_text
 from pipelines.embed import plan as embed_text_plan
+from pipelines.embed.flags import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS
 from pipelines.embed.parts import Inputs
 
 
@@ -66,7 +67,13 @@ def test_auto_plans_within_the_budget_and_fixed_buckets_stay():
     assert plan.planned and plan.sample == plan.total == 500
     assert bounds[-1] == 256 and plan.choice.shapes <= 6
     lengths = embed_text_plan.token_lengths(_texts(500))
-    again = bj.plan_bucketing(lengths, max_size=256, compile_budget=6, max_padded_size=2048)
+    again = bj.plan_bucketing(
+        lengths,
+        max_size=256,
+        compile_budget=6,
+        max_batch_size=DEFAULT_BATCH_SIZE,
+        max_padded_size=DEFAULT_MAX_TOKENS,
+    )
     assert plan.bucketing == again.bucketing  # the sample is tokenized as the job does
     fixed = embed_text_plan.plan_for(_args("--buckets", "16,32,64,128,256"), inputs)
     assert not fixed.planned and fixed.bucketing.boundaries["L"] == (16, 32, 64, 128, 256)
@@ -129,8 +136,11 @@ def test_auto_packs_when_the_predicted_flops_say_so_and_says_why():
 
 def test_a_packed_run_compiles_its_planned_shapes_and_reports_the_choice(tmp_path, capsys):
     out = tmp_path / "out"
+    # Batches of 2,048 tokens: 120 texts fill several, so the padding measured is the
+    # packer's, not one part-filled batch's.
     summary = embed_text.run(["--builtin_texts", "120", "--output", str(out), "--batching",
-                              "packed", "--compilation_cache_dir", "none"])  # fmt: skip
+                              "packed", "--compilation_cache_dir", "none",
+                              "--max_tokens_per_batch", "2048"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "packed rows of" in printed and "--batching packed" in printed
     assert_conserved(summary.totals())

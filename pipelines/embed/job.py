@@ -147,6 +147,7 @@ def embed_kernel(
         load_params=encoder.load_params or model.load_params,
         compilation_cache_dir=args.compilation_cache_dir,
         precompile=launch.planned,
+        chunk_units=args.tokens_per_chunk or None,
     ).with_exception_handling()
 
 
