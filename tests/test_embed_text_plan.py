@@ -161,3 +161,20 @@ def test_sample_token_counts_are_the_jobs():
     assert counts.dtype == np.int64
     assert counts.tolist() == ids.value_lengths().to_pylist()
     assert counts[-3:].tolist() == [2, 3, 256]
+
+
+def test_batches_run_in_chunks_on_cpu_workers_and_whole_on_accelerators():
+    from pipelines.embed.flags import DEFAULT_TOKENS_PER_CHUNK
+
+    assert _args().tokens_per_chunk == DEFAULT_TOKENS_PER_CHUNK == 1024
+    assert _args("--accelerator", "type:nvidia-l4;count:1").tokens_per_chunk == 0
+    chosen = _args("--accelerator", "type:nvidia-l4;count:1", "--tokens_per_chunk", "512")
+    assert chosen.tokens_per_chunk == 512
+    assert _args("--tokens_per_chunk", "0").tokens_per_chunk == 0
+    with pytest.raises(SystemExit):
+        _args("--tokens_per_chunk", "-1")
+    launch = embed_text_plan.plan_for(_args("--batching", "packed"), _builtin(200))
+    model = SentenceEncoder.from_dir()
+    for flags, units in (((), 1024), (("--tokens_per_chunk", "0"), None)):
+        step = embed_text.embed_kernel(_args(*flags), model, launch)
+        assert step.options.chunk_units == units

@@ -86,9 +86,10 @@ def _parser() -> argparse.ArgumentParser:
         help="the largest padded batch of texts per kernel call")  # fmt: skip
     add("--max_tokens_per_batch", type=positive_int, default=DEFAULT_MAX_TOKENS,
         help="cap on batch rows x bucket length")  # fmt: skip
-    add("--tokens_per_chunk", type=_non_negative_int, default=DEFAULT_TOKENS_PER_CHUNK,
+    add("--tokens_per_chunk", type=_non_negative_int,
         help="the most padded tokens the model runs at once: a larger batch runs as chunks "
-        "of this size inside one kernel call (0: each batch whole)")  # fmt: skip
+        f"of this size inside one kernel call; 0: each batch whole (default: "
+        f"{DEFAULT_TOKENS_PER_CHUNK} on CPU workers, 0 with --accelerator)")  # fmt: skip
     add("--batch_sizes", type=int_list,
         help="the padded batch sizes allowed, e.g. 8,64 (default: powers of two up to "
         "--batch_size)")  # fmt: skip
@@ -135,4 +136,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
             f"--buckets must end between 256 (the longest text after truncation) and 512 "
             f"(the model's position table), got {args.buckets}"
         )
+    if args.tokens_per_chunk is None:  # cache-sized chunks help CPUs, not accelerators
+        args.tokens_per_chunk = 0 if args.accelerator else DEFAULT_TOKENS_PER_CHUNK
     return args, options
