@@ -20,12 +20,10 @@ from typing import Any
 from beam_jax._src.bucketing.fit import FitRow, FitToMemory, search_limits
 from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.plan import Plan
-from beam_jax._src.engine.options import chunk_rows_for, make_plan
+from beam_jax._src.engine.options import make_kernel
 from beam_jax._src.errors import SpecError
 from beam_jax._src.kernel.compiled import Kernel
-from beam_jax._src.kernel.devices import select_devices
 from beam_jax._src.kernel.memory import analyse_shape, device_free_bytes, params_bytes
-from beam_jax._src.kernel.wrappers import SegmentKernel
 
 _log = logging.getLogger(__name__)
 
@@ -166,16 +164,7 @@ def fit_plan(fn: Callable[..., Any], spec: Any, options: Any) -> FitReport:
             "options.fit_to_memory is None; set it, e.g. "
             "KernelOptions(fit_to_memory=FitToMemory(budget_bytes=1 << 30))."
         )
-    if options.packing is not None:
-        fn = SegmentKernel(fn)  # as the worker calls it: (element, SegmentInfo) per row
-    devices = select_devices(options.devices)
-    plan = make_plan(spec, options, len(devices))
-    kernel = Kernel(
-        fn,
-        batched=options.batched,
-        devices=devices,
-        chunk_rows=chunk_rows_for(plan, options.chunk_units),
-    )
+    kernel, plan = make_kernel(fn, spec, options)  # as the worker builds them
     raw = options.load_params() if options.load_params is not None else None
     return fit_batch_limits(kernel, kernel.put_params(raw), plan, policy)
 

@@ -17,7 +17,9 @@ from beam_jax._src.core.plan import Plan
 from beam_jax._src.core.validation import Validation
 from beam_jax._src.engine.metrics import NAMESPACE
 from beam_jax._src.errors import SpecError
-from beam_jax._src.kernel.devices import device_indices
+from beam_jax._src.kernel.compiled import Kernel
+from beam_jax._src.kernel.devices import device_indices, select_devices
+from beam_jax._src.kernel.wrappers import SegmentKernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,10 +170,31 @@ def chunk_rows_for(plan: Plan | PackedPlan, chunk_units: int | None):
     if chunk_units is None:
         return None
     rows = {}
-    for bucket, _ in plan.shapes():
+    for bucket in plan.buckets:
         shapes = tuple(tuple(shape[1:]) for shape, _ in plan.leaf_shapes(bucket, 1))
         rows[shapes] = max(1, chunk_units // int(np.prod(bucket, dtype=np.int64)))
     return lambda row_shapes: rows.get(tuple(tuple(s) for s in row_shapes))
+
+
+def make_kernel(fn: Callable[..., Any], spec: Any, options: KernelOptions):
+    """The compiled kernel and the plan ``fn`` runs with under ``options``, as a worker
+    runs it: packed rows through ``SegmentKernel``, on ``options.devices``, a batch of more
+    than ``chunk_units`` in chunks.
+
+    Returns:
+        ``(Kernel, Plan | PackedPlan)``.
+    """
+    if options.packing is not None:
+        fn = SegmentKernel(fn)  # the kernel gets (element, SegmentInfo) per packed row
+    devices = select_devices(options.devices)
+    plan = make_plan(spec, options, len(devices))
+    kernel = Kernel(
+        fn,
+        batched=options.batched,
+        devices=devices,
+        chunk_rows=chunk_rows_for(plan, options.chunk_units),
+    )
+    return kernel, plan
 
 
 def make_plan(spec: Any, options: KernelOptions, num_devices: int = 1) -> Plan | PackedPlan:

@@ -9,12 +9,9 @@ from typing import Any
 
 from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.engine.fit import FitReport, fit_batch_limits
-from beam_jax._src.engine.options import KernelOptions, chunk_rows_for, make_plan
+from beam_jax._src.engine.options import KernelOptions, make_kernel
 from beam_jax._src.kernel.cache import enable_compilation_cache
-from beam_jax._src.kernel.compiled import Kernel
-from beam_jax._src.kernel.devices import select_devices
 from beam_jax._src.kernel.precompile import BackgroundCompile
-from beam_jax._src.kernel.wrappers import SegmentKernel
 
 
 class Worker:
@@ -33,16 +30,7 @@ class Worker:
         if options.compilation_cache_dir:
             enable_compilation_cache(options.compilation_cache_dir)
         self.options = options
-        if options.packing is not None:
-            fn = SegmentKernel(fn)  # the kernel gets (element, SegmentInfo) per packed row
-        devices = select_devices(options.devices)
-        self.plan = make_plan(spec, options, len(devices))
-        self.kernel = Kernel(
-            fn,
-            batched=options.batched,
-            devices=devices,
-            chunk_rows=chunk_rows_for(self.plan, options.chunk_units),
-        )
+        self.kernel, self.plan = make_kernel(fn, spec, options)
         raw = options.load_params() if options.load_params is not None else None
         self.params = self.kernel.put_params(raw)
         self.fit: FitReport | None = None
