@@ -1,6 +1,6 @@
 """A batch run as chunks inside one kernel call (``KernelOptions.chunk_units``): the same
 results as the batch run whole, chunks of the planned size, and through real pipelines
-(bucketed and packed, with per-record dead letters)."""
+(packed Arrow rows in chunks, with per-record dead letters: tests/test_packed_kernel.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from beam_jax._src.kernel.compiled import in_chunks
 from beam_jax.internal import Kernel, Plan
 from beam_jax.testing import assert_conserved
 from tests import kernels
-from tests import packed_kernels as pk
 from tests.beam_helpers import pipeline, run
 
 SPEC = {"x": ArraySpec(("L", kernels.D), np.float32)}
@@ -131,45 +130,6 @@ def test_run_kernel_in_chunks_equals_whole_batches_through_a_pipeline():
     result = run(p)
     for name in ("whole", "chunked"):
         assert_conserved(result, namespace=f"chunks_{name}")
-
-
-def test_packed_arrow_rows_in_chunks_keep_results_and_per_record_dead_letters(tmp_path):
-    from tests.test_columnar import BAD, records, write_parquet
-
-    xs = records(60)
-    path = str(tmp_path / "data.parquet")
-    write_parquet(path, xs)
-    p = pipeline()
-    results, dead = (
-        p
-        | bj.ReadArrowBatches(path, max_rows=20)
-        | bj.RunKernelOnArrow(
-            pk.failing_vector_sum,
-            spec={"x": ArraySpec(("L", kernels.D), np.float32)},
-            columns=bj.ArrowColumns(leaves={"x": "x"}, id="id"),
-            # 16 rows per batch (4 per device), run 2 rows of 8 or 1 row of 16 at a time.
-            packing=Packing(row_lengths=(8, 16), rows_per_batch=16, max_segments=4),
-            chunk_units=16,
-            metrics_namespace="arrow_chunks",
-        ).with_exception_handling()
-    )
-    rows = results | beam.FlatMap(
-        lambda b: zip(b.column("id").to_pylist(), b.column("sum").to_pylist(), strict=True)
-    )
-
-    def same_sums(got):
-        got = dict(got)
-        assert sorted(got) == list(range(len(xs)))
-        for i, x in enumerate(xs):
-            np.testing.assert_allclose(got[i], x.sum(0), rtol=1e-5, atol=1e-5)
-
-    assert_that(rows, same_sums)
-    assert_that(
-        dead | beam.Map(lambda f: (f.key, f.stage)),
-        equal_to([(k, stage) for k, (_, stage, _) in BAD.items()]),
-        label="Dead",
-    )
-    assert_conserved(run(p), namespace="arrow_chunks")
 
 
 _TRACED: list[int] = []

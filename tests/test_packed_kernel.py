@@ -428,8 +428,14 @@ def test_property_packed_engine_results_dead_letters_and_call_bound(lengths, fai
     assert calls <= bound, (calls, bound)
 
 
-@pytest.mark.parametrize("classes", [None, (8, 16)])
-def test_run_kernel_on_arrow_packs_rows_with_results_by_id_and_origins(tmp_path, classes):
+@pytest.mark.parametrize(
+    "classes, rows_per_batch, chunk_units",
+    # The last: 16 rows per batch (4 per device) run 2 rows of 8 or 1 row of 16 at a time.
+    [(None, 4, None), ((8, 16), 4, None), (None, 16, 16)],
+)
+def test_run_kernel_on_arrow_packs_rows_with_results_by_id_and_origins(
+    tmp_path, classes, rows_per_batch, chunk_units
+):
     from tests.test_columnar import BAD, SPEC, records, write_parquet
 
     xs = records(60)
@@ -447,8 +453,12 @@ def test_run_kernel_on_arrow_packs_rows_with_results_by_id_and_origins(tmp_path,
             spec=SPEC,
             columns=bj.ArrowColumns(leaves={"x": "x"}, id="id"),
             packing=Packing(
-                row_lengths=(8, 16), rows_per_batch=4, max_segments=4, pack_lengths=classes
+                row_lengths=(8, 16),
+                rows_per_batch=rows_per_batch,
+                max_segments=4,
+                pack_lengths=classes,
             ),
+            chunk_units=chunk_units,
             metrics_namespace="arrow_packed",
         ).with_exception_handling()
     )
