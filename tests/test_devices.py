@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from jax.sharding import NamedSharding, PartitionSpec
 
 import beam_jax as bj
-from beam_jax._src.engine import worker as _worker
+from beam_jax._src.engine import options as _options
 from beam_jax.internal import Kernel, select_devices
 from tests import _runner_job as job
 from tests import kernels
@@ -33,7 +33,7 @@ def kernels_built(monkeypatch) -> list[Kernel]:
             super().__init__(*args, **kwargs)
             built.append(self)
 
-    monkeypatch.setattr(_worker, "Kernel", Recording)
+    monkeypatch.setattr(_options, "Kernel", Recording)  # where workers build their kernel
     return built
 
 
