@@ -6,6 +6,7 @@ the compiled kernel, the batch engine, Arrow decoding) is in ``beam_jax.internal
 
 # First: drops a warning that `import apache_beam` logs on every machine without its GCP extras.
 from beam_jax import _quiet  # noqa: F401  # isort: skip
+from beam_jax._src.arrow.ahead import WorkAhead as WorkAhead
 from beam_jax._src.arrow.columns import ArrowColumns as ArrowColumns
 from beam_jax._src.arrow.io import ReadArrowBatches as ReadArrowBatches
 from beam_jax._src.bucketing.boundaries import plan_boundaries as plan_boundaries

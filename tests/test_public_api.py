@@ -20,6 +20,7 @@ TOP_LEVEL = {
     "Reduction",
     "RunKernelResult",
     "ReadArrowBatches",
+    "WorkAhead",
     # Beam ML front ends
     "JaxModelHandler",
     "KeyedJaxModelHandler",

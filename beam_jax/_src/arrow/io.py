@@ -3,8 +3,8 @@ carries them."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
+import functools
 import glob
 import itertools
 import os
@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_jax._src.arrow.ahead import WorkAhead
 from beam_jax._src.arrow.json_lines import (
     BadLine,
     FileCut,
@@ -145,11 +145,11 @@ def _open_parquet(path: str):
 class _ReadRowGroup(beam.DoFn):
     """``(path, row group, rows)`` -> record batches of at most ``max_rows`` rows.
 
-    Reads one row group ahead: the row group of an element is read in a background thread
-    (pyarrow releases the GIL while it reads and decodes) while the batches of the
-    previous one go downstream, so reading overlaps the steps fused after it (decoding,
-    padding, the kernel). The last one is emitted at the end of the bundle; at most two
-    row groups are held at once.
+    Reads one row group ahead (:class:`~beam_jax._src.arrow.ahead.WorkAhead`): the row
+    group of an element is read in a background thread (pyarrow releases the GIL while it
+    reads and decodes) while the batches of the previous one go downstream, so reading
+    overlaps the steps fused after it (decoding, padding, the kernel). The last one is
+    emitted at the end of the bundle; at most two row groups are held at once.
     """
 
     def __init__(self, columns: list[str] | None, max_rows: int | None, handle_errors: bool):
@@ -157,40 +157,26 @@ class _ReadRowGroup(beam.DoFn):
         self._max_rows = max_rows
         self._handle_errors = handle_errors
         self._footers: dict[Any, _Footer] = {}  # by (path, size, modification time)
+        self._ahead = WorkAhead("beam_jax-read")
 
     def setup(self):
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="beam_jax-read")
+        self._ahead.setup()
 
     def start_bundle(self):
-        self._pending = None
+        self._ahead.start_bundle()
 
     def process(self, item, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
-        pool = getattr(self, "_pool", None)
-        if pool is None:  # called without setup (a direct call): read now
-            yield from self._emit(*self._read(item))
-            return
-        ahead = pool.submit(self._read, item)
-        if self._pending is not None:
-            yield from self._emit_windowed(*self._pending)
-        self._pending = (ahead, window, timestamp)
+        work = functools.partial(self._read, item)
+        yield from self._ahead.submit(work, self._emit_read, window, timestamp)
 
     def finish_bundle(self):
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            yield from self._emit_windowed(*pending)
+        yield from self._ahead.finish_bundle()
 
     def teardown(self):
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.shutdown(wait=True)
+        self._ahead.teardown()
 
-    def _emit_windowed(self, future, window, timestamp):
-        for out in self._emit(*future.result()):
-            if isinstance(out, beam.pvalue.TaggedOutput):
-                value = WindowedValue(out.value, timestamp, (window,))
-                yield beam.pvalue.TaggedOutput(out.tag, value)
-            else:
-                yield WindowedValue(out, timestamp, (window,))
+    def _emit_read(self, read):
+        return self._emit(*read)
 
     def _read(self, item):
         """Reads one row group: ``(item, table or None, error or None, first row)``."""

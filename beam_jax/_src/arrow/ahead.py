@@ -1,0 +1,146 @@
+"""Work ahead: a DoFn's heavy step for one element runs in a background thread while the
+outputs of the elements before it go downstream.
+
+Beam runs a bundle's fused steps one element at a time on one thread, so a step that waits
+on native code (reading a file, a Rust tokenizer, encoding Parquet, all of which release
+the GIL) leaves the rest of the stage idle meanwhile. :class:`WorkAhead` lets such a step
+hand its native work to a thread of its own and emit each element's outputs one or more
+elements later (and the last ones when the bundle finishes), so the native work of the next
+element overlaps the Python work downstream of this one.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from apache_beam import pvalue
+from apache_beam.transforms.window import BoundedWindow
+from apache_beam.utils.windowed_value import WindowedValue
+
+__all__ = ["WorkAhead"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    future: concurrent.futures.Future
+    then: Callable[[Any], Iterable[Any]]
+    window: Any
+    timestamp: Any
+
+
+class WorkAhead:
+    """Runs each element's ``work`` in a background thread, up to ``depth`` elements ahead.
+
+    A DoFn holds one, calls :meth:`setup`, :meth:`start_bundle`, :meth:`finish_bundle` and
+    :meth:`teardown` from its own methods, and hands each element's work to :meth:`submit`
+    with ``then``, which turns the work's result into the element's outputs. ``work`` runs in
+    the background thread and must not touch Beam (no metrics, no outputs: Beam's metrics
+    are per thread); ``then`` runs on the bundle's thread, in the order elements came, and
+    may count and yield as a ``process`` method does (``TaggedOutput`` included). An
+    exception in ``work`` is raised by the call that emits its element, which fails the
+    bundle as if ``process`` had raised it. Without :meth:`setup` (a DoFn called directly,
+    as in a unit test) ``work`` runs at once.
+
+    Example:
+        >>> ahead = WorkAhead("square")
+        >>> ahead.setup(); ahead.start_bundle()
+        >>> list(ahead.submit(lambda: 2 * 2, lambda y: [y]))  # emitted after the next one
+        []
+        >>> list(ahead.submit(lambda: 3 * 3, lambda y: [y]))
+        [4]
+        >>> list(ahead.finish_bundle())
+        [9]
+        >>> ahead.teardown()
+
+    Args:
+        name: The background thread's name (shown by profilers and in thread dumps).
+        depth: How many elements' work may run or wait beyond the one being emitted; more
+            holds more elements' results in memory at once.
+
+    Raises:
+        ValueError: ``depth`` is not a positive int.
+    """
+
+    def __init__(self, name: str, depth: int = 1):
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive int, got {depth!r}")
+        self.name = name
+        self.depth = depth
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: collections.deque[_Pending] = collections.deque()
+
+    def __getstate__(self):  # a DoFn is pickled before setup: never a pool or pending work
+        return {"name": self.name, "depth": self.depth}
+
+    def __setstate__(self, state):
+        self.__init__(state["name"], state["depth"])
+
+    def setup(self) -> None:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self.name)
+
+    def start_bundle(self) -> None:
+        # Whatever a failed bundle left behind is dropped (its work still finishes).
+        self._pending.clear()
+
+    def submit(
+        self,
+        work: Callable[..., Any],
+        then: Callable[[Any], Iterable[Any]],
+        window: Any = None,
+        timestamp: Any = None,
+    ) -> Iterator[Any]:
+        """Starts ``work`` and yields the outputs of the elements now ``depth`` behind.
+
+        Args:
+            work: The element's native work, called with no arguments in the background
+                thread.
+            then: The element's outputs from ``work``'s result, run on the bundle's thread.
+            window: The element's window (``beam.DoFn.WindowParam``), for outputs emitted
+                from a later element or when the bundle finishes.
+            timestamp: The element's timestamp (``beam.DoFn.TimestampParam``).
+
+        Yields:
+            The outputs of earlier elements, each as a ``WindowedValue`` of its own element's
+            window and timestamp (``TaggedOutput`` kept), or as ``then`` gave them if no
+            window was given; without :meth:`setup`, this element's outputs at once.
+        """
+        if self._pool is None:
+            yield from then(work())
+            return
+        if window is not None and not isinstance(window, BoundedWindow):
+            raise TypeError(
+                f"window must be the element's window or None, got {window!r}; declare it in "
+                "process (window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam) "
+                "and pass both on"
+            )
+        self._pending.append(_Pending(self._pool.submit(work), then, window, timestamp))
+        while len(self._pending) > self.depth:
+            yield from self._emit(self._pending.popleft())
+
+    def finish_bundle(self) -> Iterator[Any]:
+        """Waits for the bundle's remaining work and yields its outputs, in order."""
+        while self._pending:
+            yield from self._emit(self._pending.popleft())
+
+    def teardown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    @staticmethod
+    def _emit(pending: _Pending) -> Iterator[Any]:
+        outputs = pending.then(pending.future.result())
+        if pending.window is None:
+            yield from outputs
+            return
+        for out in outputs:
+            if isinstance(out, pvalue.TaggedOutput):
+                value = WindowedValue(out.value, pending.timestamp, (pending.window,))
+                yield pvalue.TaggedOutput(out.tag, value)
+            else:
+                yield WindowedValue(out, pending.timestamp, (pending.window,))
