@@ -7,6 +7,8 @@ by reference, so the worker processes import it from here. It kills once per mar
 import os
 import signal
 
+import apache_beam as beam
+
 from pipelines.embed import write
 
 
@@ -20,8 +22,8 @@ class KillAfterParts(write.WriteParts):
         super().start_bundle()
         self._written = 0
 
-    def process(self, element):
-        for name in super().process(element):  # a part's name: the part is written
+    def process(self, element, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
+        for name in super().process(element, window, timestamp):  # the part is written
             yield name
             self._written += 1
             if self._written >= self._after and not os.path.exists(self._marker):

@@ -165,8 +165,8 @@ class FailAfterParts(write.WriteParts):
 
     failed = False
 
-    def process(self, element):
-        for name in super().process(element):
+    def process(self, element, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
+        for name in super().process(element, window, timestamp):  # the part is written
             yield name
             type(self).written = getattr(type(self), "written", 0) + 1
             if type(self).written >= 2 and not FailAfterParts.failed:
@@ -186,8 +186,12 @@ def test_a_run_resumes_after_a_failure(tmp_path, monkeypatch):
 
     table, failed = ft.read_outputs(out)
     assert sorted(ft.ids(table)) == list(range(12)) and not failed
-    assert summary.parts_reused == 2 and summary.parts_written == 2
-    assert summary.rows == summary.results == 6  # the reused parts' rows are not read again
+    # Parts are written one behind in the background: the third may have been written
+    # before the fault stopped the first run.
+    reused = summary.parts_reused
+    assert reused in (2, 3) and summary.parts_written == 4 - reused
+    # The reused parts' rows are not read again.
+    assert summary.rows == summary.results == 3 * (4 - reused)
 
 
 def test_second_corpus_matches_sentence_transformers(tmp_path):

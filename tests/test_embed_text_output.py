@@ -13,6 +13,8 @@ import glob
 import json
 import pathlib
 
+import hypothesis
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 
@@ -194,3 +196,38 @@ def test_a_killed_multiprocess_run_resumes_to_the_output_of_an_uninterrupted_one
     where = sorted((d["id"], d["file"], d["row"], d["stage"]) for d in failed)
     assert where == sorted((d["id"], d["file"], d["row"], d["stage"]) for d in reference_failed)
     assert [d["id"] for d in failed] == [7, 1010]
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(st.data())
+def test_a_parts_results_are_gathered_in_row_order_from_any_batches(data):
+    """``WriteParts`` gathers a part's vectors from the packed batches that hold its rows
+    (each batch whole, or the rows of it that are the part's) straight into row order."""
+    import pyarrow as pa
+
+    from pipelines.embed.parts import KEY
+
+    n = data.draw(st.integers(0, 30), label="rows")
+    rows = np.asarray(data.draw(st.permutations(range(n))), np.int64)
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=4)))
+    results = []
+    for piece in np.split(rows, cuts):
+        others = np.arange(1000, 1000 + data.draw(st.integers(0, 3)))  # another part's rows
+        keys = np.concatenate([piece, others])
+        order = np.asarray(data.draw(st.permutations(range(len(keys)))), np.int64)
+        keys = keys[order]
+        vectors = np.repeat(keys[:, None].astype(np.float32), 3, axis=1) + [0, 0.5, 0.25]
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array((1 << 40) | keys), pa.FixedSizeListArray.from_arrays(vectors.ravel(), 3)],
+            names=[KEY, text_parts.OUTPUT],
+        )
+        mine = np.flatnonzero(keys < 1000)
+        results.append((batch, None if len(mine) == len(keys) else mine))
+
+    done, vectors = text_parts._in_row_order(results)
+
+    assert done.tolist() == list(range(n))
+    expected = np.repeat(np.arange(n, dtype=np.float32)[:, None], 3, axis=1) + [0, 0.5, 0.25]
+    assert len(vectors) == n
+    if n:
+        np.testing.assert_array_equal(vectors, expected)

@@ -160,11 +160,14 @@ def _build(
 ):
     """Adds the job to ``pipeline``; returns its embedding transform (to start its worker).
 
-    read parts -> spread -> tokenize -> RunKernelOnArrow -> write parts, the last three
-    fused: each part's results and dead letters meet its rows in ``WriteParts`` without a
-    shuffle.
+    read parts -> spread (unless one worker runs here) -> tokenize -> RunKernelOnArrow ->
+    write parts, the last three fused: each part's results and dead letters meet its rows in
+    ``WriteParts`` without a shuffle.
     """
-    batches, unreadable = pipeline | "Read" >> ReadParts(inputs, args.rows_per_part, done, id_type)
+    # One worker in this process: nowhere to spread the parts to.
+    spread = not launch_plan.in_process(pipeline.options)
+    read = ReadParts(inputs, args.rows_per_part, done, id_type, spread=spread)
+    batches, unreadable = pipeline | "Read" >> read
     files = [inputs.file_name(i) for i in range(len(inputs.files))]
     tokenize = TokenizeParts(id_type, model, files, inputs.text_column)
     tokens = batches | "Tokenize" >> beam.ParDo(tokenize).with_output_types(

@@ -68,11 +68,22 @@ class ReadParts(beam.PTransform):
         part_rows: The most rows in a part.
         done: ``(file_index, first row)`` of the parts already written; skipped.
         id_type: The ids' Arrow type (JSON lines are read with it).
+        spread: Spread the parts over the workers after reading. Without it (one worker,
+            as on the in-process runner) reading runs fused with the steps after it, in a
+            background thread, and the text crosses no shuffle.
     """
 
-    def __init__(self, inputs: Inputs, part_rows: int, done: frozenset, id_type: pa.DataType):
+    def __init__(
+        self,
+        inputs: Inputs,
+        part_rows: int,
+        done: frozenset,
+        id_type: pa.DataType,
+        spread: bool = True,
+    ):
         super().__init__()
         self._inputs, self._part_rows, self._done, self._id_type = inputs, part_rows, done, id_type
+        self._spread = spread
 
     def expand(self, pbegin):
         inputs = self._inputs
@@ -98,5 +109,7 @@ class ReadParts(beam.PTransform):
             ).with_exception_handling()
             batches, dead = pbegin | "Read" >> read
             batches = batches | "Keys" >> beam.ParDo(KeyBatches(inputs, self._done))
-        # One file's parts spread over all workers, as a splittable source's would.
-        return batches | "SpreadParts" >> beam.Reshuffle(), dead
+        if self._spread:
+            # One file's parts spread over all workers, as a splittable source's would.
+            batches = batches | "SpreadParts" >> beam.Reshuffle()
+        return batches, dead

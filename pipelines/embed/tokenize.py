@@ -34,6 +34,7 @@ INPUT_IDS = "input_ids"
 PARTS = "parts"
 TOKENIZE = "tokenize"
 METRICS_NAMESPACE = "embed_text"
+_WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 
 
 def _valid_strings(column: pa.Array) -> bool:
@@ -52,8 +53,11 @@ class TokenizeParts(beam.DoFn):
     Outputs: the part's :class:`Part` (``"parts"``, first); a record batch of ``key`` and
     ``input_ids`` (``list<int32>``) for the good rows (main); one ``FailedElement`` per bad
     row (``"dead_letters"``), keyed by the row's key, its ``source`` and ``row`` where it
-    was read. Where the batch's columns have the run's types and valid UTF-8 (the usual
-    case), only nulls are looked for; otherwise the batch is checked value by value.
+    was read. A batch's tokens (and its tokenizer's dead letters) come out while the next
+    batch is processed, or when the bundle finishes: the tokenizer works one batch ahead in
+    a background thread (``beam_jax.WorkAhead``). Where the batch's columns have the run's
+    types and valid UTF-8 (the usual case), only nulls are looked for; otherwise the batch
+    is checked value by value.
 
     Args:
         id_type: The Arrow type every id must have.
@@ -63,6 +67,7 @@ class TokenizeParts(beam.DoFn):
     """
 
     def __init__(self, id_type: pa.DataType, encoder, files=(), text_column: str = "text"):
+        self._ahead = bj.WorkAhead("beam_jax-tokenize")
         self._id_type = tr.IdType(id_type)
         self._encoder = encoder
         self._files = tuple(files)
@@ -73,8 +78,18 @@ class TokenizeParts(beam.DoFn):
         counter = functools.partial(beam.metrics.Metrics.counter, METRICS_NAMESPACE)
         self._rows = counter("rows")
         self._rejected = {s: counter(f"dead_letters_{s}") for s in (bj.Stage.VALIDATION, TOKENIZE)}
+        self._ahead.setup()
 
-    def process(self, batch: pa.RecordBatch) -> Iterator[Any]:
+    def start_bundle(self):
+        self._ahead.start_bundle()
+
+    def finish_bundle(self):
+        yield from self._ahead.finish_bundle()
+
+    def teardown(self):
+        self._ahead.teardown()
+
+    def process(self, batch: pa.RecordBatch, window=_WINDOW, timestamp=_TIMESTAMP) -> Iterator[Any]:
         self._rows.inc(batch.num_rows)
         keys, ids, text = batch.column(KEY), batch.column("id"), batch.column("text")
         files, positions = split_keys(keys.to_numpy())
@@ -95,17 +110,25 @@ class TokenizeParts(beam.DoFn):
             return
         whole = len(rows) == batch.num_rows
         texts = text if whole else text.take(pa.array(rows))
-        input_ids, failures = self._tokenizer.encode_arrow(texts)
+        keys = keys if whole else keys.take(pa.array(rows))
+        # The Rust tokenizer releases the GIL: the next batch tokenizes in the background
+        # while this one's tokens go on to the kernel and the writer.
+        work = functools.partial(self._tokenizer.encode_arrow, texts)
+        then = functools.partial(self._tokens, keys, texts)
+        yield from self._ahead.submit(work, then, window, timestamp)
+
+    def _tokens(self, keys: pa.Array, texts: pa.Array, tokenized) -> Iterator[Any]:
+        """The good rows' token ids (a record batch of ``key`` and ``input_ids``), and a dead
+        letter for each text the tokenizer failed."""
+        input_ids, failures = tokenized
         for j, error in failures.items():
             # A text that is not Unicode is the data's fault; one the tokenizer cannot cut
             # or rejects is the tokenizer's.
             bad_text = isinstance(error, bj.InvalidElementError)
             too_long = isinstance(error, TextTooLongError)
             stage = TOKENIZE if too_long or not bad_text else bj.Stage.VALIDATION
-            yield self._dead(error, stage, keys[int(rows[j])].as_py(), texts[j].as_py())
-        out = pa.RecordBatch.from_arrays(
-            [keys if whole else keys.take(pa.array(rows)), input_ids], names=[KEY, INPUT_IDS]
-        )
+            yield self._dead(error, stage, keys[j].as_py(), texts[j].as_py())
+        out = pa.RecordBatch.from_arrays([keys, input_ids], names=[KEY, INPUT_IDS])
         if failures:
             out = out.filter(input_ids.is_valid())
         if out.num_rows:
