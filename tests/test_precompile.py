@@ -213,3 +213,36 @@ def test_a_full_batch_whose_shape_is_compiling_waits_while_ready_shapes_run():
     finally:
         release.set()
         dofn.teardown()
+
+
+def test_run_kernel_on_arrow_takes_the_worker_started_here(tmp_path):
+    """The worker ``start_worker_here()`` built (as the flagship does on the in-process
+    runner) is the one the Arrow front end runs: parameters load once."""
+    import pyarrow as pa
+
+    loader = CountingLoader(tmp_path / "loads", np.float32(2.0))
+    embed = bj.RunKernelOnArrow(
+        lambda params, element, lengths: element["x"].sum() * params,
+        spec={"x": bj.ArraySpec(("L",), np.float32)},
+        columns=bj.ArrowColumns(leaves={"x": "x"}, id="id"),
+        bucketing=bj.Bucketing(boundaries={"L": (4, 8)}, batch_size=4, batch_sizes=(4,)),
+        load_params=loader,
+        precompile=True,
+    )
+    batch = pa.record_batch(
+        {
+            "id": pa.array(range(6)),
+            "x": pa.array([[1.0] * n for n in range(1, 7)], pa.list_(pa.float32())),
+        }
+    )
+    p = pipeline()
+    results = (
+        p | beam.Create([batch]) | embed | beam.FlatMap(lambda b: b.column("output").to_pylist())
+    )
+    assert_that(results, equal_to([2.0 * n for n in range(1, 7)]))
+    embed.start_worker_here()
+    try:
+        run(p)
+    finally:
+        embed.forget_worker_here()
+    assert sum(loader.calls().values()) == 1

@@ -62,6 +62,7 @@ class RunKernel(KernelTransform):
             front = CrossBundleDoFn(
                 self.fn, self.spec, self.options, self._handle_errors, self.keyed
             )
+            front._start_id = self._start_id
             results, dead = buffered_outputs(
                 pcoll, front, config, spec=self.spec, options=self.options,
                 handle_errors=self._handle_errors, keyed=self.keyed, main="results",

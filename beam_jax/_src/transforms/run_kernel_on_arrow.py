@@ -287,6 +287,7 @@ class RunKernelOnArrow(KernelTransform):
 
     def expand(self, pcoll):
         dofn = _ArrowFrontEnd(self.fn, self.spec, self.options, self._handle_errors, self.columns)
+        dofn._start_id = self._start_id  # takes the worker start_workers() started, if any
         outputs = pcoll | "RunKernelOnArrow" >> beam.ParDo(dofn).with_output_types(
             pa.RecordBatch
         ).with_outputs(DEAD_LETTERS, main="results")
