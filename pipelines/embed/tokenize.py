@@ -53,9 +53,9 @@ class TokenizeParts(beam.DoFn):
     Outputs: the part's :class:`Part` (``"parts"``, first); a record batch of ``key`` and
     ``input_ids`` (``list<int32>``) for the good rows (main); one ``FailedElement`` per bad
     row (``"dead_letters"``), keyed by the row's key, its ``source`` and ``row`` where it
-    was read. A batch's tokens (and its tokenizer's dead letters) come out while the next
-    batch is processed, or when the bundle finishes: the tokenizer works one batch ahead in
-    a background thread (``beam_jax.WorkAhead``). Where the batch's columns have the run's
+    was read. A batch's tokens (and its tokenizer's dead letters) come out while a later
+    batch is processed, or when the bundle finishes: the tokenizer works up to two batches
+    ahead in a background thread (``beam_jax.WorkAhead``). Where the batch's columns have the run's
     types and valid UTF-8 (the usual case), only nulls are looked for; otherwise the batch
     is checked value by value.
 
@@ -67,7 +67,9 @@ class TokenizeParts(beam.DoFn):
     """
 
     def __init__(self, id_type: pa.DataType, encoder, files=(), text_column: str = "text"):
-        self._ahead = bj.WorkAhead("beam_jax-tokenize")
+        # Two ahead: the tokenizer keeps working while the kernel or the writer holds up a
+        # batch (measured 1.04x the host-only throughput of one ahead; three: no faster).
+        self._ahead = bj.WorkAhead("beam_jax-tokenize", depth=2)
         self._id_type = tr.IdType(id_type)
         self._encoder = encoder
         self._files = tuple(files)
@@ -111,7 +113,7 @@ class TokenizeParts(beam.DoFn):
         whole = len(rows) == batch.num_rows
         texts = text if whole else text.take(pa.array(rows))
         keys = keys if whole else keys.take(pa.array(rows))
-        # The Rust tokenizer releases the GIL: the next batch tokenizes in the background
+        # The Rust tokenizer releases the GIL: later batches tokenize in the background
         # while this one's tokens go on to the kernel and the writer.
         work = functools.partial(self._tokenizer.encode_arrow, texts)
         then = functools.partial(self._tokens, keys, texts)
