@@ -159,7 +159,6 @@ class WriteParts(beam.DoFn):
         self._inputs = inputs
         self._schema = schema
         self._ahead = bj.WorkAhead("beam_jax-write")
-        self._where = (None, None)  # the window and timestamp of the element being processed
 
     def setup(self):
         self._parts = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "parts_written")
@@ -174,15 +173,15 @@ class WriteParts(beam.DoFn):
         self._ahead.start_bundle()
 
     def process(self, element: Any, window=_WINDOW, timestamp=_TIMESTAMP) -> Iterator[str]:
-        self._where = (window, timestamp)
+        where = (window, timestamp)  # the element's, for the names of the parts it completes
         if isinstance(element, Part):
             _BUNDLE.open.setdefault(element.file_index, []).append(_Open(element))
             early, _BUNDLE.early = _BUNDLE.early, []
             for item in early:
-                yield from self._add(item)
-            yield from self._flush(element.file_index)
+                yield from self._add(item, where)
+            yield from self._flush(element.file_index, where)
         else:
-            yield from self._add(element)
+            yield from self._add(element, where)
 
     def _find(self, file_index: int, row: int) -> _Open | None:
         for part in _BUNDLE.open.get(file_index, ()):
@@ -190,7 +189,7 @@ class WriteParts(beam.DoFn):
                 return part
         return None
 
-    def _add(self, item: Any) -> Iterator[str]:
+    def _add(self, item: Any, where: tuple) -> Iterator[str]:
         if isinstance(item, bj.FailedElement):
             (file_index,), (row,) = split_keys(np.array([item.key]))
             part = self._find(int(file_index), int(row))
@@ -198,7 +197,7 @@ class WriteParts(beam.DoFn):
                 _BUNDLE.early.append(item)
                 return
             part.add_dead(int(row), item)
-            yield from self._flush(int(file_index))
+            yield from self._flush(int(file_index), where)
             return
         files, rows = split_keys(item.column(KEY).to_numpy())
         for file_index in np.unique(files).tolist():
@@ -214,16 +213,16 @@ class WriteParts(beam.DoFn):
                 parts[index].add_results(item, None if len(rows_of) == item.num_rows else rows_of)
             if not found.all():
                 _BUNDLE.early.append(item.take(pa.array(mine[~found])))
-            yield from self._flush(file_index)
+            yield from self._flush(file_index, where)
 
-    def _flush(self, file_index: int) -> Iterator[str]:
+    def _flush(self, file_index: int, where: tuple) -> Iterator[str]:
         parts = _BUNDLE.open.get(file_index, [])
         for part in [p for p in parts if p.whole]:
             parts.remove(part)
             # Encoding and writing release the GIL: they run in the background while the
             # bundle goes on; the bundle ends only once every part is written.
             work = functools.partial(self._write, part)
-            yield from self._ahead.submit(work, self._part_written, *self._where)
+            yield from self._ahead.submit(work, self._part_written, *where)
 
     def _part_written(self, name: str) -> Iterator[str]:
         self._parts.inc()
