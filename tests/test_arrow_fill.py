@@ -60,34 +60,45 @@ rounds_strategy = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     rounds=rounds_strategy,
     layout=st.sampled_from(["list", "binary"]),
     id_type=st.sampled_from(sorted(ID_TYPES)),
     null_every=st.sampled_from([0, 3]),
     pad_value=st.sampled_from([0.0, -1.5]),
+    copy=st.sampled_from(["gather", "rows"]),
+    malformed=st.booleans(),
     data=st.data(),
 )
 def test_a_reused_fill_holds_exactly_the_rows_added(
-    rounds, layout, id_type, null_every, pad_value, data
+    rounds, layout, id_type, null_every, pad_value, copy, malformed, data
 ):
     """Whatever ran in the buffers before, a filled batch holds each added row's values,
-    the pad value everywhere else, the rows' lengths and their ids (type kept)."""
+    the pad value everywhere else, the rows' lengths and their ids (type kept): rows
+    gathered whole or copied one by one, and rows that start mid-step in the values
+    because a malformed row (not a whole number of steps) comes before them."""
     plan = _plan(pad_value)
     fill = BucketFill(plan, (WIDTH,), 8)
+    fill.row_copy_values = 0 if copy == "rows" else 10**9
     rng = np.random.default_rng(len(rounds))
     next_id = 0
     for batches in rounds:
         expected_rows, expected_ids = [], []
         for lengths in batches:
             rows = [rng.standard_normal((n, D)).astype(np.float32) for n in lengths]
+            if malformed:  # one value short of a step: the rows after it start mid-step
+                rows.insert(0, rng.standard_normal(D - 1).astype(np.float32))
             ids = _ids(list(range(next_id, next_id + len(rows))), id_type, null_every)
             next_id += len(rows)
             decoded = _decode(plan, pa.record_batch({"id": ids, "x": _column(rows, layout)}))
-            assert not decoded.failed.any()
+            assert decoded.failed.tolist() == [True] * malformed + [False] * len(lengths)
             picked = data.draw(
-                st.lists(st.sampled_from(range(len(rows))), unique=True, max_size=fill.free)
+                st.lists(
+                    st.sampled_from(range(int(malformed), len(rows))),
+                    unique=True,
+                    max_size=fill.free,
+                )
             )
             picked = np.asarray(sorted(picked), np.int64)
             if not len(picked):
