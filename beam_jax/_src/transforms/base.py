@@ -78,17 +78,30 @@ class WorkerDoFn(beam.DoFn):
     needs: ``new_buffer``, ``check``, ``emit``, ``source``) or holds one (an
     ``ElementFrontEnd``, built in ``start_bundle`` with ``new_engine``), and implements
     ``process``.
+
+    Args:
+        fn, spec, options: the kernel, its element spec and the transform's options.
+        handle_errors: failures become dead letters instead of failing the bundle.
+        start_id: the transform's ``start_workers()``/``start_worker_here()`` id: the DoFn
+            takes the worker started under it in this process, if any (``None``: always
+            its own; ``ReduceKernel``'s summed kernel is not the started one).
     """
 
-    def __init__(self, fn: Callable[..., Any], spec: Any, options: KernelOptions, handle_errors):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        spec: Any,
+        options: KernelOptions,
+        handle_errors: bool,
+        start_id: str | None = None,
+    ):
         self._fn = fn
         self._spec = spec
         self._options = options
         self._handle_errors = handle_errors
         self._shared = shared.Shared()
         self._tag = uuid.uuid4().hex
-        # Set by a transform whose start_workers() may have started this process's worker.
-        self._start_id: str | None = None
+        self._start_id = start_id
 
     def setup(self):
         fn, spec, options, start_id = self._fn, self._spec, self._options, self._start_id

@@ -34,10 +34,11 @@ class ElementsDoFn(WorkerDoFn):
         keyed: elements are ``(key, value)`` pairs.
         outputs: ``outputs(plan, metrics)`` builds the ``Outputs`` strategy of each bundle:
             ``per_element`` (RunKernel, the default) or ReduceKernel's ``Summed``.
+        start_id: as for ``WorkerDoFn``.
     """
 
-    def __init__(self, fn, spec, options, handle_errors, keyed: bool, outputs=None):
-        super().__init__(fn, spec, options, handle_errors)
+    def __init__(self, fn, spec, options, handle_errors, keyed: bool, outputs=None, start_id=None):
+        super().__init__(fn, spec, options, handle_errors, start_id)
         self._keyed = keyed
         self._outputs = outputs or functools.partial(per_element, keyed)
 

@@ -60,15 +60,17 @@ class RunKernel(KernelTransform):
         config = self.cross_bundle
         if config is not None and config.applies_to(pcoll):
             front = CrossBundleDoFn(
-                self.fn, self.spec, self.options, self._handle_errors, self.keyed
-            )
-            front._start_id = self._start_id
+                self.fn, self.spec, self.options, self._handle_errors, self.keyed,
+                start_id=self._start_id,
+            )  # fmt: skip
             results, dead = buffered_outputs(
                 pcoll, front, config, spec=self.spec, options=self.options,
                 handle_errors=self._handle_errors, keyed=self.keyed, main="results",
             )  # fmt: skip
             return self._outputs(pcoll, results, dead)
-        dofn = ElementsDoFn(self.fn, self.spec, self.options, self._handle_errors, self.keyed)
-        dofn._start_id = self._start_id  # takes the worker start_workers() started, if any
+        dofn = ElementsDoFn(
+            self.fn, self.spec, self.options, self._handle_errors, self.keyed,
+            start_id=self._start_id,
+        )  # fmt: skip
         outputs = pcoll | "RunKernel" >> beam.ParDo(dofn).with_outputs(DEAD_LETTERS, main="results")
         return self._outputs(pcoll, outputs.results, outputs[DEAD_LETTERS])

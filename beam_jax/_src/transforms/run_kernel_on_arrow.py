@@ -31,8 +31,8 @@ from beam_jax._src.transforms.base import KernelTransform, Source, WorkerDoFn
 class _ArrowFrontEnd(WorkerDoFn):
     """Record batches in, record batches out: decode and bucket whole columns at once."""
 
-    def __init__(self, fn, spec, options, handle_errors, columns: ArrowColumns):
-        super().__init__(fn, spec, options, handle_errors)
+    def __init__(self, fn, spec, options, handle_errors, columns: ArrowColumns, start_id=None):
+        super().__init__(fn, spec, options, handle_errors, start_id)
         self._columns = columns
 
     def setup(self):
@@ -286,8 +286,9 @@ class RunKernelOnArrow(KernelTransform):
         )
 
     def expand(self, pcoll):
-        dofn = _ArrowFrontEnd(self.fn, self.spec, self.options, self._handle_errors, self.columns)
-        dofn._start_id = self._start_id  # takes the worker start_workers() started, if any
+        dofn = _ArrowFrontEnd(
+            self.fn, self.spec, self.options, self._handle_errors, self.columns, self._start_id
+        )
         outputs = pcoll | "RunKernelOnArrow" >> beam.ParDo(dofn).with_output_types(
             pa.RecordBatch
         ).with_outputs(DEAD_LETTERS, main="results")
