@@ -1,8 +1,9 @@
 """Padded batches filled straight from decoded Arrow values (vectorised numpy).
 
 Rows of one bucket are copied once, from a decoded record batch's flat values into the
-bucket's padded buffer, with one vectorised gather per (record batch, bucket, leaf); the
-record batch can then be dropped, so memory is bounded by one buffer per bucket. For
+bucket's padded buffer, with one vectorised gather per (record batch, bucket, leaf), or
+one slice copy per row where rows are long (several KB each); the record batch can then
+be dropped, so memory is bounded by one buffer per bucket. For
 packing, ``ColumnRecords`` stages a record batch's rows as they are (flat values, where
 each row starts, its length) and lays a packed batch out with one gather per leaf.
 """
