@@ -80,7 +80,9 @@ class WorkerDoFn(beam.DoFn):
     ``process``.
 
     Args:
-        fn, spec, options: the kernel, its element spec and the transform's options.
+        fn: the kernel's function.
+        spec: its element spec.
+        options: the transform's options.
         handle_errors: failures become dead letters instead of failing the bundle.
         start_id: the transform's ``start_workers()``/``start_worker_here()`` id: the DoFn
             takes the worker started under it in this process, if any (``None``: always
