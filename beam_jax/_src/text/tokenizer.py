@@ -4,7 +4,9 @@ A model's ``tokenizer.json`` may pad or truncate on its own; sentence-transforme
 both: no padding, and truncation to the model's ``max_seq_length`` counting ``[CLS]`` and
 ``[SEP]``. It also strips each text (and lower-cases it where the model says so).
 :meth:`Tokenizer.encode_arrow` tokenizes an Arrow column in one call, with one failure per
-bad row rather than one per batch.
+bad row rather than one per batch. For a BERT tokenizer, a column's printable-ASCII texts
+are tokenized on its bytes with numpy (:class:`~beam_jax._src.text.wordpiece.WordPiece`,
+the same ids at a tenth of the CPU), the others by the Rust tokenizer.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_jax._src.errors import InvalidElementError
+from beam_jax._src.text.wordpiece import WordPiece
 
 __all__ = ["MAX_TOKENIZED_CHARS", "TextTooLongError", "Tokenizer"]
 
@@ -101,6 +104,7 @@ class Tokenizer:
         self._tokenizer.enable_truncation(max_length, strategy="longest_first")
         # tokenizers >= 0.21: the same ids without character offsets (measured 1.4x faster).
         self._fast = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+        self._wordpiece = WordPiece.of(path, max_length=max_length, lowercase=lowercase)
 
     def __reduce__(self):
         kwargs = {"max_length": self.max_length, "lowercase": self.lowercase}
@@ -152,11 +156,30 @@ class Tokenizer:
         Raises:
             Exception: Whatever the tokenizer raises on a text it cannot take.
         """
+        texts = list(texts)
+        if self._wordpiece is None or not all(type(t) is str for t in texts):
+            return self._encode_rust(texts)
+        column = pa.array(texts, pa.string())
+        handled, lengths, ids = self._wordpiece.encode(column, skip=self._long(column))
+        if handled.all():
+            return ids, lengths.astype(np.int64)
+        rest_ids, rest_lengths = self._encode_rust([texts[r] for r in np.flatnonzero(~handled)])
+        lengths, ids = _merge(handled, lengths, ids, rest_lengths, rest_ids)
+        return ids, lengths
+
+    def _encode_rust(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`encode_flat` by the Rust tokenizer alone."""
         texts = [t if len(t) <= self.max_chars else _prefix(t, self.max_chars) for t in texts]
         ids = [e.ids for e in self._fast(self._prepare(texts))]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
         return flat, lengths
+
+    def _long(self, texts: pa.Array) -> np.ndarray:
+        """``bool[n]``: the rows that may be longer than ``max_chars`` characters (at least
+        that many bytes), which only the Rust path cuts and checks."""
+        nbytes = pc.binary_length(texts).to_numpy(zero_copy_only=False)
+        return np.nan_to_num(nbytes, nan=0) > self.max_chars
 
     def count_tokens(self, texts: Sequence[str]) -> np.ndarray:
         """How many tokens :meth:`encode_flat` gives each text, without building the ids.
@@ -177,6 +200,8 @@ class Tokenizer:
         Raises:
             Exception: Whatever the tokenizer raises on a text it cannot take.
         """
+        if self._wordpiece is not None:
+            return self.encode_flat(texts)[1]
         texts = [t if len(t) <= self.max_chars else _prefix(t, self.max_chars) for t in texts]
         encodings = self._fast(self._prepare(texts))
         return np.fromiter(map(len, encodings), np.int64, len(encodings))
@@ -215,15 +240,43 @@ class Tokenizer:
         ):
             got = texts.type if isinstance(texts, pa.Array) else type(texts).__name__
             raise TypeError(f"encode_arrow takes an Arrow string array, got {got}")
+        if self._wordpiece is None:
+            return self._encode_arrow_rust(texts)
+        handled, lengths, ids = self._wordpiece.encode(texts, skip=self._long(texts))
+        if handled.all():
+            offsets = np.zeros(len(texts) + 1, np.int32)
+            np.cumsum(lengths, out=offsets[1:])
+            return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)), {}
+        rest = np.flatnonzero(~handled)
+        rest_ids, rest_failures = self._encode_arrow_rust(texts.filter(pa.array(~handled)), rest)
+        rest_lengths = np.diff(rest_ids.offsets.to_numpy())
+        rest_flat = rest_ids.flatten().to_numpy()
+        lengths, flat = _merge(handled, lengths, ids, rest_lengths, rest_flat)
+        offsets = np.zeros(len(texts) + 1, np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        failures = {int(rest[j]): error for j, error in rest_failures.items()}
+        mask = None
+        if failures:
+            mask = np.zeros(len(texts), bool)
+            mask[list(failures)] = True
+            mask = pa.array(mask)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), mask=mask), failures
+
+    def _encode_arrow_rust(
+        self, texts: pa.Array, rows: np.ndarray | None = None
+    ) -> tuple[pa.ListArray, dict]:
+        """:meth:`encode_arrow` by the Rust tokenizer alone; ``rows``: each text's row in
+        the column the caller was given, for messages (default: its place in ``texts``)."""
+        name = (lambda row: row) if rows is None else (lambda row: int(rows[row]))
         n = len(texts)
         failures: dict[int, Exception] = {}
         if texts.null_count:
             null = np.flatnonzero(texts.is_null().to_numpy(zero_copy_only=False))
             for row in null.tolist():
                 failures[row] = InvalidElementError(
-                    f"row {row}'s text is null; expected a string. Drop or fill null texts"
+                    f"row {name(row)}'s text is null; expected a string. Drop or fill null texts"
                 )
-        values = self._python_texts(texts, failures)
+        values = self._python_texts(texts, failures, name)
         chars = pc.utf8_length(texts).to_numpy(zero_copy_only=False) if n else np.zeros(0)
         long = [r for r in np.flatnonzero(chars > self.max_chars).tolist() if r not in failures]
         for row in long:
@@ -258,7 +311,7 @@ class Tokenizer:
         out = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), mask=mask)
         return out, dict(sorted(failures.items()))
 
-    def _python_texts(self, texts: pa.Array, failures: dict[int, Exception]) -> list[Any]:
+    def _python_texts(self, texts: pa.Array, failures: dict[int, Exception], name) -> list[Any]:
         """The column as Python strings, trimmed; invalid UTF-8 rows added to ``failures``."""
         try:
             texts.validate(full=True)  # checks the UTF-8 of every value (SIMD, ~GB/s)
@@ -269,7 +322,7 @@ class Tokenizer:
                     values.append(texts[row].as_py())
                 except UnicodeDecodeError as e:
                     failures[row] = InvalidElementError(
-                        f"row {row}'s text is not valid UTF-8 ({e}); fix the file's encoding"
+                        f"row {name(row)}'s text is not valid UTF-8 ({e}); fix the file's encoding"
                     )
                     values.append(None)
             return [v.strip() if v is not None else None for v in values]
@@ -291,6 +344,27 @@ class Tokenizer:
                 ids.append([])
                 errors[j] = e
         return ids, errors
+
+
+def _merge(
+    handled: np.ndarray,
+    lengths: np.ndarray,
+    ids: np.ndarray,
+    rest_lengths: np.ndarray,
+    rest_ids: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Two sets of rows' ids (``handled`` rows, then the others, each in row order, flat)
+    as every row's, in row order: ``(lengths, ids)``."""
+    all_lengths = np.zeros(len(handled), np.int64)
+    all_lengths[handled] = lengths
+    all_lengths[~handled] = rest_lengths
+    starts = np.cumsum(all_lengths) - all_lengths
+    out = np.empty(int(all_lengths.sum()), np.int32)
+    for rows, part_lengths, part in ((handled, lengths, ids), (~handled, rest_lengths, rest_ids)):
+        part_starts = np.cumsum(part_lengths) - part_lengths
+        shift = np.repeat(starts[rows] - part_starts, part_lengths)
+        out[np.arange(len(part)) + shift] = part
+    return all_lengths, out
 
 
 def _rebuild(path: pathlib.Path, kwargs: dict[str, Any], max_chars: int) -> Tokenizer:
