@@ -36,9 +36,13 @@ Each has a compilation cache of its own. The trivial kernel's output is the sum 
 text's token ids, repeated 384 times (``tests/test_bench.py`` checks every row of it).
 
 * ``tokenize_only``: the host's floor: the same Parquet read row group by row group and
-  each row group's texts tokenized with the flagship's tokenizer and settings (the Rust
-  tokenizer on the whole batch, on all ``--threads`` cores, truncation at the model's
-  window), nothing else. ``host_only / tokenize_only`` is printed when both ran.
+  each row group's texts tokenized with the flagship's tokenizer call and settings
+  (``Tokenizer.encode_arrow`` on the column: printable-ASCII texts with numpy, the others
+  by the Rust tokenizer on all ``--threads`` cores; truncation at the model's window),
+  nothing else. ``host_only / tokenize_only`` is printed when both ran.
+* ``tokenize_only_rust``: ``tokenize_only`` with every text given to the Rust tokenizer
+  (``encode_batch_fast``, the ids without offsets), the floor before printable ASCII was
+  tokenized with numpy. ``host_only / tokenize_only_rust`` is printed when both ran.
 
 Two more run the flagship with its batching chosen (side by side with ``pipeline``, which
 lets the flagship choose), each with a compilation cache of its own (round 1 cold):
@@ -92,6 +96,7 @@ VARIANTS = (
     "host_only",
     "host_only_buckets",
     "tokenize_only",
+    "tokenize_only_rust",
     "pipeline_packed",
     "pipeline_buckets",
 )
@@ -266,10 +271,16 @@ def _flagship(cfg: dict, flags: list[str]) -> dict:
     return out
 
 
-def _tokenize_only(cfg: dict) -> dict:
+def _tokenize_only_rust(cfg: dict) -> dict:
+    """``_tokenize_only`` with the Rust tokenizer for every text."""
+    return _tokenize_only(cfg, rust=True)
+
+
+def _tokenize_only(cfg: dict, rust: bool = False) -> dict:
     """The host's floor: read the Parquet row group by row group and tokenize each one's
-    texts with the flagship's tokenizer call (``Tokenizer.encode_flat``: the Rust
-    tokenizer on the whole batch, threads from ``RAYON_NUM_THREADS``), nothing else.
+    texts with the flagship's tokenizer call (``Tokenizer.encode_arrow`` on the column:
+    printable-ASCII texts with numpy, the others by the Rust tokenizer with threads from
+    ``RAYON_NUM_THREADS``), nothing else.
 
     The tokenizer is loaded before the clock starts; every text and token is counted
     against the data's.
@@ -284,9 +295,12 @@ def _tokenize_only(cfg: dict) -> dict:
     parquet = pq.ParquetFile(cfg["parquet"])
     for group in range(parquet.num_row_groups):
         column = parquet.read_row_group(group, columns=["text"]).column("text")
-        _, lengths = tokenizer.encode_flat(column.to_pylist())
-        texts += len(lengths)
-        tokens += int(lengths.sum())
+        encode = tokenizer._encode_arrow_rust if rust else tokenizer.encode_arrow
+        ids, failures = encode(column)
+        if failures:
+            raise AssertionError(f"row group {group}: {len(failures)} rows failed to tokenize")
+        texts += len(ids)
+        tokens += len(ids.values)
     seconds = time.perf_counter() - start
     if (texts, tokens) != (cfg["n"], cfg["tokens"]):
         raise AssertionError(
@@ -448,7 +462,11 @@ def _child(variant: str, cfg_path: str) -> None:
     elif variant in FLAGSHIPS:
         out = _flagship(cfg, FLAGSHIPS[variant])
     else:
-        out = {"runinference": _runinference, "tokenize_only": _tokenize_only}[variant](cfg)
+        out = {
+            "runinference": _runinference,
+            "tokenize_only": _tokenize_only,
+            "tokenize_only_rust": _tokenize_only_rust,
+        }[variant](cfg)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -540,9 +558,14 @@ def _flagship_cosines(runs: dict) -> dict:
 
 
 def _side_by_side_ratios(results: dict, ratios: dict, ratios_best: dict) -> None:
-    """Adds ``host_only / tokenize_only`` (rates: how close the host runs to its tokenizer
-    alone) and ``pipeline_packed / pipeline_buckets`` (medians and best runs)."""
-    pairs = (("host_only", "tokenize_only"), ("pipeline_packed", "pipeline_buckets"))
+    """Adds ``host_only / tokenize_only`` and ``host_only / tokenize_only_rust`` (rates:
+    how close the host runs to its tokenizer alone) and ``pipeline_packed /
+    pipeline_buckets`` (medians and best runs)."""
+    pairs = (
+        ("host_only", "tokenize_only"),
+        ("host_only", "tokenize_only_rust"),
+        ("pipeline_packed", "pipeline_buckets"),
+    )
     for ours, theirs in pairs:
         if ours in results and theirs in results:
             name = f"{ours}_vs_{theirs}"
