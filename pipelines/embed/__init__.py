@@ -8,7 +8,7 @@ One route for every input, each step a module::
     read.py      files -> Arrow record batches, one per part (file, row range)
                   (Parquet, JSON lines: beam_jax.ReadArrowBatches; the built-in corpus)
                  -> Reshuffle (spread the parts over the workers)
-    tokenize.py  -> one Rust tokenizer call per record batch -> key + input_ids
+    tokenize.py  -> one tokenizer call per record batch -> key + input_ids
                  -> beam_jax.RunKernelOnArrow (MiniLM in JAX, bucketed or packed)
     write.py     -> each part written once all its rows have a result or a dead letter,
                   in the same fused stage (no shuffle of embeddings)

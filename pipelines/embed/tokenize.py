@@ -1,5 +1,5 @@
 """One tokenize step per part: a record batch of ``key``, ``id``, ``text`` in, token ids out,
-with one Rust tokenizer call per batch (``Tokenizer.encode_arrow``); a bad row is a dead
+with one tokenizer call per batch (``Tokenizer.encode_arrow``); a bad row is a dead
 letter at stage ``validation`` or ``tokenize`` (docs/embed_text.md).
 
 Example:
@@ -113,8 +113,8 @@ class TokenizeParts(beam.DoFn):
         whole = len(rows) == batch.num_rows
         texts = text if whole else text.take(pa.array(rows))
         keys = keys if whole else keys.take(pa.array(rows))
-        # The Rust tokenizer releases the GIL: later batches tokenize in the background
-        # while this one's tokens go on to the kernel and the writer.
+        # The tokenizer's numpy and Rust work release the GIL: later batches tokenize in
+        # the background while this one's tokens go on to the kernel and the writer.
         work = functools.partial(self._tokenizer.encode_arrow, texts)
         then = functools.partial(self._tokens, keys, texts)
         yield from self._ahead.submit(work, then, window, timestamp)
