@@ -28,6 +28,7 @@ from beam_jax._src.text.corpus import labelled_corpus as labelled_corpus
 from beam_jax._src.text.encoder import POOLING as POOLING
 from beam_jax._src.text.encoder import embed as embed
 from beam_jax._src.text.encoder import encode_tokens as encode_tokens
+from beam_jax._src.text.matmuls import MATMULS as MATMULS
 from beam_jax._src.text.model_dir import MINILM_MANIFEST as MINILM_MANIFEST
 from beam_jax._src.text.model_dir import ModelDir as ModelDir
 from beam_jax._src.text.model_dir import ModelFileMismatchError as ModelFileMismatchError

@@ -6,6 +6,7 @@ The reference embeddings in tests/fixtures/ come from sentence-transformers itse
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import re
@@ -20,6 +21,7 @@ import pytest
 import beam_jax as bj
 from beam_jax import text
 from beam_jax._src.text import corpus as corpus_source
+from beam_jax._src.text import matmuls as matmuls_module
 from beam_jax.internal import PackPlan
 from beam_jax.text import BertConfig, SentenceEncoder
 
@@ -144,6 +146,18 @@ def test_params_are_float32_and_transposed(params):
     assert params["embeddings"]["word"].shape == (30522, 384)
 
 
+def test_matmuls_are_checked_and_auto_is_measured(monkeypatch):
+    with pytest.raises(bj.SpecError, match=r"matmuls must be one of .* got 'half'"):
+        SentenceEncoder(path=None, config=BertConfig(), matmuls="half")
+    auto = SentenceEncoder(path=None, config=BertConfig(), matmuls="auto")
+    for speedup, chosen in ((3.0, "bfloat16"), (1.2, "float32")):
+        monkeypatch.setattr(matmuls_module, "bfloat16_speedup", lambda shape, s=speedup: s)
+        assert auto.resolved_matmuls() == chosen
+    monkeypatch.undo()
+    assert matmuls_module.bfloat16_speedup((64, 32, 32)) > 0  # a real measurement
+    assert dataclasses.replace(auto, matmuls="float32").resolved_matmuls() == "float32"
+
+
 # --- tokenizer --------------------------------------------------------------------
 
 
@@ -185,6 +199,32 @@ def test_embeddings_match_sentence_transformers(params, reference):
     assert cos[worst] >= MIN_COSINE, (cos[worst], reference["texts"][worst][:80])
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
     np.testing.assert_allclose(got, reference["embeddings"], atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def bfloat16_params():
+    return dataclasses.replace(ENCODER, matmuls="bfloat16").load_params()
+
+
+def test_bfloat16_matmuls_keep_the_cosine_to_sentence_transformers(
+    params, bfloat16_params, reference
+):
+    """bfloat16 inputs and weights, float32 sums: only the dense layers' matrices are
+    bfloat16, and both kernels stay within MIN_COSINE of sentence-transformers' float32."""
+    layer = bfloat16_params["layers"][0]
+    assert layer["intermediate"]["w"].dtype == jnp.bfloat16
+    assert layer["intermediate"]["b"].dtype == np.float32
+    assert layer["attention_norm"]["scale"].dtype == np.float32
+    assert bfloat16_params["embeddings"]["word"].dtype == np.float32
+    bucketed = embed_bucketed(bfloat16_params, reference["ids"])
+    packed, _ = embed_packed(bfloat16_params, reference["ids"])
+    for got in (bucketed, packed):
+        cos = cosines(got, reference["embeddings"])
+        worst = int(np.argmin(cos))
+        assert cos[worst] >= MIN_COSINE, (cos[worst], reference["texts"][worst][:80])
+    # The bfloat16 path ran: the vectors are close to float32's, not equal to them.
+    exact = embed_bucketed(params, reference["ids"])
+    assert 1e-6 < np.abs(bucketed - exact).max() < 1e-2
 
 
 def test_padding_does_not_change_the_embedding(params, reference):

@@ -29,7 +29,14 @@ or their elementwise maximum (sentence-transformers' ``pooling_mode_*_token(s)``
 
 
 def _dense(x: jax.Array, p: Mapping[str, jax.Array]) -> jax.Array:
-    return jnp.matmul(x, p["w"], precision=PRECISION) + p["b"][None, :]
+    """``x @ w + b`` in the weights' dtype: float32, or bfloat16 inputs summed in float32
+    (weights cast by ``matmuls.cast_dense``); the output is float32 either way."""
+    w = p["w"]
+    if w.dtype == jnp.bfloat16:
+        product = jnp.matmul(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+    else:
+        product = jnp.matmul(x, w, precision=PRECISION)
+    return product + p["b"][None, :]
 
 
 def _layer_norm(x: jax.Array, p: Mapping[str, jax.Array], eps: float) -> jax.Array:

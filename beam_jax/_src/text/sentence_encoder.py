@@ -14,6 +14,7 @@ import numpy as np
 
 from beam_jax._src.core.spec import ArraySpec
 from beam_jax._src.errors import SpecError
+from beam_jax._src.text import matmuls as mm
 from beam_jax._src.text import model_dir as md
 from beam_jax._src.text import remote
 from beam_jax._src.text.config import BertConfig
@@ -56,6 +57,11 @@ class SentenceEncoder:
         lowercase: Whether texts are lower-cased before tokenizing.
         manifest: The path of a sha256 manifest the files are checked against before use,
             or ``None`` (the packaged model is always checked against beam_jax's own).
+        matmuls: The dense layers' matmuls: ``"float32"``; ``"bfloat16"`` (inputs and
+            weights rounded to bfloat16, sums in float32: several times faster where the
+            device has bfloat16 units, cosine >= 0.99997 with float32 on MiniLM); or
+            ``"auto"``, chosen by each worker process for its own device when it loads
+            the weights (see ``beam_jax._src.text.matmuls``).
     """
 
     path: str | None
@@ -65,10 +71,16 @@ class SentenceEncoder:
     max_length: int = 256
     lowercase: bool = False
     manifest: str | None = None
+    matmuls: str = "float32"
 
     def __post_init__(self):
         if not isinstance(self.config, BertConfig):
             raise SpecError(f"config must be a BertConfig, got {type(self.config).__name__}")
+        if self.matmuls not in mm.MATMULS:
+            raise SpecError(
+                f"matmuls must be one of {mm.MATMULS}, got {self.matmuls!r}; 'auto' takes "
+                "bfloat16 where this device runs it much faster than float32"
+            )
         if self.pooling not in POOLING:
             raise SpecError(f"pooling must be one of {POOLING}, got {self.pooling!r}")
         length = self.max_length
@@ -87,6 +99,7 @@ class SentenceEncoder:
         *,
         manifest: str | pathlib.Path | None = None,
         max_length: int | None = None,
+        matmuls: str = "float32",
     ) -> SentenceEncoder:
         """Reads a sentence-transformers BERT model directory's configs (not its weights).
 
@@ -106,6 +119,7 @@ class SentenceEncoder:
             manifest: A JSON manifest of sha256 digests (:func:`make_manifest`) the files
                 must match, checked now and again before a worker reads them.
             max_length: Most tokens per text; defaults to the model's ``max_seq_length``.
+            matmuls: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (the attribute).
 
         Raises:
             FileNotFoundError: The directory, a file it needs, or the package is missing.
@@ -130,6 +144,7 @@ class SentenceEncoder:
             max_length=model.max_length if max_length is None else max_length,
             lowercase=model.lowercase,
             manifest=None if manifest is None else str(manifest),  # as given: see model_dir
+            matmuls=matmuls,
         )
 
     @property
@@ -160,15 +175,24 @@ class SentenceEncoder:
         return md.read_model_dir(self.model_dir())
 
     def load_params(self) -> Params:
-        """The weights as a pytree of float32 numpy arrays (usable as
-        ``KernelOptions.load_params``; run once per worker process).
+        """The weights as a pytree of numpy arrays (usable as ``KernelOptions.load_params``;
+        run once per worker process): float32, the dense layers' matrices in bfloat16 where
+        ``matmuls`` is, or resolves here to, ``"bfloat16"``.
 
         Raises:
             ModelFileMismatchError: A file differs from the manifest.
             KeyError, ValueError: A weight is missing or has the wrong shape.
         """
         files = self._files()
-        return read_weights(files.transformer / "model.safetensors", self.config)
+        params = read_weights(files.transformer / "model.safetensors", self.config)
+        return mm.cast_dense(params, self.resolved_matmuls())
+
+    def resolved_matmuls(self) -> str:
+        """``"float32"`` or ``"bfloat16"``: :attr:`matmuls`, with ``"auto"`` resolved for
+        this process's default device (measured once per process, on the model's own
+        feed-forward shape)."""
+        hidden, inner = self.config.hidden_size, self.config.intermediate_size
+        return mm.resolve(self.matmuls, (1024, hidden, inner))
 
     def tokenizer(self) -> Tokenizer:
         """The model's tokenizer, truncating to ``max_length`` as sentence-transformers does.
