@@ -57,8 +57,10 @@ def _check_embeddings(table: pa.Table, expected: dict) -> None:
     assert cos.min() >= MIN_COSINE, f"id {ids[worst]}: cosine {cos[worst]:.6f}"
 
 
-@pytest.mark.parametrize("batching", ["buckets", "packed"])
-def test_parquet_int32_ids_embeddings_and_dead_letters(tmp_path, reference, batching):
+@pytest.mark.parametrize(
+    "batching, matmuls", [("buckets", "float32"), ("packed", "bfloat16")]
+)  # fmt: skip
+def test_parquet_int32_ids_embeddings_and_dead_letters(tmp_path, reference, batching, matmuls):
     texts, embeddings, full_lengths, token_lengths = reference
     assert (full_lengths > 256).sum() >= 20  # long texts, truncated like sentence-transformers
     ids = [1000 + 7 * i for i in range(len(texts))]
@@ -78,7 +80,7 @@ def test_parquet_int32_ids_embeddings_and_dead_letters(tmp_path, reference, batc
     source = tmp_path / "in.parquet"
     pq.write_table(table, source, row_group_size=100)  # several row groups
     out = tmp_path / "out"
-    flags = ["--batching", batching]
+    flags = ["--batching", batching, "--matmuls", matmuls]
 
     summary = embed_text.run(
         ["--input", str(source), "--output", str(out), "--runner=FnApiRunner", *flags]
@@ -229,7 +231,8 @@ def test_any_sentence_transformers_bert_directory_is_the_model(tmp_path, batchin
     texts = sample_texts(40, seed=3)
     pq.write_table(pa.table({"id": list(range(40)), "text": texts}), tmp_path / "in.parquet")
     out = tmp_path / "out"
-    flags = ("--model_dir", str(model), "--batching", batching)
+    # float32 matmuls: the float64 reference is met to 1e-5 (bfloat16's are ~3e-5 off).
+    flags = ("--model_dir", str(model), "--batching", batching, "--matmuls", "float32")
     summary = ft.run(tmp_path / "in.parquet", out, *flags)
     assert summary.rows == 40 and summary.results == 40
     table, failed = ft.read_outputs(out)

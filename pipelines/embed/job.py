@@ -289,7 +289,9 @@ def run(
     started = time.perf_counter()
     args, options = parse_args(argv)
     # A tampered or incomplete model fails the launch, naming the file.
-    model = SentenceEncoder.from_dir(args.model_dir, manifest=args.model_manifest)
+    model = SentenceEncoder.from_dir(
+        args.model_dir, manifest=args.model_manifest, matmuls=args.matmuls
+    )
     inputs = Inputs.from_args(args)
     id_type = _id_type(args, inputs)
     output = OutputDir(args.output, layout=write.LAYOUT)
@@ -299,12 +301,16 @@ def run(
         "rows_per_part": args.rows_per_part,
         "model_dir": args.model_dir,
         "max_tokenized_chars": MAX_TOKENIZED_CHARS,
+        "matmuls": args.matmuls,
     }
     if jobs.is_dry_run(options):
         return _dry_run(args, options, model, inputs, id_type, output)
     reused = output.prepare(job, overwrite=args.overwrite)
     launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options), model)
     print(launch, flush=True)
+    if args.matmuls == "auto" and launch_plan.in_process(options):
+        chosen = model.resolved_matmuls()  # measured once; the worker here reuses it
+        print(f"matmuls: auto chose {chosen} on this machine", flush=True)
     pipeline = beam.Pipeline(options=options)
     console = RunConsole("embed_text", args, options, output.path)
     done = write.done_parts(reused, inputs)

@@ -208,7 +208,9 @@ def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None)
             batch_sizes=args.batch_sizes,
         )
         return LaunchPlan(None, fixed)
-    model = model or text.SentenceEncoder.from_dir(args.model_dir, manifest=args.model_manifest)
+    model = model or text.SentenceEncoder.from_dir(
+        args.model_dir, manifest=args.model_manifest, matmuls=args.matmuls
+    )
     texts, total = sample_texts(inputs, args.plan_sample)
     choice = text.plan_batching(
         token_lengths(texts, model),
