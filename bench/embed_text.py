@@ -44,11 +44,13 @@ text's token ids, repeated 384 times (``tests/test_bench.py`` checks every row o
   (``encode_batch_fast``, the ids without offsets), the floor before printable ASCII was
   tokenized with numpy. ``host_only / tokenize_only_rust`` is printed when both ran.
 
-Two more run the flagship with its batching chosen (side by side with ``pipeline``, which
-lets the flagship choose), each with a compilation cache of its own (round 1 cold):
+Three more run the flagship with its batching or its matmuls chosen (side by side with
+``pipeline``, which lets the flagship choose both), each with a compilation cache of its
+own (round 1 cold):
 
 * ``pipeline_packed``: ``--batching packed`` (several texts per row, a few row lengths).
 * ``pipeline_buckets``: ``--batching buckets`` (each text padded to its length bucket).
+* ``pipeline_float32``: ``--matmuls float32`` (where ``auto`` takes bfloat16's).
 
 For every model variant the table gives the executed FLOPs per real token (``FLOP/tok``,
 in MFLOP: attention included, at the lengths the kernel actually ran, padding and empty
@@ -66,8 +68,9 @@ torch's and the tokenizer's thread counts). The CPUs here may be shared with oth
 the variants take turns over ``--rounds`` rounds (order rotated each round) and the table
 shows each variant's median time; ``pipeline``'s embeddings are checked against
 sentence-transformers' (cosine). ``MFU`` is the encoder's useful FLOPs (real tokens only)
-over the whole run's time, divided by the machine's fp32 matmul peak (``bench/peak.py``),
-for every model variant.
+over the whole run's time, divided by the machine's matmul peak (``bench/peak.py``) in the
+dtype of the variant's dense matmuls: fp32, or bf16 (bfloat16 inputs, float32 sums) where
+the flagship's ``--matmuls`` chose bfloat16, which the table's last lines name.
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ VARIANTS = (
     "tokenize_only_rust",
     "pipeline_packed",
     "pipeline_buckets",
+    "pipeline_float32",
 )
 HOST_ONLY = {"host_only": [], "host_only_buckets": ["--batching", "buckets"]}
 # The flagship with its batching chosen; "pipeline" lets it choose.
@@ -106,6 +110,7 @@ FLAGSHIPS = {
     "pipeline": [],
     "pipeline_packed": ["--batching", "packed"],
     "pipeline_buckets": ["--batching", "buckets"],
+    "pipeline_float32": ["--matmuls", "float32"],
 }
 MODEL_VARIANTS = (*FLAGSHIPS, "sentence_transformers", "runinference")
 DIM = 384
@@ -171,6 +176,16 @@ def _write_data(workdir: Path, n: int) -> dict:
 # ---- variants, each run in its own child process --------------------------------------
 
 
+def _matmuls(cfg: dict) -> str:
+    """The dtype the flagship's dense matmuls ran in, in this (its only worker's) process:
+    ``--matmuls`` resolved as its worker resolved it (measured once per process)."""
+    from beam_jax.text import SentenceEncoder
+    from pipelines.embed.flags import parse_args
+
+    args, _ = parse_args(["--runner=FnApiRunner", *cfg["pipeline_args"]])
+    return SentenceEncoder.from_dir(cfg["model_dir"], matmuls=args.matmuls).resolved_matmuls()
+
+
 def _pipeline(cfg: dict, encoder=None) -> dict:
     from pipelines.embed import job
 
@@ -185,6 +200,7 @@ def _pipeline(cfg: dict, encoder=None) -> dict:
     if not summary.conserved or summary.results != cfg["n"]:
         raise AssertionError(f"pipeline lost rows: {summary}")
     return {
+        "matmuls": None if encoder else _matmuls(cfg),
         "seconds": seconds,
         "compiles": summary.compiles,
         "compile_seconds": summary.compile_seconds,
@@ -574,9 +590,11 @@ def _side_by_side_ratios(results: dict, ratios: dict, ratios_best: dict) -> None
             ratios_best[name] = b["seconds_best"] / a["seconds_best"]
 
 
-def _flop_fields(variant: str, r: dict, data: dict, peak: float | None) -> None:
-    """Sets ``mfu`` (useful FLOPs over the median time, against the fp32 matmul ``peak``)
+def _flop_fields(variant: str, r: dict, data: dict, peaks: dict) -> None:
+    """Sets ``mfu`` (useful FLOPs over the median time, against the matmul peak of the
+    dtype the variant's dense matmuls ran in: bf16's for ``matmuls`` bfloat16, else fp32's)
     and ``flops_per_real_token`` (executed) for a model variant; ``None`` for the others."""
+    peak = peaks.get("bf16" if r.get("matmuls") == "bfloat16" else "fp32")
     model = variant in MODEL_VARIANTS
     r["mfu"] = data["flops"] / r["seconds_median"] / (peak * 1e9) if model and peak else None
     slots = data["st_slots_by_length"] if variant == "sentence_transformers" else None
@@ -719,9 +737,8 @@ def main(argv: list[str] | None = None) -> dict:
     from fingerprint import fingerprint, format_fingerprint
 
     machine = fingerprint()
-    peak = machine["peak_gflops"].get("fp32")
     for variant, r in results.items():
-        _flop_fields(variant, r, data, peak)
+        _flop_fields(variant, r, data, machine["peak_gflops"])
     print()
     print(
         f"{'variant':22} {'sentences/s':>11} {'median s':>9} {'spread':>7} {'CPU s':>7} "
@@ -746,6 +763,12 @@ def main(argv: list[str] | None = None) -> dict:
         "attention over each text's own length)"
     )
     print(f"medians of {args.rounds} rounds each; {format_fingerprint(machine)}")
+    matmuls = {v: r["matmuls"] for v, r in results.items() if r.get("matmuls")}
+    if matmuls:
+        print(
+            "dense matmuls (MFU against that dtype's peak): "
+            + ", ".join(f"{v} {m}" for v, m in matmuls.items())
+        )
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x (medians), {ratios_best[name]:.2f}x (best runs)")
     cold_warm = {}

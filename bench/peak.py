@@ -12,6 +12,7 @@ peak is an honest utilisation, and absolute figures from two machines can be com
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -40,7 +41,11 @@ def has_bf16() -> bool:
 
 
 def matmul_gflops(n: int, dtype: str = "float32", repeat: int = 5) -> float:
-    """Median GFLOP/s of an ``n x n`` by ``n x n`` matmul over ``repeat`` timed runs."""
+    """Median GFLOP/s of an ``n x n`` by ``n x n`` matmul over ``repeat`` timed runs.
+
+    bfloat16 is multiplied as models multiply it: bfloat16 inputs, float32 sums and output
+    (``preferred_element_type``; with a bfloat16 output XLA's CPU backend takes a slower
+    path that does not use Intel AMX)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -48,7 +53,8 @@ def matmul_gflops(n: int, dtype: str = "float32", repeat: int = 5) -> float:
     rng = np.random.default_rng(0)
     a = jnp.asarray(rng.standard_normal((n, n), dtype=np.float32), dtype=dtype)
     b = jnp.asarray(rng.standard_normal((n, n), dtype=np.float32), dtype=dtype)
-    exe = jax.jit(jnp.matmul).lower(a, b).compile()
+    fn = functools.partial(jnp.matmul, preferred_element_type=jnp.float32)
+    exe = jax.jit(fn).lower(a, b).compile()
     exe(a, b).block_until_ready()  # warm-up: first-touch of the output buffer
     times = []
     for _ in range(max(1, repeat)):

@@ -229,14 +229,18 @@ def _flagship_has_batching() -> bool:
     reason="the flagship's --batching flag (pipelines.embed) is not in this tree yet",
 )
 def test_embed_text_bench_runs_the_flagship_packed_and_bucketed(tmp_path):
-    """Both batchings run end to end side by side; each reports its executed FLOPs per real
-    token and MFU, and packed is compared with buckets."""
+    """Both batchings and float32 matmuls run end to end side by side; each reports the
+    dtype its dense matmuls ran in, its executed FLOPs per real token and MFU (against that
+    dtype's peak), and packed is compared with buckets."""
     embed_text = _bench_module("embed_text")
     report = embed_text.main(
-        ["--variants", "pipeline_packed,pipeline_buckets", "--texts", "60", "--rounds", "1"]
-    )
-    for name in ("pipeline_packed", "pipeline_buckets"):
+        ["--variants", "pipeline_packed,pipeline_buckets,pipeline_float32", "--texts", "60",
+         "--rounds", "1"]
+    )  # fmt: skip
+    assert report["variants"]["pipeline_float32"]["matmuls"] == "float32"
+    for name in ("pipeline_packed", "pipeline_buckets", "pipeline_float32"):
         variant = report["variants"][name]
+        assert variant["matmuls"] in ("float32", "bfloat16")
         assert variant["compiles"] >= 1 and 0 < variant["mfu"] < 1
         # Every real token costs at least the dense layers; padding and attention add.
         assert variant["flops_per_real_token"] > embed_text.flops_per_token(1)
