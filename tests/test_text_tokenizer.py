@@ -178,3 +178,10 @@ def test_ascii_and_other_rows_interleave_in_row_order(tokenizer, rows):
     flat, lengths = tokenizer.encode_flat(texts)
     assert lengths.tolist() == [len(x) for x in expected]
     assert flat.tolist() == [i for x in expected for i in x]
+
+
+def test_encode_flat_leaves_what_arrow_cannot_hold_to_the_rust_tokenizer(tokenizer):
+    """A lone surrogate is no UTF-8: the Rust tokenizer's own error, as before, not Arrow's."""
+    with pytest.raises(Exception) as caught:
+        tokenizer.encode_flat(["ok", "bad \ud800"])
+    assert not isinstance(caught.value, (pa.ArrowException, UnicodeError))

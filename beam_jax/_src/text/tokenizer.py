@@ -159,7 +159,10 @@ class Tokenizer:
         texts = list(texts)
         if self._wordpiece is None or not all(type(t) is str for t in texts):
             return self._encode_rust(texts)
-        column = pa.array(texts, pa.string())
+        try:
+            column = pa.array(texts, pa.string())
+        except (pa.ArrowException, UnicodeError):  # e.g. a lone surrogate: Rust says why
+            return self._encode_rust(texts)
         handled, lengths, ids = self._wordpiece.encode(column, skip=self._long(column))
         if handled.all():
             return ids, lengths.astype(np.int64)
