@@ -172,6 +172,7 @@ TEXT = {
     "read_weights",
     "ACTIVATIONS",
     "POOLING",
+    "MATMULS",
     "MAX_TOKENIZED_CHARS",
     # text to try them on
     "builtin_corpus",

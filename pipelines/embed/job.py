@@ -307,10 +307,11 @@ def run(
         return _dry_run(args, options, model, inputs, id_type, output)
     reused = output.prepare(job, overwrite=args.overwrite)
     launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options), model)
-    print(launch, flush=True)
+    described = str(launch)
     if args.matmuls == "auto" and launch_plan.in_process(options):
-        chosen = model.resolved_matmuls()  # measured once; the worker here reuses it
-        print(f"matmuls: auto chose {chosen} on this machine", flush=True)
+        # Measured once per process: the worker in this process reuses it.
+        described += f"; --matmuls auto: {model.resolved_matmuls()} on this machine"
+    print(described, flush=True)
     pipeline = beam.Pipeline(options=options)
     console = RunConsole("embed_text", args, options, output.path)
     done = write.done_parts(reused, inputs)
