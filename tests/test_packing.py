@@ -532,20 +532,35 @@ def test_first_fit_matches_a_plain_scan_of_open_rows(lengths, max_segments):
     assert sorted(a.refused.tolist()) == [i for i, n in enumerate(lengths) if n > 32]
 
 
+def test_lay_out_refuses_a_row_past_its_slots_or_segments():
+    plan = PackPlan(
+        bj.ArraySpec(("L",), np.float32),
+        bj.Packing(row_lengths=64, rows_per_batch=8, max_segments=8),
+    )
+    nine = [[np.ones(1, np.float32)] for _ in range(9)]
+    with pytest.raises(bj.SpecError, match="9 segments \\(max_segments 8\\)"):
+        plan.lay_out(nine, [0] * 9, 64)
+    long = [[np.ones(40, np.float32)] for _ in range(2)]
+    with pytest.raises(bj.SpecError, match="up to 80 slots"):
+        plan.lay_out(long, [0, 0], 64)
+
+
 @hypothesis.settings(max_examples=60, deadline=None)
 @hypothesis.given(
     rows=st.lists(st.integers(0, 5), min_size=0, max_size=30),
     data=st.data(),
 )
 def test_lay_out_places_each_row_records_end_to_end_in_the_order_given(rows, data):
+    # Rows of 256 slots and 32 segments: even all 30 records of 8 values in one row fit
+    # (overflowing a row is refused, tested apart).
     plan = PackPlan(
         bj.ArraySpec(("L",), np.float32),
-        bj.Packing(row_lengths=64, rows_per_batch=8, max_segments=8),
+        bj.Packing(row_lengths=256, rows_per_batch=8, max_segments=32),
     )
     lengths = [data.draw(st.integers(1, 8)) for _ in rows]
     records = [[np.full(n, i + 1, np.float32)] for i, n in enumerate(lengths)]
-    batch = plan.lay_out(records, rows, 64)
-    given = plan.lay_out(records, rows, 64, lengths)
+    batch = plan.lay_out(records, rows, 256)
+    given = plan.lay_out(records, rows, 256, lengths)
     numbered = {r: k for k, r in enumerate(dict.fromkeys(rows))}  # by first appearance
     used: dict[int, int] = {}
     for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
