@@ -4,7 +4,8 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
 
 - :class:`OutputDir` stages the job's files under ``OUTPUT/_unfinished/`` and publishes
   them only when the job succeeds (a rerun of the same job resumes from finished parts);
-  :class:`OutputLayout` says which files are the job's.
+  :class:`OutputLayout` says which files are the job's; :func:`write_atomically` and
+  :func:`open_atomically` write a file whole or not at all.
 - :class:`CountProgress` counts elements in the workers and :class:`ProgressPrinter`
   prints a progress line on the driver (local runners).
 - :class:`RunConsole` keeps Beam's and JAX's logs in a log file unless ``--verbose``
@@ -67,6 +68,7 @@ from beam_jax._src.jobs.main import run_main as run_main
 from beam_jax._src.jobs.output_dir import OutputDir as OutputDir
 from beam_jax._src.jobs.output_dir import OutputExistsError as OutputExistsError
 from beam_jax._src.jobs.output_dir import OutputLayout as OutputLayout
+from beam_jax._src.jobs.output_dir import open_atomically as open_atomically
 from beam_jax._src.jobs.output_dir import write_atomically as write_atomically
 from beam_jax._src.jobs.progress import CountProgress as CountProgress
 from beam_jax._src.jobs.progress import ProgressPrinter as ProgressPrinter

@@ -9,6 +9,8 @@ import os
 import re
 
 import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
@@ -77,6 +79,23 @@ def test_publishing_replaces_only_the_job_s_files_and_resumes_the_same_job(tmp_p
     assert _tree(root)["part-0.txt"] == b"zero"  # kept until the run succeeds
     output.publish({"rows": 1})
     assert sorted(_tree(root)) == ["_my_job.json", "notes.txt", "part-7.txt"]
+
+
+def test_a_file_opened_atomically_appears_whole_or_not_at_all(tmp_path):
+    """What the block writes appears under the name only when the block ends; a block that
+    raises leaves the name as it was and no temporary file behind."""
+    path = tmp_path / "part.parquet"
+    table = pa.table({"id": [1, 2, 3]})
+    with jobs.open_atomically(str(path)) as f:
+        pq.write_table(table, f)  # streamed into the file, no copy in memory
+        assert not path.exists() and len(list(tmp_path.iterdir())) == 1
+    assert pq.read_table(path).equals(table)
+    with pytest.raises(RuntimeError, match="cut short"):
+        with jobs.open_atomically(str(path)) as f:
+            f.write(b"half a file")
+            raise RuntimeError("cut short")
+    assert pq.read_table(path).equals(table)  # the earlier file, untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["part.parquet"]
 
 
 def test_over_the_threshold_nothing_is_published_and_a_failure_says_what_is_kept(tmp_path):

@@ -198,6 +198,7 @@ JOBS = {
     "OutputLayout",
     "OutputExistsError",
     "write_atomically",
+    "open_atomically",
     "CountProgress",
     "ProgressPrinter",
     "read_counts",

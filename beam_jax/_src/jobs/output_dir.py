@@ -21,18 +21,20 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
 import uuid
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jax._src.errors import BeamJaxError, DeadLetterThresholdError
 
-__all__ = ["OutputLayout", "OutputDir", "OutputExistsError", "write_atomically"]
+__all__ = ["OutputLayout", "OutputDir", "OutputExistsError", "open_atomically", "write_atomically"]
 
 STAGING = "_unfinished"
 JOB = "_job.json"
@@ -41,22 +43,45 @@ METRICS = "_metrics.json"  # written by write_metrics after publishing
 DEAD_LETTERS = "dead_letters.jsonl"
 
 
-def write_atomically(path: str, data: bytes) -> None:
-    """Writes ``data`` to a temporary name beside ``path``, then renames it to ``path``.
+@contextlib.contextmanager
+def open_atomically(path: str) -> Iterator[BinaryIO]:
+    """A binary file to write ``path`` through, whole or not at all.
 
-    A reader (or a rerun) sees the whole file or none of it; the temporary name starts
-    with ``.``, which :class:`OutputDir` never lists.
+    What the ``with`` block writes goes to a temporary name beside ``path`` (starting with
+    ``.``, which :class:`OutputDir` never lists), renamed to ``path`` when the block ends;
+    if the block raises, the temporary file is removed and ``path`` is left as it was. A
+    writer that streams (``pyarrow.parquet.write_table(table, f)``) needs no copy of the
+    whole file in memory.
+
+    Example:
+        >>> with open_atomically("note.txt") as f:
+        ...     _ = f.write(b"done")
+        >>> open("note.txt", "rb").read()
+        b'done'
+    """
+    directory, name = path.rsplit("/", 1) if "/" in path else (".", path)
+    temporary = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            yield f
+    except BaseException:
+        with contextlib.suppress(Exception):  # the block's error is the one to see
+            FileSystems.delete([temporary])
+        raise
+    FileSystems.rename([temporary], [path])
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Writes ``data`` to a temporary name beside ``path``, then renames it to ``path``
+    (:func:`open_atomically`): a reader (or a rerun) sees the whole file or none of it.
 
     Example:
         >>> write_atomically("note.txt", b"done")
         >>> open("note.txt", "rb").read()
         b'done'
     """
-    directory, name = path.rsplit("/", 1) if "/" in path else (".", path)
-    temporary = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
-    with FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with open_atomically(path) as f:
         f.write(data)
-    FileSystems.rename([temporary], [path])
 
 
 def _pattern(value: re.Pattern | str | None, name: str) -> re.Pattern | None:
