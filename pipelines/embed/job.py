@@ -308,8 +308,10 @@ def run(
     reused = output.prepare(job, overwrite=args.overwrite)
     launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options), model)
     described = str(launch)
-    if args.matmuls == "auto" and launch_plan.in_process(options):
-        # Measured once per process: the worker in this process reuses it.
+    model_kernel = encoder is None or None in (encoder.element_fn, encoder.packed_fn)
+    if model_kernel and args.matmuls == "auto" and launch_plan.in_process(options):
+        # Measured once per process: the worker in this process reuses it. (--matmuls
+        # applies to the model's kernels only, not to an Encoder's.)
         described += f"; --matmuls auto: {model.resolved_matmuls()} on this machine"
     print(described, flush=True)
     pipeline = beam.Pipeline(options=options)
