@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import pathlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -247,23 +247,14 @@ class Tokenizer:
             return self._encode_arrow_rust(texts)
         handled, lengths, ids = self._wordpiece.encode(texts, skip=self._long(texts))
         if handled.all():
-            offsets = np.zeros(len(texts) + 1, np.int32)
-            np.cumsum(lengths, out=offsets[1:])
-            return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)), {}
+            return _list_array(lengths, ids, ()), {}
         rest = np.flatnonzero(~handled)
         rest_ids, rest_failures = self._encode_arrow_rust(texts.filter(pa.array(~handled)), rest)
         rest_lengths = np.diff(rest_ids.offsets.to_numpy())
         rest_flat = rest_ids.flatten().to_numpy()
         lengths, flat = _merge(handled, lengths, ids, rest_lengths, rest_flat)
-        offsets = np.zeros(len(texts) + 1, np.int32)
-        np.cumsum(lengths, out=offsets[1:])
         failures = {int(rest[j]): error for j, error in rest_failures.items()}
-        mask = None
-        if failures:
-            mask = np.zeros(len(texts), bool)
-            mask[list(failures)] = True
-            mask = pa.array(mask)
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), mask=mask), failures
+        return _list_array(lengths, flat, failures), failures
 
     def _encode_arrow_rust(
         self, texts: pa.Array, rows: np.ndarray | None = None
@@ -302,17 +293,9 @@ class Tokenizer:
                 )
         for row in failures:
             lengths[row] = 0
-        offsets = np.zeros(n + 1, np.int32)
-        np.cumsum(lengths, out=offsets[1:])
         keep = [ids[j] for j, r in enumerate(good) if r not in failures] if failures else ids
-        flat = np.fromiter(itertools.chain.from_iterable(keep), np.int32, int(offsets[-1]))
-        mask = None
-        if failures:
-            mask = np.zeros(n, bool)
-            mask[list(failures)] = True
-            mask = pa.array(mask)
-        out = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), mask=mask)
-        return out, dict(sorted(failures.items()))
+        flat = np.fromiter(itertools.chain.from_iterable(keep), np.int32, int(lengths.sum()))
+        return _list_array(lengths, flat, failures), dict(sorted(failures.items()))
 
     def _python_texts(self, texts: pa.Array, failures: dict[int, Exception], name) -> list[Any]:
         """The column as Python strings, trimmed; invalid UTF-8 rows added to ``failures``."""
@@ -347,6 +330,20 @@ class Tokenizer:
                 ids.append([])
                 errors[j] = e
         return ids, errors
+
+
+def _list_array(lengths: np.ndarray, flat: np.ndarray, failed: Iterable[int]) -> pa.ListArray:
+    """``list<int32>`` rows of ``lengths`` ids each, laid end to end in ``flat``; null at
+    the ``failed`` rows (whose lengths are 0)."""
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    failed = list(failed)
+    mask = None
+    if failed:
+        mask = np.zeros(len(lengths), bool)
+        mask[failed] = True
+        mask = pa.array(mask)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32()), mask=mask)
 
 
 def _merge(
