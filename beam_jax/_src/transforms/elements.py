@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -12,6 +12,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jax._src.core.plan import Plan
 from beam_jax._src.engine.elements import ElementFrontEnd, PerElement, validate_element
+from beam_jax._src.engine.options import KernelOptions
 from beam_jax._src.transforms.base import Source, WorkerDoFn, dead_letter_output
 
 
@@ -37,7 +38,16 @@ class ElementsDoFn(WorkerDoFn):
         start_id: as for ``WorkerDoFn``.
     """
 
-    def __init__(self, fn, spec, options, handle_errors, keyed: bool, outputs=None, start_id=None):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        spec: Any,
+        options: KernelOptions,
+        handle_errors: bool,
+        keyed: bool,
+        outputs: Callable[[Plan, Any], Any] | None = None,
+        start_id: str | None = None,
+    ):
         super().__init__(fn, spec, options, handle_errors, start_id)
         self._keyed = keyed
         self._outputs = outputs or functools.partial(per_element, keyed)

@@ -31,7 +31,15 @@ from beam_jax._src.transforms.base import KernelTransform, Source, WorkerDoFn
 class _ArrowFrontEnd(WorkerDoFn):
     """Record batches in, record batches out: decode and bucket whole columns at once."""
 
-    def __init__(self, fn, spec, options, handle_errors, columns: ArrowColumns, start_id=None):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        spec: Any,
+        options: KernelOptions,
+        handle_errors: bool,
+        columns: ArrowColumns,
+        start_id: str | None = None,
+    ):
         super().__init__(fn, spec, options, handle_errors, start_id)
         self._columns = columns
 
