@@ -34,6 +34,15 @@ DEFAULT_SHAPE_COST = 2000.0
 # host_only), with the model as fast.
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_TOKENS_PER_CHUNK = 1024
+# With --accelerator, batches run whole and 4x as large. 8k tokens of MiniLM are ~190
+# GFLOP, ~4 ms on an L4 at 40% of its bf16 peak and ~0.5 ms on an H100: there the host's
+# work per batch (laying out, dispatch, results) matters, and 4x larger batches made the
+# host alone 1.17x as fast (bench/embed_text.py --variants host_only --texts 200000, with
+# and without --pipeline-args "--batch_size 1024 --max_tokens_per_batch 32768
+# --tokens_per_chunk 0"). At 32k tokens a batch's largest activations (attention scores,
+# float32) stay under ~0.5 GB.
+ACCELERATOR_BATCH_SIZE = 1024
+ACCELERATOR_MAX_TOKENS = 32768
 # Rows per output part (~12 MB of embeddings): the most a crash makes a rerun redo.
 DEFAULT_ROWS_PER_PART = 8192
 DEFAULT_OUTPUT = "output/embed_text"
@@ -82,10 +91,12 @@ def _parser() -> argparse.ArgumentParser:
         help="--buckets auto: texts tokenized at launch to plan")  # fmt: skip
     add("--shape_cost", type=jobs.non_negative, default=DEFAULT_SHAPE_COST,
         help="--buckets auto: one more compiled shape's cost in padded tokens")  # fmt: skip
-    add("--batch_size", type=positive_int, default=DEFAULT_BATCH_SIZE,
-        help="the largest padded batch of texts per kernel call")  # fmt: skip
-    add("--max_tokens_per_batch", type=positive_int, default=DEFAULT_MAX_TOKENS,
-        help="cap on batch rows x bucket length")  # fmt: skip
+    add("--batch_size", type=positive_int,
+        help="the largest padded batch of texts per kernel call (default: "
+        f"{DEFAULT_BATCH_SIZE}; {ACCELERATOR_BATCH_SIZE} with --accelerator)")  # fmt: skip
+    add("--max_tokens_per_batch", type=positive_int,
+        help="cap on batch rows x bucket length (default: "
+        f"{DEFAULT_MAX_TOKENS}; {ACCELERATOR_MAX_TOKENS} with --accelerator)")  # fmt: skip
     add("--tokens_per_chunk", type=_non_negative_int,
         help="the most padded tokens the model runs at once: a larger batch runs as chunks "
         f"of this size inside one kernel call; 0: each batch whole (default: "
@@ -143,4 +154,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         )
     if args.tokens_per_chunk is None:  # cache-sized chunks help CPUs, not accelerators
         args.tokens_per_chunk = 0 if args.accelerator else DEFAULT_TOKENS_PER_CHUNK
+    if args.batch_size is None:
+        args.batch_size = ACCELERATOR_BATCH_SIZE if args.accelerator else DEFAULT_BATCH_SIZE
+    if args.max_tokens_per_batch is None:
+        args.max_tokens_per_batch = (
+            ACCELERATOR_MAX_TOKENS if args.accelerator else DEFAULT_MAX_TOKENS
+        )
     return args, options
