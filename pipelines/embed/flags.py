@@ -152,12 +152,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
             f"--buckets must end between 256 (the longest text after truncation) and 512 "
             f"(the model's position table), got {args.buckets}"
         )
-    if args.tokens_per_chunk is None:  # cache-sized chunks help CPUs, not accelerators
-        args.tokens_per_chunk = 0 if args.accelerator else DEFAULT_TOKENS_PER_CHUNK
-    if args.batch_size is None:
-        args.batch_size = ACCELERATOR_BATCH_SIZE if args.accelerator else DEFAULT_BATCH_SIZE
-    if args.max_tokens_per_batch is None:
-        args.max_tokens_per_batch = (
-            ACCELERATOR_MAX_TOKENS if args.accelerator else DEFAULT_MAX_TOKENS
-        )
+    # Defaults that depend on the device: cache-sized chunks help CPUs, not accelerators,
+    # which take whole batches 4x as large.
+    for name, on_cpu, on_accelerator in (
+        ("tokens_per_chunk", DEFAULT_TOKENS_PER_CHUNK, 0),
+        ("batch_size", DEFAULT_BATCH_SIZE, ACCELERATOR_BATCH_SIZE),
+        ("max_tokens_per_batch", DEFAULT_MAX_TOKENS, ACCELERATOR_MAX_TOKENS),
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, on_accelerator if args.accelerator else on_cpu)
     return args, options
