@@ -12,14 +12,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import scipy.stats
 
-from beam_jax.jobs import write_atomically
+from beam_jax.jobs import open_atomically
 
 SCORES = ("grand", "el2n", "loss")
 TOP_FRACTION = 0.1  # precision is reported for the top 10% of records by score
@@ -173,7 +172,6 @@ def plot(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=110)
+    with open_atomically(path) as png:
+        fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    write_atomically(path, png.getvalue())
