@@ -34,6 +34,10 @@ floats per text, computed from the token ids, so it takes no time):
 
 Each has a compilation cache of its own. The trivial kernel's output is the sum of the
 text's token ids, repeated 384 times (``tests/test_bench.py`` checks every row of it).
+For each, the CPU its run used (every thread, from ``run()`` called to the job finished)
+is printed with how many cores that kept busy on average and how long the run would take
+if that work kept every core busy throughout: the most that overlapping the host's steps
+could gain without making them cheaper, also as a rate over ``tokenize_only``'s.
 
 * ``tokenize_only``: the host's floor: the same Parquet read row group by row group and
   each row group's texts tokenized with the flagship's tokenizer call and settings
@@ -190,18 +194,19 @@ def _pipeline(cfg: dict, encoder=None) -> dict:
     from pipelines.embed import job
 
     out = Path(cfg["out"])
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     summary = job.run(
         ["--input", cfg["parquet"], "--output", str(out), "--runner=FnApiRunner"]
         + cfg["pipeline_args"],
         encoder=encoder,
     )
-    seconds = time.perf_counter() - start
+    seconds, run_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     if not summary.conserved or summary.results != cfg["n"]:
         raise AssertionError(f"pipeline lost rows: {summary}")
     return {
         "matmuls": None if encoder else _matmuls(cfg),
         "seconds": seconds,
+        "run_cpu_s": run_cpu_s,
         "compiles": summary.compiles,
         "compile_seconds": summary.compile_seconds,
         # Compile time batches waited for (the critical path), apart from the rest, which
@@ -304,7 +309,7 @@ def _tokenize_only(cfg: dict, rust: bool = False) -> dict:
     from beam_jax.text import SentenceEncoder
 
     tokenizer = SentenceEncoder.from_dir(cfg["model_dir"]).tokenizer()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     texts = tokens = 0
     parquet = pq.ParquetFile(cfg["parquet"])
     for group in range(parquet.num_row_groups):
@@ -315,12 +320,12 @@ def _tokenize_only(cfg: dict, rust: bool = False) -> dict:
             raise AssertionError(f"row group {group}: {len(failures)} rows failed to tokenize")
         texts += len(ids)
         tokens += len(ids.values)
-    seconds = time.perf_counter() - start
+    seconds, run_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     if (texts, tokens) != (cfg["n"], cfg["tokens"]):
         raise AssertionError(
             f"tokenized {texts} texts into {tokens} tokens; expected {cfg['n']} and {cfg['tokens']}"
         )
-    return {"seconds": seconds, "tokens": tokens}
+    return {"seconds": seconds, "run_cpu_s": run_cpu_s, "tokens": tokens}
 
 
 def flops_per_token(length: int) -> float:
@@ -588,6 +593,29 @@ def _side_by_side_ratios(results: dict, ratios: dict, ratios_best: dict) -> None
             ratios_best[name] = b["seconds_best"] / a["seconds_best"]
 
 
+def _cpu_bounds(results: dict, cores: int) -> dict:
+    """For each host-only variant: the CPU its run used (``run_cpu_s``: every thread of the
+    process, from the job's start to its summary), how many of ``cores`` that kept busy on
+    average, and the shortest the run could be if its work kept every core busy throughout
+    (``all_cores_s``), also as a rate over ``tokenize_only``'s (``vs_tokenize_only``): how
+    near the host could come to its tokenizer by overlap alone, without less work."""
+    bounds = {}
+    for variant in HOST_ONLY:
+        r = results.get(variant)
+        if r is None or "run_cpu_s_median" not in r:
+            continue
+        cpu = r["run_cpu_s_median"]
+        bound = {
+            "run_cpu_s": cpu,
+            "cores_busy": cpu / r["seconds_median"],
+            "all_cores_s": cpu / cores,
+        }
+        if "tokenize_only" in results:
+            bound["vs_tokenize_only"] = results["tokenize_only"]["seconds_median"] / (cpu / cores)
+        bounds[variant] = bound
+    return bounds
+
+
 def _flop_fields(variant: str, r: dict, data: dict, peaks: dict) -> None:
     """Sets ``mfu`` (useful FLOPs over the median time, against the matmul peak of the
     dtype the variant's dense matmuls ran in: bf16's for ``matmuls`` bfloat16, else fp32's)
@@ -713,8 +741,12 @@ def main(argv: list[str] | None = None) -> dict:
             "spread": (max(r["seconds"] for r in rs) - min(r["seconds"] for r in rs)) / seconds,
             "cpu_s_median": statistics.median(r["cpu_s"] for r in rs),
             "cpu_s_all": [round(r["cpu_s"], 1) for r in rs],
-            **{k: v for k, v in rs[-1].items() if k not in ("seconds", "out", "cpu_s")},
+            **{
+                k: v for k, v in rs[-1].items() if k not in ("seconds", "out", "cpu_s", "run_cpu_s")
+            },
         }
+        if all("run_cpu_s" in r for r in rs):
+            results[variant]["run_cpu_s_median"] = statistics.median(r["run_cpu_s"] for r in rs)
     ratios, ratios_best = {}, {}
     if "host_only" in results and "host_only_buckets" in results:
         ours, theirs = results["host_only"], results["host_only_buckets"]
@@ -732,6 +764,7 @@ def main(argv: list[str] | None = None) -> dict:
                     results[other]["seconds_best"] / ours["seconds_best"]
                 )
     _side_by_side_ratios(results, ratios, ratios_best)
+    cpu_bounds = _cpu_bounds(results, args.threads)
     from fingerprint import fingerprint, format_fingerprint
 
     machine = fingerprint()
@@ -769,6 +802,17 @@ def main(argv: list[str] | None = None) -> dict:
         )
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x (medians), {ratios_best[name]:.2f}x (best runs)")
+    for variant, bound in cpu_bounds.items():
+        print(
+            f"{variant}: {bound['run_cpu_s']:.2f} CPU s during the run, {bound['cores_busy']:.2f} "
+            f"of {args.threads} cores busy on average; with every core busy throughout it "
+            f"would take {bound['all_cores_s']:.2f} s"
+            + (
+                f", {bound['vs_tokenize_only']:.2f}x tokenize_only"
+                if "vs_tokenize_only" in bound
+                else ""
+            )
+        )
     cold_warm = {}
     for variant, i, r in ((v, i, r) for v in FLAGSHIPS for i, r in enumerate(runs.get(v, []))):
         if "compile_wait_seconds" in r:
@@ -826,6 +870,7 @@ def main(argv: list[str] | None = None) -> dict:
         "ratios": ratios,
         "ratios_best": ratios_best,
         "cold_warm": cold_warm,
+        "cpu_bounds": cpu_bounds,
         "pipeline_runs": runs.get("pipeline", []),
         "load_average": os.getloadavg(),
         "min_cosine_pipeline_vs_sentence_transformers": cosine,

@@ -154,6 +154,18 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
         )
     for variant in variants.values():  # no model ran: no model FLOPs
         assert variant["mfu"] is None and variant["flops_per_real_token"] is None
+    # The host's CPU during its run bounds what overlap alone could gain: each host-only
+    # variant's, against the tokenizer's time.
+    threads = report["threads"]
+    assert report["cpu_bounds"].keys() == {"host_only", "host_only_buckets"}
+    for name, bound in report["cpu_bounds"].items():
+        host = variants[name]
+        assert 0 < bound["run_cpu_s"] == host["run_cpu_s_median"]
+        assert bound["cores_busy"] == pytest.approx(bound["run_cpu_s"] / host["seconds_median"])
+        assert bound["all_cores_s"] == pytest.approx(bound["run_cpu_s"] / threads)
+        assert bound["vs_tokenize_only"] == pytest.approx(
+            variants["tokenize_only"]["seconds_median"] / bound["all_cores_s"]
+        )
     texts = [t for _, t in builtin_corpus()][:60]
     expected = embed_text.host_only_expected(texts)
     assert len(set(expected[:, 0].tolist())) > 30  # the texts' outputs differ from each other
@@ -249,3 +261,24 @@ def test_embed_text_bench_runs_the_flagship_packed_and_bucketed(tmp_path):
     assert report["ratios"]["pipeline_packed_vs_pipeline_buckets"] == pytest.approx(
         buckets["seconds_median"] / packed["seconds_median"]
     )
+
+
+def test_host_threads_bench_times_each_step_alone_and_beside_python(tmp_path):
+    """Every step runs alone and beside a Python-busy thread at both switch intervals; the
+    slowdowns are against the step alone, and the switch interval is restored."""
+    host_threads = _bench_module("host_threads")
+    before = sys.getswitchinterval()
+    out = tmp_path / "threads.json"
+    report = host_threads.main(["--texts", "3000", "--rounds", "1", "--json", str(out)])
+    assert sys.getswitchinterval() == before
+    assert json.loads(out.read_text())["steps"].keys() == {
+        "tokenize_numpy", "tokenize_rust", "write_filesystems", "write_native"
+    }  # fmt: skip
+    settings = [s for s, _ in host_threads.SETTINGS]
+    for name, step in report["steps"].items():
+        assert step["items"] == (3000 if name.startswith("tokenize") else host_threads.PART)
+        assert step["alone"]["slowdown"] == 1.0
+        for setting in settings:
+            timed = step[setting]
+            assert timed["wall_s"] > 0 and timed["thread_cpu_s"] >= 0
+            assert timed["slowdown"] == pytest.approx(timed["wall_s"] / step["alone"]["wall_s"])
