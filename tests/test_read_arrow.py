@@ -5,6 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
+from hypothesis import given
+from hypothesis import strategies as st
 
 import beam_jax as bj
 from beam_jax._src.arrow.io import _ReadRowGroup
@@ -198,3 +200,64 @@ def test_a_compressed_parquet_file_is_one_dead_letter_naming_it(tmp_path):
     (out,) = reader.process((str(packed), 1, 3))
     assert out.tag == bj.DEAD_LETTERS and out.value.source == str(packed)
     assert "of Parquet file" in out.value.message and "a.parquet.gz" in out.value.message
+
+
+def test_small_row_groups_are_read_together_up_to_max_rows(tmp_path):
+    """A file written in small row groups gives batches of up to ``max_rows`` rows that span
+    row groups, each with its first file row, every row once; a row group larger than
+    ``max_rows`` is still cut into batches of its own."""
+    import apache_beam as beam
+
+    _write(tmp_path / "a.parquet", list(range(31)), row_group_size=3)  # 10 x 3, then 1
+    _write(tmp_path / "b.parquet", list(range(100, 120)), row_group_size=10)  # 2 x 10
+    p = pipeline()
+    batches = p | bj.ReadArrowBatches(str(tmp_path / "*.parquet"), columns=["id", "x"], max_rows=8)
+    got = batches | beam.Map(
+        lambda b: (origin_of(b)[0].rsplit("/", 1)[-1], origin_of(b)[1], _ids(b))
+    )
+    # a.parquet: row groups 0-1, 2-3, ..., 8-9 (6 rows each), then 10 (1 row) with 8-9:
+    # 8-10 (7 rows); b.parquet: each row group of 10 cut into 8 + 2.
+    expected = [("a.parquet", 6 * i, list(range(6 * i, 6 * i + 6))) for i in range(4)]
+    expected += [("a.parquet", 24, list(range(24, 31)))]
+    expected += [("b.parquet", 0, list(range(100, 108))), ("b.parquet", 8, [108, 109])]
+    expected += [("b.parquet", 10, list(range(110, 118))), ("b.parquet", 18, [118, 119])]
+    assert_that(got, equal_to(expected))
+    run(p)
+
+
+def test_row_groups_read_together_dead_letter_only_the_one_that_cannot_be_read(files):
+    """Row groups read together whose read fails are read one by one: the good ones' rows
+    come out, batched per row group, and the bad one is one dead letter naming it."""
+    reader = _ReadRowGroup(["id", "x"], 8, handle_errors=True)
+    path = str(files / "a.parquet")  # row groups of 4, 4 and 2 rows
+    out = list(reader.process((path, (0, 1, 7), 12)))
+    dead = [o.value for o in out if getattr(o, "tag", None) == bj.DEAD_LETTERS]
+    batches = [o for o in out if getattr(o, "tag", None) is None]
+    assert [_ids(b) for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [origin_of(b)[1] for b in batches] == [0, 4]
+    assert len(dead) == 1 and "cannot read row group 7 of Parquet" in dead[0].message
+    assert dead[0].source == path
+    together = list(reader.process((path, (0, 1, 2), 10)))
+    assert [_ids(b) for b in together] == [list(range(8)), [8, 9]]
+    assert [origin_of(b)[1] for b in together] == [0, 8]
+    assert "(row groups 0-2)" in together[0].schema.metadata[b"beam_jax.source"].decode()
+
+
+@given(
+    counts=st.lists(st.integers(0, 20), max_size=30),
+    max_rows=st.one_of(st.none(), st.integers(1, 40)),
+)
+def test_runs_of_row_groups_cover_each_once_in_order_and_fill_greedily(counts, max_rows):
+    from beam_jax._src.arrow.io import _runs
+
+    runs = _runs(counts, max_rows)
+    assert [g for r in runs for g in r] == list(range(len(counts)))
+    for i, r in enumerate(runs):
+        assert r == list(range(r[0], r[0] + len(r)))
+        total = sum(counts[g] for g in r)
+        if max_rows is None:
+            assert len(r) == 1
+            continue
+        assert len(r) == 1 or total <= max_rows
+        if i + 1 < len(runs):  # the next row group did not fit
+            assert total + counts[runs[i + 1][0]] > max_rows or total > max_rows

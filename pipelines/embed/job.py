@@ -299,6 +299,9 @@ def run(
         "inputs": inputs.describe(),
         "id_type": str(id_type),
         "rows_per_part": args.rows_per_part,
+        # Parts span row groups (read together up to rows_per_part rows): the staged parts
+        # of a run that cut a part at every row group are another job's, not resumed.
+        "parts": "row groups read together",
         "model_dir": args.model_dir,
         "max_tokenized_chars": MAX_TOKENIZED_CHARS,
         "matmuls": args.matmuls,

@@ -82,11 +82,14 @@ beam.coders.registry.register_coder(pa.RecordBatch, ArrowCoder)
 
 
 class _ListRowGroups(beam.DoFn):
-    """A file path -> ``(path, row group)`` for each of its row groups (reads the footer)."""
+    """A file path -> ``(path, row group, rows)`` for each of its row groups (reads the
+    footer); with ``max_rows``, consecutive row groups of at most ``max_rows`` rows in all
+    are one ``(path, (row group, ...), rows)``, read together."""
 
-    def __init__(self, columns: list[str] | None, handle_errors: bool):
+    def __init__(self, columns: list[str] | None, handle_errors: bool, max_rows: int | None = None):
         self._columns = columns
         self._handle_errors = handle_errors
+        self._max_rows = max_rows
 
     def process(self, path: str):
         error = None
@@ -110,8 +113,30 @@ class _ListRowGroups(beam.DoFn):
             yield _unreadable(error, self._handle_errors, "files_failed", path, {"file": path})
             return
         Metrics.counter(METRICS_NAMESPACE, "files_read").inc()
-        for group in range(meta.num_row_groups):
-            yield (path, group, meta.row_group(group).num_rows)
+        counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        for groups in _runs(counts, self._max_rows):
+            rows = sum(counts[g] for g in groups)
+            yield (path, groups[0] if len(groups) == 1 else tuple(groups), rows)
+
+
+def _runs(counts: Sequence[int], max_rows: int | None) -> list[list[int]]:
+    """Consecutive row groups (of ``counts`` rows each) with at most ``max_rows`` rows in
+    all, in order; a row group of more rows is a run of its own.
+
+    Example:
+        >>> _runs([4, 4, 4, 9, 2, 2], 8)
+        [[0, 1], [2], [3], [4, 5]]
+    """
+    runs: list[list[int]] = []
+    total = 0
+    for group, rows in enumerate(counts):
+        if runs and max_rows is not None and total + rows <= max_rows:
+            runs[-1].append(group)
+            total += rows
+        else:
+            runs.append([group])
+            total = rows
+    return runs
 
 
 # Footers kept per reader: a worker reads row groups of many files in any order.
@@ -143,13 +168,16 @@ def _open_parquet(path: str):
 
 
 class _ReadRowGroup(beam.DoFn):
-    """``(path, row group, rows)`` -> record batches of at most ``max_rows`` rows.
+    """``(path, row group, rows)`` -> record batches of at most ``max_rows`` rows; for
+    ``(path, (row group, ...), rows)`` the row groups are read in one call and their rows
+    batched together (if that read fails, they are read one by one, and only a row group
+    that cannot be read is a dead letter).
 
-    Reads one row group ahead (:class:`~beam_jax._src.arrow.ahead.WorkAhead`): the row
-    group of an element is read in a background thread (pyarrow releases the GIL while it
-    reads and decodes) while the batches of the previous one go downstream, so reading
+    Reads one element ahead (:class:`~beam_jax._src.arrow.ahead.WorkAhead`): the row
+    groups of an element are read in a background thread (pyarrow releases the GIL while
+    it reads and decodes) while the batches of the previous one go downstream, so reading
     overlaps the steps fused after it (decoding, padding, the kernel). The last one is
-    emitted at the end of the bundle; at most two row groups are held at once.
+    emitted at the end of the bundle; at most two elements are held at once.
     """
 
     def __init__(self, columns: list[str] | None, max_rows: int | None, handle_errors: bool):
@@ -175,27 +203,44 @@ class _ReadRowGroup(beam.DoFn):
     def teardown(self):
         self._ahead.teardown()
 
-    def _emit_read(self, read):
-        return self._emit(*read)
+    def _emit_read(self, reads):
+        for read in reads:
+            yield from self._emit(*read)
 
-    def _read(self, item):
-        """Reads one row group: ``(item, table or None, error or None, first row)``."""
+    def _read(self, item) -> list[tuple]:
+        """Reads an element's row groups: ``[(path, groups, rows, table or None, error or
+        None, first row)]``, one entry for them all, or one per row group if reading them
+        together failed."""
         path, group, rows = item
+        if isinstance(group, int):
+            return [self._read_groups(path, (group,), rows)]
+        together = self._read_groups(path, tuple(group), rows)
+        if together[4] is None:
+            return [together]
+        return [self._read_groups(path, (g,), None) for g in group]
+
+    def _read_groups(self, path: str, groups: tuple[int, ...], rows: int | None) -> tuple:
         error, first, table = None, None, None
         try:
             with _open_parquet(path) as (f, key):
                 footer = self._footer(f, key)
-                if group < len(footer.starts):
-                    first = footer.starts[group]
+                if groups[0] < len(footer.starts):
+                    first = footer.starts[groups[0]]
+                if rows is None and groups[0] < len(footer.starts):
+                    rows = footer.metadata.row_group(groups[0]).num_rows
                 parquet = pq.ParquetFile(f, metadata=footer.metadata)
-                table = parquet.read_row_group(group, columns=self._columns)
+                if len(groups) == 1:
+                    table = parquet.read_row_group(groups[0], columns=self._columns)
+                else:
+                    table = parquet.read_row_groups(list(groups), columns=self._columns)
         except Exception as e:  # noqa: BLE001 - a corrupt row group is reported, not fatal
             error = InputFileError(
-                f"cannot read row group {group} ({rows} rows) of Parquet file {path}: "
+                f"cannot read {_groups_name(groups)}{'' if rows is None else f' ({rows} rows)'}"
+                f" of Parquet file {path}: "
                 f"{type(e).__name__}: {e}. Fix or remove the file (or read with "
                 ".with_exception_handling() to dead-letter its unreadable row groups)."
             )
-        return item, table, error, first
+        return path, groups, rows, table, error, first
 
     def _footer(self, f, key) -> _Footer:
         """The file's footer, parsed once per worker for a local file (``key`` its path,
@@ -213,17 +258,25 @@ class _ReadRowGroup(beam.DoFn):
                 footers[key] = footer
         return footer
 
-    def _emit(self, item, table, error, first):
-        path, group, rows = item
+    def _emit(self, path, groups, rows, table, error, first):
         if error is not None:
+            group = groups[0] if len(groups) == 1 else list(groups)
             where = {"file": path, "row_group": group, "rows": rows}
             yield _unreadable(
                 error, self._handle_errors, "row_groups_failed", path, where, row=first
             )
             return
+        if len(groups) > 1:
+            table = table.combine_chunks()  # one chunk: batches span the row groups
         for batch in _to_batches(table, self._max_rows):
-            yield _with_origin(batch, path, f"{path} (row group {group})", first)
+            yield _with_origin(batch, path, f"{path} ({_groups_name(groups)})", first)
             first += batch.num_rows
+
+
+def _groups_name(groups: Sequence[int]) -> str:
+    if len(groups) == 1:
+        return f"row group {groups[0]}"
+    return f"row groups {groups[0]}-{groups[-1]}"
 
 
 class _ReadJsonLines(beam.DoFn):
@@ -340,13 +393,17 @@ class ReadArrowBatches(beam.PTransform):
     file and row of each failed row.
 
     **Parquet** (any file not named as JSON lines): each file's footer is read to list its
-    row groups, which are then read in parallel. Each worker reads one row group ahead of
+    row groups, which are then read in parallel. With ``max_rows``, consecutive row groups
+    of at most ``max_rows`` rows in all are read together and batched as one (a file
+    written in small row groups still gives batches of about ``max_rows`` rows, not one
+    small batch per row group). Each worker reads one row group (or run of them) ahead of
     the steps fused after the read (decoding, padding, the kernel), so reading overlaps
-    them; memory per worker is about two row groups, whatever the size of the dataset, so
-    write files with row groups of a few MB. A local file is memory-mapped for each read
-    (and its footer parsed once per worker), so do not rewrite a file while a job reads
-    it. A file that cannot be read (truncated, not Parquet, lacking a column read) or a row
-    group that cannot be decoded is an ``InputFileError`` naming the file.
+    them; memory per worker is about two row groups or ``max_rows`` rows, whichever is
+    larger, whatever the size of the dataset, so write files with row groups of a few MB.
+    A local file is memory-mapped for each read (and its footer parsed once per worker),
+    so do not rewrite a file while a job reads it. A file that cannot be read (truncated,
+    not Parquet, lacking a column read) or a row group that cannot be decoded is an
+    ``InputFileError`` naming the file.
 
     **JSON lines** (``.jsonl``, ``.json``, ``.ndjson``, also compressed: ``.gz``, ``.bz2``,
     ``.xz``, ``.lzma``, ``.zst``, ``.deflate``; or ``format="jsonl"``): one JSON object per
@@ -376,8 +433,9 @@ class ReadArrowBatches(beam.PTransform):
         file_pattern: the files to read (any Beam file system).
         columns: the columns to read; default all (for JSON lines: all of ``schema``, or
             all the sampled lines hold).
-        max_rows: the most rows in one emitted record batch; default one per row group
-            (Parquet) or per block of about 1 MB of lines (JSON lines).
+        max_rows: the most rows in one emitted record batch (Parquet: smaller
+            consecutive row groups are read together up to it); default one batch per row
+            group (Parquet) or per block of about 1 MB of lines (JSON lines).
         format: ``"parquet"``, ``"jsonl"``, or ``None`` to tell each file by its name.
         schema: JSON lines only: the columns' names and types (with ``columns``, those
             columns of it); default inferred.
@@ -492,7 +550,7 @@ class ReadArrowBatches(beam.PTransform):
                 pbegin
                 | "Files" >> beam.Create(parquet_files)
                 | "RowGroups"
-                >> beam.ParDo(_ListRowGroups(self.columns, handle)).with_outputs(
+                >> beam.ParDo(_ListRowGroups(self.columns, handle, self.max_rows)).with_outputs(
                     DEAD_LETTERS, main="groups"
                 )
             )
