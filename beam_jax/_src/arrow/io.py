@@ -148,6 +148,17 @@ class _Footer(NamedTuple):
     starts: list[int]  # the file row of each row group's first row
 
 
+class _Read(NamedTuple):
+    """One read of consecutive row groups of a Parquet file: their rows, or why not."""
+
+    path: str
+    groups: tuple[int, ...]
+    rows: int | None  # in all, as the footer says (None: not known)
+    table: pa.Table | None
+    error: Exception | None
+    first: int | None  # the file row of the first group's first row
+
+
 @contextlib.contextmanager
 def _open_parquet(path: str):
     """Opens ``path`` for reading one row group: ``(file, cache key or None)``.
@@ -203,23 +214,22 @@ class _ReadRowGroup(beam.DoFn):
     def teardown(self):
         self._ahead.teardown()
 
-    def _emit_read(self, reads):
+    def _emit_read(self, reads: list[_Read]):
         for read in reads:
-            yield from self._emit(*read)
+            yield from self._emit(read)
 
-    def _read(self, item) -> list[tuple]:
-        """Reads an element's row groups: ``[(path, groups, rows, table or None, error or
-        None, first row)]``, one entry for them all, or one per row group if reading them
-        together failed."""
+    def _read(self, item) -> list[_Read]:
+        """Reads an element's row groups: one read for them all, or one per row group if
+        reading them together failed."""
         path, group, rows = item
         if isinstance(group, int):
             return [self._read_groups(path, (group,), rows)]
         together = self._read_groups(path, tuple(group), rows)
-        if together[4] is None:
+        if together.error is None:
             return [together]
         return [self._read_groups(path, (g,), None) for g in group]
 
-    def _read_groups(self, path: str, groups: tuple[int, ...], rows: int | None) -> tuple:
+    def _read_groups(self, path: str, groups: tuple[int, ...], rows: int | None) -> _Read:
         error, first, table = None, None, None
         try:
             with _open_parquet(path) as (f, key):
@@ -240,7 +250,7 @@ class _ReadRowGroup(beam.DoFn):
                 f"{type(e).__name__}: {e}. Fix or remove the file (or read with "
                 ".with_exception_handling() to dead-letter its unreadable row groups)."
             )
-        return path, groups, rows, table, error, first
+        return _Read(path, groups, rows, table, error, first)
 
     def _footer(self, f, key) -> _Footer:
         """The file's footer, parsed once per worker for a local file (``key`` its path,
@@ -258,14 +268,16 @@ class _ReadRowGroup(beam.DoFn):
                 footers[key] = footer
         return footer
 
-    def _emit(self, path, groups, rows, table, error, first):
-        if error is not None:
+    def _emit(self, read: _Read):
+        path, groups, first = read.path, read.groups, read.first
+        if read.error is not None:
             group = groups[0] if len(groups) == 1 else list(groups)
-            where = {"file": path, "row_group": group, "rows": rows}
+            where = {"file": path, "row_group": group, "rows": read.rows}
             yield _unreadable(
-                error, self._handle_errors, "row_groups_failed", path, where, row=first
+                read.error, self._handle_errors, "row_groups_failed", path, where, row=first
             )
             return
+        table = read.table
         if len(groups) > 1:
             table = table.combine_chunks()  # one chunk: batches span the row groups
         for batch in _to_batches(table, self._max_rows):
