@@ -611,7 +611,9 @@ def _cpu_bounds(results: dict, cores: int) -> dict:
             "all_cores_s": cpu / cores,
         }
         if "tokenize_only" in results:
-            bound["vs_tokenize_only"] = results["tokenize_only"]["seconds_median"] / (cpu / cores)
+            bound["vs_tokenize_only"] = (
+                results["tokenize_only"]["seconds_median"] / bound["all_cores_s"]
+            )
         bounds[variant] = bound
     return bounds
 

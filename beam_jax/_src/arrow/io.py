@@ -236,8 +236,8 @@ class _ReadRowGroup(beam.DoFn):
                 footer = self._footer(f, key)
                 if groups[0] < len(footer.starts):
                     first = footer.starts[groups[0]]
-                if rows is None and groups[0] < len(footer.starts):
-                    rows = footer.metadata.row_group(groups[0]).num_rows
+                    if rows is None:
+                        rows = footer.metadata.row_group(groups[0]).num_rows
                 parquet = pq.ParquetFile(f, metadata=footer.metadata)
                 if len(groups) == 1:
                     table = parquet.read_row_group(groups[0], columns=self._columns)
@@ -270,9 +270,8 @@ class _ReadRowGroup(beam.DoFn):
 
     def _emit(self, read: _Read):
         path, groups, first = read.path, read.groups, read.first
-        if read.error is not None:
-            group = groups[0] if len(groups) == 1 else list(groups)
-            where = {"file": path, "row_group": group, "rows": read.rows}
+        if read.error is not None:  # one row group: a failed run is read group by group
+            where = {"file": path, "row_group": groups[0], "rows": read.rows}
             yield _unreadable(
                 read.error, self._handle_errors, "row_groups_failed", path, where, row=first
             )
