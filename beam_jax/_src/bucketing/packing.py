@@ -227,26 +227,71 @@ def _first_fit(groups, max_segments, most) -> _Rows:
     Records of one length go to the first row with room, which keeps taking them until it
     is full or out of segments; then the next such row; the rest open rows of their own:
     so a group's records are placed as one run per row, the tree searched once per run, not
-    per record. ``groups`` holds ``(length, count, row length)`` per length, longest first,
-    and ``most`` bounds the rows (the records).
+    per record. Once no row has room for a length, its remaining records open their rows
+    all at once (each as full as the first, the last with the rest), and the tree learns
+    their room level by level. ``groups`` holds ``(length, count, row length)`` per
+    length, longest first, and ``most`` bounds the rows (the records). The loop is inlined
+    (no ``_Rows`` method calls): it runs once per run, about once per record.
     """
     size = 1 << max(1, most.bit_length())
     tree = [-1] * (2 * size)  # room per row; -1: no row, or a full one
     rows = _Rows(max_segments)
+    room, counts, used = rows.room, rows.counts, rows.used
+    run_row, run_take, run_segment, run_slot = rows.runs
     for need, left, capacity in groups:
+        per_row = max_segments if need == 0 else min(capacity // need, max_segments)
         while left:
-            if tree[1] >= need:
+            if tree[1] < need and left > 8 * per_row:  # no room, and many rows to open
+                first, k = len(room), -(-left // per_row)
+                takes = [per_row] * k
+                takes[-1] = left - per_row * (k - 1)
+                filled = [take * need for take in takes]
+                run_row.extend(range(first, first + k))
+                run_take.extend(takes)
+                run_segment.extend([0] * k)
+                run_slot.extend([0] * k)
+                counts.extend(takes)
+                used.extend(filled)
+                room.extend(capacity - f for f in filled)
+                lo = first + size
+                tree[lo : lo + k] = [
+                    capacity - f if take < max_segments else -1
+                    for take, f in zip(takes, filled, strict=True)
+                ]
+                lo, hi = lo >> 1, (lo + k - 1) >> 1
+                while lo:  # the new leaves' ancestors, level by level
+                    for node in range(lo, hi + 1):
+                        a, b = tree[2 * node], tree[2 * node + 1]
+                        tree[node] = a if a > b else b
+                    lo, hi = lo >> 1, hi >> 1
+                break
+            if tree[1] < need:  # one new row holds the rest
+                node = len(room) + size
+                room.append(capacity)
+                counts.append(0)
+                used.append(0)
+            else:
                 node = 1
                 while node < size:
                     node <<= 1
                     if tree[node] < need:
                         node += 1
-                r = node - size
-            else:
-                r = rows.open(capacity)
-            left -= rows.place(r, need, left)
-            node = r + size
-            tree[node] = rows.room[r] if rows.has_segments(r) else -1
+            r = node - size
+            count = counts[r]
+            take = max_segments - count
+            if need and room[r] // need < take:
+                take = room[r] // need
+            if left < take:
+                take = left
+            run_row.append(r)
+            run_take.append(take)
+            run_segment.append(count)
+            run_slot.append(used[r])
+            room[r] -= take * need
+            used[r] += take * need
+            counts[r] = count + take
+            left -= take
+            tree[node] = room[r] if count + take < max_segments else -1
             node >>= 1
             while node:
                 a, b = tree[2 * node], tree[2 * node + 1]
