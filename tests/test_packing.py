@@ -557,6 +557,8 @@ def test_lay_out_places_each_row_records_end_to_end_in_the_order_given(rows, dat
         bj.ArraySpec(("L",), np.float32),
         bj.Packing(row_lengths=256, rows_per_batch=8, max_segments=32),
     )
+    if data.draw(st.booleans()):
+        rows = sorted(rows)  # each row's records adjacent, as the packer gives them
     lengths = [data.draw(st.integers(1, 8)) for _ in rows]
     records = [[np.full(n, i + 1, np.float32)] for i, n in enumerate(lengths)]
     batch = plan.lay_out(records, rows, 256)
@@ -573,3 +575,6 @@ def test_lay_out_places_each_row_records_end_to_end_in_the_order_given(rows, dat
         assert b.segment.tolist() == [
             sum(numbered[q] == numbered[r] for q in rows[:i]) for i, r in enumerate(rows)
         ]
+        per_row = [sum(numbered[r] == k for r in rows) for k in range(len(numbered))]
+        assert b.segment_counts[: len(numbered)].tolist() == per_row
+        assert not b.segment_counts[len(numbered) :].any()

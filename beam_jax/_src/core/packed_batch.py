@@ -338,26 +338,42 @@ class PackPlan:
                 rows than the largest listed size of ``row_length``.
         """
         rows = np.asarray(rows, np.int64).reshape(-1)
-        _, first, row = np.unique(rows, return_index=True, return_inverse=True)
-        order = np.argsort(first, kind="stable")  # rows numbered by first appearance
-        row = np.argsort(order)[row.reshape(-1)] if len(rows) else row.reshape(-1)
-        n, num_rows = len(rows), len(first)
+        n = len(rows)
         if lengths is None:
             lengths = [self.lengths_of(r) for r in records]
         lengths = np.asarray(lengths, np.int64).reshape(-1)
-        # Each record's segment (its rank among its row's records, in the order given) and
-        # offset (the lengths of its row's earlier records), without a loop over records.
-        by_row = np.argsort(row, kind="stable")
-        counts = np.bincount(row, minlength=num_rows).astype(np.int64)
-        used = np.bincount(row, weights=lengths, minlength=num_rows).astype(np.int64)
-        row_start = np.cumsum(counts) - counts  # first position of each row in by_row
-        sorted_lengths = lengths[by_row]
-        before = np.cumsum(sorted_lengths) - sorted_lengths  # lengths before, all rows
-        segment = np.empty(n, np.int64)
-        offset = np.empty(n, np.int64)
-        sorted_row = row[by_row]
-        segment[by_row] = np.arange(n, dtype=np.int64) - row_start[sorted_row]
-        offset[by_row] = before - before[row_start[sorted_row]] if n else before
+        if n and (rows[1:] >= rows[:-1]).all():
+            # Rows in order (a batch as the packer made it, or a run of one): each row's
+            # records are adjacent, numbered by where its run starts.
+            new = np.empty(n, bool)
+            new[0] = True
+            np.not_equal(rows[1:], rows[:-1], out=new[1:])
+            starts = np.flatnonzero(new)
+            num_rows = len(starts)
+            row = np.cumsum(new) - 1
+            counts = np.diff(np.append(starts, n))
+            used = np.add.reduceat(lengths, starts)
+            before = np.cumsum(lengths) - lengths  # lengths before, all rows
+            segment = np.arange(n, dtype=np.int64) - np.repeat(starts, counts)
+            offset = before - np.repeat(before[starts], counts)
+        else:
+            _, first, row = np.unique(rows, return_index=True, return_inverse=True)
+            order = np.argsort(first, kind="stable")  # rows numbered by first appearance
+            row = np.argsort(order)[row.reshape(-1)] if n else row.reshape(-1)
+            num_rows = len(first)
+            # Each record's segment (its rank among its row's records, in the order given)
+            # and offset (the lengths of its row's earlier records), without a loop.
+            by_row = np.argsort(row, kind="stable")
+            counts = np.bincount(row, minlength=num_rows).astype(np.int64)
+            used = np.bincount(row, weights=lengths, minlength=num_rows).astype(np.int64)
+            row_start = np.cumsum(counts) - counts  # first position of each row in by_row
+            sorted_lengths = lengths[by_row]
+            before = np.cumsum(sorted_lengths) - sorted_lengths  # lengths before, all rows
+            segment = np.empty(n, np.int64)
+            offset = np.empty(n, np.int64)
+            sorted_row = row[by_row]
+            segment[by_row] = np.arange(n, dtype=np.int64) - row_start[sorted_row]
+            offset[by_row] = before - before[row_start[sorted_row]] if n else before
         sizes = self.packing.sizes_for(row_length)
         if num_rows and (
             used.max() > row_length
@@ -378,16 +394,24 @@ class PackPlan:
         records = records if hasattr(records, "gather") else list(records)
         return self._fill(
             assignment, np.arange(n), lengths, records, row_length, size, np.arange(num_rows),
+            whole=True,
         )  # fmt: skip
 
-    def _fill(self, assignment, ok, lengths, records, length, size, members) -> PackedBatch:
-        where = np.full(len(assignment.row_lengths), -1, np.int64)
-        where[members] = np.arange(len(members))
-        local = np.flatnonzero((assignment.row >= 0) & (where[np.maximum(assignment.row, 0)] >= 0))
-        index = ok[local]
-        rows = where[assignment.row[local]]
-        segment = assignment.segment[local]
-        offsets = assignment.offset[local]
+    def _fill(
+        self, assignment, ok, lengths, records, length, size, members, whole: bool = False
+    ) -> PackedBatch:
+        if whole:  # every record, in the batch's rows as numbered (``lay_out``)
+            index, rows = ok, assignment.row
+            segment, offsets = assignment.segment, assignment.offset
+        else:
+            where = np.full(len(assignment.row_lengths), -1, np.int64)
+            where[members] = np.arange(len(members))
+            row = assignment.row
+            local = np.flatnonzero((row >= 0) & (where[np.maximum(row, 0)] >= 0))
+            index = ok[local]
+            rows = where[row[local]]
+            segment = assignment.segment[local]
+            offsets = assignment.offset[local]
         lens = lengths[index]
         # Flat slot indices of every record's tokens, in record order.
         starts = rows * length + offsets
