@@ -39,6 +39,19 @@ is printed with how many cores that kept busy on average and how long the run wo
 if that work kept every core busy throughout: the most that overlapping the host's steps
 could gain without making them cheaper, also as a rate over ``tokenize_only``'s.
 
+Three more run ``host_only`` with one or both of its background steps taken away, to show
+what each adds to the wall (the bundle's own Python, packing rows, dispatching batches and
+gathering results, is what is left):
+
+* ``host_only_pretokenized``: every part's token ids computed before the clock; the
+  tokenize step's calls return them (``tokenizer_calls`` and ``pretokenized_misses``, the
+  calls that found none and tokenized, are recorded).
+* ``host_only_no_vectors``: each part's Parquet written with its ids only, not its
+  embeddings (the writer's encoding of 384 floats per row taken away).
+* ``host_only_neither``: both.
+
+``host_only_*`` against ``tokenize_only`` is printed for each of them.
+
 * ``tokenize_only``: the host's floor: the same Parquet read row group by row group and
   each row group's texts tokenized with the flagship's tokenizer call and settings
   (``Tokenizer.encode_arrow`` on the column: printable-ASCII texts with numpy, the others
@@ -102,6 +115,9 @@ VARIANTS = (
     "runinference",
     "host_only",
     "host_only_buckets",
+    "host_only_pretokenized",
+    "host_only_no_vectors",
+    "host_only_neither",
     "tokenize_only",
     "tokenize_only_rust",
     "pipeline_packed",
@@ -109,6 +125,12 @@ VARIANTS = (
     "pipeline_float32",
 )
 HOST_ONLY = {"host_only": [], "host_only_buckets": ["--batching", "buckets"]}
+# host_only with background steps taken away (see _taken_away).
+HOST_WITHOUT = {
+    "host_only_pretokenized": ("tokenize",),
+    "host_only_no_vectors": ("vectors",),
+    "host_only_neither": ("tokenize", "vectors"),
+}
 # The flagship with its batching chosen; "pipeline" lets it choose.
 FLAGSHIPS = {
     "pipeline": [],
@@ -266,13 +288,79 @@ def model_flops(token_lengths) -> float:
     return float(layers * np.sum(24 * h * h * n + 4 * h * n * n))
 
 
-def _host_only(cfg: dict, flags: list[str]) -> dict:
-    """``_pipeline`` with the encoder (and its parameters) swapped for a trivial kernel."""
+def _host_only(cfg: dict, flags: list[str], without: tuple[str, ...] = ()) -> dict:
+    """``_pipeline`` with the encoder (and its parameters) swapped for a trivial kernel, and
+    the steps ``without`` names taken away (``_taken_away``)."""
     from pipelines.embed.job import Encoder
 
     encoder = Encoder(_host_only_kernel, _host_only_packed_kernel, _no_params)
     cfg = dict(cfg, pipeline_args=cfg["pipeline_args"] + flags)
-    return _pipeline(cfg, encoder)
+    counts = _taken_away(cfg, without)
+    return {**_pipeline(cfg, encoder), **counts}
+
+
+def _taken_away(cfg: dict, steps: tuple[str, ...]) -> dict:
+    """Takes the host's background ``steps`` away, in this (the variant's own) process.
+
+    ``"tokenize"``: the job's parts (runs of row groups up to ``--rows_per_part`` rows, as
+    ``ReadArrowBatches`` reads them) are tokenized now, before the clock, and
+    ``Tokenizer.encode_arrow`` returns a part's ids when given its texts (checked equal);
+    texts it was not given are tokenized then, counted in ``pretokenized_misses``.
+    ``"vectors"``: each part's Parquet is written with its ``id`` column only.
+
+    Returns the counters, filled in as the job runs.
+    """
+    counts: dict = {}
+    if "tokenize" in steps:
+        import pyarrow.parquet as pq
+
+        from beam_jax.text import SentenceEncoder, Tokenizer
+        from pipelines.embed.flags import parse_args
+
+        args, _ = parse_args(["--runner=FnApiRunner", "--input", cfg["parquet"]])
+        rows = args.rows_per_part
+        tokenizer = SentenceEncoder.from_dir(cfg["model_dir"]).tokenizer()
+        parquet = pq.ParquetFile(cfg["parquet"])
+        given: dict = {}
+        group, groups = 0, parquet.num_row_groups
+        while group < groups:  # runs of whole row groups of at most `rows` rows in all
+            end, total = group, 0
+            while end < groups and (
+                end == group or total + parquet.metadata.row_group(end).num_rows <= rows
+            ):
+                total += parquet.metadata.row_group(end).num_rows
+                end += 1
+            texts = parquet.read_row_groups(range(group, end), columns=["text"]).column("text")
+            texts = texts.combine_chunks()
+            given[(len(texts), texts[0].as_py(), texts[-1].as_py())] = (
+                texts, tokenizer.encode_arrow(texts),
+            )  # fmt: skip
+            group = end
+        encode = Tokenizer.encode_arrow
+        counts.update(tokenizer_calls=0, pretokenized_misses=0)
+
+        def encode_given(self, texts):
+            counts["tokenizer_calls"] += 1
+            if len(texts):
+                hit = given.get((len(texts), texts[0].as_py(), texts[-1].as_py()))
+                if hit is not None and hit[0].equals(texts):
+                    return hit[1]
+            counts["pretokenized_misses"] += 1
+            return encode(self, texts)
+
+        Tokenizer.encode_arrow = encode_given
+    if "vectors" in steps:
+        import types
+
+        import pyarrow.parquet as pq
+
+        from pipelines.embed import write
+
+        def write_ids(table, where, **kwargs):
+            pq.write_table(table.select(["id"]), where, **kwargs)
+
+        write.pq = types.SimpleNamespace(**{**vars(pq), "write_table": write_ids})
+    return counts
 
 
 def _no_params():
@@ -478,6 +566,8 @@ def _child(variant: str, cfg_path: str) -> None:
     _pin(cfg["threads"])
     if variant in HOST_ONLY:
         out = _host_only(cfg, HOST_ONLY[variant])
+    elif variant in HOST_WITHOUT:
+        out = _host_only(cfg, [], HOST_WITHOUT[variant])
     elif variant in FLAGSHIPS:
         out = _flagship(cfg, FLAGSHIPS[variant])
     else:
@@ -508,7 +598,7 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
     if variant in FLAGSHIPS and "--compilation_cache_dir" in args.pipeline_args:
         given = cfg["pipeline_args"]
         cache_dir = Path(given[given.index("--compilation_cache_dir") + 1])
-    elif variant in (*FLAGSHIPS, *HOST_ONLY):
+    elif variant in (*FLAGSHIPS, *HOST_ONLY, *HOST_WITHOUT):
         cfg["pipeline_args"] += ["--compilation_cache_dir", str(cache_dir)]
     cfg["cache_dir"] = str(cache_dir)
     cache_entries = sum(1 for _ in cache_dir.rglob("*")) if cache_dir.is_dir() else 0
@@ -577,12 +667,14 @@ def _flagship_cosines(runs: dict) -> dict:
 
 
 def _side_by_side_ratios(results: dict, ratios: dict, ratios_best: dict) -> None:
-    """Adds ``host_only / tokenize_only`` and ``host_only / tokenize_only_rust`` (rates:
+    """Adds ``host_only / tokenize_only``, ``host_only / tokenize_only_rust`` and each
+    ``HOST_WITHOUT`` variant over ``tokenize_only`` (rates:
     how close the host runs to its tokenizer alone) and ``pipeline_packed /
     pipeline_buckets`` (medians and best runs)."""
     pairs = (
         ("host_only", "tokenize_only"),
         ("host_only", "tokenize_only_rust"),
+        *((variant, "tokenize_only") for variant in HOST_WITHOUT),
         ("pipeline_packed", "pipeline_buckets"),
     )
     for ours, theirs in pairs:
@@ -600,7 +692,7 @@ def _cpu_bounds(results: dict, cores: int) -> dict:
     (``all_cores_s``), also as a rate over ``tokenize_only``'s (``vs_tokenize_only``): how
     near the host could come to its tokenizer by overlap alone, without less work."""
     bounds = {}
-    for variant in HOST_ONLY:
+    for variant in (*HOST_ONLY, *HOST_WITHOUT):
         r = results.get(variant)
         if r is None or "run_cpu_s_median" not in r:
             continue

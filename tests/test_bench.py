@@ -178,6 +178,47 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
         np.testing.assert_array_equal(got, expected[ids], err_msg=variant)
 
 
+def test_embed_text_bench_takes_the_host_steps_away_one_at_a_time(tmp_path):
+    """The host with its tokenizer's ids given (no part tokenized on the clock, every
+    part's ids found), with parts written as ids only, and with both: each runs the whole
+    job, and is measured against the tokenizer alone."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_jax.text import builtin_corpus
+
+    embed_text = _bench_module("embed_text")
+    n = 2500  # three row groups of the benchmark's 1,024 rows: one part
+    taken = ["host_only_pretokenized", "host_only_no_vectors", "host_only_neither"]
+    report = embed_text.main(
+        ["--variants", ",".join([*taken, "tokenize_only"]), "--texts", str(n), "--rounds", "1",
+         "--json", str(tmp_path / "bench.json"), "--keep-outputs", str(tmp_path / "runs")]
+    )  # fmt: skip
+    variants = report["variants"]
+    for name in ("host_only_pretokenized", "host_only_neither"):
+        assert variants[name]["tokenizer_calls"] >= 1, name
+        assert variants[name]["pretokenized_misses"] == 0, name
+    assert "tokenizer_calls" not in variants["host_only_no_vectors"]
+    for name in taken:
+        ratio = report["ratios"][f"{name}_vs_tokenize_only"]
+        assert ratio == pytest.approx(
+            variants["tokenize_only"]["seconds_median"] / variants[name]["seconds_median"]
+        )
+        assert report["cpu_bounds"][name]["run_cpu_s"] == variants[name]["run_cpu_s_median"]
+    texts = [t for _, t in builtin_corpus()]
+    expected = embed_text.host_only_expected([texts[i % len(texts)] for i in range(n)])
+    for name in taken:
+        files = sorted((tmp_path / "runs" / f"{name}-0").glob("embeddings-*.parquet"))
+        table = pa.concat_tables(pq.read_table(f) for f in files)
+        assert sorted(table.column("id").to_pylist()) == list(range(n)), name
+        if name == "host_only_pretokenized":  # the given ids are the tokenizer's own
+            got = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+            np.testing.assert_array_equal(got, expected[table.column("id").to_numpy()])
+        else:
+            assert table.column_names == ["id"], name
+
+
 def test_packing_plan_bench_meets_the_padding_target_on_two_real_corpora():
     """Packing pads the built-in corpus and the help topics by at most 5% (empty slots and
     empty rows counted) with at most 4 compiled shapes; planned buckets pad more."""
