@@ -314,28 +314,21 @@ def _taken_away(cfg: dict, steps: tuple[str, ...]) -> dict:
     if "tokenize" in steps:
         import pyarrow.parquet as pq
 
+        from beam_jax._src.arrow.io import _runs
         from beam_jax.text import SentenceEncoder, Tokenizer
         from pipelines.embed.flags import parse_args
 
         args, _ = parse_args(["--runner=FnApiRunner", "--input", cfg["parquet"]])
-        rows = args.rows_per_part
         tokenizer = SentenceEncoder.from_dir(cfg["model_dir"]).tokenizer()
         parquet = pq.ParquetFile(cfg["parquet"])
+        counts_of = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
         given: dict = {}
-        group, groups = 0, parquet.num_row_groups
-        while group < groups:  # runs of whole row groups of at most `rows` rows in all
-            end, total = group, 0
-            while end < groups and (
-                end == group or total + parquet.metadata.row_group(end).num_rows <= rows
-            ):
-                total += parquet.metadata.row_group(end).num_rows
-                end += 1
-            texts = parquet.read_row_groups(range(group, end), columns=["text"]).column("text")
+        for groups in _runs(counts_of, args.rows_per_part):  # the parts, as the job reads them
+            texts = parquet.read_row_groups(groups, columns=["text"]).column("text")
             texts = texts.combine_chunks()
             given[(len(texts), texts[0].as_py(), texts[-1].as_py())] = (
                 texts, tokenizer.encode_arrow(texts),
             )  # fmt: skip
-            group = end
         encode = Tokenizer.encode_arrow
         counts.update(tokenizer_calls=0, pretokenized_misses=0)
 
