@@ -76,6 +76,12 @@ class WordPiece:
                 f"max_length {max_length} leaves no room for the {len(pipeline.first)} + "
                 f"{len(pipeline.last)} special tokens; raise it"
             )
+        # The added tokens a printable-ASCII text can hold, lower-cased (matched in any
+        # case), and their first bytes (an empty token would be in every text).
+        self._added = tuple(t.lower() for t in pipeline.added if t.isascii())
+        self._added_first = np.zeros(256, bool)
+        for token in self._added:
+            self._added_first[ord(token[0]) if token else slice(None)] = True
         self._lock = threading.Lock()
         self._reset()
 
@@ -131,13 +137,7 @@ class WordPiece:
         # An added token ("[CLS]", "[MASK]", ...) is matched in the raw text, before the
         # normalizer, by the Rust tokenizer: such texts (in any case, to be safe) go there.
         lowered = data + ((data >= 65) & (data <= 90)).astype(np.uint8) * 32
-        column = pa.LargeStringArray.from_buffers(
-            len(offsets) - 1, pa.py_buffer(offsets.astype(np.int64)), pa.py_buffer(lowered)
-        )
-        added = np.zeros(len(offsets) - 1, bool)
-        for token in self._pipeline.added:
-            if token.isascii():
-                added |= pc.match_substring(column, token.lower()).to_numpy(zero_copy_only=False)
+        added = self._with_added_token(lowered, offsets)
         if self._pipeline.lowercase:
             data = lowered
         if added.any():
@@ -145,6 +145,26 @@ class WordPiece:
             data, offsets = _rows(data, offsets, ~added)
         lengths, ids = self._tokenize(data, offsets)
         return handled, lengths, ids
+
+    def _with_added_token(self, lowered: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """``bool[rows]``: the texts (lower-cased bytes laid out by ``offsets``) that hold an
+        added token. Only those holding a token's first byte (for BERT's, ``[``) can: the
+        others are not searched."""
+        rows = len(offsets) - 1
+        added = np.zeros(rows, bool)
+        if not self._added or not rows:
+            return added
+        maybe = np.flatnonzero(_rows_with(self._added_first[lowered], offsets))
+        if not len(maybe):
+            return added
+        column = pa.LargeStringArray.from_buffers(
+            rows, pa.py_buffer(offsets.astype(np.int64)), pa.py_buffer(lowered)
+        ).take(pa.array(maybe))
+        found = np.zeros(len(maybe), bool)
+        for token in self._added:
+            found |= pc.match_substring(column, token).to_numpy(zero_copy_only=False)
+        added[maybe[found]] = True
+        return added
 
     def _tokenize(self, data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Ids of texts laid out as ``data[offsets[i]:offsets[i+1]]``, printable ASCII
