@@ -24,14 +24,15 @@ import pyarrow.compute as pc
 
 __all__ = ["WordPiece"]
 
-_SPACE = np.zeros(256, bool)
-_SPACE[[9, 10, 13, 32]] = True
-_PUNCT = np.zeros(256, bool)  # what Rust's char::is_ascii_punctuation accepts
-for _lo, _hi in ((33, 47), (58, 64), (91, 96), (123, 126)):
-    _PUNCT[_lo : _hi + 1] = True
-_OTHER = np.ones(256, bool)  # bytes that send a text to the Rust tokenizer
-_OTHER[32:127] = False
-_OTHER[[9, 10, 13]] = False
+# Each byte's kind, as bits of one table: a text's bytes are looked up once, and each kind
+# is then a bitwise test (vectorised), not a table lookup of its own.
+_OTHER, _SPACE, _PUNCT, _UPPER, _ADDED = 1, 2, 4, 8, 16  # _ADDED: set per tokenizer
+_KINDS = np.full(256, _OTHER, np.uint8)  # _OTHER: sends a text to the Rust tokenizer
+_KINDS[32:127] = 0
+_KINDS[[9, 10, 13, 32]] = _SPACE
+for _lo, _hi in ((33, 47), (58, 64), (91, 96), (123, 126)):  # Rust's is_ascii_punctuation
+    _KINDS[_lo : _hi + 1] = _PUNCT
+_KINDS[65:91] = _UPPER
 _MAX_CACHED_WORDS = 1 << 20
 
 
@@ -77,11 +78,13 @@ class WordPiece:
                 f"{len(pipeline.last)} special tokens; raise it"
             )
         # The added tokens a printable-ASCII text can hold, lower-cased (matched in any
-        # case), and their first bytes (an empty token would be in every text).
+        # case); their first bytes, in either case, are _ADDED (an empty token: every byte).
         self._added = tuple(t.lower() for t in pipeline.added if t.isascii())
-        self._added_first = np.zeros(256, bool)
+        self._kinds = _KINDS.copy()
         for token in self._added:
-            self._added_first[ord(token[0]) if token else slice(None)] = True
+            first = token[:1]
+            at = [ord(first), ord(first.upper())] if first else slice(None)
+            self._kinds[at] |= _ADDED
         self._lock = threading.Lock()
         self._reset()
 
@@ -128,25 +131,28 @@ class WordPiece:
         data = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
         data = data[offsets[0] : offsets[-1]]
         offsets = offsets - offsets[0]
-        handled = ~_rows_with(_OTHER[data], offsets)
+        kinds = self._kinds[data]
+        handled = ~_rows_with(kinds & _OTHER, offsets)
         if skip is not None:
             handled &= ~skip
         if texts.null_count:
             handled &= texts.is_valid().to_numpy(zero_copy_only=False)
-        data, offsets = _rows(data, offsets, handled)
+        data, kinds, offsets = _rows(data, kinds, offsets, handled)
         # An added token ("[CLS]", "[MASK]", ...) is matched in the raw text, before the
         # normalizer, by the Rust tokenizer: such texts (in any case, to be safe) go there.
-        lowered = data + ((data >= 65) & (data <= 90)).astype(np.uint8) * 32
-        added = self._with_added_token(lowered, offsets)
+        lowered = data | ((kinds & _UPPER) << 2)  # A-Z: bit 5 (32) set is a-z
+        added = self._with_added_token(lowered, kinds, offsets)
         if self._pipeline.lowercase:
             data = lowered
         if added.any():
             handled[np.flatnonzero(handled)[added]] = False
-            data, offsets = _rows(data, offsets, ~added)
-        lengths, ids = self._tokenize(data, offsets)
+            data, kinds, offsets = _rows(data, kinds, offsets, ~added)
+        lengths, ids = self._tokenize(data, kinds, offsets)
         return handled, lengths, ids
 
-    def _with_added_token(self, lowered: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    def _with_added_token(
+        self, lowered: np.ndarray, kinds: np.ndarray, offsets: np.ndarray
+    ) -> np.ndarray:
         """``bool[rows]``: the texts (lower-cased bytes laid out by ``offsets``) that hold an
         added token. Only those holding a token's first byte (for BERT's, ``[``) can: the
         others are not searched."""
@@ -154,7 +160,7 @@ class WordPiece:
         added = np.zeros(rows, bool)
         if not self._added or not rows:
             return added
-        maybe = np.flatnonzero(_rows_with(self._added_first[lowered], offsets))
+        maybe = np.flatnonzero(_rows_with(kinds & _ADDED, offsets))
         if not len(maybe):
             return added
         column = pa.LargeStringArray.from_buffers(
@@ -166,11 +172,13 @@ class WordPiece:
         added[maybe[found]] = True
         return added
 
-    def _tokenize(self, data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _tokenize(
+        self, data: np.ndarray, kinds: np.ndarray, offsets: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Ids of texts laid out as ``data[offsets[i]:offsets[i+1]]``, printable ASCII
-        (lower-cased already where the pipeline lower-cases)."""
+        (lower-cased already where the pipeline lower-cases), each byte's ``kinds`` given."""
         pipeline, rows = self._pipeline, len(offsets) - 1
-        space, punct = _SPACE[data], _PUNCT[data]
+        space, punct = (kinds & _SPACE) != 0, (kinds & _PUNCT) != 0
         # A word starts at each punctuation mark, and at a letter after a space, a mark or
         # a text's start; it ends where the next non-letter or text starts.
         word = ~(space | punct)
@@ -182,11 +190,12 @@ class WordPiece:
         starts_here |= word & row_start
         kept = ~space
         starts = np.flatnonzero(starts_here)
-        # Words are the kept bytes between consecutive starts (spaces dropped), in one buffer.
-        position = np.cumsum(kept) - kept  # each byte's place among the kept bytes
-        word_offsets = np.append(position[starts], int(kept.sum())).astype(np.int64)
+        # Words are the kept bytes between consecutive starts (spaces dropped), in one buffer;
+        # every start is a kept byte, so a word's offset is its start's place among them.
+        kept_bytes = data[kept]
+        word_offsets = np.append(np.flatnonzero(starts_here[kept]), len(kept_bytes))
         words = pa.LargeStringArray.from_buffers(
-            len(starts), pa.py_buffer(word_offsets), pa.py_buffer(data[kept])
+            len(starts), pa.py_buffer(word_offsets), pa.py_buffer(kept_bytes)
         )
         word_row = np.searchsorted(offsets, starts, side="right") - 1
         encoded = words.dictionary_encode()
@@ -267,13 +276,15 @@ def _offset_type(type_: pa.DataType) -> type:
     raise TypeError(f"WordPiece.encode takes a string or large_string array, got {type_}")
 
 
-def _rows(data: np.ndarray, offsets: np.ndarray, rows: np.ndarray):
-    """The bytes and offsets of ``rows`` (``bool``) of texts laid out by ``offsets``."""
+def _rows(data: np.ndarray, kinds: np.ndarray, offsets: np.ndarray, rows: np.ndarray):
+    """The bytes, their kinds and the offsets of ``rows`` (``bool``) of texts laid out by
+    ``offsets``."""
     if rows.all():
-        return data, offsets
+        return data, kinds, offsets
     lengths = np.diff(offsets)
     kept = np.repeat(rows, lengths)
-    return data[kept], np.concatenate([[0], np.cumsum(lengths[rows])]).astype(offsets.dtype)
+    offsets = np.concatenate([[0], np.cumsum(lengths[rows])]).astype(offsets.dtype)
+    return data[kept], kinds[kept], offsets
 
 
 def _rows_with(flags: np.ndarray, offsets: np.ndarray) -> np.ndarray:
