@@ -188,16 +188,16 @@ class WordPiece:
         row_start = np.zeros(len(data), bool)
         row_start[offsets[:-1][offsets[:-1] < len(data)]] = True
         starts_here |= word & row_start
-        kept = ~space
         starts = np.flatnonzero(starts_here)
-        # Words are the kept bytes between consecutive starts (spaces dropped), in one buffer;
-        # every start is a kept byte, so a word's offset is its start's place among them.
-        kept_bytes = data[kept]
-        word_offsets = np.append(np.flatnonzero(starts_here[kept]), len(kept_bytes))
+        # A word ends at a mark, or at a letter that the next byte does not continue.
+        goes_on = np.zeros(len(data), bool)
+        goes_on[:-1] = word[1:] & ~row_start[1:]
+        ends = np.flatnonzero(punct | (word & ~goes_on))
+        # Words are their bytes laid end to end (spaces dropped), in one buffer.
+        word_offsets = np.concatenate([[0], np.cumsum(ends - starts + 1)])
         words = pa.LargeStringArray.from_buffers(
-            len(starts), pa.py_buffer(word_offsets), pa.py_buffer(kept_bytes)
+            len(starts), pa.py_buffer(word_offsets), pa.py_buffer(data[~space])
         )
-        word_row = np.searchsorted(offsets, starts, side="right") - 1
         encoded = words.dictionary_encode()
         distinct, starts_of, ids_of = self._word_numbers(encoded.dictionary.to_pylist())
         number = distinct[encoded.indices.to_numpy()]
@@ -207,12 +207,13 @@ class WordPiece:
         first = np.cumsum(word_counts) - word_counts
         gather = np.arange(total) - np.repeat(first - word_starts, word_counts)
         ids = ids_of[gather]
-        counts = np.bincount(word_row, weights=word_counts, minlength=rows).astype(np.int64)
-        row_of = np.repeat(word_row, word_counts)
-        at = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-        kept_ids = at < self._budget
-        ids, row_of, at = ids[kept_ids], row_of[kept_ids], at[kept_ids]
-        counts = np.minimum(counts, self._budget)
+        # Text r's words start at or after offsets[r], and its ids with its first word's.
+        id_first = np.append(first, total)[np.searchsorted(starts, offsets)]
+        counts = np.diff(id_first)
+        if counts.max(initial=0) > self._budget:
+            at = np.arange(total) - np.repeat(id_first[:-1], counts)
+            ids = ids[at < self._budget]
+            counts = np.minimum(counts, self._budget)
         head, tail = pipeline.first, pipeline.last
         lengths = counts + len(head) + len(tail)
         out_offsets = np.cumsum(lengths) - lengths
@@ -221,7 +222,9 @@ class WordPiece:
             out[out_offsets + k] = token
         for k, token in enumerate(tail):
             out[out_offsets + len(head) + counts + k] = token
-        out[out_offsets[row_of] + len(head) + at] = ids
+        # Text r's ids follow its head and the special tokens of the texts before it.
+        row_of = np.repeat(np.arange(rows), counts)
+        out[np.arange(len(ids)) + row_of * (len(head) + len(tail)) + len(head)] = ids
         return lengths, out
 
     def _word_numbers(self, distinct: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
