@@ -26,6 +26,8 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   writes it and :func:`dataflow_staged_files` lists what the workers would install.
 - :func:`metrics_record` and :func:`write_metrics` write ``OUTPUT/_metrics.json``, which
   ``beam-jax report OUTPUT`` prints.
+- :func:`freeze_startup_objects` keeps the objects alive at a job's launch (imported
+  modules) out of the garbage collector's passes while the job runs.
 
 Examples:
     >>> from beam_jax.jobs import OutputDir, OutputLayout, write_atomically
@@ -60,6 +62,7 @@ from beam_jax._src.jobs.flags import parse_job_args as parse_job_args
 from beam_jax._src.jobs.flags import positive_int as positive_int
 from beam_jax._src.jobs.flags import ratio as ratio
 from beam_jax._src.jobs.flags import reject_unknown_flags as reject_unknown_flags
+from beam_jax._src.jobs.heap import freeze_startup_objects as freeze_startup_objects
 from beam_jax._src.jobs.inputs import InputFile as InputFile
 from beam_jax._src.jobs.inputs import id_type_of as id_type_of
 from beam_jax._src.jobs.inputs import input_format as input_format

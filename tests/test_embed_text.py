@@ -7,6 +7,7 @@ tests/test_minilm.py); each run writes a Parquet or JSON-lines file in tmp_path,
 
 from __future__ import annotations
 
+import gc
 import glob
 import json
 import os
@@ -195,13 +196,18 @@ def test_missing_column_is_reported_before_running(tmp_path):
         embed_text.run(["--input", str(path), "--output", str(tmp_path / "out")])
 
 
-def test_builtin_corpus_is_the_default_input(tmp_path):
+def test_builtin_corpus_is_the_default_input(tmp_path, monkeypatch):
+    frozen, freeze = [], gc.freeze
+    monkeypatch.setattr(gc, "freeze", lambda: (frozen.append(len(gc.get_objects())), freeze()))
+    before = gc.get_freeze_count()
     out = tmp_path / "out"
     summary = embed_text.run(["--builtin_texts", "12", "--output", str(out)])  # default runner
     result, failed = _read_outputs(out)
     assert result.schema.field("id").type == pa.int64()
     assert sorted(result.column("id").to_pylist()) == list(range(12)) and not failed
     assert summary.rows == summary.results == 12 and summary.sentences_per_second > 0
+    # The launch's objects were out of the collector's passes while the job ran, and are back.
+    assert (len(frozen) == 1 or before) and gc.get_freeze_count() == before
 
 
 def test_local_runs_keep_a_compilation_cache_and_remote_runs_do_not(monkeypatch, tmp_path):

@@ -102,6 +102,7 @@ def _read_scores(output: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return scores, table.column("flipped").to_numpy(zero_copy_only=False)
 
 
+@jobs.freeze_startup_objects()
 def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     """Runs the job to completion, prints a summary and returns it.
 

@@ -260,6 +260,7 @@ def _dry_run(args, options, model, inputs: Inputs, id_type, output: OutputDir) -
     )
 
 
+@jobs.freeze_startup_objects()
 def run(
     argv: Sequence[str] | None = None, *, encoder: Encoder | None = None
 ) -> EmbedTextSummary | None:
