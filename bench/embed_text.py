@@ -212,16 +212,41 @@ def _matmuls(cfg: dict) -> str:
     return SentenceEncoder.from_dir(cfg["model_dir"], matmuls=args.matmuls).resolved_matmuls()
 
 
+class _Collections:
+    """The garbage collector's passes while it is installed (``gc.callbacks``): full passes
+    (generation 2) counted and timed, younger ones timed."""
+
+    def __init__(self):
+        self.full, self.full_s, self.young_s, self._started = 0, 0.0, 0.0, 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        seconds = time.perf_counter() - self._started
+        if info["generation"] == 2:
+            self.full, self.full_s = self.full + 1, self.full_s + seconds
+        else:
+            self.young_s += seconds
+
+
 def _pipeline(cfg: dict, encoder=None) -> dict:
+    import gc
+
     from pipelines.embed import job
 
     out = Path(cfg["out"])
+    collections = _Collections()
+    gc.callbacks.append(collections)
     start, cpu_start = time.perf_counter(), time.process_time()
-    summary = job.run(
-        ["--input", cfg["parquet"], "--output", str(out), "--runner=FnApiRunner"]
-        + cfg["pipeline_args"],
-        encoder=encoder,
-    )
+    try:
+        summary = job.run(
+            ["--input", cfg["parquet"], "--output", str(out), "--runner=FnApiRunner"]
+            + cfg["pipeline_args"],
+            encoder=encoder,
+        )
+    finally:
+        gc.callbacks.remove(collections)
     seconds, run_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     if not summary.conserved or summary.results != cfg["n"]:
         raise AssertionError(f"pipeline lost rows: {summary}")
@@ -236,6 +261,10 @@ def _pipeline(cfg: dict, encoder=None) -> dict:
         "compile_wait_seconds": summary.compile_wait_seconds,
         "padding_ratio": summary.padding_ratio,
         "load_at_end": os.getloadavg()[0],
+        # The cyclic garbage collector during the run: full passes walk every live object.
+        "gc_full_passes": collections.full,
+        "gc_full_s": collections.full_s,
+        "gc_young_s": collections.young_s,
     }
 
 
@@ -900,6 +929,16 @@ def main(argv: list[str] | None = None) -> dict:
                 else ""
             )
         )
+    for variant, rs in runs.items():
+        if all("gc_full_passes" in r for r in rs):
+            print(
+                f"{variant}: garbage collector during the run (per round): "
+                + ", ".join(
+                    f"{r['gc_full_passes']} full passes {r['gc_full_s']:.3f} s, "
+                    f"younger {r['gc_young_s']:.3f} s"
+                    for r in rs
+                )
+            )
     cold_warm = {}
     for variant, i, r in ((v, i, r) for v in FLAGSHIPS for i, r in enumerate(runs.get(v, []))):
         if "compile_wait_seconds" in r:

@@ -143,6 +143,9 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
     }  # fmt: skip
     for name in ("host_only", "host_only_buckets"):
         assert variants[name]["sentences_per_s"] > 0 and variants[name]["compiles"] >= 1
+        # The garbage collector's passes during the run (young ones always run).
+        assert variants[name]["gc_full_passes"] >= 0 and variants[name]["gc_full_s"] >= 0
+        assert variants[name]["gc_young_s"] > 0
     assert report["ratios"]["host_only_vs_host_only_buckets"] > 0
     # The tokenizer alone counted every token of the data; the host is measured against it.
     for floor in ("tokenize_only", "tokenize_only_rust"):
