@@ -218,6 +218,7 @@ JOBS = {
     "write_dataflow_job_file",
     "metrics_record",
     "write_metrics",
+    "freeze_startup_objects",
 }
 
 
