@@ -37,7 +37,11 @@ text's token ids, repeated 384 times (``tests/test_bench.py`` checks every row o
 For each, the CPU its run used (every thread, from ``run()`` called to the job finished)
 is printed with how many cores that kept busy on average and how long the run would take
 if that work kept every core busy throughout: the most that overlapping the host's steps
-could gain without making them cheaper, also as a rate over ``tokenize_only``'s.
+could gain without making them cheaper, also as a rate over ``tokenize_only``'s. Each
+run's launch is timed too (from ``run()`` called to the job's first part handed to its
+tokenizer: flags, model, plan, pipeline built, runner started, first part read), and the
+rate of the rest of the run printed over ``tokenize_only``'s: how near the host runs to its
+tokenizer once under way, as on a long job that pays its launch once.
 
 Three more run ``host_only`` with one or both of its background steps taken away, to show
 what each adds to the wall (the bundle's own Python, packing rows, dispatching batches and
@@ -230,6 +234,34 @@ class _Collections:
             self.young_s += seconds
 
 
+class _FirstPart:
+    """When the job first hands a part to its tokenizer (``Tokenizer.encode_arrow``, which
+    only the job's tokenize step calls; the launch plan counts its sample's tokens with
+    ``count_tokens``), while installed: the end of the job's launch (flags, model, plan,
+    pipeline built, runner started, first part read)."""
+
+    def __init__(self):
+        self.at: float | None = None
+
+    def __enter__(self):
+        from beam_jax.text import Tokenizer
+
+        self._encode = encode = Tokenizer.encode_arrow
+
+        def encode_arrow(tokenizer, texts):
+            if self.at is None:
+                self.at = time.perf_counter()
+            return encode(tokenizer, texts)
+
+        Tokenizer.encode_arrow = encode_arrow
+        return self
+
+    def __exit__(self, *exc):
+        from beam_jax.text import Tokenizer
+
+        Tokenizer.encode_arrow = self._encode
+
+
 def _pipeline(cfg: dict, encoder=None) -> dict:
     import gc
 
@@ -240,11 +272,12 @@ def _pipeline(cfg: dict, encoder=None) -> dict:
     gc.callbacks.append(collections)
     start, cpu_start = time.perf_counter(), time.process_time()
     try:
-        summary = job.run(
-            ["--input", cfg["parquet"], "--output", str(out), "--runner=FnApiRunner"]
-            + cfg["pipeline_args"],
-            encoder=encoder,
-        )
+        with _FirstPart() as first_part:
+            summary = job.run(
+                ["--input", cfg["parquet"], "--output", str(out), "--runner=FnApiRunner"]
+                + cfg["pipeline_args"],
+                encoder=encoder,
+            )
     finally:
         gc.callbacks.remove(collections)
     seconds, run_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
@@ -265,6 +298,8 @@ def _pipeline(cfg: dict, encoder=None) -> dict:
         "gc_full_passes": collections.full,
         "gc_full_s": collections.full_s,
         "gc_young_s": collections.young_s,
+        # From run() called to the first part tokenized: the launch, paid once per job.
+        "launch_s": None if first_part.at is None else first_part.at - start,
     }
 
 
@@ -732,6 +767,30 @@ def _cpu_bounds(results: dict, cores: int) -> dict:
     return bounds
 
 
+def _after_launch(results: dict, texts: int) -> dict:
+    """For each host-only variant: its launch (``launch_s``, median), the share of the run
+    it takes, and the rate of the rest of the run (every text over the median run less the
+    median launch), also over ``tokenize_only``'s rate: how near the host runs to its
+    tokenizer once the job is under way, as on a long job whose launch is paid once."""
+    after = {}
+    for variant in (*HOST_ONLY, *HOST_WITHOUT):
+        r = results.get(variant)
+        if r is None or "launch_s_median" not in r:
+            continue
+        launch, seconds = r["launch_s_median"], r["seconds_median"]
+        entry = {
+            "launch_s": launch,
+            "launch_share": launch / seconds,
+            "sentences_per_s": texts / (seconds - launch),
+        }
+        if "tokenize_only" in results:
+            entry["vs_tokenize_only"] = (
+                entry["sentences_per_s"] / results["tokenize_only"]["sentences_per_s"]
+            )
+        after[variant] = entry
+    return after
+
+
 def _flop_fields(variant: str, r: dict, data: dict, peaks: dict) -> None:
     """Sets ``mfu`` (useful FLOPs over the median time, against the matmul peak of the
     dtype the variant's dense matmuls ran in: bf16's for ``matmuls`` bfloat16, else fp32's)
@@ -863,6 +922,9 @@ def main(argv: list[str] | None = None) -> dict:
         }
         if all("run_cpu_s" in r for r in rs):
             results[variant]["run_cpu_s_median"] = statistics.median(r["run_cpu_s"] for r in rs)
+        if all(r.get("launch_s") is not None for r in rs):
+            results[variant]["launch_s_all"] = [round(r["launch_s"], 3) for r in rs]
+            results[variant]["launch_s_median"] = statistics.median(r["launch_s"] for r in rs)
     ratios, ratios_best = {}, {}
     if "host_only" in results and "host_only_buckets" in results:
         ours, theirs = results["host_only"], results["host_only_buckets"]
@@ -881,6 +943,7 @@ def main(argv: list[str] | None = None) -> dict:
                 )
     _side_by_side_ratios(results, ratios, ratios_best)
     cpu_bounds = _cpu_bounds(results, args.threads)
+    after_launch = _after_launch(results, data["n"])
     from fingerprint import fingerprint, format_fingerprint
 
     machine = fingerprint()
@@ -926,6 +989,17 @@ def main(argv: list[str] | None = None) -> dict:
             + (
                 f", {bound['vs_tokenize_only']:.2f}x tokenize_only"
                 if "vs_tokenize_only" in bound
+                else ""
+            )
+        )
+    for variant, after in after_launch.items():
+        print(
+            f"{variant}: launch (run() called to the first part tokenized) "
+            f"{after['launch_s']:.2f} s, {100 * after['launch_share']:.0f}% of the run; "
+            f"after it {after['sentences_per_s']:.0f} sentences/s"
+            + (
+                f", {after['vs_tokenize_only']:.2f}x tokenize_only"
+                if "vs_tokenize_only" in after
                 else ""
             )
         )
@@ -997,6 +1071,7 @@ def main(argv: list[str] | None = None) -> dict:
         "ratios_best": ratios_best,
         "cold_warm": cold_warm,
         "cpu_bounds": cpu_bounds,
+        "after_launch": after_launch,
         "pipeline_runs": runs.get("pipeline", []),
         "load_average": os.getloadavg(),
         "min_cosine_pipeline_vs_sentence_transformers": cosine,

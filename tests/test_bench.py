@@ -146,6 +146,17 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
         # The garbage collector's passes during the run (young ones always run).
         assert variants[name]["gc_full_passes"] >= 0 and variants[name]["gc_full_s"] >= 0
         assert variants[name]["gc_young_s"] > 0
+        # The launch ends when the first part reaches the tokenizer, within the run.
+        launch = variants[name]["launch_s_median"]
+        assert 0 < launch < variants[name]["seconds_median"]
+        after = report["after_launch"][name]
+        assert after["launch_s"] == launch
+        assert after["sentences_per_s"] == pytest.approx(
+            60 / (variants[name]["seconds_median"] - launch)
+        )
+        assert after["vs_tokenize_only"] == pytest.approx(
+            after["sentences_per_s"] / variants["tokenize_only"]["sentences_per_s"]
+        )
     assert report["ratios"]["host_only_vs_host_only_buckets"] > 0
     # The tokenizer alone counted every token of the data; the host is measured against it.
     for floor in ("tokenize_only", "tokenize_only_rust"):
