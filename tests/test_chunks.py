@@ -61,13 +61,16 @@ def test_the_kernel_runs_chunks_of_the_rows_chunk_rows_gives_it():
     whole = Kernel(_rowwise, batched=True, devices=[0])
     rng = np.random.default_rng(0)
     tree = plan.layout.treedef
-    for bucket, size, want in [((4,), 32, 16), ((16,), 32, 4), ((32,), 16, 2), ((32,), 2, 2)]:
+    # A size the chunks do not divide runs its whole chunks, then the rows left over.
+    cases = [((4,), 32, [16]), ((16,), 32, [4]), ((32,), 16, [2]), ((32,), 2, [2]),
+             ((4,), 30, [16, 14]), ((16,), 11, [4, 3])]  # fmt: skip
+    for bucket, size, want in cases:
         seen.clear()
         x = rng.standard_normal((size, bucket[0], kernels.D)).astype(np.float32)
         lengths = {"L": rng.integers(0, bucket[0] + 1, size).astype(np.int32)}
         got = chunked.call(np.float32(3.0), [x], lengths, treedef=tree, num_real=size - 1)
         ref = whole.call(np.float32(3.0), [x], lengths, treedef=tree, num_real=size - 1)
-        assert seen == [want]
+        assert seen == want
         np.testing.assert_allclose(got["total"], ref["total"], rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(got["length"], ref["length"])
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -98,9 +99,10 @@ class Kernel:
         devices: see ``select_devices``.
         chunk_rows: ``chunk_rows(row_shapes)``: for a batch whose rows have these leaf
             shapes (each leaf's shape past the batch axis), the most rows ``fn`` runs at
-            once, or ``None`` for all. A batch of more rows (a whole multiple of them, per
-            device) runs as a sequence of chunks inside one call (``jax.lax.map``): one
-            dispatch, and each chunk's activations stay cache-sized on a CPU.
+            once, or ``None`` for all. A batch of more rows runs as a sequence of chunks
+            inside one call (``jax.lax.map``), the rows left after the last whole chunk as
+            one smaller piece: one dispatch, and each chunk's activations stay cache-sized
+            on a CPU.
     """
 
     def __init__(
@@ -336,32 +338,46 @@ def in_chunks(
     fn: Callable[..., Any], chunk_rows: Callable[[Sequence[tuple[int, ...]]], int | None]
 ) -> Callable[..., Any]:
     """A batched ``fn`` that runs a batch of more than ``chunk_rows(row_shapes)`` rows as
-    equal chunks of that many, one after another inside the same call (``jax.lax.map``),
-    with the outputs stacked back in row order. A batch that is not a whole number of
-    chunks, or no larger than one, runs whole.
+    chunks of that many, one after another inside the same call (``jax.lax.map``), and the
+    rows left over (when the batch is not a whole number of chunks) as one smaller call
+    after them, with the outputs stacked back in row order. A batch no larger than one
+    chunk runs whole.
+
+    So a batch size the chunks do not divide (a planned size fitted to the data, say 511
+    rows in chunks of 16) still runs in chunks: run whole, such batches ran 1.2-1.6x slower
+    per token (all-MiniLM-L6-v2 on a CPU, bench/RESULTS.md). The remainder is one more
+    traced copy of ``fn`` in the program, which takes longer to compile; a batch the chunks
+    divide has none.
 
     Examples:
         >>> import jax.numpy as jnp
         >>> double = in_chunks(lambda p, x, lengths: 2 * x, lambda shapes: 2)
-        >>> double(None, jnp.arange(6), {}).tolist()
-        [0, 2, 4, 6, 8, 10]
+        >>> double(None, jnp.arange(7), {}).tolist()
+        [0, 2, 4, 6, 8, 10, 12]
     """
 
     def run(params: Any, element: Any, lengths: Any) -> Any:
         leaves = jax.tree_util.tree_leaves(element)
         size = leaves[0].shape[0]
         rows = chunk_rows([tuple(x.shape[1:]) for x in leaves])
-        if not rows or size <= rows or size % rows:
+        if not rows or size <= rows:
             return fn(params, element, lengths)
-        count = size // rows
+        count, rest = divmod(size, rows)
+        whole = count * rows
 
         def split(x):
-            return x.reshape(count, rows, *x.shape[1:])
+            return (x[:whole] if rest else x).reshape(count, rows, *x.shape[1:])
 
         outputs = jax.lax.map(
             lambda chunk: fn(params, *chunk), jax.tree_util.tree_map(split, (element, lengths))
         )
-        return jax.tree_util.tree_map(lambda y: y.reshape(size, *y.shape[2:]), outputs)
+        outputs = jax.tree_util.tree_map(lambda y: y.reshape(whole, *y.shape[2:]), outputs)
+        if not rest:
+            return outputs
+        left = jax.tree_util.tree_map(lambda x: x[whole:], (element, lengths))
+        return jax.tree_util.tree_map(
+            lambda a, b: jnp.concatenate([a, b]), outputs, fn(params, *left)
+        )
 
     return run
 
