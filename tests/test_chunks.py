@@ -75,6 +75,30 @@ def test_the_kernel_runs_chunks_of_the_rows_chunk_rows_gives_it():
         np.testing.assert_array_equal(got["length"], ref["length"])
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_chunks_and_their_remainder_on_every_device(batched):
+    """On all of the process's devices (4 here): per element, each device's shard runs its
+    own chunks and remainder; batched, the whole batch does. Either way, as run whole."""
+    assert len(jax.devices()) == 4
+
+    def per_element(params, element, lengths):
+        x = element["x"]
+        real = jnp.arange(x.shape[0])[:, None] < lengths["L"]
+        return {"total": jnp.sum(jnp.where(real, x, 0.0), axis=0) * params}
+
+    fn = _rowwise if batched else per_element
+    tree = Plan(SPEC, BUCKETING).layout.treedef
+    whole = Kernel(fn, batched=batched)
+    rng = np.random.default_rng(3)
+    for size, rows in [(20, 3), (12, 2), (8, 5)]:  # 5, 3 and 2 rows per device
+        chunked = Kernel(fn, batched=batched, chunk_rows=lambda shapes, rows=rows: rows)
+        x = rng.standard_normal((size, 4, kernels.D)).astype(np.float32)
+        lengths = {"L": rng.integers(0, 5, size).astype(np.int32)}
+        got = chunked.call(np.float32(2.0), [x], lengths, treedef=tree, num_real=size - 1)
+        ref = whole.call(np.float32(2.0), [x], lengths, treedef=tree, num_real=size - 1)
+        np.testing.assert_allclose(got["total"], ref["total"], rtol=1e-5, atol=1e-5)
+
+
 def test_chunk_rows_follow_each_shape_of_the_plan():
     plan = Plan(SPEC, BUCKETING)
     rows = chunk_rows_for(plan, 64)
