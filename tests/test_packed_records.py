@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 import beam_jax as bj
-from beam_jax.internal import ColumnRecords, ItemRecords, PackedPlan, PackedStage
+from beam_jax.internal import ColumnRecords, ItemRecords, PackedBuffer, PackedPlan, PackedStage
 
 PROPERTY = hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
 SPEC = {"x": bj.ArraySpec(("L", 2), np.float32), "w": bj.ArraySpec((), np.int32)}
@@ -154,6 +154,20 @@ def test_add_records_packs_exactly_as_add_one_by_one(chunks, seed, buffer_size):
     assert by_column.batches == by_record.batches
     placed = sorted(k for _, keys, _, _ in by_column.batches for k in keys)
     assert placed == list(range(first))
+
+
+@PROPERTY
+@hypothesis.given(
+    counts=st.lists(st.integers(1, 4), max_size=12),
+    picks=st.lists(st.integers(0, 10**6), max_size=20),
+)
+def test_a_packed_buffer_counts_the_batch_rows_its_records_take(counts, picks):
+    """All records (rows non-decreasing, as packed) or any of them in any order."""
+    rows = np.repeat(np.arange(len(counts)) * 2, counts)  # with gaps between row numbers
+    buffer = PackedBuffer(PackedPlan(SPEC, PACKING), 8, np.arange(len(rows)), rows)
+    assert buffer.units() == len(counts)
+    subset = np.asarray([p % len(rows) for p in picks] if len(rows) else [], np.int64)
+    assert buffer.units(subset) == len(set(rows[subset].tolist()))
 
 
 def test_item_records_take_and_concat():
