@@ -100,9 +100,9 @@ class Kernel:
         chunk_rows: ``chunk_rows(row_shapes)``: for a batch whose rows have these leaf
             shapes (each leaf's shape past the batch axis), the most rows ``fn`` runs at
             once, or ``None`` for all. A batch of more rows runs as a sequence of chunks
-            inside one call (``jax.lax.map``), the rows left after the last whole chunk as
-            one smaller piece: one dispatch, and each chunk's activations stay cache-sized
-            on a CPU.
+            inside one call (``jax.lax.map``; made up to a whole number of them with copies
+            of its last row, see ``in_chunks``): one dispatch, and each chunk's activations
+            stay cache-sized on a CPU.
     """
 
     def __init__(
@@ -338,22 +338,21 @@ def in_chunks(
     fn: Callable[..., Any], chunk_rows: Callable[[Sequence[tuple[int, ...]]], int | None]
 ) -> Callable[..., Any]:
     """A batched ``fn`` that runs a batch of more than ``chunk_rows(row_shapes)`` rows as
-    chunks of that many, one after another inside the same call (``jax.lax.map``), and the
-    rows left over (when the batch is not a whole number of chunks) as one smaller call
-    after them, with the outputs stacked back in row order. A batch no larger than one
-    chunk runs whole.
+    chunks of that many, one after another inside the same call (``jax.lax.map``), with
+    the outputs stacked back in row order.
 
-    So a batch size the chunks do not divide (a planned size fitted to the data, say 511
-    rows in chunks of 16) still runs in chunks: run whole, such batches ran 1.2-1.6x slower
-    per token (all-MiniLM-L6-v2 on a CPU, bench/RESULTS.md). The remainder is one more
-    traced copy of ``fn`` in the program, which takes longer to compile; a batch the chunks
-    divide has none.
+    A batch the chunks do not divide (a planned size fitted to the data, say 511 rows in
+    chunks of 16) is made up to a whole number of chunks with copies of its last row, whose
+    outputs are dropped, when that adds at most an eighth to it; run whole, such batches ran
+    1.2-1.6x slower per token (all-MiniLM-L6-v2 on a CPU, bench/RESULTS.md). A batch that
+    would need more (a few rows over one or two chunks), or no larger than one chunk, runs
+    whole. Either way the program holds one traced copy of ``fn``.
 
     Examples:
         >>> import jax.numpy as jnp
         >>> double = in_chunks(lambda p, x, lengths: 2 * x, lambda shapes: 2)
-        >>> double(None, jnp.arange(7), {}).tolist()
-        [0, 2, 4, 6, 8, 10, 12]
+        >>> double(None, jnp.arange(17), {}).tolist()[-3:]
+        [28, 30, 32]
     """
 
     def run(params: Any, element: Any, lengths: Any) -> Any:
@@ -362,24 +361,31 @@ def in_chunks(
         rows = chunk_rows([tuple(x.shape[1:]) for x in leaves])
         if not rows or size <= rows:
             return fn(params, element, lengths)
-        count, rest = divmod(size, rows)
-        whole = count * rows
+        count = -(-size // rows)
+        extra = count * rows - size
+        if extra * _MOST_PADDED_CHUNK_ROWS > size:
+            return fn(params, element, lengths)
 
         def split(x):
-            return (x[:whole] if rest else x).reshape(count, rows, *x.shape[1:])
+            if extra:  # copies of the last row make up the last chunk
+                x = jnp.concatenate([x, jnp.repeat(x[-1:], extra, axis=0)])
+            return x.reshape(count, rows, *x.shape[1:])
 
         outputs = jax.lax.map(
             lambda chunk: fn(params, *chunk), jax.tree_util.tree_map(split, (element, lengths))
         )
-        outputs = jax.tree_util.tree_map(lambda y: y.reshape(whole, *y.shape[2:]), outputs)
-        if not rest:
-            return outputs
-        left = jax.tree_util.tree_map(lambda x: x[whole:], (element, lengths))
-        return jax.tree_util.tree_map(
-            lambda a, b: jnp.concatenate([a, b]), outputs, fn(params, *left)
-        )
+
+        def join(y):
+            y = y.reshape(count * rows, *y.shape[2:])
+            return y[:size] if extra else y
+
+        return jax.tree_util.tree_map(join, outputs)
 
     return run
+
+
+# A batch is made up to whole chunks when that adds at most 1/8 of its rows (see in_chunks).
+_MOST_PADDED_CHUNK_ROWS = 8
 
 
 def _unflatten(treedef, leaves):
