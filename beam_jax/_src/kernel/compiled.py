@@ -334,6 +334,10 @@ def per_element(fn: Callable[..., Any]) -> Callable[..., Any]:
     return lambda params, element, lengths: vmapped(params, element, dict(lengths))
 
 
+# The most rows ``in_chunks`` adds to make a batch up to whole chunks, as a share of its rows.
+_MOST_ROWS_ADDED = 1 / 8
+
+
 def in_chunks(
     fn: Callable[..., Any], chunk_rows: Callable[[Sequence[tuple[int, ...]]], int | None]
 ) -> Callable[..., Any]:
@@ -363,7 +367,7 @@ def in_chunks(
             return fn(params, element, lengths)
         count = -(-size // rows)
         extra = count * rows - size
-        if extra * _MOST_PADDED_CHUNK_ROWS > size:
+        if extra > _MOST_ROWS_ADDED * size:
             return fn(params, element, lengths)
 
         def split(x):
@@ -382,10 +386,6 @@ def in_chunks(
         return jax.tree_util.tree_map(join, outputs)
 
     return run
-
-
-# A batch is made up to whole chunks when that adds at most 1/8 of its rows (see in_chunks).
-_MOST_PADDED_CHUNK_ROWS = 8
 
 
 def _unflatten(treedef, leaves):
