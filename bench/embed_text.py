@@ -217,11 +217,22 @@ def _matmuls(cfg: dict) -> str:
 
 
 class _Collections:
-    """The garbage collector's passes while it is installed (``gc.callbacks``): full passes
-    (generation 2) counted and timed, younger ones timed."""
+    """The garbage collector's passes while installed (in ``gc.callbacks``, for the ``with``
+    block): full passes (generation 2) counted and timed, younger ones timed."""
 
     def __init__(self):
         self.full, self.full_s, self.young_s, self._started = 0, 0.0, 0.0, 0.0
+
+    def __enter__(self):
+        import gc
+
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        import gc
+
+        gc.callbacks.remove(self)
 
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -263,23 +274,16 @@ class _FirstPart:
 
 
 def _pipeline(cfg: dict, encoder=None) -> dict:
-    import gc
-
     from pipelines.embed import job
 
     out = Path(cfg["out"])
-    collections = _Collections()
-    gc.callbacks.append(collections)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    try:
-        with _FirstPart() as first_part:
-            summary = job.run(
-                ["--input", cfg["parquet"], "--output", str(out), "--runner=FnApiRunner"]
-                + cfg["pipeline_args"],
-                encoder=encoder,
-            )
-    finally:
-        gc.callbacks.remove(collections)
+    with _Collections() as collections, _FirstPart() as first_part:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        summary = job.run(
+            ["--input", cfg["parquet"], "--output", str(out), "--runner=FnApiRunner"]
+            + cfg["pipeline_args"],
+            encoder=encoder,
+        )
     seconds, run_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     if not summary.conserved or summary.results != cfg["n"]:
         raise AssertionError(f"pipeline lost rows: {summary}")
