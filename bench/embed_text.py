@@ -64,6 +64,14 @@ gathering results, is what is left):
 * ``tokenize_only_rust``: ``tokenize_only`` with every text given to the Rust tokenizer
   (``encode_batch_fast``, the ids without offsets), the floor before printable ASCII was
   tokenized with numpy. ``host_only / tokenize_only_rust`` is printed when both ran.
+* ``tokenize_in_beam``: the floor of any Beam job that reads and tokenizes this data: the
+  flagship's own read and tokenize steps (``ReadParts``, ``TokenizeParts``) in a pipeline
+  on the same runner, their rows and tokens counted, nothing else (no plan, kernel or
+  writer). The model is loaded before the clock, as ``tokenize_only``'s tokenizer is; the
+  pipeline is built and run on it, and its launch is timed as the host's is.
+  ``tokenize_in_beam / tokenize_only`` and ``host_only / tokenize_in_beam`` are printed
+  when they ran: what Beam's launch and bundles cost before the host does any of its own
+  work, and how near the host comes to that.
 
 Three more run the flagship with its batching or its matmuls chosen (side by side with
 ``pipeline``, which lets the flagship choose both), each with a compilation cache of its
@@ -124,6 +132,7 @@ VARIANTS = (
     "host_only_neither",
     "tokenize_only",
     "tokenize_only_rust",
+    "tokenize_in_beam",
     "pipeline_packed",
     "pipeline_buckets",
     "pipeline_float32",
@@ -477,6 +486,66 @@ def _tokenize_only(cfg: dict, rust: bool = False) -> dict:
     return {"seconds": seconds, "run_cpu_s": run_cpu_s, "tokens": tokens}
 
 
+def _tokenize_in_beam(cfg: dict) -> dict:
+    """The flagship's read and tokenize steps alone in a Beam pipeline (see the module's
+    docstring), every text and token counted against the data's."""
+    import apache_beam as beam
+    import pyarrow.compute as pc
+
+    import beam_jax as bj
+    from beam_jax.text import SentenceEncoder
+    from pipelines.embed.flags import parse_args
+    from pipelines.embed.job import _id_type
+    from pipelines.embed.parts import Inputs
+    from pipelines.embed.read import ReadParts
+    from pipelines.embed.tokenize import INPUT_IDS, PARTS, TokenizeParts
+
+    args, options = parse_args(
+        ["--input", cfg["parquet"], "--output", cfg["out"], "--runner=FnApiRunner"]
+        + cfg["pipeline_args"]
+    )
+    model = SentenceEncoder.from_dir(args.model_dir)
+    model.tokenizer()  # loaded before the clock; the tokenize step shares it
+    inputs = Inputs.from_args(args)
+    id_type = _id_type(args, inputs)
+    files = [inputs.file_name(i) for i in range(len(inputs.files))]
+
+    class CountTokens(beam.DoFn):
+        def setup(self):
+            self._texts = beam.metrics.Metrics.counter("bench", "texts")
+            self._tokens = beam.metrics.Metrics.counter("bench", "tokens")
+
+        def process(self, batch):
+            self._texts.inc(batch.num_rows)
+            self._tokens.inc(pc.sum(pc.list_value_length(batch.column(INPUT_IDS))).as_py())
+
+    with _FirstPart() as first_part:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        pipeline = beam.Pipeline(options=options)
+        batches, _ = pipeline | "Read" >> ReadParts(
+            inputs, args.rows_per_part, frozenset(), id_type, spread=False
+        )
+        tokens = batches | "Tokenize" >> beam.ParDo(
+            TokenizeParts(id_type, model, files, inputs.text_column)
+        ).with_outputs(PARTS, bj.DEAD_LETTERS, main="tokens")
+        _ = tokens.tokens | "Count" >> beam.ParDo(CountTokens())
+        result = pipeline.run()
+        result.wait_until_finish()
+    seconds, run_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    counted = bj.metric_totals(result, "bench")
+    if (counted.get("texts"), counted.get("tokens")) != (cfg["n"], cfg["tokens"]):
+        raise AssertionError(
+            f"the pipeline tokenized {counted.get('texts')} texts into {counted.get('tokens')} "
+            f"tokens; expected {cfg['n']} and {cfg['tokens']}"
+        )
+    return {
+        "seconds": seconds,
+        "run_cpu_s": run_cpu_s,
+        "tokens": counted["tokens"],
+        "launch_s": None if first_part.at is None else first_part.at - start,
+    }
+
+
 def flops_per_token(length: int) -> float:
     """Executed FLOPs per token slot of all-MiniLM-L6-v2 at padded row length ``length``:
     ``SentenceEncoder.flops_per_token`` (matmuls: per layer ``8h²`` for query, key, value
@@ -636,6 +705,7 @@ def _child(variant: str, cfg_path: str) -> None:
             "runinference": _runinference,
             "tokenize_only": _tokenize_only,
             "tokenize_only_rust": _tokenize_only_rust,
+            "tokenize_in_beam": _tokenize_in_beam,
         }[variant](cfg)
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -728,14 +798,17 @@ def _flagship_cosines(runs: dict) -> dict:
 
 
 def _side_by_side_ratios(results: dict, ratios: dict, ratios_best: dict) -> None:
-    """Adds ``host_only / tokenize_only``, ``host_only / tokenize_only_rust`` and each
-    ``HOST_WITHOUT`` variant over ``tokenize_only`` (rates:
-    how close the host runs to its tokenizer alone) and ``pipeline_packed /
-    pipeline_buckets`` (medians and best runs)."""
+    """Adds ``host_only / tokenize_only``, ``host_only / tokenize_only_rust``, each
+    ``HOST_WITHOUT`` variant and ``tokenize_in_beam`` over ``tokenize_only`` (rates: how
+    close the host, or a Beam job that only tokenizes, runs to its tokenizer alone),
+    ``host_only / tokenize_in_beam`` and ``pipeline_packed / pipeline_buckets`` (medians
+    and best runs)."""
     pairs = (
         ("host_only", "tokenize_only"),
         ("host_only", "tokenize_only_rust"),
         *((variant, "tokenize_only") for variant in HOST_WITHOUT),
+        ("tokenize_in_beam", "tokenize_only"),
+        ("host_only", "tokenize_in_beam"),
         ("pipeline_packed", "pipeline_buckets"),
     )
     for ours, theirs in pairs:
@@ -747,13 +820,14 @@ def _side_by_side_ratios(results: dict, ratios: dict, ratios_best: dict) -> None
 
 
 def _cpu_bounds(results: dict, cores: int) -> dict:
-    """For each host-only variant: the CPU its run used (``run_cpu_s``: every thread of the
-    process, from the job's start to its summary), how many of ``cores`` that kept busy on
-    average, and the shortest the run could be if its work kept every core busy throughout
-    (``all_cores_s``), also as a rate over ``tokenize_only``'s (``vs_tokenize_only``): how
-    near the host could come to its tokenizer by overlap alone, without less work."""
+    """For each host-only variant and ``tokenize_in_beam``: the CPU its run used
+    (``run_cpu_s``: every thread of the process, from the job's start to its summary), how
+    many of ``cores`` that kept busy on average, and the shortest the run could be if its
+    work kept every core busy throughout (``all_cores_s``), also as a rate over
+    ``tokenize_only``'s (``vs_tokenize_only``): how near the host could come to its
+    tokenizer by overlap alone, without less work."""
     bounds = {}
-    for variant in (*HOST_ONLY, *HOST_WITHOUT):
+    for variant in (*HOST_ONLY, *HOST_WITHOUT, "tokenize_in_beam"):
         r = results.get(variant)
         if r is None or "run_cpu_s_median" not in r:
             continue
@@ -772,12 +846,13 @@ def _cpu_bounds(results: dict, cores: int) -> dict:
 
 
 def _after_launch(results: dict, texts: int) -> dict:
-    """For each host-only variant: its launch (``launch_s``, median), the share of the run
-    it takes, and the rate of the rest of the run (every text over the median run less the
-    median launch), also over ``tokenize_only``'s rate: how near the host runs to its
-    tokenizer once the job is under way, as on a long job whose launch is paid once."""
+    """For each host-only variant and ``tokenize_in_beam``: its launch (``launch_s``,
+    median), the share of the run it takes, and the rate of the rest of the run (every text
+    over the median run less the median launch), also over ``tokenize_only``'s rate: how
+    near the host runs to its tokenizer once the job is under way, as on a long job whose
+    launch is paid once."""
     after = {}
-    for variant in (*HOST_ONLY, *HOST_WITHOUT):
+    for variant in (*HOST_ONLY, *HOST_WITHOUT, "tokenize_in_beam"):
         r = results.get(variant)
         if r is None or "launch_s_median" not in r:
             continue
@@ -998,7 +1073,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     for variant, after in after_launch.items():
         print(
-            f"{variant}: launch (run() called to the first part tokenized) "
+            f"{variant}: launch (the clock started to the first part tokenized) "
             f"{after['launch_s']:.2f} s, {100 * after['launch_share']:.0f}% of the run; "
             f"after it {after['sentences_per_s']:.0f} sentences/s"
             + (

@@ -133,19 +133,22 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
     embed_text = _bench_module("embed_text")
     out = tmp_path / "bench.json"
     report = embed_text.main(
-        ["--variants", "host_only,host_only_buckets,tokenize_only,tokenize_only_rust",
+        ["--variants",
+         "host_only,host_only_buckets,tokenize_only,tokenize_only_rust,tokenize_in_beam",
          "--texts", "60", "--rounds", "1", "--json", str(out),
          "--keep-outputs", str(tmp_path / "runs")]
     )  # fmt: skip
     variants = json.loads(out.read_text())["variants"]
     assert variants.keys() == {
-        "host_only", "host_only_buckets", "tokenize_only", "tokenize_only_rust"
+        "host_only", "host_only_buckets", "tokenize_only", "tokenize_only_rust",
+        "tokenize_in_beam",
     }  # fmt: skip
     for name in ("host_only", "host_only_buckets"):
         assert variants[name]["sentences_per_s"] > 0 and variants[name]["compiles"] >= 1
         # The garbage collector's passes during the run (young ones always run).
         assert variants[name]["gc_full_passes"] >= 0 and variants[name]["gc_full_s"] >= 0
         assert variants[name]["gc_young_s"] > 0
+    for name in ("host_only", "host_only_buckets", "tokenize_in_beam"):
         # The launch ends when the first part reaches the tokenizer, within the run.
         launch = variants[name]["launch_s_median"]
         assert 0 < launch < variants[name]["seconds_median"]
@@ -158,8 +161,9 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
             after["sentences_per_s"] / variants["tokenize_only"]["sentences_per_s"]
         )
     assert report["ratios"]["host_only_vs_host_only_buckets"] > 0
-    # The tokenizer alone counted every token of the data; the host is measured against it.
-    for floor in ("tokenize_only", "tokenize_only_rust"):
+    # The tokenizer alone counted every token of the data; the host is measured against it,
+    # and so is the Beam job that only reads and tokenizes (checked against the data too).
+    for floor in ("tokenize_only", "tokenize_only_rust", "tokenize_in_beam"):
         tokenize = variants[floor]
         assert tokenize["tokens"] == report["tokens"] and tokenize["sentences_per_s"] > 0
         ratio = report["ratios"][f"host_only_vs_{floor}"]
@@ -171,7 +175,10 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
     # The host's CPU during its run bounds what overlap alone could gain: each host-only
     # variant's, against the tokenizer's time.
     threads = report["threads"]
-    assert report["cpu_bounds"].keys() == {"host_only", "host_only_buckets"}
+    assert report["ratios"]["tokenize_in_beam_vs_tokenize_only"] == pytest.approx(
+        variants["tokenize_only"]["seconds_median"] / variants["tokenize_in_beam"]["seconds_median"]
+    )
+    assert report["cpu_bounds"].keys() == {"host_only", "host_only_buckets", "tokenize_in_beam"}
     for name, bound in report["cpu_bounds"].items():
         host = variants[name]
         assert 0 < bound["run_cpu_s"] == host["run_cpu_s_median"]
@@ -190,6 +197,19 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
         got = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
         assert sorted(ids.tolist()) == list(range(60)), variant
         np.testing.assert_array_equal(got, expected[ids], err_msg=variant)
+
+
+def test_embed_text_bench_tokenize_in_beam_counts_every_text_and_token(tmp_path):
+    """The Beam job that only reads and tokenizes counts the texts and tokens its tokenize
+    step put out, and fails when they are not the data's."""
+    embed_text = _bench_module("embed_text")
+    data = embed_text._write_data(tmp_path, 2500)  # three row groups of 1,024 rows: one part
+    cfg = dict(data, out=str(tmp_path / "out"), pipeline_args=["--rows_per_part", "1024"])
+    got = embed_text._tokenize_in_beam(cfg)  # three parts
+    assert got["tokens"] == data["tokens"]
+    assert 0 < got["launch_s"] < got["seconds"] and got["run_cpu_s"] > 0
+    with pytest.raises(AssertionError, match=f"tokenized 2500 texts into {data['tokens']}"):
+        embed_text._tokenize_in_beam(dict(cfg, n=2501))
 
 
 def test_embed_text_bench_takes_the_host_steps_away_one_at_a_time(tmp_path):
