@@ -144,6 +144,9 @@ HOST_WITHOUT = {
     "host_only_no_vectors": ("vectors",),
     "host_only_neither": ("tokenize", "vectors"),
 }
+# The Beam jobs whose CPU and launch are reported beside their rate (_cpu_bounds,
+# _after_launch): the host's, and the one that only reads and tokenizes.
+TIMED_JOBS = (*HOST_ONLY, *HOST_WITHOUT, "tokenize_in_beam")
 # The flagship with its batching chosen; "pipeline" lets it choose.
 FLAGSHIPS = {
     "pipeline": [],
@@ -495,10 +498,9 @@ def _tokenize_in_beam(cfg: dict) -> dict:
     import beam_jax as bj
     from beam_jax.text import SentenceEncoder
     from pipelines.embed.flags import parse_args
-    from pipelines.embed.job import _id_type
+    from pipelines.embed.job import _id_type, _read_and_tokenize
     from pipelines.embed.parts import Inputs
-    from pipelines.embed.read import ReadParts
-    from pipelines.embed.tokenize import INPUT_IDS, PARTS, TokenizeParts
+    from pipelines.embed.tokenize import INPUT_IDS
 
     args, options = parse_args(
         ["--input", cfg["parquet"], "--output", cfg["out"], "--runner=FnApiRunner"]
@@ -508,7 +510,6 @@ def _tokenize_in_beam(cfg: dict) -> dict:
     model.tokenizer()  # loaded before the clock; the tokenize step shares it
     inputs = Inputs.from_args(args)
     id_type = _id_type(args, inputs)
-    files = [inputs.file_name(i) for i in range(len(inputs.files))]
 
     class CountTokens(beam.DoFn):
         def setup(self):
@@ -522,12 +523,7 @@ def _tokenize_in_beam(cfg: dict) -> dict:
     with _FirstPart() as first_part:
         start, cpu_start = time.perf_counter(), time.process_time()
         pipeline = beam.Pipeline(options=options)
-        batches, _ = pipeline | "Read" >> ReadParts(
-            inputs, args.rows_per_part, frozenset(), id_type, spread=False
-        )
-        tokens = batches | "Tokenize" >> beam.ParDo(
-            TokenizeParts(id_type, model, files, inputs.text_column)
-        ).with_outputs(PARTS, bj.DEAD_LETTERS, main="tokens")
+        tokens, _ = _read_and_tokenize(pipeline, args, model, inputs, id_type)
         _ = tokens.tokens | "Count" >> beam.ParDo(CountTokens())
         result = pipeline.run()
         result.wait_until_finish()
@@ -827,7 +823,7 @@ def _cpu_bounds(results: dict, cores: int) -> dict:
     ``tokenize_only``'s (``vs_tokenize_only``): how near the host could come to its
     tokenizer by overlap alone, without less work."""
     bounds = {}
-    for variant in (*HOST_ONLY, *HOST_WITHOUT, "tokenize_in_beam"):
+    for variant in TIMED_JOBS:
         r = results.get(variant)
         if r is None or "run_cpu_s_median" not in r:
             continue
@@ -852,7 +848,7 @@ def _after_launch(results: dict, texts: int) -> dict:
     near the host runs to its tokenizer once the job is under way, as on a long job whose
     launch is paid once."""
     after = {}
-    for variant in (*HOST_ONLY, *HOST_WITHOUT, "tokenize_in_beam"):
+    for variant in TIMED_JOBS:
         r = results.get(variant)
         if r is None or "launch_s_median" not in r:
             continue

@@ -203,9 +203,9 @@ def test_embed_text_bench_tokenize_in_beam_counts_every_text_and_token(tmp_path)
     """The Beam job that only reads and tokenizes counts the texts and tokens its tokenize
     step put out, and fails when they are not the data's."""
     embed_text = _bench_module("embed_text")
-    data = embed_text._write_data(tmp_path, 2500)  # three row groups of 1,024 rows: one part
+    data = embed_text._write_data(tmp_path, 2500)  # three row groups of 1,024 rows
     cfg = dict(data, out=str(tmp_path / "out"), pipeline_args=["--rows_per_part", "1024"])
-    got = embed_text._tokenize_in_beam(cfg)  # three parts
+    got = embed_text._tokenize_in_beam(cfg)  # three parts, a row group each
     assert got["tokens"] == data["tokens"]
     assert 0 < got["launch_s"] < got["seconds"] and got["run_cpu_s"] > 0
     with pytest.raises(AssertionError, match=f"tokenized 2500 texts into {data['tokens']}"):

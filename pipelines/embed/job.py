@@ -155,14 +155,12 @@ def _on_accelerator(transform: beam.PTransform, accelerator: str | None) -> beam
     return transform.with_resource_hints(accelerator=accelerator) if accelerator else transform
 
 
-def _build(
-    pipeline, args, model, inputs, id_type, staging, done, launch, progress=None, encoder=None
-):
-    """Adds the job to ``pipeline``; returns its embedding transform (to start its worker).
+def _read_and_tokenize(pipeline, args, model, inputs, id_type, done=frozenset()):
+    """Adds the job's first steps to ``pipeline``: read parts (those not in ``done``) ->
+    spread (unless one worker runs here) -> tokenize.
 
-    read parts -> spread (unless one worker runs here) -> tokenize -> RunKernelOnArrow ->
-    write parts, the last three fused: each part's results and dead letters meet its rows in
-    ``WriteParts`` without a shuffle.
+    Returns the tokenize step's outputs (``tokens``, ``PARTS``, ``DEAD_LETTERS``) and the
+    unreadable files.
     """
     # One worker in this process: nowhere to spread the parts to.
     spread = not launch_plan.in_process(pipeline.options)
@@ -173,6 +171,19 @@ def _build(
     tokens = batches | "Tokenize" >> beam.ParDo(tokenize).with_output_types(
         pa.RecordBatch
     ).with_outputs(PARTS, bj.DEAD_LETTERS, main="tokens")
+    return tokens, unreadable
+
+
+def _build(
+    pipeline, args, model, inputs, id_type, staging, done, launch, progress=None, encoder=None
+):
+    """Adds the job to ``pipeline``; returns its embedding transform (to start its worker).
+
+    read parts -> spread (unless one worker runs here) -> tokenize -> RunKernelOnArrow ->
+    write parts, the last three fused: each part's results and dead letters meet its rows in
+    ``WriteParts`` without a shuffle.
+    """
+    tokens, unreadable = _read_and_tokenize(pipeline, args, model, inputs, id_type, done)
     embed = embed_kernel(args, model, launch, encoder or Encoder())
     results, kernel_dead = tokens.tokens | "Embed" >> _on_accelerator(embed, args.accelerator)
     # Each stream that makes up the parts meets the others in WriteParts, fused in the
