@@ -20,6 +20,7 @@ import pytest
 
 import beam_jax as bj
 from beam_jax import jobs
+from beam_jax._src.text import matmuls as matmuls_module
 from beam_jax.text import SentenceEncoder
 from pipelines.embed import job as embed_text
 from pipelines.embed import write as text_parts
@@ -179,6 +180,14 @@ def test_a_killed_multiprocess_run_resumes_to_the_output_of_an_uninterrupted_one
     assert 5 <= len(written) < 30, len(written)
     assert "rerunning the same command resumes" in "".join(failure.value.__notes__)
     assert not glob.glob(str(out / "embeddings-*"))  # nothing published
+    # --matmuls auto was decided once, at launch, for every worker; the record names it.
+    here = matmuls_module.resolve("auto")
+    assert json.loads((out / "_unfinished" / "_job.json").read_text())["matmuls"] == here
+    with monkeypatch.context() as elsewhere:  # a machine that decides the other way
+        units = (here == "float32", "another machine")
+        elsewhere.setattr(matmuls_module, "_bfloat16_units", lambda device: units)
+        with pytest.raises(jobs.OutputExistsError, match="another job .*different matmuls"):
+            ft.run(source, out, *flags, *processes)  # would mix precisions: refused
 
     summary = ft.run(source, out, *flags, *processes)  # the same command again
 

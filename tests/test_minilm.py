@@ -10,6 +10,7 @@ import dataclasses
 import json
 import pathlib
 import re
+import types
 
 import hypothesis
 import hypothesis.strategies as st
@@ -146,16 +147,47 @@ def test_params_are_float32_and_transposed(params):
     assert params["embeddings"]["word"].shape == (30522, 384)
 
 
-def test_matmuls_are_checked_and_auto_is_measured(monkeypatch):
+def test_matmuls_are_checked_and_auto_follows_the_devices_bfloat16_units(monkeypatch):
     with pytest.raises(bj.SpecError, match=r"matmuls must be one of .* got 'half'"):
         SentenceEncoder(path=None, config=BertConfig(), matmuls="half")
     auto = SentenceEncoder(path=None, config=BertConfig(), matmuls="auto")
-    for speedup, chosen in ((3.0, "bfloat16"), (1.2, "float32")):
-        monkeypatch.setattr(matmuls_module, "bfloat16_speedup", lambda shape, s=speedup: s)
-        assert auto.resolved_matmuls() == chosen
-    monkeypatch.undo()
-    assert matmuls_module.bfloat16_speedup((64, 32, 32)) > 0  # a real measurement
     assert dataclasses.replace(auto, matmuls="float32").resolved_matmuls() == "float32"
+    assert dataclasses.replace(auto, matmuls="bfloat16").resolved_matmuls() == "bfloat16"
+    # Decided from what the device is, the same however often it is asked.
+    assert len({auto.resolved_matmuls() for _ in range(3)}) == 1
+    cpu = jax.devices("cpu")[0]
+    amx = "amx_bf16" in matmuls_module._cpu_flags()
+    assert matmuls_module.resolve("auto", cpu) == ("bfloat16" if amx else "float32")
+    for flags, chosen in (({"avx512f", "amx_bf16"}, "bfloat16"), ({"avx512_bf16"}, "float32")):
+        monkeypatch.setattr(matmuls_module, "_cpu_flags", lambda f=frozenset(flags): f)
+        assert matmuls_module.resolve("auto", cpu) == chosen
+    device = types.SimpleNamespace
+    for dev, units in (
+        (device(platform="tpu", device_kind="TPU v5 lite"), True),
+        (device(platform="gpu", device_kind="NVIDIA H100", compute_capability="9.0"), True),
+        (device(platform="gpu", device_kind="NVIDIA A100", compute_capability="8.0"), True),
+        (device(platform="gpu", device_kind="Tesla V100", compute_capability="7.0"), False),
+        (device(platform="gpu", device_kind="AMD Instinct"), False),
+        (device(platform="metal", device_kind="Apple M2"), False),
+    ):
+        assert matmuls_module.has_bfloat16_units(dev) is units, dev
+        assert matmuls_module.resolve("auto", dev) == ("bfloat16" if units else "float32")
+    with pytest.raises(ValueError, match=r"matmuls must be one of .* got 'fp16'"):
+        matmuls_module.resolve("fp16")
+
+
+def test_cpu_flags_are_read_from_cpuinfo(monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 amx_bf16 amx_tile\n\nprocessor\t: 1\n")
+    monkeypatch.setattr(matmuls_module, "_CPUINFO", str(info))
+    matmuls_module._cpu_flags.cache_clear()
+    try:
+        assert matmuls_module._cpu_flags() == {"fpu", "sse2", "amx_bf16", "amx_tile"}
+        matmuls_module._cpu_flags.cache_clear()
+        monkeypatch.setattr(matmuls_module, "_CPUINFO", str(tmp_path / "absent"))
+        assert matmuls_module._cpu_flags() == frozenset()  # not Linux: no units known
+    finally:
+        matmuls_module._cpu_flags.cache_clear()
 
 
 # --- tokenizer --------------------------------------------------------------------

@@ -116,8 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--matmuls", choices=text.MATMULS, default="auto",
         help="the encoder's dense matmuls: float32; bfloat16 (inputs rounded to bfloat16, "
         "sums in float32: cosine >= 0.99997 with float32 on MiniLM); or auto (default): "
-        "bfloat16 where a worker's device runs it at least 1.5x as fast as float32 (Intel "
-        "AMX, GPU tensor cores, TPU), measured by each worker process")  # fmt: skip
+        "bfloat16 where the workers' device has bfloat16 matrix units (Intel AMX, NVIDIA "
+        "compute capability >= 8.0, TPU), decided at launch for local runners")  # fmt: skip
     add("--model_manifest", help="a manifest (tools/make_minilm_manifest.py --out) that the "
         "--model_dir files must match, checked at launch and on each worker")  # fmt: skip
     jobs.add_compilation_cache_flag(parser)

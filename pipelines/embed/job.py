@@ -304,6 +304,11 @@ def run(
     model = SentenceEncoder.from_dir(
         args.model_dir, manifest=args.model_manifest, matmuls=args.matmuls
     )
+    local = jobs.is_local(options.view_as(StandardOptions).runner)
+    if args.matmuls == "auto" and local and not jobs.is_dry_run(options):
+        # The workers run on this machine: decided once here, the precision is the job
+        # record's (a rerun that resumes must match it) and every worker's.
+        model = dataclasses.replace(model, matmuls=model.resolved_matmuls())
     inputs = Inputs.from_args(args)
     id_type = _id_type(args, inputs)
     output = OutputDir(args.output, layout=write.LAYOUT)
@@ -316,7 +321,7 @@ def run(
         "parts": "row groups read together",
         "model_dir": args.model_dir,
         "max_tokenized_chars": MAX_TOKENIZED_CHARS,
-        "matmuls": args.matmuls,
+        "matmuls": model.matmuls,
     }
     if jobs.is_dry_run(options):
         return _dry_run(args, options, model, inputs, id_type, output)
@@ -324,10 +329,9 @@ def run(
     launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options), model)
     described = str(launch)
     model_kernel = encoder is None or None in (encoder.element_fn, encoder.packed_fn)
-    if model_kernel and args.matmuls == "auto" and launch_plan.in_process(options):
-        # Measured once per process: the worker in this process reuses it. (--matmuls
-        # applies to the model's kernels only, not to an Encoder's.)
-        described += f"; --matmuls auto: {model.resolved_matmuls()} on this machine"
+    if model_kernel and args.matmuls == "auto" and local:
+        # (--matmuls applies to the model's kernels only, not to an Encoder's.)
+        described += f"; --matmuls auto: {model.matmuls} on this machine"
     print(described, flush=True)
     pipeline = beam.Pipeline(options=options)
     console = RunConsole("embed_text", args, options, output.path)

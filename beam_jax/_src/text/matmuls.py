@@ -7,73 +7,89 @@ attention scores, softmax, layer norms, residuals, pooling) stays float32. On
 all-MiniLM-L6-v2 the embeddings keep a cosine of at least 0.99997 with sentence-transformers'
 float32 ones (the reference corpora, ``tests/test_text_model.py``).
 
-``"auto"`` measures both on the process's default device once and takes bfloat16 only where
-it runs the model's dense shapes at least :data:`AUTO_SPEEDUP` times as fast; elsewhere (a
-CPU without AMX, where XLA's bfloat16 is slower) it stays float32.
+``"auto"`` takes bfloat16 where the process's default device has bfloat16 matrix units
+(:func:`has_bfloat16_units`) and float32 elsewhere. It is decided from what the device is,
+never timed, so every process on one kind of machine decides alike: the workers of a job,
+and a rerun that resumes it, write embeddings of one precision.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import time
 from typing import Any
 
 import numpy as np
 
-__all__ = ["AUTO_SPEEDUP", "MATMULS", "bfloat16_speedup", "cast_dense", "resolve"]
+__all__ = ["MATMULS", "cast_dense", "has_bfloat16_units", "resolve"]
 
 MATMULS = ("float32", "bfloat16", "auto")
-"""The choices: exact float32; bfloat16 inputs with float32 sums; whichever is faster here
-(bfloat16 only when :func:`bfloat16_speedup` is at least :data:`AUTO_SPEEDUP`)."""
-AUTO_SPEEDUP = 1.5
+"""The choices: exact float32; bfloat16 inputs with float32 sums; bfloat16 where the device
+has bfloat16 matrix units, else float32 (:func:`has_bfloat16_units`)."""
 _DENSE = ("query", "key", "value", "attention_out", "intermediate", "output")
+_CPUINFO = "/proc/cpuinfo"
 _log = logging.getLogger(__name__)
 
 
-def resolve(matmuls: str, shape: tuple[int, int, int] = (1024, 384, 1536)) -> str:
-    """``"float32"`` or ``"bfloat16"``: ``matmuls`` itself, or for ``"auto"`` the faster on
-    this process's default device for an ``m x k`` by ``k x n`` matmul (measured once per
-    process and shape)."""
+def resolve(matmuls: str, device: Any = None) -> str:
+    """``"float32"`` or ``"bfloat16"``: ``matmuls`` itself, or for ``"auto"`` bfloat16 where
+    ``device`` (default: this process's first) has bfloat16 matrix units."""
     if matmuls not in MATMULS:
         raise ValueError(f"matmuls must be one of {MATMULS}, got {matmuls!r}")
     if matmuls != "auto":
         return matmuls
-    speedup = bfloat16_speedup(shape)
-    chosen = "bfloat16" if speedup >= AUTO_SPEEDUP else "float32"
-    _log.info("matmuls='auto': bfloat16 runs %.2fx float32 here; using %s", speedup, chosen)
+    units, what = _bfloat16_units(device)
+    chosen = "bfloat16" if units else "float32"
+    _log.info("matmuls='auto': %s; using %s", what, chosen)
     return chosen
 
 
-@functools.cache
-def bfloat16_speedup(shape: tuple[int, int, int] = (1024, 384, 1536)) -> float:
-    """How many times faster the default device multiplies ``m x k`` by ``k x n`` with
-    bfloat16 inputs and float32 sums than in float32 (best of a few alternated runs)."""
-    import jax
-    import jax.numpy as jnp
+def has_bfloat16_units(device: Any = None) -> bool:
+    """Whether ``device`` (default: this process's first JAX device) multiplies bfloat16 in
+    hardware at several times its float32 rate.
 
-    m, k, n = shape
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((m, k), dtype=np.float32))
-    w = jnp.asarray(rng.standard_normal((k, n), dtype=np.float32))
-    exact = jax.jit(lambda a, b: jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST))
-    fast = jax.jit(
-        lambda a, b: jnp.matmul(
-            a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32
-        )
-    )
-    wb = w.astype(jnp.bfloat16)
-    best = {exact: float("inf"), fast: float("inf")}
-    for fn, weights in ((exact, w), (fast, wb)):
-        fn(x, weights).block_until_ready()  # compile and first touch
-    for _ in range(5):
-        for fn, weights in ((exact, w), (fast, wb)):
-            start = time.perf_counter()
-            for _ in range(3):
-                out = fn(x, weights)
-            out.block_until_ready()
-            best[fn] = min(best[fn], time.perf_counter() - start)
-    return best[exact] / best[fast]
+    True for a TPU, an NVIDIA GPU of compute capability 8.0 or later (bfloat16 tensor
+    cores: A100, L4, H100 and later) and a CPU with Intel AMX (the ``amx_bf16`` flag, on
+    which XLA's bfloat16 matmuls run about 4x float32). False elsewhere: CPUs without AMX,
+    whose bfloat16 XLA converts or runs at about float32's rate, older GPUs, and devices
+    this does not know (pass ``matmuls="bfloat16"`` to use it there).
+    """
+    return _bfloat16_units(device)[0]
+
+
+def _bfloat16_units(device: Any) -> tuple[bool, str]:
+    if device is None:
+        import jax
+
+        device = jax.devices()[0]
+    platform = str(getattr(device, "platform", "unknown")).lower()
+    kind = getattr(device, "device_kind", platform)
+    if platform == "tpu":
+        return True, f"{kind}: a TPU (bfloat16 matrix units)"
+    if platform in ("gpu", "cuda"):
+        capability = str(getattr(device, "compute_capability", "") or "")
+        major = capability.split(".")[0]
+        if major.isdigit() and int(major) >= 8:
+            return True, f"{kind}: compute capability {capability} (bfloat16 tensor cores)"
+        return False, f"{kind}: compute capability {capability or 'unknown'} (< 8.0)"
+    if platform == "cpu":
+        if "amx_bf16" in _cpu_flags():
+            return True, "CPU with Intel AMX (amx_bf16)"
+        return False, "CPU without Intel AMX"
+    return False, f"{kind}: bfloat16 matrix units not known"
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """This machine's CPU feature flags (Linux; empty where ``/proc/cpuinfo`` is not)."""
+    try:
+        with open(_CPUINFO, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def cast_dense(params: dict[str, Any], matmuls: str) -> dict[str, Any]:

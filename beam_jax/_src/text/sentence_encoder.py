@@ -60,8 +60,10 @@ class SentenceEncoder:
         matmuls: The dense layers' matmuls: ``"float32"``; ``"bfloat16"`` (inputs and
             weights rounded to bfloat16, sums in float32: several times faster where the
             device has bfloat16 units, cosine >= 0.99997 with float32 on MiniLM); or
-            ``"auto"``, chosen by each worker process for its own device when it loads
-            the weights (see ``beam_jax._src.text.matmuls``).
+            ``"auto"``: bfloat16 where the device has bfloat16 matrix units (TPU, NVIDIA
+            compute capability >= 8.0, Intel AMX), decided from the device, not timed, by
+            each worker process when it loads the weights (see
+            ``beam_jax._src.text.matmuls``).
     """
 
     path: str | None
@@ -79,7 +81,7 @@ class SentenceEncoder:
         if self.matmuls not in mm.MATMULS:
             raise SpecError(
                 f"matmuls must be one of {mm.MATMULS}, got {self.matmuls!r}; 'auto' takes "
-                "bfloat16 where this device runs it much faster than float32"
+                "bfloat16 where the device has bfloat16 matrix units"
             )
         if self.pooling not in POOLING:
             raise SpecError(f"pooling must be one of {POOLING}, got {self.pooling!r}")
@@ -189,10 +191,9 @@ class SentenceEncoder:
 
     def resolved_matmuls(self) -> str:
         """``"float32"`` or ``"bfloat16"``: :attr:`matmuls`, with ``"auto"`` resolved for
-        this process's default device (measured once per process, on the model's own
-        feed-forward shape)."""
-        hidden, inner = self.config.hidden_size, self.config.intermediate_size
-        return mm.resolve(self.matmuls, (1024, hidden, inner))
+        this process's default device (bfloat16 where it has bfloat16 matrix units: see
+        ``beam_jax._src.text.matmuls.has_bfloat16_units``)."""
+        return mm.resolve(self.matmuls)
 
     def tokenizer(self) -> Tokenizer:
         """The model's tokenizer, truncating to ``max_length`` as sentence-transformers does.
