@@ -307,6 +307,37 @@ def test_embed_text_bench_models_sentence_transformers_batching():
     assert embed_text.st_slots_by_length(texts, tokens, 64) == {"9": 45}
 
 
+def test_embed_text_bench_runs_sentence_transformers_on_the_device_asked_for(tmp_path):
+    """--st-device reaches the interpreter that runs sentence-transformers, which loads the
+    model onto it and reports the device (here stand-ins for torch and sentence-transformers
+    on that interpreter's path: no torch in the project's own install)."""
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(
+        "__version__ = 'stand-in'\ndef set_num_threads(n):\n    pass\n"
+    )
+    (fake / "sentence_transformers").mkdir()
+    (fake / "sentence_transformers" / "__init__.py").write_text(
+        "import numpy as np\n"
+        "class SentenceTransformer:\n"
+        "    def __init__(self, path, device):\n"
+        "        self.device = device\n"
+        "    def encode(self, texts, batch_size, convert_to_numpy):\n"
+        "        return np.array([[len(t)] * 384 for t in texts], np.float32)\n"
+    )
+    python = tmp_path / "st-python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={fake}:$PYTHONPATH exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    embed_text = _bench_module("embed_text")
+    report = embed_text.main(
+        ["--variants", "sentence_transformers", "--texts", "20", "--rounds", "1",
+         "--st-python", str(python), "--st-device", "cuda:7"]
+    )  # fmt: skip
+    st = report["variants"]["sentence_transformers"]
+    assert st["device"] == "cuda:7" and st["torch"] == "stand-in"
+    assert st["sentences_per_s"] > 0
+
+
 def _flagship_has_batching() -> bool:
     return _bench_module("embed_text").flagship_has_batching()
 
