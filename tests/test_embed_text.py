@@ -224,6 +224,33 @@ def test_local_runs_keep_a_compilation_cache_and_remote_runs_do_not(monkeypatch,
     assert args.compilation_cache_dir == "gs://b/cache"
 
 
+def test_a_local_run_on_a_gpu_embeds_in_the_accelerator_batches(tmp_path, monkeypatch, capsys):
+    """Where JAX's default device here is a GPU, a local run (whose workers run here) takes
+    the accelerator's batches without --accelerator, says so at launch, and embeds as the
+    CPU defaults do. (JAX itself still runs on the CPU: only the backend it reports is a
+    GPU's, which nothing else in the job reads.)"""
+    import jax
+
+    from tests import flagship as ft
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": list(range(1000)), "text": ft.texts(1000)}), source)
+    cpu = ft.run(source, tmp_path / "cpu", "--no-progress")
+    assert "accelerator batches" not in capsys.readouterr().out
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    gpu = ft.run(source, tmp_path / "gpu", "--no-progress")
+    assert "; accelerator batches for this machine's gpu" in capsys.readouterr().out
+    assert (cpu.rows, gpu.rows, gpu.dead_letters) == (1000, 1000, 0)
+    assert gpu.batches == 1 < cpu.batches  # 1,000 short texts: one batch of up to 1,024
+    (a, _), (b, _) = ft.read_outputs(tmp_path / "cpu"), ft.read_outputs(tmp_path / "gpu")
+    assert ft.ids(a) == ft.ids(b) == list(range(1000))
+    np.testing.assert_allclose(
+        np.stack(a.column("embedding").to_numpy(zero_copy_only=False)),
+        np.stack(b.column("embedding").to_numpy(zero_copy_only=False)),
+        atol=1e-4,  # batches of other shapes: the same sums, perhaps in another order
+    )
+
+
 @pytest.mark.parametrize("batching", ["packed", "buckets"])
 def test_any_sentence_transformers_bert_directory_is_the_model(tmp_path, batching):
     """--model_dir: a random 2-layer BERT in the sentence-transformers layout (CLS pooling,

@@ -192,3 +192,27 @@ def test_batches_run_in_chunks_on_cpu_workers_and_whole_and_larger_on_accelerato
     for flags, units in (((), 1024), (("--tokens_per_chunk", "0"), None)):
         step = embed_text.embed_kernel(_args(*flags), model, launch)
         assert step.options.chunk_units == units
+
+
+def test_a_local_run_on_a_gpu_takes_the_accelerator_defaults(monkeypatch):
+    """The local runners run the workers on this machine: where JAX's default device is a
+    GPU or TPU, the defaults are the accelerator's without --accelerator; a remote runner's
+    workers get them only from --accelerator."""
+    import jax
+
+    cpu = _args()
+    assert not cpu.accelerator_defaults and cpu.tokens_per_chunk == 1024
+    for backend in ("gpu", "tpu"):
+        monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
+        local = _args()
+        assert local.accelerator_defaults, backend
+        assert (local.batch_size, local.max_tokens_per_batch, local.tokens_per_chunk) == (
+            1024, 32768, 0
+        )  # fmt: skip
+        chosen = _args("--batch_size", "64", "--tokens_per_chunk", "512")
+        assert (chosen.batch_size, chosen.max_tokens_per_batch, chosen.tokens_per_chunk) == (
+            64, 32768, 512
+        )  # fmt: skip
+    remote = ["--runner=DataflowRunner", "--project=p", "--region=r", "--temp_location=gs://b/t"]
+    assert not _args(*remote).accelerator_defaults  # the launcher's GPU is not the workers'
+    assert _args(*remote, "--accelerator", "type:nvidia-l4;count:1").accelerator_defaults

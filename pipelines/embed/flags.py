@@ -34,13 +34,14 @@ DEFAULT_SHAPE_COST = 2000.0
 # host_only), with the model as fast.
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_TOKENS_PER_CHUNK = 1024
-# With --accelerator, batches run whole and 4x as large. 8k tokens of MiniLM are ~190
-# GFLOP, ~4 ms on an L4 at 40% of its bf16 peak and ~0.5 ms on an H100: there the host's
-# work per batch (laying out, dispatch, results) matters, and 4x larger batches made the
-# host alone 1.17x as fast (bench/embed_text.py --variants host_only --texts 200000, with
-# and without --pipeline-args "--batch_size 1024 --max_tokens_per_batch 32768
-# --tokens_per_chunk 0"). At 32k tokens a batch's largest activations (attention scores,
-# float32) stay under ~0.5 GB.
+# On an accelerator (--accelerator, or a local run on a GPU or TPU), batches run whole and
+# 4x as large: on an H200 1.26x as fast as with the CPU defaults (bench/RESULTS.md,
+# 2026-12-04). 8k tokens of MiniLM are ~190 GFLOP, ~4 ms on an L4 at 40% of its bf16 peak
+# and ~0.5 ms on an H100: there the host's work per batch (laying out, dispatch, results)
+# matters, and 4x larger batches made the host alone 1.17x as fast (bench/embed_text.py
+# --variants host_only --texts 200000, with and without --pipeline-args "--batch_size 1024
+# --max_tokens_per_batch 32768 --tokens_per_chunk 0"). At 32k tokens a batch's largest
+# activations (attention scores, float32) stay under ~0.5 GB.
 ACCELERATOR_BATCH_SIZE = 1024
 ACCELERATOR_MAX_TOKENS = 32768
 # Rows per output part (~12 MB of embeddings): the most a crash makes a rerun redo.
@@ -93,14 +94,15 @@ def _parser() -> argparse.ArgumentParser:
         help="--buckets auto: one more compiled shape's cost in padded tokens")  # fmt: skip
     add("--batch_size", type=positive_int,
         help="the largest padded batch of texts per kernel call (default: "
-        f"{DEFAULT_BATCH_SIZE}; {ACCELERATOR_BATCH_SIZE} with --accelerator)")  # fmt: skip
+        f"{DEFAULT_BATCH_SIZE}; {ACCELERATOR_BATCH_SIZE} on an accelerator)")  # fmt: skip
     add("--max_tokens_per_batch", type=positive_int,
         help="cap on batch rows x bucket length (default: "
-        f"{DEFAULT_MAX_TOKENS}; {ACCELERATOR_MAX_TOKENS} with --accelerator)")  # fmt: skip
+        f"{DEFAULT_MAX_TOKENS}; {ACCELERATOR_MAX_TOKENS} on an accelerator)")  # fmt: skip
     add("--tokens_per_chunk", type=_non_negative_int,
         help="the most padded tokens the model runs at once: a larger batch runs as chunks "
         f"of this size inside one kernel call; 0: each batch whole (default: "
-        f"{DEFAULT_TOKENS_PER_CHUNK} on CPU workers, 0 with --accelerator)")  # fmt: skip
+        f"{DEFAULT_TOKENS_PER_CHUNK} on CPU workers, 0 on an accelerator: --accelerator, or a "
+        "local run on a machine where JAX finds a GPU or TPU)")  # fmt: skip
     add("--batch_sizes", type=int_list,
         help="the padded batch sizes allowed, e.g. 8,64 (default: powers of two up to "
         "--batch_size)")  # fmt: skip
@@ -154,11 +156,23 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         )
     # Defaults that depend on the device: cache-sized chunks help CPUs, not accelerators,
     # which take whole batches 4x as large.
-    for name, on_cpu, on_accelerator in (
+    args.accelerator_defaults = on_accelerator(args.accelerator, options)
+    for name, on_cpu, on_device in (
         ("tokens_per_chunk", DEFAULT_TOKENS_PER_CHUNK, 0),
         ("batch_size", DEFAULT_BATCH_SIZE, ACCELERATOR_BATCH_SIZE),
         ("max_tokens_per_batch", DEFAULT_MAX_TOKENS, ACCELERATOR_MAX_TOKENS),
     ):
         if getattr(args, name) is None:
-            setattr(args, name, on_accelerator if args.accelerator else on_cpu)
+            setattr(args, name, on_device if args.accelerator_defaults else on_cpu)
     return args, options
+
+
+def on_accelerator(accelerator: str | None, options: PipelineOptions) -> bool:
+    """Whether the embedding step's workers run the model on an accelerator: ``--accelerator``
+    asks a remote runner for one; the local runners run the workers here, on JAX's default
+    device (a GPU or TPU where JAX finds one)."""
+    if accelerator or not jobs.is_local(options.view_as(StandardOptions).runner):
+        return bool(accelerator)
+    import jax
+
+    return jax.default_backend() != "cpu"

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import apache_beam as beam
+import jax
 import pyarrow as pa
 from apache_beam.options.pipeline_options import DebugOptions, StandardOptions
 
@@ -332,6 +333,8 @@ def run(
     if model_kernel and args.matmuls == "auto" and local:
         # (--matmuls applies to the model's kernels only, not to an Encoder's.)
         described += f"; --matmuls auto: {model.matmuls} on this machine"
+    if local and args.accelerator_defaults and not args.accelerator:
+        described += f"; accelerator batches for this machine's {jax.default_backend()}"
     print(described, flush=True)
     pipeline = beam.Pipeline(options=options)
     console = RunConsole("embed_text", args, options, output.path)
