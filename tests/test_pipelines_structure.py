@@ -1,5 +1,6 @@
-"""The example pipelines stay thin: no import cycles among the modules of ``pipelines/``,
-and at most five levels of imports (a module that imports none of them is level 1)."""
+"""The example pipelines stay thin: at most 3,000 lines, no import cycles among the modules
+of ``pipelines/``, and at most five levels of imports (a module that imports none of them is
+level 1)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,15 @@ def _chain(graph: dict[str, set[str]], levels: dict[str, int], node: str) -> lis
     while graph[chain[-1]]:
         chain.append(max(graph[chain[-1]], key=levels.get))
     return chain
+
+
+MAX_LINES = 3000
+
+
+def test_pipelines_stay_under_three_thousand_lines():
+    """What a second pipeline would copy belongs in the library, not in the examples."""
+    lines = {p.name: len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")}
+    assert sum(lines.values()) <= MAX_LINES, sorted(lines.items(), key=lambda kv: -kv[1])[:5]
 
 
 def test_pipelines_have_at_most_five_levels_of_imports():
