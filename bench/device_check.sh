@@ -44,9 +44,11 @@ if "$PY" -c "import sentence_transformers" 2>/dev/null; then
   variants=pipeline,sentence_transformers,host_only,tokenize_only
   if nvidia-smi -L >/dev/null 2>&1; then st_device=cuda; fi
 fi
+# A run past --timeout is stopped with its threads' stacks printed, within the step's limit.
 timeout "${EMBED_TIMEOUT:-240}" "$PY" bench/embed_text.py --texts "${TEXTS:-50000}" \
   --rounds "${ROUNDS:-2}" --variants "$variants" --st-python "$PY" --st-device "$st_device" \
-  --json "$OUT/embed_text.json" 2>&1 | tee "$OUT/embed_text.txt" || status=1
+  --timeout "${RUN_LIMIT:-90}" --json "$OUT/embed_text.json" 2>&1 \
+  | tee "$OUT/embed_text.txt" || status=1
 echo "== bench/peak.py: matmul peak"
 timeout 90 "$PY" bench/peak.py --sizes "${PEAK_SIZES:-2048,4096,8192}" --json "$OUT/peak.json" \
   2>&1 | tee "$OUT/peak.txt" || status=1

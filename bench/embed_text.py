@@ -111,6 +111,7 @@ import json
 import os
 import resource
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -744,14 +745,31 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
         ]  # fmt: skip
     else:
         command = [sys.executable, __file__, "--child", variant, str(cfg_path)]
+    env = _env(args.threads)
+    env["PYTHONFAULTHANDLER"] = "1"  # a run stopped past --timeout prints its threads' stacks
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(
-        command, capture_output=True, text=True, env=_env(args.threads), timeout=args.timeout
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            _, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, stderr = proc.communicate()
+        top = stderr.rfind("Fatal Python error")  # the stacks, from their top
+        dump = stderr[top:][:12000] if top >= 0 else stderr[-8000:]
+        raise RuntimeError(
+            f"{variant} (round {round_ + 1}) ran past --timeout {args.timeout:g} s and was "
+            f"stopped; where its threads were:\n{dump}"
+        ) from None
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not lines:
-        raise RuntimeError(f"{variant} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"{variant} failed (exit {proc.returncode}):\n{stderr[-4000:]}")
     result = json.loads(lines[-1][len("RESULT ") :])
     result["out"] = str(out)
     result["cache_entries_before"] = cache_entries
@@ -940,7 +958,12 @@ def main(argv: list[str] | None = None) -> dict:
         "--keep-outputs",
         help="write each run's output here (<variant>-<round>/) instead of a temp dir",
     )
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1800,
+        help="seconds per run; a run past it is stopped and its threads' stacks printed",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

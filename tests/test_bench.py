@@ -338,6 +338,19 @@ def test_embed_text_bench_runs_sentence_transformers_on_the_device_asked_for(tmp
     assert st["sentences_per_s"] > 0
 
 
+def test_embed_text_bench_stops_a_run_past_its_timeout_and_says_where_it_was():
+    """A run that outlasts --timeout is stopped with its threads' stacks in the error, so a
+    run that stalls (on a machine one cannot log into afterwards) is diagnosed from its
+    output. A child starting Python, JAX and Beam takes well over 0.3 s."""
+    embed_text = _bench_module("embed_text")
+    with pytest.raises(RuntimeError, match=r"tokenize_only \(round 1\) ran past --timeout 0.3 s"
+                       ) as stopped:  # fmt: skip
+        embed_text.main(
+            ["--variants", "tokenize_only", "--texts", "20", "--rounds", "1", "--timeout", "0.3"]
+        )
+    assert "(most recent call first)" in str(stopped.value)
+
+
 def _flagship_has_batching() -> bool:
     return _bench_module("embed_text").flagship_has_batching()
 
