@@ -224,30 +224,41 @@ def test_local_runs_keep_a_compilation_cache_and_remote_runs_do_not(monkeypatch,
     assert args.compilation_cache_dir == "gs://b/cache"
 
 
-def test_a_local_run_on_a_gpu_embeds_in_the_accelerator_batches(tmp_path, monkeypatch, capsys):
-    """Where JAX's default device here is a GPU, a local run (whose workers run here) takes
-    the accelerator's batches without --accelerator, says so at launch, and embeds as the
-    CPU defaults do. (JAX itself still runs on the CPU: only the backend it reports is a
-    GPU's, which nothing else in the job reads.)"""
+def test_a_local_run_on_a_gpu_runs_its_batches_whole(tmp_path, monkeypatch, capsys):
+    """Where JAX's default device here is a GPU, a local run (whose workers run here) runs
+    its batches whole, not in the CPU's chunks, without --accelerator, says so at launch,
+    and embeds as a CPU run does. (JAX itself still runs on the CPU: only the backend it
+    reports is a GPU's, which nothing else in the job reads.)"""
     import jax
 
+    from pipelines.embed import job
     from tests import flagship as ft
 
+    chunks = []
+    embed_kernel = job.embed_kernel
+
+    def recorded(*args, **kwargs):
+        step = embed_kernel(*args, **kwargs)
+        chunks.append(step.options.chunk_units)
+        return step
+
+    monkeypatch.setattr(job, "embed_kernel", recorded)
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": list(range(1000)), "text": ft.texts(1000)}), source)
     cpu = ft.run(source, tmp_path / "cpu", "--no-progress")
-    assert "accelerator batches" not in capsys.readouterr().out
+    assert "batches run whole" not in capsys.readouterr().out
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     gpu = ft.run(source, tmp_path / "gpu", "--no-progress")
-    assert "; accelerator batches for this machine's gpu" in capsys.readouterr().out
+    assert "; batches run whole (no chunks) on this machine's gpu" in capsys.readouterr().out
+    assert chunks == [1024, None]  # the CPU run's kernel in chunks of 1,024 tokens
     assert (cpu.rows, gpu.rows, gpu.dead_letters) == (1000, 1000, 0)
-    assert gpu.batches == 1 < cpu.batches  # 1,000 short texts: one batch of up to 1,024
+    assert gpu.batches == cpu.batches == 1  # 1,000 short texts: one batch of up to 1,024
     (a, _), (b, _) = ft.read_outputs(tmp_path / "cpu"), ft.read_outputs(tmp_path / "gpu")
     assert ft.ids(a) == ft.ids(b) == list(range(1000))
     np.testing.assert_allclose(
         np.stack(a.column("embedding").to_numpy(zero_copy_only=False)),
         np.stack(b.column("embedding").to_numpy(zero_copy_only=False)),
-        atol=1e-4,  # batches of other shapes: the same sums, perhaps in another order
+        atol=1e-4,  # the same sums, perhaps in another order
     )
 
 

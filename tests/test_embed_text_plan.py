@@ -163,7 +163,7 @@ def test_sample_token_counts_are_the_jobs():
     assert counts[-3:].tolist() == [2, 3, 256]
 
 
-def test_batches_run_in_chunks_on_cpu_workers_and_whole_and_larger_on_accelerators():
+def test_batches_run_in_chunks_on_cpu_workers_and_whole_on_accelerators():
     from pipelines.embed.flags import DEFAULT_TOKENS_PER_CHUNK
 
     assert _args().tokens_per_chunk == DEFAULT_TOKENS_PER_CHUNK == 1024
@@ -173,20 +173,18 @@ def test_batches_run_in_chunks_on_cpu_workers_and_whole_and_larger_on_accelerato
     assert _args("--tokens_per_chunk", "0").tokens_per_chunk == 0
     with pytest.raises(SystemExit):
         _args("--tokens_per_chunk", "-1")
-    # Batches 4x as large on accelerators, unless chosen.
+    # Batches of the same size on every device (a CPU runs them in chunks), unless chosen.
     cpu, gpu = _args(), _args("--accelerator", "type:nvidia-l4;count:1")
     assert (cpu.batch_size, cpu.max_tokens_per_batch) == (DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS)
     assert (gpu.batch_size, gpu.max_tokens_per_batch) == (1024, 32768)
     chosen = _args("--accelerator", "x", "--batch_size", "64", "--max_tokens_per_batch", "4096")
     assert (chosen.batch_size, chosen.max_tokens_per_batch) == (64, 4096)
-    rows = [
-        max(max(sizes) for sizes in launch.packing.packing.rows_per_batch.values())
-        for launch in (
-            embed_text_plan.plan_for(_args("--batching", "packed", *flags), _builtin(2000))
-            for flags in ((), ("--accelerator", "x"))
-        )
+    plans = [
+        embed_text_plan.plan_for(_args("--batching", "packed", *flags), _builtin(2000))
+        for flags in ((), ("--accelerator", "x"), ("--max_tokens_per_batch", "8192"))
     ]
-    assert rows[1] > rows[0], rows  # the plan takes the larger batches
+    rows = [max(max(s) for s in p.packing.packing.rows_per_batch.values()) for p in plans]
+    assert rows[0] == rows[1] > rows[2], rows  # the plan takes the batches it is given
     launch = embed_text_plan.plan_for(_args("--batching", "packed"), _builtin(200))
     model = SentenceEncoder.from_dir()
     for flags, units in (((), 1024), (("--tokens_per_chunk", "0"), None)):
@@ -196,8 +194,8 @@ def test_batches_run_in_chunks_on_cpu_workers_and_whole_and_larger_on_accelerato
 
 def test_a_local_run_on_a_gpu_takes_the_accelerator_defaults(monkeypatch):
     """The local runners run the workers on this machine: where JAX's default device is a
-    GPU or TPU, the defaults are the accelerator's without --accelerator; a remote runner's
-    workers get them only from --accelerator."""
+    GPU or TPU, batches run whole (no chunks) without --accelerator; a remote runner's
+    workers do so only with --accelerator."""
     import jax
 
     cpu = _args()

@@ -23,27 +23,25 @@ __all__ = ["DEFAULT_BUCKETS", "DEFAULT_OUTPUT", "parse_args"]
 # of two (docs/embed_text.md); the launch-time planner (--buckets auto) and its costs:
 # one MiniLM shape compiles in ~0.5 s, in which 2 cores embed ~2,000 tokens.
 DEFAULT_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
-DEFAULT_BATCH_SIZE = 256
 DEFAULT_COMPILE_BUDGET = 24
 DEFAULT_PLAN_SAMPLE = 10_000
 DEFAULT_SHAPE_COST = 2000.0
-# Rows x padded tokens per batch, what the host lays out and the kernel gets in one call;
-# the model runs it in chunks of DEFAULT_TOKENS_PER_CHUNK (about 1k tokens keep a layer's
-# activations in a CPU's cache: 2k-token batches ran ~8% slower, 4k ~20%). One call per 8k
-# tokens instead of per 2k cut the host's CPU per text by ~15% (bench/embed_text.py
-# host_only), with the model as fast.
-DEFAULT_MAX_TOKENS = 8192
+# Rows x padded tokens per batch, on every device: what the host lays out and the kernel
+# gets in one call. The host's work per batch (laying out, dispatch, results) is paid per
+# call, so fewer, larger calls feed the model faster: with 32k-token batches instead of 8k
+# (245 kernel calls instead of 976 for 200,000 texts) the host alone ran 1.04-1.15x as fast
+# on 2 cores with 0.83-0.93x the CPU, and the model as fast, since a CPU runs a batch in
+# cache-sized chunks (bench/RESULTS.md, 2026-12-04, first section). At 32k tokens a
+# batch's largest activations (attention scores, float32) stay under ~0.5 GB on an
+# accelerator, which runs it whole.
+DEFAULT_BATCH_SIZE = 1024
+DEFAULT_MAX_TOKENS = 32768
+# On a CPU the model runs each batch in chunks of DEFAULT_TOKENS_PER_CHUNK padded tokens
+# inside the one call (about 1k tokens keep a layer's activations in a CPU's cache: 2k-token
+# chunks ran ~8% slower, 4k ~20%); an accelerator (--accelerator, or a local run on a GPU
+# or TPU) runs batches whole (on an H200, 32k-token batches whole ran 1.26x as fast as
+# 8k-token batches in chunks: bench/RESULTS.md, 2026-12-04, second section).
 DEFAULT_TOKENS_PER_CHUNK = 1024
-# On an accelerator (--accelerator, or a local run on a GPU or TPU), batches run whole and
-# 4x as large: on an H200 1.26x as fast as with the CPU defaults (bench/RESULTS.md,
-# 2026-12-04). 8k tokens of MiniLM are ~190 GFLOP, ~4 ms on an L4 at 40% of its bf16 peak
-# and ~0.5 ms on an H100: there the host's work per batch (laying out, dispatch, results)
-# matters, and 4x larger batches made the host alone 1.17x as fast (bench/embed_text.py
-# --variants host_only --texts 200000, with and without --pipeline-args "--batch_size 1024
-# --max_tokens_per_batch 32768 --tokens_per_chunk 0"). At 32k tokens a batch's largest
-# activations (attention scores, float32) stay under ~0.5 GB.
-ACCELERATOR_BATCH_SIZE = 1024
-ACCELERATOR_MAX_TOKENS = 32768
 # Rows per output part (~12 MB of embeddings): the most a crash makes a rerun redo.
 DEFAULT_ROWS_PER_PART = 8192
 DEFAULT_OUTPUT = "output/embed_text"
@@ -92,12 +90,11 @@ def _parser() -> argparse.ArgumentParser:
         help="--buckets auto: texts tokenized at launch to plan")  # fmt: skip
     add("--shape_cost", type=jobs.non_negative, default=DEFAULT_SHAPE_COST,
         help="--buckets auto: one more compiled shape's cost in padded tokens")  # fmt: skip
-    add("--batch_size", type=positive_int,
-        help="the largest padded batch of texts per kernel call (default: "
-        f"{DEFAULT_BATCH_SIZE}; {ACCELERATOR_BATCH_SIZE} on an accelerator)")  # fmt: skip
-    add("--max_tokens_per_batch", type=positive_int,
-        help="cap on batch rows x bucket length (default: "
-        f"{DEFAULT_MAX_TOKENS}; {ACCELERATOR_MAX_TOKENS} on an accelerator)")  # fmt: skip
+    add("--batch_size", type=positive_int, default=DEFAULT_BATCH_SIZE,
+        help="the largest padded batch of texts (or packed rows) per kernel call "
+        f"(default: {DEFAULT_BATCH_SIZE})")  # fmt: skip
+    add("--max_tokens_per_batch", type=positive_int, default=DEFAULT_MAX_TOKENS,
+        help=f"cap on batch rows x bucket length (default: {DEFAULT_MAX_TOKENS})")  # fmt: skip
     add("--tokens_per_chunk", type=_non_negative_int,
         help="the most padded tokens the model runs at once: a larger batch runs as chunks "
         f"of this size inside one kernel call; 0: each batch whole (default: "
@@ -154,16 +151,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
             f"--buckets must end between 256 (the longest text after truncation) and 512 "
             f"(the model's position table), got {args.buckets}"
         )
-    # Defaults that depend on the device: cache-sized chunks help CPUs, not accelerators,
-    # which take whole batches 4x as large.
+    # The default that depends on the device: cache-sized chunks help CPUs, not accelerators.
     args.accelerator_defaults = on_accelerator(args.accelerator, options)
-    for name, on_cpu, on_device in (
-        ("tokens_per_chunk", DEFAULT_TOKENS_PER_CHUNK, 0),
-        ("batch_size", DEFAULT_BATCH_SIZE, ACCELERATOR_BATCH_SIZE),
-        ("max_tokens_per_batch", DEFAULT_MAX_TOKENS, ACCELERATOR_MAX_TOKENS),
-    ):
-        if getattr(args, name) is None:
-            setattr(args, name, on_device if args.accelerator_defaults else on_cpu)
+    if args.tokens_per_chunk is None:
+        args.tokens_per_chunk = 0 if args.accelerator_defaults else DEFAULT_TOKENS_PER_CHUNK
     return args, options
 
 

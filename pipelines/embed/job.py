@@ -334,7 +334,7 @@ def run(
         # (--matmuls applies to the model's kernels only, not to an Encoder's.)
         described += f"; --matmuls auto: {model.matmuls} on this machine"
     if local and args.accelerator_defaults and not args.accelerator:
-        described += f"; accelerator batches for this machine's {jax.default_backend()}"
+        described += f"; batches run whole (no chunks) on this machine's {jax.default_backend()}"
     print(described, flush=True)
     pipeline = beam.Pipeline(options=options)
     console = RunConsole("embed_text", args, options, output.path)
