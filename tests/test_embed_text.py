@@ -250,7 +250,10 @@ def test_a_local_run_on_a_gpu_runs_its_batches_whole(tmp_path, monkeypatch, caps
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     gpu = ft.run(source, tmp_path / "gpu", "--no-progress")
     assert "; batches run whole (no chunks) on this machine's gpu" in capsys.readouterr().out
-    assert chunks == [1024, None]  # the CPU run's kernel in chunks of 1,024 tokens
+    chunked = ft.run(source, tmp_path / "chunked", "--no-progress", "--tokens_per_chunk", "512")
+    assert "batches run whole" not in capsys.readouterr().out  # chunks asked for: not said
+    assert chunks == [1024, None, 512]  # the CPU run's kernel in chunks of 1,024 tokens
+    assert chunked.results == 1000
     assert (cpu.rows, gpu.rows, gpu.dead_letters) == (1000, 1000, 0)
     assert gpu.batches == cpu.batches == 1  # 1,000 short texts: one batch of up to 1,024
     (a, _), (b, _) = ft.read_outputs(tmp_path / "cpu"), ft.read_outputs(tmp_path / "gpu")

@@ -192,18 +192,18 @@ def test_batches_run_in_chunks_on_cpu_workers_and_whole_on_accelerators():
         assert step.options.chunk_units == units
 
 
-def test_a_local_run_on_a_gpu_takes_the_accelerator_defaults(monkeypatch):
+def test_a_local_run_on_a_gpu_defaults_to_whole_batches(monkeypatch):
     """The local runners run the workers on this machine: where JAX's default device is a
     GPU or TPU, batches run whole (no chunks) without --accelerator; a remote runner's
     workers do so only with --accelerator."""
     import jax
 
     cpu = _args()
-    assert not cpu.accelerator_defaults and cpu.tokens_per_chunk == 1024
+    assert not cpu.on_accelerator and cpu.tokens_per_chunk == 1024
     for backend in ("gpu", "tpu"):
         monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
         local = _args()
-        assert local.accelerator_defaults, backend
+        assert local.on_accelerator, backend
         assert (local.batch_size, local.max_tokens_per_batch, local.tokens_per_chunk) == (
             1024, 32768, 0
         )  # fmt: skip
@@ -212,5 +212,5 @@ def test_a_local_run_on_a_gpu_takes_the_accelerator_defaults(monkeypatch):
             64, 32768, 512
         )  # fmt: skip
     remote = ["--runner=DataflowRunner", "--project=p", "--region=r", "--temp_location=gs://b/t"]
-    assert not _args(*remote).accelerator_defaults  # the launcher's GPU is not the workers'
-    assert _args(*remote, "--accelerator", "type:nvidia-l4;count:1").accelerator_defaults
+    assert not _args(*remote).on_accelerator  # the launcher's GPU is not the workers'
+    assert _args(*remote, "--accelerator", "type:nvidia-l4;count:1").on_accelerator

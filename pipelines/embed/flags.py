@@ -152,9 +152,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
             f"(the model's position table), got {args.buckets}"
         )
     # The default that depends on the device: cache-sized chunks help CPUs, not accelerators.
-    args.accelerator_defaults = on_accelerator(args.accelerator, options)
+    args.on_accelerator = on_accelerator(args.accelerator, options)  # the workers' device
     if args.tokens_per_chunk is None:
-        args.tokens_per_chunk = 0 if args.accelerator_defaults else DEFAULT_TOKENS_PER_CHUNK
+        args.tokens_per_chunk = 0 if args.on_accelerator else DEFAULT_TOKENS_PER_CHUNK
     return args, options
 
 

@@ -333,7 +333,7 @@ def run(
     if model_kernel and args.matmuls == "auto" and local:
         # (--matmuls applies to the model's kernels only, not to an Encoder's.)
         described += f"; --matmuls auto: {model.matmuls} on this machine"
-    if local and args.accelerator_defaults and not args.accelerator:
+    if local and args.on_accelerator and not args.accelerator and not args.tokens_per_chunk:
         described += f"; batches run whole (no chunks) on this machine's {jax.default_backend()}"
     print(described, flush=True)
     pipeline = beam.Pipeline(options=options)
