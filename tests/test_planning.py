@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import beam_jax as bj
 from beam_jax import plan_boundaries
+from beam_jax._src.bucketing.boundaries import boundaries_per_budget
 from beam_jax.internal import padded_total, padding_ratio
 
 
@@ -44,6 +45,19 @@ def test_dp_with_max_size_matches_brute_force(lengths, num_buckets, max_size):
     assert bounds[-1] == max_size
     clipped = np.minimum(lengths, max_size)
     assert padded_total(clipped, bounds) == brute_force(lengths, num_buckets, max_size)
+
+
+@settings(max_examples=100, deadline=2000)
+@given(lengths=lengths_st, max_buckets=st.integers(1, 4), max_size=st.none() | st.integers(1, 60))
+def test_every_budget_at_once_matches_brute_force(lengths, max_buckets, max_size):
+    per_budget = boundaries_per_budget(lengths, max_buckets, max_size=max_size)
+    clipped = np.minimum(np.maximum(lengths, 1), max_size or 10**9)
+    distinct = len(set(clipped.tolist()) | ({max_size} if max_size else set()))
+    assert len(per_budget) == min(max_buckets, distinct)
+    for k, bounds in enumerate(per_budget, start=1):
+        assert len(bounds) == k
+        assert padded_total(clipped, bounds) == brute_force(lengths, k, max_size)
+        assert bounds == plan_boundaries(lengths, k, max_size=max_size)
 
 
 @settings(max_examples=100, deadline=2000)

@@ -76,11 +76,36 @@ def plan_boundaries(
     Raises:
         SpecError: ``lengths`` is empty or not integral, or ``num_buckets < 1``.
     """
-    if not isinstance(num_buckets, int | np.integer) or num_buckets < 1:
-        raise SpecError(f"num_buckets must be a positive int, got {num_buckets!r}.")
+    bounds = boundaries_per_budget(lengths, num_buckets, max_size=max_size)
+    return bounds[min(num_buckets, len(bounds)) - 1]
+
+
+def boundaries_per_budget(
+    lengths: Sequence[int] | np.ndarray,
+    max_buckets: int,
+    *,
+    max_size: int | None = None,
+) -> list[tuple[int, ...]]:
+    """:func:`plan_boundaries` for every budget ``1..max_buckets`` at once.
+
+    The dynamic programme for ``k`` buckets computes those for fewer on its way, so one
+    pass of ``max_buckets`` steps gives every budget's boundaries: ``max_buckets`` times
+    less work than planning each budget on its own. Entry ``k - 1`` equals
+    ``plan_boundaries(lengths, k, max_size=max_size)``; the list stops at the number of
+    distinct lengths (more buckets than lengths change nothing).
+
+    Example:
+        >>> boundaries_per_budget([1, 2, 2, 3, 9, 10, 10], 3)
+        [(10,), (3, 10), (2, 3, 10)]
+
+    Raises:
+        SpecError: ``lengths`` is empty or not integral, or ``max_buckets < 1``.
+    """
+    if not isinstance(max_buckets, int | np.integer) or max_buckets < 1:
+        raise SpecError(f"num_buckets must be a positive int, got {max_buckets!r}.")
     values, counts = _histogram(lengths, max_size)
     m = len(values)
-    k = min(int(num_buckets), m)
+    k = min(int(max_buckets), m)
     # cum[i]: how many sample elements have one of the i smallest distinct lengths.
     cum = np.concatenate([[0], np.cumsum(counts)])
     # best[p]: least padded total of the p smallest distinct lengths using t buckets whose
@@ -108,14 +133,17 @@ def plan_boundaries(
             choice[lo:hi] = arg
         best = new
         choices.append(choice)
-    # With k <= distinct lengths, k buckets are never worse than fewer: walk back from
-    # the whole histogram, one bucket per step, until no lengths are left.
-    out = []
-    i = m
-    for choice in reversed(choices):
-        out.append(int(values[i - 1]))
-        i = int(choice[i])
-    return tuple(sorted(out))
+    # With t <= distinct lengths, t buckets are never worse than fewer: for each t, walk
+    # back from the whole histogram, one bucket per step, until no lengths are left.
+    plans = []
+    for t in range(1, k + 1):
+        out = []
+        i = m
+        for choice in reversed(choices[:t]):
+            out.append(int(values[i - 1]))
+            i = int(choice[i])
+        plans.append(tuple(sorted(out)))
+    return plans
 
 
 def padded_total(lengths: Sequence[int] | np.ndarray, boundaries: Sequence[int]) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from beam_jax._src.bucketing.boundaries import plan_boundaries
+from beam_jax._src.bucketing.boundaries import boundaries_per_budget
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.rule import boundary_index, round_up
 from beam_jax._src.errors import SpecError
@@ -128,8 +128,9 @@ def plan_bucketing(
         raise SpecError(f"total must be a positive int, got {total!r}.")
     real = float(sample.sum()) * total / len(sample)
     best = None
+    per_budget = boundaries_per_budget(sample, compile_budget, max_size=max_size)
     for k in range(1, compile_budget + 1):
-        bounds = plan_boundaries(sample, k, max_size=max_size)
+        bounds = per_budget[min(k, len(per_budget)) - 1]
         if len(bounds) < k and best is not None:
             break  # fewer distinct lengths than buckets: more buckets change nothing
         candidate = _plan_for(bounds, sample, total, compile_budget, shape_cost, num_devices,

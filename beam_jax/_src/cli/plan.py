@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from beam_jax._src.bucketing.boundaries import plan_boundaries
+from beam_jax._src.bucketing.boundaries import boundaries_per_budget
 from beam_jax._src.bucketing.packing_plan import plan_packing
 from beam_jax._src.bucketing.rule import boundary_index
 from beam_jax._src.cli import lengths as lens
@@ -84,8 +84,9 @@ def plan_budgets(
     if max_size is not None:
         lengths = np.minimum(lengths, max_size)
     plans = []
+    per_budget = boundaries_per_budget(lengths, max_buckets, max_size=max_size)
     for k in range(1, max_buckets + 1):
-        bounds = plan_boundaries(lengths, k, max_size=max_size)
+        bounds = per_budget[min(k, len(per_budget)) - 1]
         index = np.minimum(boundary_index(np.asarray(bounds), lengths), len(bounds) - 1)
         padded = int(np.asarray(bounds, np.int64)[index].sum())
         buckets = []

@@ -225,9 +225,11 @@ def _slot_costs(encoder, candidates, attention_time, measured) -> dict[int, floa
 def _bucketed_flops(lengths: np.ndarray, plan: BucketingPlan, encoder: _Encoder) -> float:
     """Predicted executed FLOPs per real token of ``plan`` on the sample."""
     bounds = np.asarray(plan.bucketing.boundaries["L"], np.int64)
-    padded_to = bounds[np.minimum(np.searchsorted(bounds, lengths), len(bounds) - 1)]
+    bucket = np.minimum(np.searchsorted(bounds, lengths), len(bounds) - 1)
+    padded_to = bounds[bucket]
     # Each text runs at its bucket's length; batch rows add the plan's own padding.
-    per_text = padded_to * np.array([encoder.flops_per_token(int(b)) for b in padded_to])
+    per_bucket = np.array([encoder.flops_per_token(int(b)) for b in bounds])
+    per_text = padded_to * per_bucket[bucket]
     rows = plan.padding_ratio * lengths.sum() / max(padded_to.sum(), 1)
     return float(per_text.sum() * rows / max(lengths.sum(), 1))
 
