@@ -106,12 +106,33 @@ def test_outputs_come_in_submission_order_whatever_finishes_first():
     assert all(v.windows == (window,) and v.timestamp == 5 for v in out)
 
 
+def test_with_two_workers_two_elements_work_at_once_and_outputs_keep_their_order():
+    ahead = bj.WorkAhead("pair", depth=2, workers=2)
+    ahead.setup()
+    ahead.start_bundle()
+    both = threading.Barrier(2, timeout=30)  # passed only by two works running at once
+    out = []
+    for i in range(6):
+
+        def work(i=i):
+            if i < 2:
+                both.wait()
+            time.sleep(0.01 * (i % 2))  # the odd ones finish last
+            return i, threading.current_thread().name
+
+        out += ahead.submit(work, lambda r: [r])
+    out += ahead.finish_bundle()
+    ahead.teardown()
+    assert [i for i, _ in out] == list(range(6))
+    assert len({name for _, name in out}) == 2 and all(n.startswith("pair") for _, n in out)
+
+
 def test_without_setup_the_work_runs_at_once_and_a_pickled_copy_holds_no_thread():
     ahead = bj.WorkAhead("direct")
     assert list(ahead.submit(lambda: 2, lambda x: [x, x + 1])) == [2, 3]
     ahead.setup()
     copy = pickle.loads(pickle.dumps(ahead))
-    assert (copy.name, copy.depth) == ("direct", 1)
+    assert (copy.name, copy.depth, copy.workers) == ("direct", 1, 1)
     assert list(copy.submit(lambda: 4, lambda x: [x])) == [4]  # no pool in the copy
     ahead.teardown()
 
@@ -119,6 +140,8 @@ def test_without_setup_the_work_runs_at_once_and_a_pickled_copy_holds_no_thread(
 def test_a_placeholder_window_and_a_bad_depth_are_refused():
     with pytest.raises(ValueError, match="depth must be a positive int, got 0"):
         bj.WorkAhead("x", depth=0)
+    with pytest.raises(ValueError, match="workers must be a positive int, got True"):
+        bj.WorkAhead("x", workers=True)
     ahead = bj.WorkAhead("x")
     ahead.setup()
     with pytest.raises(TypeError, match="declare it in process"):

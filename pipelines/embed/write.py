@@ -157,7 +157,9 @@ class WriteParts(beam.DoFn):
         self._directory = directory
         self._inputs = inputs
         self._schema = schema
-        self._ahead = bj.WorkAhead("beam_jax-write")
+        # Two parts in flight on two threads: the last batches of a bundle complete several
+        # parts at once, written on both cores once tokenizing is done (half the tail).
+        self._ahead = bj.WorkAhead("beam_jax-write", depth=2, workers=2)
 
     def setup(self):
         self._parts = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "parts_written")

@@ -33,7 +33,7 @@ class _Pending:
 
 
 class WorkAhead:
-    """Runs each element's ``work`` in a background thread, up to ``depth`` elements ahead.
+    """Runs each element's ``work`` in background threads, up to ``depth`` elements ahead.
 
     A DoFn holds one, calls :meth:`setup`, :meth:`start_bundle`, :meth:`finish_bundle` and
     :meth:`teardown` from its own methods, and hands each element's work to :meth:`submit`
@@ -57,31 +57,39 @@ class WorkAhead:
         >>> ahead.teardown()
 
     Args:
-        name: The background thread's name (shown by profilers and in thread dumps).
+        name: The background threads' name (shown by profilers and in thread dumps).
         depth: How many elements' work may run or wait beyond the one being emitted; more
             holds more elements' results in memory at once.
+        workers: Threads that run the work: up to ``min(workers, depth + 1)`` elements'
+            work at once, e.g. 2 for work that releases the GIL and may complete in a burst
+            (the parts a bundle's last batches complete, written on both of two cores).
+            Outputs keep the elements' order whatever finishes first.
 
     Raises:
-        ValueError: ``depth`` is not a positive int.
+        ValueError: ``depth`` or ``workers`` is not a positive int.
     """
 
-    def __init__(self, name: str, depth: int = 1):
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be a positive int, got {depth!r}")
+    def __init__(self, name: str, depth: int = 1, workers: int = 1):
+        for what, value in (("depth", depth), ("workers", workers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{what} must be a positive int, got {value!r}")
         self.name = name
         self.depth = depth
+        self.workers = workers
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
 
     def __getstate__(self):  # a DoFn is pickled before setup: never a pool or pending work
-        return {"name": self.name, "depth": self.depth}
+        return {"name": self.name, "depth": self.depth, "workers": self.workers}
 
     def __setstate__(self, state):
-        self.__init__(state["name"], state["depth"])
+        self.__init__(state["name"], state["depth"], state.get("workers", 1))
 
     def setup(self) -> None:
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self.name)
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.workers, thread_name_prefix=self.name
+            )
 
     def start_bundle(self) -> None:
         # Whatever a failed bundle left behind is dropped (its work still finishes).
