@@ -88,7 +88,10 @@ def test_parquet_int32_ids_embeddings_and_dead_letters(tmp_path, reference, batc
     )
 
     result, failed = _read_outputs(out)
-    assert result.schema == pa.schema([("id", pa.int32()), ("embedding", pa.list_(pa.float32()))])
+    # Every row written has its 384 values: the embedding column is required, not nullable.
+    values = pa.field("item", pa.float32(), nullable=False)
+    embedding = pa.field("embedding", pa.list_(values), nullable=False)
+    assert result.schema == pa.schema([("id", pa.int32()), embedding])
     _check_embeddings(result, expected)
     assert {d["id"] for d in failed} == {1, None} and len(failed) == 2
     assert {d["error_type"] for d in failed} == {"InvalidElementError"}

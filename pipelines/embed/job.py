@@ -189,8 +189,7 @@ def _build(
     results, kernel_dead = tokens.tokens | "Embed" >> _on_accelerator(embed, args.accelerator)
     # Each stream that makes up the parts meets the others in WriteParts, fused in the
     # stage that tokenizes and embeds: no shuffle of embeddings (see WriteParts).
-    schema = pa.schema([("id", id_type), ("embedding", pa.list_(pa.float32()))])
-    parts = write.WriteParts(staging, inputs, schema)
+    parts = write.WriteParts(staging, inputs, write.embeddings_schema(id_type))
     streams = {
         "Parts": tokens[PARTS],
         "TokenizeDeadLetters": tokens[bj.DEAD_LETTERS],
