@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -72,6 +73,36 @@ def test_a_weight_file_with_one_byte_changed_fails_the_load_naming_file_and_dige
     # Without a manifest nothing is checked (a directory of one's own), and the files load.
     params = SentenceEncoder.from_dir(model).load_params()
     assert params["layers"][0]["query"]["w"].shape == (384, 384)
+
+
+def test_a_passed_check_is_stamped_for_new_processes_until_a_file_changes(tmp_path, monkeypatch):
+    from beam_jax._src.text import model_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = _copy_model(tmp_path / "model")
+    model_dir.verified(model, text.MINILM_MANIFEST)
+    stamps = list((tmp_path / "cache" / "beam_jax" / "verified_models").glob("*.json"))
+    assert len(stamps) == 1 and str(model.resolve()) in stamps[0].read_text()
+    hashed = []
+    sha256 = model_dir.file_sha256
+    monkeypatch.setattr(model_dir, "file_sha256", lambda p: hashed.append(p) or sha256(p))
+    monkeypatch.setattr(model_dir, "_VERIFIED", set())  # as in a new process
+    model_dir.verified(model, text.MINILM_MANIFEST)
+    assert hashed == []  # the stamp stands for the check
+    # One byte changed and the modification time put back: the change time moved.
+    weights = model / "model.safetensors"
+    before = weights.stat()
+    _flip_one_byte(weights, before.st_size // 2)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    monkeypatch.setattr(model_dir, "_VERIFIED", set())
+    with pytest.raises(ModelFileMismatchError, match="model.safetensors has sha256"):
+        model_dir.verified(model, text.MINILM_MANIFEST)
+    assert weights in hashed
+    # A cache directory that cannot be written: no stamp, the check itself still runs.
+    _flip_one_byte(weights, before.st_size // 2)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "model" / "config.json"))  # a file
+    monkeypatch.setattr(model_dir, "_VERIFIED", set())
+    assert model_dir.verified(model, text.MINILM_MANIFEST) == model
 
 
 def test_a_changed_tokenizer_and_a_missing_config_are_both_reported(tmp_path):

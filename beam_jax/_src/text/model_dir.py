@@ -15,6 +15,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 import pathlib
 from typing import Any
 
@@ -143,19 +144,52 @@ _VERIFIED: set[tuple[Any, ...]] = set()
 
 
 def verified(path: pathlib.Path, manifest: str | pathlib.Path) -> pathlib.Path:
-    """``path`` once its files match ``manifest``: checked once per process and version of
-    the files (hashing the weights takes a fraction of a second)."""
-    names = sorted(json.loads(pathlib.Path(manifest).read_text())["files"])
-    stats = []
+    """``path`` once its files match ``manifest``: checked once per version of the files.
+
+    Hashing the weights takes a fraction of a second, paid by every process that starts a
+    job. A check that passed is remembered in this process and, as a stamp, in the user's
+    cache directory (``$XDG_CACHE_HOME/beam_jax/verified_models``, ``~/.cache`` by default),
+    keyed by the manifest's digest and each file's size, inode and modification and
+    change times: a file written since (even with its modification time put back, which
+    moves its change time) is hashed again. A stamp that cannot be written is skipped.
+    """
+    manifest_bytes = pathlib.Path(manifest).read_bytes()
+    names = sorted(json.loads(manifest_bytes)["files"])
+    stats: list[tuple[Any, ...]] = []
     for name in names:
         file = path / name
         stat = file.stat() if file.is_file() else None
-        stats.append((name, stat.st_mtime_ns, stat.st_size) if stat else (name, None, None))
-    key = (str(path.resolve()), str(pathlib.Path(manifest).resolve()), tuple(stats))
-    if key not in _VERIFIED:
+        stats.append(
+            (name, stat.st_size, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
+            if stat
+            else (name, None)
+        )
+    key = (str(path.resolve()), hashlib.sha256(manifest_bytes).hexdigest(), tuple(stats))
+    if key in _VERIFIED:
+        return path
+    stamp = _stamp_dir() / f"{hashlib.sha256(repr(key).encode()).hexdigest()}.json"
+    if not stamp.is_file():
         verify_model_dir(path, manifest)
-        _VERIFIED.add(key)
+        _write_stamp(stamp, key)
+    _VERIFIED.add(key)
     return path
+
+
+def _stamp_dir() -> pathlib.Path:
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser()
+    return cache / "beam_jax" / "verified_models"
+
+
+def _write_stamp(stamp: pathlib.Path, key: tuple[Any, ...]) -> None:
+    """Records a passed check (what was checked, for a reader), written whole or not at all."""
+    record = {"path": key[0], "manifest_sha256": key[1], "files": [list(f) for f in key[2]]}
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        partial = stamp.with_name(f".{stamp.name}.{os.getpid()}")
+        partial.write_text(json.dumps(record))
+        os.replace(partial, stamp)
+    except OSError:
+        pass  # a read-only or full cache directory: the next process hashes again
 
 
 @dataclasses.dataclass(frozen=True)
