@@ -559,7 +559,7 @@ def test_lay_out_places_each_row_records_end_to_end_in_the_order_given(rows, dat
     )
     if data.draw(st.booleans()):
         rows = sorted(rows)  # each row's records adjacent, as the packer gives them
-    lengths = [data.draw(st.integers(1, 8)) for _ in rows]
+    lengths = [data.draw(st.integers(0, 8)) for _ in rows]  # an empty record takes no slot
     records = [[np.full(n, i + 1, np.float32)] for i, n in enumerate(lengths)]
     batch = plan.lay_out(records, rows, 256)
     given = plan.lay_out(records, rows, 256, lengths)
@@ -571,6 +571,13 @@ def test_lay_out_places_each_row_records_end_to_end_in_the_order_given(rows, dat
         for b in (batch, given):
             assert b.rows[i] == row and b.offsets[i] == start
             assert b.leaves[0][row, start : start + n].tolist() == [i + 1] * n
+            assert b.segment_ids[row, start : start + n].tolist() == [b.segment[i] + 1] * n
+            assert b.positions[row, start : start + n].tolist() == list(range(n))
+    for b in (batch, given):  # past each row's records: padding, in no segment
+        for row in range(b.size):
+            assert not b.segment_ids[row, used.get(row, 0) :].any()
+            assert not b.positions[row, used.get(row, 0) :].any()
+            assert not b.leaves[0][row, used.get(row, 0) :].any()
     for b in (batch, given):
         assert b.segment.tolist() == [
             sum(numbered[q] == numbered[r] for q in rows[:i]) for i, r in enumerate(rows)

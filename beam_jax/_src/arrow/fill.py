@@ -28,8 +28,10 @@ def ragged_index(steps: np.ndarray, base: np.ndarray) -> np.ndarray:
     if total == 0:
         return np.zeros(0, np.int64)
     begin = np.cumsum(steps) - steps
-    within = np.arange(total, dtype=np.int64) - np.repeat(begin, steps)
-    return np.repeat(base, steps) + within
+    # base[i] + t = (base[i] - begin[i]) + (begin[i] + t): a shift per row, plus a count.
+    out = np.repeat(np.asarray(base, np.int64) - begin, steps)
+    out += np.arange(total, dtype=np.int64)
+    return out
 
 
 class BucketFill:

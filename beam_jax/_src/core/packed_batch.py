@@ -342,7 +342,8 @@ class PackPlan:
         if lengths is None:
             lengths = [self.lengths_of(r) for r in records]
         lengths = np.asarray(lengths, np.int64).reshape(-1)
-        if n and (rows[1:] >= rows[:-1]).all():
+        in_order = bool(n) and bool((rows[1:] >= rows[:-1]).all())
+        if in_order:
             # Rows in order (a batch as the packer made it, or a run of one): each row's
             # records are adjacent, numbered by where its run starts.
             new = np.empty(n, bool)
@@ -394,11 +395,20 @@ class PackPlan:
         records = records if hasattr(records, "gather") else list(records)
         return self._fill(
             assignment, np.arange(n), lengths, records, row_length, size, np.arange(num_rows),
-            whole=True,
+            whole=True, in_order=in_order,
         )  # fmt: skip
 
     def _fill(
-        self, assignment, ok, lengths, records, length, size, members, whole: bool = False
+        self,
+        assignment,
+        ok,
+        lengths,
+        records,
+        length,
+        size,
+        members,
+        whole: bool = False,
+        in_order: bool = False,
     ) -> PackedBatch:
         if whole:  # every record, in the batch's rows as numbered (``lay_out``)
             index, rows = ok, assignment.row
@@ -413,14 +423,21 @@ class PackPlan:
             segment = assignment.segment[local]
             offsets = assignment.offset[local]
         lens = lengths[index]
-        # Flat slot indices of every record's tokens, in record order.
-        starts = rows * length + offsets
         total = int(lens.sum())
-        first = np.repeat(np.cumsum(lens) - lens, lens)
-        within = np.arange(total, dtype=np.int64) - first
-        slots = np.repeat(starts, lens) + within
+        # Each token's position in its record, in record order (int32: slots of one batch).
+        first = (np.cumsum(lens) - lens).astype(np.int32)
+        within = np.arange(total, dtype=np.int32) - np.repeat(first, lens)
+        if in_order:
+            # Each row's records adjacent and laid end to end from slot 0 (``lay_out``'s
+            # rows in order): every row's slots in use are a prefix of the row, so the
+            # tokens go to the slots a mask selects, in order; no index per token.
+            used = np.zeros(size, np.int64)
+            used[: len(assignment.used)] = assignment.used
+            slots = (np.arange(length)[None, :] < used[:, None]).reshape(-1)
+        else:  # flat slot indices of every record's tokens, in record order
+            slots = np.repeat(rows * length + offsets, lens) + within
         ids = np.zeros(size * length, np.int32)
-        ids[slots] = np.repeat(segment + 1, lens)
+        ids[slots] = np.repeat((segment + 1).astype(np.int32), lens)
         positions = np.zeros(size * length, np.int32)
         positions[slots] = within
         counts = np.zeros(size, np.int32)
