@@ -27,7 +27,8 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
 - :func:`metrics_record` and :func:`write_metrics` write ``OUTPUT/_metrics.json``, which
   ``beam-jax report OUTPUT`` prints.
 - :func:`freeze_startup_objects` keeps the objects alive at a job's launch (imported
-  modules) out of the garbage collector's passes while the job runs.
+  modules) out of the garbage collector's passes while the job runs, and
+  :func:`prompt_bundle_ends` ends each bundle of the in-process runners when its work ends.
 
 Examples:
     >>> from beam_jax.jobs import OutputDir, OutputLayout, write_atomically
@@ -40,6 +41,7 @@ Examples:
     ['part-0.txt']
 """
 
+from beam_jax._src.jobs.bundle_ends import prompt_bundle_ends as prompt_bundle_ends
 from beam_jax._src.jobs.console import RunConsole as RunConsole
 from beam_jax._src.jobs.console import add_flags as add_flags
 from beam_jax._src.jobs.console import failure_line as failure_line

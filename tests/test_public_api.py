@@ -219,6 +219,7 @@ JOBS = {
     "metrics_record",
     "write_metrics",
     "freeze_startup_objects",
+    "prompt_bundle_ends",
 }
 
 

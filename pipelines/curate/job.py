@@ -103,6 +103,7 @@ def _read_scores(output: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
 
 
 @jobs.freeze_startup_objects()
+@jobs.prompt_bundle_ends()
 def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     """Runs the job to completion, prints a summary and returns it.
 

@@ -278,6 +278,7 @@ def _dry_run(args, options, model, inputs: Inputs, id_type, output: OutputDir) -
 
 
 @jobs.freeze_startup_objects()
+@jobs.prompt_bundle_ends()
 def run(
     argv: Sequence[str] | None = None, *, encoder: Encoder | None = None
 ) -> EmbedTextSummary | None:
