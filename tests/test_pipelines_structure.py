@@ -78,7 +78,8 @@ MAX_LINES = 3000
 
 def test_pipelines_stay_under_three_thousand_lines():
     """What a second pipeline would copy belongs in the library, not in the examples."""
-    lines = {p.name: len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")}
+    # Keyed by path: embed/ and curate/ each have a job.py, an __init__.py, a __main__.py.
+    lines = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")}
     assert sum(lines.values()) <= MAX_LINES, sorted(lines.items(), key=lambda kv: -kv[1])[:5]
 
 

@@ -199,9 +199,8 @@ def _build(
     names = [s | f"Write{name}" >> beam.ParDo(parts) for name, s in streams.items()]
     # A consumer for the parts' names across a shuffle: the local FnApiRunner then reads
     # WriteParts' output, and so fails when a worker dies there, instead of waiting for it
-    # forever (measured: a SIGKILL in WriteParts hung a multi-process run, Beam 2.77). A
-    # GroupByKey is the lightest such consumer (Count.Globally added 12 steps, 3 stages).
-    keyed = names | "PartNames" >> beam.Flatten() | "KeyPartNames" >> beam.Map(_one_key)
+    # forever (measured: a SIGKILL in WriteParts hung a multi-process run, Beam 2.77).
+    keyed = names | "PartNames" >> beam.Flatten() | "KeyPartNames" >> beam.WithKeys(None)
     _ = keyed | "GatherPartNames" >> beam.GroupByKey()
     _ = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
     if progress is not None:  # counted by the workers, printed by the driver
@@ -215,10 +214,6 @@ def _build(
             embed.start_workers(), args.accelerator
         )
     return embed
-
-
-def _one_key(name: str) -> tuple[None, str]:
-    return None, name
 
 
 def _id_type(args, inputs: Inputs) -> pa.DataType:

@@ -131,10 +131,9 @@ _WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 
 
 def embeddings_schema(id_type: pa.DataType) -> pa.Schema:
-    """The parts' columns: ``id`` (the input's type) and ``embedding``, a ``list<float32>``
-    that is never null, nor any of its values. Declared so (Parquet's ``required``), the
-    writer encodes no definition level per value: a part of 8,192 x 384 floats is written
-    in ~0.7x the time of the nullable list."""
+    """``id`` (the input's type) and ``embedding``: a ``list<float32>`` never null, nor its
+    values. So declared, Parquet stores no definition level per value (written in ~0.7x the
+    time of a nullable list)."""
     values = pa.field("item", pa.float32(), nullable=False)
     return pa.schema([("id", id_type), pa.field("embedding", pa.list_(values), nullable=False)])
 
@@ -167,8 +166,7 @@ class WriteParts(beam.DoFn):
         self._directory = directory
         self._inputs = inputs
         self._schema = schema
-        # Two parts in flight on two threads: the last batches of a bundle complete several
-        # parts at once, written on both cores once tokenizing is done (half the tail).
+        # Two threads: a bundle's last batches complete several parts at once.
         self._ahead = bj.WorkAhead("beam_jax-write", depth=2, workers=2)
 
     def setup(self):
