@@ -35,12 +35,13 @@ def _ids(batch):
     return batch.column("id").to_pylist()
 
 
-def test_bad_files_become_dead_letters_naming_them_and_good_rows_are_all_read(files):
+@pytest.mark.parametrize("spread", [True, False])
+def test_bad_files_become_dead_letters_naming_them_and_good_rows_are_all_read(files, spread):
     p = pipeline()
     batches, dead = (
         p
         | bj.ReadArrowBatches(
-            str(files / "*.parquet"), columns=["id", "x"], max_rows=3
+            str(files / "*.parquet"), columns=["id", "x"], max_rows=3, spread=spread
         ).with_exception_handling()
     )
     assert_that(batches | "Ids" >> bj_flat_ids(), equal_to(list(range(20))))
@@ -64,6 +65,10 @@ def test_bad_files_become_dead_letters_naming_them_and_good_rows_are_all_read(fi
             assert name in message, message
 
     assert_that(dead, check_messages, label="Messages")
+    # Without spreading (one worker runs it all) the read has no shuffle of its own.
+    labels = [t.unique_name for t in p.to_runner_api().components.transforms.values()]
+    read = [name for name in labels if name.startswith("ReadArrowBatches")]
+    assert any(name.endswith("GroupByKey") for name in read) == spread, read  # a shuffle
     run(p)
 
 

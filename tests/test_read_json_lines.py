@@ -53,7 +53,8 @@ def _check(expected):
     return check
 
 
-def test_good_files_plain_and_compressed_read_with_their_lines(tmp_path):
+@pytest.mark.parametrize("spread", [True, False])
+def test_good_files_plain_and_compressed_read_with_their_lines(tmp_path, spread):
     rows = [{"id": i, "text": f"text {i}", "other": [i]} for i in range(25)]
     data = b"\xef\xbb\xbf" + _lines(rows[:10]) + b"\n   \n" + _lines(rows[10:])  # BOM, blanks
     (tmp_path / "a.jsonl").write_bytes(data)
@@ -73,9 +74,12 @@ def test_good_files_plain_and_compressed_read_with_their_lines(tmp_path):
     batches, dead = (
         p
         | bj.ReadArrowBatches(
-            str(tmp_path / "*"), columns=["id", "text"], max_rows=4
+            str(tmp_path / "*"), columns=["id", "text"], max_rows=4, spread=spread
         ).with_exception_handling()
     )
+    labels = [t.unique_name for t in p.to_runner_api().components.transforms.values()]
+    read = [name for name in labels if name.startswith("ReadArrowBatches")]
+    assert any(name.endswith("GroupByKey") for name in read) == spread, read  # a shuffle
     assert_that(batches | beam.Map(lambda b: b.num_rows), lambda sizes: max(sizes) <= 4, "Sizes")
     assert_that(_collect(batches, "All"), _check(expected), "Rows")
     assert_that(dead, equal_to([]), label="NoDeadLetters")

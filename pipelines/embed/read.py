@@ -86,12 +86,13 @@ class ReadParts(beam.PTransform):
         self._spread = spread
 
     def expand(self, pbegin):
-        inputs = self._inputs
+        inputs, spread = self._inputs, self._spread
         if inputs.format == "builtin":
             starts = range(0, len(builtin_corpus(inputs.builtin_texts)), self._part_rows)
             batches = (
                 pbegin
-                | "Parts" >> beam.Create([s for s in starts if (0, s) not in self._done])
+                | "Parts"
+                >> beam.Create([s for s in starts if (0, s) not in self._done], reshuffle=spread)
                 | "Corpus" >> beam.Map(_builtin_part, inputs.builtin_texts, self._part_rows)
             )
             dead = pbegin | "NoDeadLetters" >> beam.Create([])
@@ -106,10 +107,11 @@ class ReadParts(beam.PTransform):
                 format=inputs.format,
                 schema=schema if json_lines else None,
                 key=id_column if json_lines else None,
+                spread=self._spread,
             ).with_exception_handling()
             batches, dead = pbegin | "Read" >> read
             batches = batches | "Keys" >> beam.ParDo(KeyBatches(inputs, self._done))
-        if self._spread:
+        if spread:
             # One file's parts spread over all workers, as a splittable source's would.
             batches = batches | "SpreadParts" >> beam.Reshuffle()
         return batches, dead

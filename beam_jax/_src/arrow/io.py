@@ -452,6 +452,10 @@ class ReadArrowBatches(beam.PTransform):
             columns of it); default inferred.
         key: JSON lines only: a field whose value becomes a bad line's dead-letter ``key``
             when the line can be read that far (an id, so the dead letter names the row).
+        spread: Spread the files, then each file's row groups, over the workers (a
+            ``Reshuffle`` each; the default). ``False`` where one worker runs the whole
+            pipeline (the in-process runners): reading then runs fused with the steps after
+            it, with no shuffle and no stage of its own.
 
     Raises:
         SpecError: ``max_rows``, ``format``, ``schema`` or ``columns`` is not valid.
@@ -468,6 +472,7 @@ class ReadArrowBatches(beam.PTransform):
         format: str | None = None,  # noqa: A002 - the word users know from Beam's readers
         schema: pa.Schema | None = None,
         key: str | None = None,
+        spread: bool = True,
     ):
         super().__init__()
         if max_rows is not None and max_rows < 1:
@@ -495,6 +500,7 @@ class ReadArrowBatches(beam.PTransform):
         self.format = format
         self.schema = schema
         self.key = key
+        self.spread = bool(spread)
         self._handle_errors = False
 
     def with_exception_handling(self) -> ReadArrowBatches:
@@ -559,33 +565,28 @@ class ReadArrowBatches(beam.PTransform):
         if parquet_files:
             rows = (
                 pbegin
-                | "Files" >> beam.Create(parquet_files)
+                | "Files" >> beam.Create(parquet_files, reshuffle=self.spread)
                 | "RowGroups"
                 >> beam.ParDo(_ListRowGroups(self.columns, handle, self.max_rows)).with_outputs(
                     DEAD_LETTERS, main="groups"
                 )
             )
-            read = (
-                rows.groups
-                | "Spread" >> beam.Reshuffle()
-                | "ReadRowGroups"
-                >> beam.ParDo(_ReadRowGroup(self.columns, self.max_rows, handle))
-                .with_output_types(pa.RecordBatch)
-                .with_outputs(DEAD_LETTERS, main="batches")
-            )
+            groups = rows.groups
+            if self.spread:
+                groups = groups | "Spread" >> beam.Reshuffle()
+            read = groups | "ReadRowGroups" >> beam.ParDo(
+                _ReadRowGroup(self.columns, self.max_rows, handle)
+            ).with_output_types(pa.RecordBatch).with_outputs(DEAD_LETTERS, main="batches")
             batches.append(read.batches)
             dead += [rows[DEAD_LETTERS], read[DEAD_LETTERS]]
         if json_files:
             schema = self.json_schema(json_files)
-            lines = (
-                pbegin
-                | "JsonFiles" >> beam.Create(json_files)
-                | "SpreadJsonFiles" >> beam.Reshuffle()
-                | "ReadJsonLines"
-                >> beam.ParDo(_ReadJsonLines(schema, self.max_rows, self.key, handle))
-                .with_output_types(pa.RecordBatch)
-                .with_outputs(DEAD_LETTERS, main="batches")
-            )
+            json_paths = pbegin | "JsonFiles" >> beam.Create(json_files, reshuffle=self.spread)
+            if self.spread:
+                json_paths = json_paths | "SpreadJsonFiles" >> beam.Reshuffle()
+            lines = json_paths | "ReadJsonLines" >> beam.ParDo(
+                _ReadJsonLines(schema, self.max_rows, self.key, handle)
+            ).with_output_types(pa.RecordBatch).with_outputs(DEAD_LETTERS, main="batches")
             batches.append(lines.batches)
             dead.append(lines[DEAD_LETTERS])
         out = batches[0] if len(batches) == 1 else tuple(batches) | "Batches" >> beam.Flatten()
