@@ -586,6 +586,7 @@ def _runinference(cfg: dict) -> dict:
     import apache_beam as beam
     import jax
     import numpy as np
+    import pyarrow as pa
     from apache_beam.io.parquetio import ReadFromParquetBatched, WriteToParquetBatched
     from apache_beam.metrics import Metrics
     from apache_beam.metrics.metric import MetricsFilter
@@ -598,7 +599,7 @@ def _runinference(cfg: dict) -> dict:
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from beam_jax.text import SentenceEncoder
-    from pipelines import text_rows as tr
+    from pipelines.embed.write import embeddings_schema
 
     class Model:
         """The parameters, tokenizer and jitted function (a class: Beam keeps a weakref)."""
@@ -658,7 +659,7 @@ def _runinference(cfg: dict) -> dict:
             ids = self.tokenizer.encode_batch(table.column("text").to_pylist())
             yield from zip(table.column("id").to_pylist(), ids, strict=True)
 
-    schema = tr.output_schema(tr.IdType.from_name("int"))
+    schema = embeddings_schema(pa.int64())  # the flagship's parts' columns
     start = time.perf_counter()
     p = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
     _ = (
@@ -668,7 +669,7 @@ def _runinference(cfg: dict) -> dict:
         | RunInference(KeyedModelHandler(PadToBucket()))
         | beam.MapTuple(lambda key, result: (key, result.inference))
         | beam.BatchElements(min_batch_size=1024, max_batch_size=1024)
-        | beam.Map(tr.embeddings_table, schema)
+        | beam.Map(_embeddings_table, schema)
         | WriteToParquetBatched(
             str(Path(cfg["out"]) / "embeddings"), schema, file_name_suffix=".parquet"
         )
@@ -689,6 +690,23 @@ def _runinference(cfg: dict) -> dict:
             k[len(prefix) :]: v for k, v in counters.items() if k.startswith(prefix)
         },
     }
+
+
+def _embeddings_table(rows, schema):
+    """``(id, float32[D])`` pairs as one Arrow table of ``schema``, without per-value Python."""
+    import numpy as np
+    import pyarrow as pa
+
+    if not rows:
+        return schema.empty_table()
+    vectors = np.stack([np.asarray(v, np.float32) for _, v in rows])
+    n, dim = vectors.shape
+    offsets = pa.array(np.arange(0, (n + 1) * dim, dim, dtype=np.int32))
+    embedding = pa.ListArray.from_arrays(
+        offsets, pa.array(vectors.reshape(-1)), type=schema.field("embedding").type
+    )
+    ids = pa.array([k for k, _ in rows], type=schema.field("id").type)
+    return pa.Table.from_arrays([ids, embedding], schema=schema)
 
 
 def _child(variant: str, cfg_path: str) -> None:

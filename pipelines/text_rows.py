@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["IdType", "embeddings_table", "output_schema", "row_problem", "unicode_problem"]
+__all__ = ["IdType", "row_problem", "unicode_problem"]
 
 
 def _short(value: Any, limit: int) -> str:
@@ -108,20 +107,3 @@ def row_problem(id_type: IdType, key: Any, text: Any, problem: str | None = None
         got = f"text of type {type(text).__name__}" if text is not None else "a null text"
         problem = f"expected a string 'text', got {got}"
     return problem
-
-
-def output_schema(id_type: IdType) -> pa.Schema:
-    """``id`` (the input's type) and ``embedding`` (``list<float32>``)."""
-    return pa.schema([("id", id_type.arrow_type), ("embedding", pa.list_(pa.float32()))])
-
-
-def embeddings_table(rows: Sequence[tuple[Any, np.ndarray]], schema: pa.Schema) -> pa.Table:
-    """``(id, float32[D])`` pairs as one Arrow table of ``schema``, without per-value Python."""
-    if not rows:
-        return schema.empty_table()
-    vectors = np.stack([np.asarray(v, np.float32) for _, v in rows])
-    n, dim = vectors.shape
-    offsets = pa.array(np.arange(0, (n + 1) * dim, dim, dtype=np.int32))
-    embedding = pa.ListArray.from_arrays(offsets, pa.array(vectors.reshape(-1)))
-    ids = pa.array([k for k, _ in rows], type=schema.field("id").type)
-    return pa.Table.from_arrays([ids, embedding], schema=schema)

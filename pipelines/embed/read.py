@@ -107,7 +107,7 @@ class ReadParts(beam.PTransform):
                 format=inputs.format,
                 schema=schema if json_lines else None,
                 key=id_column if json_lines else None,
-                spread=self._spread,
+                spread=spread,
             ).with_exception_handling()
             batches, dead = pbegin | "Read" >> read
             batches = batches | "Keys" >> beam.ParDo(KeyBatches(inputs, self._done))
