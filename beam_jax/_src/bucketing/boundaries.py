@@ -76,8 +76,7 @@ def plan_boundaries(
     Raises:
         SpecError: ``lengths`` is empty or not integral, or ``num_buckets < 1``.
     """
-    bounds = boundaries_per_budget(lengths, num_buckets, max_size=max_size)
-    return bounds[min(num_buckets, len(bounds)) - 1]
+    return boundaries_per_budget(lengths, num_buckets, max_size=max_size)[-1]
 
 
 def boundaries_per_budget(
@@ -91,12 +90,14 @@ def boundaries_per_budget(
     The dynamic programme for ``k`` buckets computes those for fewer on its way, so one
     pass of ``max_buckets`` steps gives every budget's boundaries: ``max_buckets`` times
     less work than planning each budget on its own. Entry ``k - 1`` equals
-    ``plan_boundaries(lengths, k, max_size=max_size)``; the list stops at the number of
-    distinct lengths (more buckets than lengths change nothing).
+    ``plan_boundaries(lengths, k, max_size=max_size)``: a budget above the number of
+    distinct lengths repeats the boundaries of that many (more buckets change nothing).
 
     Example:
         >>> boundaries_per_budget([1, 2, 2, 3, 9, 10, 10], 3)
         [(10,), (3, 10), (2, 3, 10)]
+        >>> boundaries_per_budget([4, 4, 7], 3)
+        [(7,), (4, 7), (4, 7)]
 
     Raises:
         SpecError: ``lengths`` is empty or not integral, or ``max_buckets < 1``.
@@ -143,7 +144,7 @@ def boundaries_per_budget(
             out.append(int(values[i - 1]))
             i = int(choice[i])
         plans.append(tuple(sorted(out)))
-    return plans
+    return plans + plans[-1:] * (int(max_buckets) - k)
 
 
 def padded_total(lengths: Sequence[int] | np.ndarray, boundaries: Sequence[int]) -> int:

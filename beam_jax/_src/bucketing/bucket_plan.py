@@ -130,7 +130,7 @@ def plan_bucketing(
     best = None
     per_budget = boundaries_per_budget(sample, compile_budget, max_size=max_size)
     for k in range(1, compile_budget + 1):
-        bounds = per_budget[min(k, len(per_budget)) - 1]
+        bounds = per_budget[k - 1]
         if len(bounds) < k and best is not None:
             break  # fewer distinct lengths than buckets: more buckets change nothing
         candidate = _plan_for(bounds, sample, total, compile_budget, shape_cost, num_devices,

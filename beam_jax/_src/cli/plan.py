@@ -85,8 +85,7 @@ def plan_budgets(
         lengths = np.minimum(lengths, max_size)
     plans = []
     per_budget = boundaries_per_budget(lengths, max_buckets, max_size=max_size)
-    for k in range(1, max_buckets + 1):
-        bounds = per_budget[min(k, len(per_budget)) - 1]
+    for k, bounds in enumerate(per_budget, start=1):
         index = np.minimum(boundary_index(np.asarray(bounds), lengths), len(bounds) - 1)
         padded = int(np.asarray(bounds, np.int64)[index].sum())
         buckets = []
