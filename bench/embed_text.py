@@ -74,6 +74,15 @@ gathering results, is what is left):
   when they ran: what Beam's launch and bundles cost before the host does any of its own
   work, and how near the host comes to that.
 
+* ``write_only``: the host's other floor, what the job writes, written alone: the same
+  Parquet's ids read in the job's parts (runs of row groups up to ``--rows_per_part``
+  rows), and each part's file written as the job writes it (``write.write_embeddings``:
+  the job's schema, 384 float32 per row, staged and renamed), on one thread, nothing
+  else. With ``host_only`` and ``tokenize_only``, ``host_only_vs_tokenize_then_write`` is
+  printed: the host's rate over that of tokenizing and then writing, one after the other
+  (``1 / (1/tokenize + 1/write)``, the serial bound the Arrow benchmark uses for reading
+  and computing).
+
 Three more run the flagship with its batching or its matmuls chosen (side by side with
 ``pipeline``, which lets the flagship choose both), each with a compilation cache of its
 own (round 1 cold):
@@ -111,6 +120,7 @@ import json
 import os
 import resource
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -135,6 +145,7 @@ VARIANTS = (
     "tokenize_only",
     "tokenize_only_rust",
     "tokenize_in_beam",
+    "write_only",
     "pipeline_packed",
     "pipeline_buckets",
     "pipeline_float32",
@@ -157,6 +168,8 @@ FLAGSHIPS = {
     "pipeline_float32": ["--matmuls", "float32"],
 }
 MODEL_VARIANTS = (*FLAGSHIPS, "sentence_transformers", "runinference")
+# The variants whose latest output is read after the rounds (the cosine).
+COMPARED = (*FLAGSHIPS, "sentence_transformers")
 DIM = 384
 DEFAULT_ST_PYTHON = "/tmp/refvenv/bin/python"
 BATCH_SIZE = 64
@@ -493,6 +506,41 @@ def _tokenize_only(cfg: dict, rust: bool = False) -> dict:
     return {"seconds": seconds, "run_cpu_s": run_cpu_s, "tokens": tokens}
 
 
+def _write_only(cfg: dict) -> dict:
+    """What the job writes, written alone (see the module's docstring); every id is
+    counted against the data's."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_jax._src.arrow.io import _runs
+    from pipelines.embed import write
+    from pipelines.embed.flags import parse_args
+
+    args, _ = parse_args(["--runner=FnApiRunner", "--input", cfg["parquet"]] + cfg["pipeline_args"])
+    schema = write.embeddings_schema(pa.int64())
+    out = Path(cfg["out"])
+    start, cpu_start = time.perf_counter(), time.process_time()
+    parquet = pq.ParquetFile(cfg["parquet"])
+    counts = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
+    rows = 0
+    for k, groups in enumerate(_runs(counts, args.rows_per_part)):  # the job's parts
+        ids = parquet.read_row_groups(groups, columns=["id"]).column("id").combine_chunks()
+        vectors = np.empty((len(ids), DIM), np.float32)
+        vectors[:] = ids.to_numpy()[:, None]  # a value per row, as the host's kernel gives
+        offsets = np.arange(0, (len(ids) + 1) * DIM, DIM, dtype=np.int32)
+        embedding = pa.ListArray.from_arrays(
+            pa.array(offsets), pa.array(vectors.reshape(-1)), type=schema.field("embedding").type
+        )
+        table = pa.Table.from_arrays([ids, embedding], schema=schema)
+        write.write_embeddings(table, str(out / f"embeddings-{k:05d}.parquet"))
+        rows += len(ids)
+    seconds, run_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    if rows != cfg["n"]:
+        raise AssertionError(f"wrote {rows} rows; expected {cfg['n']}")
+    return {"seconds": seconds, "run_cpu_s": run_cpu_s}
+
+
 def _tokenize_in_beam(cfg: dict) -> dict:
     """The flagship's read and tokenize steps alone in a Beam pipeline (see the module's
     docstring), every text and token counted against the data's."""
@@ -724,6 +772,7 @@ def _child(variant: str, cfg_path: str) -> None:
             "tokenize_only": _tokenize_only,
             "tokenize_only_rust": _tokenize_only_rust,
             "tokenize_in_beam": _tokenize_in_beam,
+            "write_only": _write_only,
         }[variant](cfg)
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -765,6 +814,11 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
         command = [sys.executable, __file__, "--child", variant, str(cfg_path)]
     env = _env(args.threads)
     env["PYTHONFAULTHANDLER"] = "1"  # a run stopped past --timeout prints its threads' stacks
+    # Earlier runs' outputs still waiting to reach the disk slow the next run's writes
+    # once the kernel flushes them (measured: the same write-only run took 0.50 s, then
+    # 0.78 s and 0.99 s as ~2 GB were left unwritten). Each run starts as on an idle
+    # machine, with nothing left to write (see also _drop_outputs).
+    os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -795,6 +849,15 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
     # time to other work on shared CPUs.
     result["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return result
+
+
+def _drop_outputs(runs: list[dict], compared: bool) -> None:
+    """Deletes what the variant's runs wrote once nothing reads it: all but the latest
+    run's output if ``compared`` (the flagships' and sentence-transformers', for the
+    cosine), else every run's. Five rounds of three variants at 200,000 texts would
+    otherwise leave ~4.5 GB on the disk and in the page cache beside later runs."""
+    for r in runs[:-1] if compared else runs:
+        shutil.rmtree(r["out"], ignore_errors=True)
 
 
 def _min_cosine(pipeline_out: str, st_vectors: str) -> float:
@@ -837,8 +900,9 @@ def _side_by_side_ratios(results: dict, ratios: dict, ratios_best: dict) -> None
     """Adds ``host_only / tokenize_only``, ``host_only / tokenize_only_rust``, each
     ``HOST_WITHOUT`` variant and ``tokenize_in_beam`` over ``tokenize_only`` (rates: how
     close the host, or a Beam job that only tokenizes, runs to its tokenizer alone),
-    ``host_only / tokenize_in_beam`` and ``pipeline_packed / pipeline_buckets`` (medians
-    and best runs)."""
+    ``host_only / tokenize_in_beam``, ``pipeline_packed / pipeline_buckets`` and
+    ``host_only_vs_tokenize_then_write`` (the host's rate over tokenizing then writing, one
+    after the other) (medians and best runs)."""
     pairs = (
         ("host_only", "tokenize_only"),
         ("host_only", "tokenize_only_rust"),
@@ -853,6 +917,10 @@ def _side_by_side_ratios(results: dict, ratios: dict, ratios_best: dict) -> None
             a, b = results[ours], results[theirs]
             ratios[name] = b["seconds_median"] / a["seconds_median"]
             ratios_best[name] = b["seconds_best"] / a["seconds_best"]
+    if {"host_only", "tokenize_only", "write_only"} <= results.keys():
+        host, floors = results["host_only"], (results["tokenize_only"], results["write_only"])
+        for stat, out in (("seconds_median", ratios), ("seconds_best", ratios_best)):
+            out["host_only_vs_tokenize_then_write"] = sum(f[stat] for f in floors) / host[stat]
 
 
 def _cpu_bounds(results: dict, cores: int) -> dict:
@@ -1019,6 +1087,8 @@ def main(argv: list[str] | None = None) -> dict:
             for variant in order:
                 r = _run(variant, data, args, tmp, round_)
                 runs[variant].append(r)
+                if not args.keep_outputs:
+                    _drop_outputs(runs[variant], compared=variant in COMPARED)
                 print(
                     f"  round {round_ + 1} {variant}: {data['n'] / r['seconds']:.1f} "
                     f"sentences/s ({r['seconds']:.1f} s)",

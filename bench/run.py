@@ -183,6 +183,9 @@ def _run_variant(args, cfg: dict, kernel: str, variant: str, tmp: Path) -> dict:
     shutil.rmtree(outdir, ignore_errors=True)
     outdir.mkdir()
     run_cfg["outdir"] = str(outdir)
+    # Every run starts with nothing of the earlier runs' outputs left to write to the
+    # disk, as on an idle machine (see bench/embed_text.py's _run).
+    os.sync()
     if args.in_process:
         r = _run_in_process(kernel, variant, run_cfg)
     else:

@@ -134,14 +134,15 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
     out = tmp_path / "bench.json"
     report = embed_text.main(
         ["--variants",
-         "host_only,host_only_buckets,tokenize_only,tokenize_only_rust,tokenize_in_beam",
+         "host_only,host_only_buckets,tokenize_only,tokenize_only_rust,tokenize_in_beam,"
+         "write_only",
          "--texts", "60", "--rounds", "1", "--json", str(out),
          "--keep-outputs", str(tmp_path / "runs")]
     )  # fmt: skip
     variants = json.loads(out.read_text())["variants"]
     assert variants.keys() == {
         "host_only", "host_only_buckets", "tokenize_only", "tokenize_only_rust",
-        "tokenize_in_beam",
+        "tokenize_in_beam", "write_only",
     }  # fmt: skip
     for name in ("host_only", "host_only_buckets"):
         assert variants[name]["sentences_per_s"] > 0 and variants[name]["compiles"] >= 1
@@ -187,6 +188,20 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
         assert bound["vs_tokenize_only"] == pytest.approx(
             variants["tokenize_only"]["seconds_median"] / bound["all_cores_s"]
         )
+    # What the job writes, written alone: every row, in the job's schema; the host is
+    # measured against tokenizing and then writing.
+    written = pa.concat_tables(
+        pq.read_table(f) for f in sorted((tmp_path / "runs" / "write_only-0").glob("*.parquet"))
+    )
+    assert written.column("id").to_pylist() == list(range(60))
+    assert written.schema.field("embedding").type == pa.list_(
+        pa.field("item", pa.float32(), nullable=False)
+    )
+    assert len(written.column("embedding")[0]) == embed_text.DIM
+    assert report["ratios"]["host_only_vs_tokenize_then_write"] == pytest.approx(
+        (variants["tokenize_only"]["seconds_median"] + variants["write_only"]["seconds_median"])
+        / variants["host_only"]["seconds_median"]
+    )
     texts = [t for _, t in builtin_corpus()][:60]
     expected = embed_text.host_only_expected(texts)
     assert len(set(expected[:, 0].tolist())) > 30  # the texts' outputs differ from each other
@@ -197,6 +212,21 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
         got = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
         assert sorted(ids.tolist()) == list(range(60)), variant
         np.testing.assert_array_equal(got, expected[ids], err_msg=variant)
+
+
+def test_embed_text_bench_drops_outputs_nothing_reads(tmp_path):
+    """A variant's outputs are deleted once no one reads them: all of them, or all but the
+    latest where the cosine reads it."""
+    embed_text = _bench_module("embed_text")
+    runs = []
+    for i in range(3):
+        (tmp_path / f"run-{i}").mkdir()
+        (tmp_path / f"run-{i}" / "part.parquet").write_bytes(b"x")
+        runs.append({"out": str(tmp_path / f"run-{i}")})
+    embed_text._drop_outputs(runs, compared=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-2"]
+    embed_text._drop_outputs(runs, compared=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_embed_text_bench_tokenize_in_beam_counts_every_text_and_token(tmp_path):
