@@ -409,18 +409,12 @@ def _taken_away(cfg: dict, steps: tuple[str, ...]) -> dict:
     """
     counts: dict = {}
     if "tokenize" in steps:
-        import pyarrow.parquet as pq
-
-        from beam_jax._src.arrow.io import _runs
         from beam_jax.text import SentenceEncoder, Tokenizer
-        from pipelines.embed.flags import parse_args
 
-        args, _ = parse_args(["--runner=FnApiRunner", "--input", cfg["parquet"]])
         tokenizer = SentenceEncoder.from_dir(cfg["model_dir"]).tokenizer()
-        parquet = pq.ParquetFile(cfg["parquet"])
-        counts_of = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
+        parquet, parts = _job_parts(cfg)
         given: dict = {}
-        for groups in _runs(counts_of, args.rows_per_part):  # the parts, as the job reads them
+        for groups in parts:
             texts = parquet.read_row_groups(groups, columns=["text"]).column("text")
             texts = texts.combine_chunks()
             given[(len(texts), texts[0].as_py(), texts[-1].as_py())] = (
@@ -506,33 +500,38 @@ def _tokenize_only(cfg: dict, rust: bool = False) -> dict:
     return {"seconds": seconds, "run_cpu_s": run_cpu_s, "tokens": tokens}
 
 
+def _job_parts(cfg: dict):
+    """The data's Parquet file and the job's parts in it: runs of row groups up to
+    ``--rows_per_part`` rows, as ``ReadArrowBatches`` reads them."""
+    import pyarrow.parquet as pq
+
+    from beam_jax._src.arrow.io import _runs
+    from pipelines.embed.flags import parse_args
+
+    args, _ = parse_args(["--runner=FnApiRunner", "--input", cfg["parquet"]] + cfg["pipeline_args"])
+    parquet = pq.ParquetFile(cfg["parquet"])
+    counts = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
+    return parquet, list(_runs(counts, args.rows_per_part))
+
+
 def _write_only(cfg: dict) -> dict:
     """What the job writes, written alone (see the module's docstring); every id is
     counted against the data's."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from beam_jax._src.arrow.io import _runs
     from pipelines.embed import write
-    from pipelines.embed.flags import parse_args
 
-    args, _ = parse_args(["--runner=FnApiRunner", "--input", cfg["parquet"]] + cfg["pipeline_args"])
     schema = write.embeddings_schema(pa.int64())
     out = Path(cfg["out"])
     start, cpu_start = time.perf_counter(), time.process_time()
-    parquet = pq.ParquetFile(cfg["parquet"])
-    counts = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
+    parquet, parts = _job_parts(cfg)
     rows = 0
-    for k, groups in enumerate(_runs(counts, args.rows_per_part)):  # the job's parts
+    for k, groups in enumerate(parts):
         ids = parquet.read_row_groups(groups, columns=["id"]).column("id").combine_chunks()
         vectors = np.empty((len(ids), DIM), np.float32)
         vectors[:] = ids.to_numpy()[:, None]  # a value per row, as the host's kernel gives
-        offsets = np.arange(0, (len(ids) + 1) * DIM, DIM, dtype=np.int32)
-        embedding = pa.ListArray.from_arrays(
-            pa.array(offsets), pa.array(vectors.reshape(-1)), type=schema.field("embedding").type
-        )
-        table = pa.Table.from_arrays([ids, embedding], schema=schema)
+        table = write.embeddings_table(ids, vectors, schema)
         write.write_embeddings(table, str(out / f"embeddings-{k:05d}.parquet"))
         rows += len(ids)
     seconds, run_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
@@ -745,16 +744,12 @@ def _embeddings_table(rows, schema):
     import numpy as np
     import pyarrow as pa
 
+    from pipelines.embed.write import embeddings_table
+
     if not rows:
         return schema.empty_table()
     vectors = np.stack([np.asarray(v, np.float32) for _, v in rows])
-    n, dim = vectors.shape
-    offsets = pa.array(np.arange(0, (n + 1) * dim, dim, dtype=np.int32))
-    embedding = pa.ListArray.from_arrays(
-        offsets, pa.array(vectors.reshape(-1)), type=schema.field("embedding").type
-    )
-    ids = pa.array([k for k, _ in rows], type=schema.field("id").type)
-    return pa.Table.from_arrays([ids, embedding], schema=schema)
+    return embeddings_table(pa.array([k for k, _ in rows]), vectors, schema)
 
 
 def _child(variant: str, cfg_path: str) -> None:

@@ -44,6 +44,7 @@ __all__ = [
     "done_parts",
     "embeddings_name",
     "embeddings_schema",
+    "embeddings_table",
     "part_counts",
     "write_embeddings",
 ]
@@ -137,6 +138,17 @@ def embeddings_schema(id_type: pa.DataType) -> pa.Schema:
     time of a nullable list)."""
     values = pa.field("item", pa.float32(), nullable=False)
     return pa.schema([("id", id_type), pa.field("embedding", pa.list_(values), nullable=False)])
+
+
+def embeddings_table(ids: pa.Array, vectors: np.ndarray, schema: pa.Schema) -> pa.Table:
+    """``ids`` and their ``float32[n, D]`` vectors as a table of ``schema`` (of
+    :func:`embeddings_schema`), the vectors not copied."""
+    n, width = vectors.shape
+    offsets = pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32))
+    embedding = pa.ListArray.from_arrays(
+        offsets, pa.array(vectors.reshape(-1)), type=schema.field("embedding").type
+    )
+    return pa.Table.from_arrays([ids.cast(schema.field("id").type), embedding], schema=schema)
 
 
 def write_embeddings(table: pa.Table, path: str) -> None:
@@ -273,14 +285,8 @@ class WriteParts(beam.DoFn):
         table = self._schema.empty_table()
         done, vectors = _in_row_order(collected.results)
         if len(done):
-            width = vectors.shape[1]
-            offsets = pa.array(np.arange(0, (len(done) + 1) * width, width, dtype=np.int32))
-            embedding = pa.ListArray.from_arrays(
-                offsets, pa.array(vectors.reshape(-1)), type=self._schema.field("embedding").type
-            )
-            index = np.searchsorted(positions, done)
-            ids = part.ids.take(pa.array(index)).cast(self._schema.field("id").type)
-            table = pa.Table.from_arrays([ids, embedding], schema=self._schema)
+            ids = part.ids.take(pa.array(np.searchsorted(positions, done)))
+            table = embeddings_table(ids, vectors, self._schema)
         dead = sorted(collected.dead, key=lambda d: d[0])
         if table.num_rows + len(dead) != len(positions):
             # Every row ends as one embedding or one dead letter; anything else is a bug,
