@@ -27,6 +27,10 @@ from beam_jax._src.errors import SpecError
 
 Algorithm = Literal["first_fit_decreasing", "best_fit"]
 ALGORITHMS = ("first_fit_decreasing", "best_fit")
+# First fit by group (``_first_fit_by_group``) from this many records per distinct length
+# with length classes, twice as many with one class (where short records fill fewer gaps
+# one by one, so placing by run stays cheaper for longer): measured by bench/assign_rows.py.
+_RECORDS_PER_GROUP = 32
 
 
 def _positive_ints(name: str, value: Any) -> tuple[int, ...]:
@@ -303,6 +307,76 @@ def _first_fit(groups, max_segments, most) -> _Rows:
     return rows
 
 
+@dataclasses.dataclass(frozen=True)
+class _Placed:
+    """What ``_first_fit_by_group`` placed: the runs (as ``_Rows.runs``) and, per row, its
+    records and used slots."""
+
+    runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    counts: np.ndarray
+    used: np.ndarray
+
+
+def _first_fit_by_group(groups, max_segments, most) -> _Placed:
+    """``_first_fit``'s placement, computed a group (one record length) at a time in numpy.
+
+    First fit puts a group's records in the open rows that hold one, in row order, each row
+    taking as many as its room and segments allow, then opens rows for the rest: so one
+    group is a filter of the rows, a cumulative sum of what each takes, and a cut where it
+    reaches the group's count. That costs a few numpy calls per group, whatever the number
+    of runs, where ``_first_fit`` pays per run: faster on a buffer of many records per
+    length, slower on a small one (see ``assign_rows``).
+    """
+    size = max(most, 1)  # each row holds at least one record
+    free = np.empty(size, np.int64)  # per row, its room; -1 once it holds max_segments
+    used = np.empty(size, np.int64)
+    counts = np.empty(size, np.int64)
+    rows = 0
+    runs: list[tuple[np.ndarray, ...]] = []
+    for need, left, capacity in groups:
+        if rows:
+            at = np.flatnonzero(free[:rows] >= need)[:left]  # each takes one at least
+            if len(at):
+                held, room = counts[at], free[at]
+                take = max_segments - held
+                if need:
+                    np.minimum(take, room // need, out=take)
+                total = np.cumsum(take)
+                if total[-1] >= left:  # the group ends in row at[k - 1]
+                    k = int(np.searchsorted(total, left)) + 1
+                    at, take, held, room = at[:k], take[:k], held[:k], room[:k]
+                    take[-1] -= int(total[k - 1]) - left
+                    left = 0
+                else:
+                    left -= int(total[-1])
+                spent = take * need
+                slots = used[at]
+                runs.append((at, take, held, slots))
+                held = held + take
+                counts[at] = held
+                used[at] = slots + spent
+                room -= spent
+                room[held >= max_segments] = -1
+                free[at] = room
+        if left:  # each new row as full as the first, the last with the rest
+            per_row = max_segments if need == 0 else min(capacity // need, max_segments)
+            k = -(-left // per_row)
+            take = np.full(k, per_row, np.int64)
+            take[-1] = left - per_row * (k - 1)
+            new = slice(rows, rows + k)
+            zeros = np.zeros(k, np.int64)
+            runs.append((np.arange(rows, rows + k), take, zeros, zeros))
+            counts[new] = take
+            used[new] = take * need
+            free[new] = np.where(take < max_segments, capacity - take * need, -1)
+            rows += k
+    if not runs:
+        empty = np.zeros(0, np.int64)
+        return _Placed((empty, empty, empty, empty), empty, empty)
+    columns = tuple(np.concatenate(column) for column in zip(*runs, strict=True))
+    return _Placed(columns, counts[:rows].copy(), used[:rows].copy())
+
+
 def _best_fit(groups, max_segments, most) -> _Rows:
     """Runs by best fit: the open row with the least room that still holds the record.
 
@@ -383,7 +457,12 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     needs = by_length[bounds[:-1]]
     capacities = classes[np.searchsorted(classes, needs, side="left")]
     groups = zip(needs.tolist(), np.diff(bounds).tolist(), capacities.tolist(), strict=True)
-    place = _first_fit if packing.algorithm == "first_fit_decreasing" else _best_fit
+    if packing.algorithm == "best_fit":
+        place = _best_fit
+    elif len(order) >= _RECORDS_PER_GROUP * len(needs) * (1 if len(classes) > 1 else 2):
+        place = _first_fit_by_group  # many records per length: a few numpy calls a group
+    else:
+        place = _first_fit  # few: a Python step per run beats numpy's cost per call
     rows = place(groups, packing.max_segments, len(order))
     run_row, run_take, run_segment, run_slot = (np.asarray(x, np.int64) for x in rows.runs)
     # The runs cover the records in placement order (``order``): the k-th record of a run
