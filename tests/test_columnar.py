@@ -8,6 +8,8 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import beam_jax as bj
 from beam_jax import ArraySpec, ArrowColumns, Bucketing, Validation
@@ -226,6 +228,21 @@ def test_shared_axes_ranges_and_wrong_types():
     strings = pa.record_batch({"id": pa.array([0, 1]), "x": pa.array([["a"], ["b"]])})
     messages = _messages(_decode(strings))
     assert sorted(messages) == [0, 1] and "has type list<item: string>" in messages[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(-3, 12), min_size=1, max_size=16), min_size=1, max_size=12))
+def test_a_range_fails_exactly_the_rows_holding_a_value_outside_it(rows):
+    """Any mix of rows in and out of ``valid_range``, all of them in it included: the rows
+    failed are those with a value outside, each told so."""
+    spec = {"ids": ArraySpec(("L",), np.int32, valid_range=(0, 10))}
+    batch = pa.record_batch(
+        {"id": pa.array(range(len(rows))), "ids": pa.array(rows, pa.list_(pa.int32()))}
+    )
+    messages = _messages(_decode(batch, spec=spec, columns=("ids",)))
+    outside = [r for r, row in enumerate(rows) if any(not 0 <= v < 10 for v in row)]
+    assert sorted(messages) == outside
+    assert all("must lie in [0, 10)" in messages[r] for r in outside)
 
 
 def test_truncate_keeps_the_first_steps():
