@@ -126,6 +126,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -275,21 +276,23 @@ class _Collections:
 
 
 class _FirstPart:
-    """When the job first hands a part to its tokenizer (``Tokenizer.encode_arrow``, which
-    only the job's tokenize step calls; the launch plan counts its sample's tokens with
-    ``count_tokens``), while installed: the end of the job's launch (flags, model, plan,
-    pipeline built, runner started, first part read)."""
+    """When the job first hands a part to its tokenizer (``Tokenizer.encode_arrow`` called
+    in the tokenize step's thread, ``beam_jax-tokenize``; the launch plan counts its
+    sample's tokens with the same call in the launching thread), while installed: the end
+    of the job's launch (flags, model, plan, pipeline built, runner started, first part
+    read)."""
 
     def __init__(self):
         self.at: float | None = None
 
     def __enter__(self):
         from beam_jax.text import Tokenizer
+        from pipelines.embed.tokenize import THREADS
 
         self._encode = encode = Tokenizer.encode_arrow
 
         def encode_arrow(tokenizer, texts):
-            if self.at is None:
+            if self.at is None and threading.current_thread().name.startswith(THREADS):
                 self.at = time.perf_counter()
             return encode(tokenizer, texts)
 
@@ -401,8 +404,9 @@ def _taken_away(cfg: dict, steps: tuple[str, ...]) -> dict:
 
     ``"tokenize"``: the job's parts (runs of row groups up to ``--rows_per_part`` rows, as
     ``ReadArrowBatches`` reads them) are tokenized now, before the clock, and
-    ``Tokenizer.encode_arrow`` returns a part's ids when given its texts (checked equal);
-    texts it was not given are tokenized then, counted in ``pretokenized_misses``.
+    ``Tokenizer.encode_arrow``, called by the tokenize step, returns a part's ids when
+    given its texts (checked equal); texts it was not given are tokenized then, counted in
+    ``pretokenized_misses`` (the launch plan's sample is tokenized as before).
     ``"vectors"``: each part's Parquet is written with its ``id`` column only.
 
     Returns the counters, filled in as the job runs.
@@ -420,10 +424,14 @@ def _taken_away(cfg: dict, steps: tuple[str, ...]) -> dict:
             given[(len(texts), texts[0].as_py(), texts[-1].as_py())] = (
                 texts, tokenizer.encode_arrow(texts),
             )  # fmt: skip
+        from pipelines.embed.tokenize import THREADS
+
         encode = Tokenizer.encode_arrow
         counts.update(tokenizer_calls=0, pretokenized_misses=0)
 
         def encode_given(self, texts):
+            if not threading.current_thread().name.startswith(THREADS):
+                return encode(self, texts)  # the launch plan's sample, not a part
             counts["tokenizer_calls"] += 1
             if len(texts):
                 hit = given.get((len(texts), texts[0].as_py(), texts[-1].as_py()))

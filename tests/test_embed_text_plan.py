@@ -34,12 +34,12 @@ def test_the_sample_spreads_over_the_files_and_counts_the_rows(tmp_path):
     inputs = _inputs(str(tmp_path / "*.parquet"))
     sample, total = embed_text_plan.sample_texts(inputs, 100)
     assert total == 610  # from the files' footers, not from the sample
-    assert sample == texts[:50] + texts[400:450]  # each file's first rows; no nulls
+    assert sample.to_pylist() == texts[:50] + texts[400:450]  # each file's first rows; no nulls
 
     lines = tmp_path / "c.jsonl"
     lines.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
     sample, total = embed_text_plan.sample_texts(_inputs(str(lines)), 60)
-    assert sample == texts[:60]
+    assert sample.to_pylist() == texts[:60]
     assert total == pytest.approx(600, rel=0.25)  # estimated from the file's size
 
     sample, total = embed_text_plan.sample_texts(_builtin(300), 5000)

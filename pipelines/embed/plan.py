@@ -15,9 +15,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -90,8 +92,9 @@ class LaunchPlan:
         )
 
 
-def sample_texts(inputs: Inputs, n: int) -> tuple[list[str], int]:
-    """Up to ``n`` texts from the input, and the job's row count (estimated where needed).
+def sample_texts(inputs: Inputs, n: int) -> tuple[pa.Array, int]:
+    """Up to ``n`` texts from the input (a ``large_string`` array), and the job's row count
+    (estimated where needed).
 
     Every file gives a share of the sample (its first rows), so a job of many files is
     sampled across them. Rows whose text is not a string are skipped, as they are dead
@@ -99,43 +102,71 @@ def sample_texts(inputs: Inputs, n: int) -> tuple[list[str], int]:
     """
     if inputs.format == "builtin":
         rows = builtin_corpus(inputs.builtin_texts)
-        return [t for _, t in rows[:n]], len(rows)
+        return pa.array([t for _, t in rows[:n]], pa.large_string()), len(rows)
     files = [f for f in inputs.files if f.size]
     per_file = max(1, math.ceil(n / len(files))) if files else 0
     sample = _parquet_sample if inputs.format == "parquet" else _json_lines_sample
-    texts: list[str] = []
-    rows = counted = 0
+    texts: list[pa.Array] = []
+    got = rows = counted = 0
     for i, file in enumerate(files):
-        want = min(per_file, n - len(texts))
+        want = min(per_file, n - got)
         if want <= 0 and counted >= _MAX_FOOTERS:
             break
         try:
-            got, count = sample(file, want, inputs.text_column, count=i < _MAX_FOOTERS)
+            some, count = sample(file, want, inputs.text_column, count=i < _MAX_FOOTERS)
         except Exception:  # noqa: BLE001, S112 - the job reads it again and names the fault
             continue
-        texts.extend(got)
+        texts.append(some)
+        got += len(some)
         if count is not None:
             rows, counted = rows + count, counted + 1
-    total = round(rows * len(files) / counted) if counted else len(texts)
-    return texts, max(total, len(texts))
+    total = round(rows * len(files) / counted) if counted else got
+    sampled = pa.concat_arrays(texts) if texts else pa.array([], pa.large_string())
+    return sampled, max(total, got)
 
 
-def _parquet_sample(file, want: int, column: str, count: bool) -> tuple[list[str], int | None]:
+def _parquet_sample(file, want: int, column: str, count: bool) -> tuple[pa.Array, int | None]:
+    """The first ``want`` texts of a Parquet file, read a few whole row groups at a time as
+    Arrow (no Python string per text), and its row count if ``count``."""
     with FileSystems.open(file.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         parquet = pq.ParquetFile(f)
-        texts: list[str] = []
-        if want > 0 and column in parquet.schema_arrow.names:
-            for batch in parquet.iter_batches(batch_size=min(want, 8192), columns=[column]):
-                try:
-                    texts.extend(v for v in batch.column(0).to_pylist() if isinstance(v, str))
-                except UnicodeDecodeError:
-                    pass  # invalid UTF-8: those rows are dead letters in the job
-                if len(texts) >= want:
-                    break
-        return texts[:want], parquet.metadata.num_rows if count else None
+        meta = parquet.metadata
+        texts: list[pa.Array] = []
+        got, group = 0, 0
+        if column in parquet.schema_arrow.names:
+            while got < want and group < meta.num_row_groups:
+                # The next row groups that hold the rows still wanted, read at once.
+                first, rows = group, 0
+                while rows < want - got and group < meta.num_row_groups:
+                    rows, group = rows + meta.row_group(group).num_rows, group + 1
+                read = parquet.read_row_groups(list(range(first, group)), columns=[column])
+                some = _strings(read.column(0))
+                texts.append(some)
+                got += len(some)
+        sampled = pa.concat_arrays(texts)[:want] if texts else pa.array([], pa.large_string())
+        return sampled, meta.num_rows if count else None
 
 
-def _json_lines_sample(file, want: int, column: str, count: bool) -> tuple[list[str], int | None]:
+def _strings(column: pa.ChunkedArray) -> pa.Array:
+    """A column's non-null, valid UTF-8 strings (``large_string``); none if it holds no
+    strings. The others are dead letters in the job."""
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return pa.array([], pa.large_string())
+    values = column.combine_chunks().cast(pa.large_string()).drop_null()
+    try:
+        values.validate(full=True)  # the UTF-8 of every value
+    except pa.ArrowInvalid:
+        valid = []
+        for value in values.cast(pa.large_binary()).to_pylist():
+            try:
+                valid.append(value.decode("utf-8"))
+            except UnicodeDecodeError:
+                continue
+        values = pa.array(valid, pa.large_string())
+    return values
+
+
+def _json_lines_sample(file, want: int, column: str, count: bool) -> tuple[pa.Array, int | None]:
     texts: list[str] = []
     lines = read = 0
     with FileSystems.open(file.path) as f:  # decompressed as its extension says
@@ -151,19 +182,25 @@ def _json_lines_sample(file, want: int, column: str, count: bool) -> tuple[list[
                         texts.append(value)
                 except (ValueError, AttributeError):  # the row is a dead letter in the job
                     continue
+    sampled = pa.array(texts, pa.large_string())
     compressed = file.path.lower().endswith((".gz", ".bz2", ".zst", ".zstd", ".deflate", ".xz"))
     if not lines or compressed:
-        return texts, None
+        return sampled, None
     # Lines in the file, from its size and the sample's bytes per line.
-    return texts, max(lines, round(file.size * lines / max(read, 1)))
+    return sampled, max(lines, round(file.size * lines / max(read, 1)))
 
 
-def token_lengths(texts: list[str], model: Any = None) -> np.ndarray:
-    """Token counts (with ``[CLS]``/``[SEP]``, after truncation) as the job counts them.
-
-    Counted without building the ids (``Tokenizer.count_tokens``), with the tokenizer the
-    job's tokenize step shares when it runs in this process."""
-    return (model or text.SentenceEncoder.from_dir()).tokenizer().count_tokens(texts)
+def token_lengths(texts: pa.Array | Sequence[str], model: Any = None) -> np.ndarray:
+    """Token counts (with ``[CLS]``/``[SEP]``, after truncation) as the job counts them:
+    tokenized as its tokenize step does (``Tokenizer.encode_arrow``), with the tokenizer it
+    shares when it runs in this process; the texts that fail there (dead letters in the
+    job) are not counted."""
+    if not isinstance(texts, pa.Array):
+        texts = pa.array(list(texts), pa.large_string())
+    tokenizer = (model or text.SentenceEncoder.from_dir()).tokenizer()
+    ids, failures = tokenizer.encode_arrow(texts)
+    lengths = np.diff(ids.offsets.to_numpy()).astype(np.int64)
+    return np.delete(lengths, sorted(failures)) if failures else lengths
 
 
 def local_devices(options: Any) -> int:

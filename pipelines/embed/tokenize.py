@@ -26,6 +26,7 @@ __all__ = [
     "INPUT_IDS",
     "METRICS_NAMESPACE",
     "PARTS",
+    "THREADS",
     "TOKENIZE",
     "TokenizeParts",
 ]
@@ -34,6 +35,7 @@ INPUT_IDS = "input_ids"
 PARTS = "parts"
 TOKENIZE = "tokenize"
 METRICS_NAMESPACE = "embed_text"
+THREADS = "beam_jax-tokenize"  # the names of the tokenizer's threads start so
 _WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 
 
@@ -69,7 +71,7 @@ class TokenizeParts(beam.DoFn):
     def __init__(self, id_type: pa.DataType, encoder, files=(), text_column: str = "text"):
         # Two ahead: the tokenizer keeps working while the kernel or the writer holds up a
         # batch (measured 1.04x the host-only throughput of one ahead; three: no faster).
-        self._ahead = bj.WorkAhead("beam_jax-tokenize", depth=2)
+        self._ahead = bj.WorkAhead(THREADS, depth=2)
         self._id_type = tr.IdType(id_type)
         self._encoder = encoder
         self._files = tuple(files)
