@@ -216,3 +216,39 @@ def test_second_corpus_matches_sentence_transformers(tmp_path):
     )
     worst = int(np.argmin(cos))
     assert cos[worst] >= MIN_COSINE, (cos[worst], texts[worst][:80])
+
+
+def test_packed_parts_are_written_as_the_job_goes(tmp_path, monkeypatch):
+    # A packed batch left partly filled waits for the next part's records, but for one pack
+    # at most: each part is written a few parts after it was tokenized (its tokens two
+    # parts on, one pack, its write two parts on), not when the bundle ends.
+    from beam_jax.internal import Worker
+    from beam_jax.text import builtin_corpus
+    from pipelines.embed import tokenize
+
+    texts = [t for _, t in builtin_corpus(16 * 12)]  # varied lengths: partial batches
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), source)
+    events = []
+    tokens, written = tokenize.TokenizeParts._tokens, write.WriteParts._part_written
+
+    def tokens_out(self, keys, texts, tokenized):
+        events.append(("tokenized", int(read.split_keys(keys.to_numpy())[1].min())))
+        yield from tokens(self, keys, texts, tokenized)
+
+    def part_written(self, name):
+        events.append(("written", int(name.split("-")[-2])))
+        yield from written(self, name)
+
+    monkeypatch.setattr(tokenize.TokenizeParts, "_tokens", tokens_out)
+    monkeypatch.setattr(write.WriteParts, "_part_written", part_written)
+    # Batches run at once, a shape compiling in the batch that first needs it (no batch
+    # waits for the background compiles): the order of events does not depend on timing.
+    monkeypatch.setattr(Worker, "ready", lambda self, bucket, n: True)
+    summary = ft.run(source, tmp_path / "out", "--rows_per_part", "16", "--batching", "packed")
+    assert summary.results == len(texts) and summary.batching == "packed"
+    assert [start for kind, start in events if kind == "tokenized"] == list(range(0, 192, 16))
+    for at, (kind, start) in enumerate(events):
+        if kind == "tokenized":  # the parts six or more before it are written
+            done = {s for k, s in events[:at] if k == "written"}
+            assert set(range(0, start - 16 * 5, 16)) <= done, (start, sorted(done))

@@ -158,6 +158,31 @@ def test_add_records_packs_exactly_as_add_one_by_one(chunks, seed, buffer_size):
 
 @PROPERTY
 @hypothesis.given(
+    chunks=st.lists(st.lists(st.integers(1, 8), min_size=6, max_size=6), min_size=1, max_size=6),
+    seed=st.integers(0, 2**16),
+)
+def test_a_record_held_back_runs_in_the_next_pack(chunks, seed):
+    # Each chunk fills the planner's buffer: one pack as it comes. A partial batch holds
+    # records back for the next pack, never longer: every record of the chunks before the
+    # last has run once the last is added, and each record runs once in all.
+    plan = PackedPlan(SPEC, PACKING)
+    plan.buffer_size = 6
+    engine = _Engine(lambda records, i: records.key(i))
+    stage = PackedStage(plan, engine)
+    first = 0
+    for c, lengths in enumerate(chunks):
+        records, _ = _columns(lengths, seed + c, first_id=first)
+        list(stage.add_records(records))
+        ran = {k for _, keys, _, _ in engine.batches for k in keys}
+        assert set(range(first)) <= ran  # the chunks before this one
+        first += len(lengths)
+    list(stage.drain())
+    ran = sorted(k for _, keys, _, _ in engine.batches for k in keys)
+    assert ran == list(range(first))
+
+
+@PROPERTY
+@hypothesis.given(
     counts=st.lists(st.integers(1, 4), max_size=12),
     picks=st.lists(st.integers(0, 10**6), max_size=20),
 )

@@ -256,6 +256,24 @@ def test_segment_sums_unpack_to_each_records_own_sum(lengths, packing, seed):
 
 
 @PROPERTY
+@hypothesis.given(lengths=lengths_st, packing=packing_st, marks=st.lists(st.booleans()))
+def test_rows_marked_first_fill_the_full_batches_first_in_the_same_batches(lengths, packing, marks):
+    a = assign_rows(lengths, packing)
+    first = np.zeros(len(a.row_lengths), bool)
+    first[: len(marks)] = marks[: len(first)]
+    plain, marked = batch_rows(a, packing), batch_rows(a, packing, first)
+    # The same batches (row length and size, in order) of the same rows.
+    assert [(n, s, len(m)) for n, s, m in marked] == [(n, s, len(m)) for n, s, m in plain]
+    assert sorted(np.concatenate([m for *_, m in marked] or [[]]).tolist()) == list(
+        range(len(a.row_lengths))
+    )
+    for length in packing.row_lengths:
+        rows = np.concatenate([m for n, _, m in marked if n == length] or [[]]).astype(int)
+        # Marked rows first, each group in row order.
+        assert rows.tolist() == sorted(rows.tolist(), key=lambda r: (not first[r], r))
+
+
+@PROPERTY
 @hypothesis.given(lengths=lengths_st, packing=packing_st)
 def test_every_record_once_no_segment_crosses_a_row_and_round_trip(lengths, packing):
     records = records_of(lengths)

@@ -482,15 +482,21 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     return Assignment(row, segment, offset, cut, used, counts, np.flatnonzero(~fits))
 
 
-def batch_rows(assignment: Assignment, packing: Packing) -> list[tuple[int, int, np.ndarray]]:
+def batch_rows(
+    assignment: Assignment, packing: Packing, first: np.ndarray | None = None
+) -> list[tuple[int, int, np.ndarray]]:
     """Groups an assignment's rows into batches: ``(row length, rows, row indices)`` each.
 
     Rows of each length, in order, fill batches of the largest listed size; the remainder
-    goes in the smallest listed size that holds it (its empty rows are padding).
+    goes in the smallest listed size that holds it (its empty rows are padding). With
+    ``first`` (``bool`` per row), the rows it marks come before the others of their length,
+    so they fill the full batches before any remainder does (the same batches and sizes).
     """
     out = []
     for length in packing.row_lengths:
         members = np.flatnonzero(assignment.row_lengths == length)
+        if first is not None:
+            members = members[np.argsort(~first[members], kind="stable")]
         sizes = packing.sizes_for(length)
         start = 0
         while start < len(members):

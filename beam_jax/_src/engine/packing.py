@@ -4,8 +4,10 @@ The element front end hands a ``PackedStage`` its validated records instead of b
 buffers. Once the staged records fill a few batches (or a ``plan_packing`` buffer), the
 stage places them in rows (``assign_rows``, the policy the planner simulates) and groups
 the rows into batches (``batch_rows``); each full batch becomes a ``PackedBuffer`` the
-``BatchEngine`` runs like any other, and the rest stay staged for the next records. At the
-end of a bundle everything staged runs.
+``BatchEngine`` runs like any other, and the rest stay staged for the next records, for one
+pack at most: the next pack puts their rows in its full batches first, and runs a partial
+batch that still holds one of them, so every input batch's records run soon after it
+comes. At the end of a bundle everything staged runs.
 
 A ``PackedBuffer``'s rows (for the engine) are its records, ordered by batch row then
 segment; ``padded(rows)`` lays a subset out again in at most the same batch rows
@@ -122,11 +124,20 @@ class PackedBuffer:
         return self.records.lay_out(self._plan, rows, self._rows[rows], self.bucket[0])
 
 
-def _batches_of(assignment: Any, packing: Any) -> tuple[list, np.ndarray, np.ndarray]:
+def _batches_of(
+    assignment: Any, packing: Any, carried: int = 0
+) -> tuple[list, np.ndarray, np.ndarray]:
     """The batches of an assignment and, per record, its batch (-1: refused) and its row in
-    that batch; ``batch_rows``' batches, found for all records at once."""
-    batches = batch_rows(assignment, packing)
+    that batch; ``batch_rows``' batches, found for all records at once. The rows holding
+    one of the first ``carried`` records (those a partial batch held back before) go in
+    full batches first."""
     num_rows = len(assignment.row_lengths)
+    first = None
+    if carried:
+        first = np.zeros(num_rows, bool)
+        rows = assignment.row[:carried]
+        first[rows[rows >= 0]] = True
+    batches = batch_rows(assignment, packing, first)
     batch_of_row = np.full(num_rows, -1, np.int64)
     row_in_batch = np.full(num_rows, -1, np.int64)
     for b, (_, _, members) in enumerate(batches):
@@ -161,6 +172,10 @@ class PackedStage:
         # Records staged since the last pack, per slot: ``[slots, records]``; what was left
         # over then (at most one partial batch per row length) does not trigger the next pack.
         self._fresh: dict[Any, list[int]] = {}
+        # Per slot: how many of the staged records (the first ones) a partial batch held
+        # back at the last pack. They run in the next pack (their rows first into its full
+        # batches): a record waits one pack at most, so its input batch completes soon.
+        self._carried: dict[Any, int] = {}
         packing = plan.packing
         # Pack once the staged records fill the planner's buffer (what its prediction
         # packed together) or, without one, two batches of the largest shape: enough for
@@ -232,6 +247,7 @@ class PackedStage:
     def _pack(self, slot: Any, final: bool) -> Iterator[Any]:
         parts = [ItemRecords(p) if isinstance(p, list) else p for p in self._staged.pop(slot)]
         self._fresh.pop(slot, None)
+        carried = self._carried.pop(slot, 0)
         if not parts:
             return
         records = type(parts[0]).concat(parts)
@@ -244,7 +260,7 @@ class PackedStage:
                     f"record of length {int(lengths[i])} is longer than the longest row ({top})."
                 )
                 yield from self._engine.reject(error, VALIDATION, [records.source(int(i))])
-        batches, batch, within = _batches_of(assignment, self._plan.packing)
+        batches, batch, within = _batches_of(assignment, self._plan.packing, carried)
         # Every placed record, ordered by batch, then row in it, then segment.
         placed = np.flatnonzero(batch >= 0)
         placed = placed[np.lexsort((assignment.segment[placed], within[placed], batch[placed]))]
@@ -254,8 +270,12 @@ class PackedStage:
         for b, (length, _, members) in enumerate(batches):
             order = placed[begin : ends[b]]
             begin = ends[b]
-            if not final and len(members) < self._full[length]:
-                keep.append(order)  # a partial batch waits for more records
+            # A partial batch waits for more records, unless it holds a record that waited
+            # once already (its rows go in full batches first, so this is rare): a record
+            # runs by the pack after the one it came to, and its input batch completes.
+            partial = not final and len(members) < self._full[length]
+            if partial and not (carried and (order < carried).any()):
+                keep.append(order)
                 continue
             buffer = PackedBuffer(self._plan, length, records.take(order), within[order], slot)
             yield from self._engine.launch(buffer)
@@ -263,6 +283,7 @@ class PackedStage:
             left = np.sort(np.concatenate(keep))
             self._staged[slot] = [records.take(left)]
             self._fresh[slot] = [0, 0]
+            self._carried[slot] = len(left)
 
 
 class BucketStage:
