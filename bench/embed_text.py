@@ -42,7 +42,8 @@ could gain without making them cheaper, also as a rate over ``tokenize_only``'s.
 run's launch is timed too (from ``run()`` called to the job's first part handed to its
 tokenizer: flags, model, plan, pipeline built, runner started, first part read), and the
 rate of the rest of the run printed over ``tokenize_only``'s: how near the host runs to its
-tokenizer once under way, as on a long job that pays its launch once.
+tokenizer once under way, as on a long job that pays its launch once; and its end, from the
+last part tokenized to the job finished (the parts still to embed and write then).
 
 Three more run ``host_only`` with one or both of its background steps taken away, to show
 what each adds to the wall (the bundle's own Python, packing rows, dispatching batches and
@@ -280,10 +281,12 @@ class _FirstPart:
     in the tokenize step's thread, ``beam_jax-tokenize``; the launch plan counts its
     sample's tokens with the same call in the launching thread), while installed: the end
     of the job's launch (flags, model, plan, pipeline built, runner started, first part
-    read)."""
+    read); and when its tokenizer last returned (``last``): what follows is the parts
+    still to embed and write, and the job's end."""
 
     def __init__(self):
         self.at: float | None = None
+        self.last: float | None = None
 
     def __enter__(self):
         from beam_jax.text import Tokenizer
@@ -292,9 +295,13 @@ class _FirstPart:
         self._encode = encode = Tokenizer.encode_arrow
 
         def encode_arrow(tokenizer, texts):
-            if self.at is None and threading.current_thread().name.startswith(THREADS):
+            if not threading.current_thread().name.startswith(THREADS):
+                return encode(tokenizer, texts)
+            if self.at is None:
                 self.at = time.perf_counter()
-            return encode(tokenizer, texts)
+            out = encode(tokenizer, texts)
+            self.last = time.perf_counter()
+            return out
 
         Tokenizer.encode_arrow = encode_arrow
         return self
@@ -336,6 +343,8 @@ def _pipeline(cfg: dict, encoder=None) -> dict:
         "gc_young_s": collections.young_s,
         # From run() called to the first part tokenized: the launch, paid once per job.
         "launch_s": None if first_part.at is None else first_part.at - start,
+        # From the last part tokenized to run() returned: the parts still in the job then.
+        "end_s": None if first_part.last is None else start + seconds - first_part.last,
     }
 
 
@@ -968,6 +977,7 @@ def _after_launch(results: dict, texts: int) -> dict:
             "launch_s": launch,
             "launch_share": launch / seconds,
             "sentences_per_s": texts / (seconds - launch),
+            "end_s": r.get("end_s_median"),
         }
         if "tokenize_only" in results:
             entry["vs_tokenize_only"] = (
@@ -1121,9 +1131,10 @@ def main(argv: list[str] | None = None) -> dict:
         }
         if all("run_cpu_s" in r for r in rs):
             results[variant]["run_cpu_s_median"] = statistics.median(r["run_cpu_s"] for r in rs)
-        if all(r.get("launch_s") is not None for r in rs):
-            results[variant]["launch_s_all"] = [round(r["launch_s"], 3) for r in rs]
-            results[variant]["launch_s_median"] = statistics.median(r["launch_s"] for r in rs)
+        for key in ("launch_s", "end_s"):
+            if all(r.get(key) is not None for r in rs):
+                results[variant][f"{key}_all"] = [round(r[key], 3) for r in rs]
+                results[variant][f"{key}_median"] = statistics.median(r[key] for r in rs)
     ratios, ratios_best = {}, {}
     if "host_only" in results and "host_only_buckets" in results:
         ours, theirs = results["host_only"], results["host_only_buckets"]
@@ -1199,6 +1210,11 @@ def main(argv: list[str] | None = None) -> dict:
             + (
                 f", {after['vs_tokenize_only']:.2f}x tokenize_only"
                 if "vs_tokenize_only" in after
+                else ""
+            )
+            + (
+                f"; from the last part tokenized to the end {after['end_s']:.2f} s"
+                if after.get("end_s") is not None
                 else ""
             )
         )

@@ -11,6 +11,12 @@ counted. Two figures per repeat, wall and CPU seconds:
 - ``engine``: the whole engine path (dispatch, fetch, output check, one result per record).
 
 Prints records per second of each (best of ``--repeat``) and the machine fingerprint.
+
+Then how long a part waits: the same lengths staged as the flagship stages them (input
+batches of ``--part_rows`` records, a planner buffer as large, rows of 64 and 256 tokens
+in batches of 28 or 512 and 29 or 128 rows, 8 segments a row), and for each input batch,
+how many packs after its own its last record ran (``end``: only when the bundle finished,
+where everything staged runs). Its results, and so its part of the output, wait as long.
 """
 
 from __future__ import annotations
@@ -23,7 +29,23 @@ import jax.numpy as jnp
 import numpy as np
 
 import beam_jax as bj
-from beam_jax.internal import BatchEngine, ElementFrontEnd, KernelMetrics, PerElement, Worker
+from beam_jax.internal import (
+    BatchEngine,
+    ElementFrontEnd,
+    KernelMetrics,
+    PackedPlan,
+    PackedStage,
+    PerElement,
+    Worker,
+)
+
+# The flagship's planned packing for token lengths like these (see its launch plan).
+FLAGSHIP = bj.Packing(
+    row_lengths=(64, 256),
+    rows_per_batch={64: (28, 512), 256: (29, 128)},
+    max_segments=8,
+    pack_lengths=(64, 256),
+)
 
 
 def kernel(params, x, segments):
@@ -87,11 +109,71 @@ def run(records, worker, *, engine_path: bool) -> tuple[float, float, int]:
     return wall, cpu, len(records)
 
 
+class _Records:
+    """Staged records as the stage sees them: keys and lengths."""
+
+    def __init__(self, keys: np.ndarray, lengths: np.ndarray):
+        self.keys, self.lengths = keys, lengths
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def take(self, index: np.ndarray) -> _Records:
+        return _Records(self.keys[index], self.lengths[index])
+
+    @staticmethod
+    def concat(parts: list[_Records]) -> _Records:
+        return _Records(
+            np.concatenate([p.keys for p in parts]), np.concatenate([p.lengths for p in parts])
+        )
+
+
+class _Packs:
+    """An engine stand-in that notes, per record, the pack it ran in (``now``)."""
+
+    def __init__(self, n: int):
+        self.ran = np.full(n, -1, np.int64)
+        self.now = 0
+        self.batches = 0
+
+    def launch(self, buffer):
+        self.ran[buffer.records.keys] = self.now
+        self.batches += 1
+        return iter(())
+
+    def reject(self, error, stage, sources):
+        raise error
+
+
+def part_waits(lengths: np.ndarray, part_rows: int) -> tuple[list[int | None], int]:
+    """Per input batch of ``part_rows`` records, how many packs after its own its last
+    record ran (None: at the end of the bundle); and the batches launched."""
+    plan = PackedPlan(bj.ArraySpec(("L",), np.float32), FLAGSHIP)
+    plan.buffer_size = part_rows
+    engine = _Packs(len(lengths))
+    stage = PackedStage(plan, engine)
+    starts = range(0, len(lengths), part_rows)
+    for k, start in enumerate(starts):
+        engine.now = k
+        keys = np.arange(start, min(start + part_rows, len(lengths)))
+        for _ in stage.add_records(_Records(keys, lengths[keys])):
+            pass
+    engine.now = len(starts)  # the bundle's end
+    for _ in stage.drain():
+        pass
+    waits = []
+    for k, start in enumerate(starts):
+        last = int(engine.ran[start : start + part_rows].max())
+        waits.append(None if last == len(starts) else last - k)
+    return waits, engine.batches
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--part_rows", type=int, default=8192)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
@@ -117,6 +199,13 @@ def main(argv=None) -> None:
             f"best {name:6s}: {r['records_per_s']:,.0f} records/s "
             f"({r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU)"
         )
+    waits, batches = part_waits(lengths, args.part_rows)
+    shown = " ".join("end" if w is None else str(w) for w in waits)
+    print(
+        f"parts of {args.part_rows} records, packs each waited for its last record to run "
+        f"({batches} batches): {shown}"
+    )
+    report["part_waits"] = waits
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

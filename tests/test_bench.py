@@ -161,6 +161,11 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
         assert after["vs_tokenize_only"] == pytest.approx(
             after["sentences_per_s"] / variants["tokenize_only"]["sentences_per_s"]
         )
+    for name in ("host_only", "host_only_buckets"):
+        # The end: from the last part tokenized to the job finished, after the launch.
+        end = variants[name]["end_s_median"]
+        assert 0 < end < variants[name]["seconds_median"] - variants[name]["launch_s_median"]
+        assert report["after_launch"][name]["end_s"] == end
     assert report["ratios"]["host_only_vs_host_only_buckets"] > 0
     # The tokenizer alone counted every token of the data; the host is measured against it,
     # and so is the Beam job that only reads and tokenizes (checked against the data too).
@@ -281,6 +286,17 @@ def test_embed_text_bench_takes_the_host_steps_away_one_at_a_time(tmp_path):
             np.testing.assert_array_equal(got, expected[table.column("id").to_numpy()])
         else:
             assert table.column_names == ["id"], name
+
+
+def test_packed_stage_bench_runs_each_part_by_the_pack_after_its_own():
+    """A part's records run in its own pack or the next (the last parts: when the bundle
+    ends, where everything staged runs), in the batches packing alone would give."""
+    packed_stage = _bench_module("packed_stage")
+    lengths = packed_stage.token_lengths(20_000, seed=3)
+    waits, batches = packed_stage.part_waits(lengths, 2048)
+    assert len(waits) == 10 and batches > 0
+    assert all(w in (0, 1) for w in waits[:-2]), waits
+    assert all(w in (0, 1, None) for w in waits[-2:]), waits
 
 
 def test_packing_plan_bench_meets_the_padding_target_on_two_real_corpora():
