@@ -219,14 +219,15 @@ def test_second_corpus_matches_sentence_transformers(tmp_path):
 
 
 def test_packed_parts_are_written_as_the_job_goes(tmp_path, monkeypatch):
-    # A packed batch left partly filled waits for the next part's records, but for one pack
-    # at most: each part is written a few parts after it was tokenized (its tokens two
-    # parts on, one pack, its write two parts on), not when the bundle ends.
+    # What a part's pack holds back in a partly filled batch goes in the next part's full
+    # batches first: each part is written a few parts after it was tokenized (its tokens
+    # emitted two parts on, one pack, its write two parts on), not when the bundle ends.
     from beam_jax.internal import Worker
     from beam_jax.text import builtin_corpus
     from pipelines.embed import tokenize
 
-    texts = [t for _, t in builtin_corpus(16 * 12)]  # varied lengths: partial batches
+    rows, parts = 128, 8
+    texts = [t for _, t in builtin_corpus(rows * parts)]  # varied lengths: partial batches
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), source)
     events = []
@@ -245,10 +246,12 @@ def test_packed_parts_are_written_as_the_job_goes(tmp_path, monkeypatch):
     # Batches run at once, a shape compiling in the batch that first needs it (no batch
     # waits for the background compiles): the order of events does not depend on timing.
     monkeypatch.setattr(Worker, "ready", lambda self, bucket, n: True)
-    summary = ft.run(source, tmp_path / "out", "--rows_per_part", "16", "--batching", "packed")
+    summary = ft.run(source, tmp_path / "out", "--rows_per_part", str(rows), "--batching",
+                     "packed", "--max_tokens_per_batch", "2048")  # fmt: skip
     assert summary.results == len(texts) and summary.batching == "packed"
-    assert [start for kind, start in events if kind == "tokenized"] == list(range(0, 192, 16))
+    starts = list(range(0, rows * parts, rows))
+    assert [start for kind, start in events if kind == "tokenized"] == starts
     for at, (kind, start) in enumerate(events):
         if kind == "tokenized":  # the parts six or more before it are written
             done = {s for k, s in events[:at] if k == "written"}
-            assert set(range(0, start - 16 * 5, 16)) <= done, (start, sorted(done))
+            assert set(range(0, start - rows * 5, rows)) <= done, (start, sorted(done))

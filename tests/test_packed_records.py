@@ -14,7 +14,16 @@ import numpy as np
 import pyarrow as pa
 
 import beam_jax as bj
-from beam_jax.internal import ColumnRecords, ItemRecords, PackedBuffer, PackedPlan, PackedStage
+from beam_jax._src.engine.packing import _batches_of
+from beam_jax.internal import (
+    ColumnRecords,
+    ItemRecords,
+    PackedBuffer,
+    PackedPlan,
+    PackedStage,
+    assign_rows,
+    batch_rows,
+)
 
 PROPERTY = hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
 SPEC = {"x": bj.ArraySpec(("L", 2), np.float32), "w": bj.ArraySpec((), np.int32)}
@@ -157,28 +166,25 @@ def test_add_records_packs_exactly_as_add_one_by_one(chunks, seed, buffer_size):
 
 
 @PROPERTY
-@hypothesis.given(
-    chunks=st.lists(st.lists(st.integers(1, 8), min_size=6, max_size=6), min_size=1, max_size=6),
-    seed=st.integers(0, 2**16),
-)
-def test_a_record_held_back_runs_in_the_next_pack(chunks, seed):
-    # Each chunk fills the planner's buffer: one pack as it comes. A partial batch holds
-    # records back for the next pack, never longer: every record of the chunks before the
-    # last has run once the last is added, and each record runs once in all.
-    plan = PackedPlan(SPEC, PACKING)
-    plan.buffer_size = 6
-    engine = _Engine(lambda records, i: records.key(i))
-    stage = PackedStage(plan, engine)
-    first = 0
-    for c, lengths in enumerate(chunks):
-        records, _ = _columns(lengths, seed + c, first_id=first)
-        list(stage.add_records(records))
-        ran = {k for _, keys, _, _ in engine.batches for k in keys}
-        assert set(range(first)) <= ran  # the chunks before this one
-        first += len(lengths)
-    list(stage.drain())
-    ran = sorted(k for _, keys, _, _ in engine.batches for k in keys)
-    assert ran == list(range(first))
+@hypothesis.given(lengths=lengths_st, carried=st.integers(0, 30))
+def test_rows_of_records_held_back_go_in_full_batches_first(lengths, carried):
+    # The first ``carried`` records are those a partial batch held back at the last pack:
+    # within each row length, their rows come before the others, in the same batches.
+    packing = bj.Packing(row_lengths=(4, 8), rows_per_batch=(1, 3), max_segments=3)
+    assignment = assign_rows(lengths, packing)
+    carried = min(carried, len(lengths))
+    batches, batch, within = _batches_of(assignment, packing, carried)
+    plain = batch_rows(assignment, packing)
+    assert [(n, s, len(m)) for n, s, m in batches] == [(n, s, len(m)) for n, s, m in plain]
+    held = np.zeros(len(assignment.row_lengths), bool)
+    held[assignment.row[:carried]] = True
+    for length in packing.row_lengths:
+        rows = np.concatenate([m for n, _, m in batches if n == length] or [[]]).astype(int)
+        assert rows.tolist() == sorted(rows.tolist(), key=lambda r: (not held[r], r))
+    # Each record is in its row's batch, at its row's place there.
+    for i, r in enumerate(assignment.row.tolist()):
+        b = batch[i]
+        assert batches[b][2][within[i]] == r
 
 
 @PROPERTY

@@ -4,10 +4,11 @@ The element front end hands a ``PackedStage`` its validated records instead of b
 buffers. Once the staged records fill a few batches (or a ``plan_packing`` buffer), the
 stage places them in rows (``assign_rows``, the policy the planner simulates) and groups
 the rows into batches (``batch_rows``); each full batch becomes a ``PackedBuffer`` the
-``BatchEngine`` runs like any other, and the rest stay staged for the next records, for one
-pack at most: the next pack puts their rows in its full batches first, and runs a partial
-batch that still holds one of them, so every input batch's records run soon after it
-comes. At the end of a bundle everything staged runs.
+``BatchEngine`` runs like any other, and the rest stay staged for the next records: the next
+pack puts their rows in its full batches first, so an input batch's records run soon after
+it comes (where the packs' full batches have room for them: one pack later on the
+flagship's 8,192-text parts) without a batch run less full. At the end of a bundle
+everything staged runs.
 
 A ``PackedBuffer``'s rows (for the engine) are its records, ordered by batch row then
 segment; ``padded(rows)`` lays a subset out again in at most the same batch rows
@@ -173,8 +174,8 @@ class PackedStage:
         # over then (at most one partial batch per row length) does not trigger the next pack.
         self._fresh: dict[Any, list[int]] = {}
         # Per slot: how many of the staged records (the first ones) a partial batch held
-        # back at the last pack. They run in the next pack (their rows first into its full
-        # batches): a record waits one pack at most, so its input batch completes soon.
+        # back at the last pack; the next pack puts their rows in full batches first, so
+        # they do not wait pack after pack while fresh records fill the batches.
         self._carried: dict[Any, int] = {}
         packing = plan.packing
         # Pack once the staged records fill the planner's buffer (what its prediction
@@ -270,12 +271,8 @@ class PackedStage:
         for b, (length, _, members) in enumerate(batches):
             order = placed[begin : ends[b]]
             begin = ends[b]
-            # A partial batch waits for more records, unless it holds a record that waited
-            # once already (its rows go in full batches first, so this is rare): a record
-            # runs by the pack after the one it came to, and its input batch completes.
-            partial = not final and len(members) < self._full[length]
-            if partial and not (carried and (order < carried).any()):
-                keep.append(order)
+            if not final and len(members) < self._full[length]:
+                keep.append(order)  # a partial batch waits for more records
                 continue
             buffer = PackedBuffer(self._plan, length, records.take(order), within[order], slot)
             yield from self._engine.launch(buffer)
