@@ -18,7 +18,8 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   job's parser.
 - :func:`input_format`, :func:`match_inputs` (:class:`InputFile`) and :func:`id_type_of`
   check a job's input files at launch: their format, what a rerun must find unchanged, the
-  type of their id column.
+  type of their id column; :func:`text_sample` reads a file's first texts (and its row
+  count) for a plan made from a sample.
 - :func:`dead_letter_json` writes a failed element as one JSON line, and
   :class:`WriteDeadLetters` a PCollection of them as ``.jsonl`` files, counted per stage.
 - :func:`dataflow_job_description` is the request ``DataflowRunner`` would send, from a
@@ -69,6 +70,7 @@ from beam_jax._src.jobs.inputs import InputFile as InputFile
 from beam_jax._src.jobs.inputs import id_type_of as id_type_of
 from beam_jax._src.jobs.inputs import input_format as input_format
 from beam_jax._src.jobs.inputs import match_inputs as match_inputs
+from beam_jax._src.jobs.inputs import text_sample as text_sample
 from beam_jax._src.jobs.main import run_main as run_main
 from beam_jax._src.jobs.output_dir import OutputDir as OutputDir
 from beam_jax._src.jobs.output_dir import OutputExistsError as OutputExistsError

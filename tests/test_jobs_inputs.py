@@ -1,4 +1,5 @@
-"""A job's input files at launch (beam_jax.jobs): format, matching, the id column's type."""
+"""A job's input files at launch (beam_jax.jobs): format, matching, the id column's type,
+a sample of their texts."""
 
 from __future__ import annotations
 
@@ -46,3 +47,36 @@ def test_the_id_type_is_the_first_usable_files(tmp_path):
     assert jobs.id_type_of([str(tmp_path / "d.jsonl.gz")], "id", "text") == pa.string()
     (tmp_path / "e.jsonl").write_bytes(b'\xef\xbb\xbf{"id": 7}\n{"id": "x"}\n')
     assert jobs.id_type_of([str(tmp_path / "e.jsonl")], "id", "text") == pa.int64()
+
+
+def test_a_text_sample_is_a_files_first_strings_with_its_row_count(tmp_path):
+    texts = [f"text {i}" for i in range(30)]
+    column = pa.array([*texts[:4], None, *texts[4:]], pa.string())  # a null: left out
+    pq.write_table(pa.table({"text": column}), tmp_path / "a.parquet", row_group_size=7)
+    [parquet] = jobs.match_inputs(str(tmp_path / "a.parquet"))
+    for n in (0, 3, 10, 100):
+        sample, rows = jobs.text_sample(parquet, "text", n)
+        assert sample.type == pa.large_string() and rows == 31  # from the footer
+        assert sample.to_pylist() == texts[:n], n
+    assert len(jobs.text_sample(parquet, "other", 5)[0]) == 0  # no such column
+
+    numbers = pa.table({"text": pa.array(range(8))})
+    pq.write_table(numbers, tmp_path / "b.parquet")
+    [not_text] = jobs.match_inputs(str(tmp_path / "b.parquet"))
+    assert jobs.text_sample(not_text, "text", 5)[0].to_pylist() == []
+    bad = pa.array([b"ok", b"\xff\xfe"], pa.binary()).cast(pa.string(), safe=False)
+    pq.write_table(pa.table({"text": bad}), tmp_path / "c.parquet")
+    [invalid] = jobs.match_inputs(str(tmp_path / "c.parquet"))
+    assert jobs.text_sample(invalid, "text", 5) == (pa.array([], pa.large_string()), 2)
+
+    lines = [json.dumps({"text": t}) for t in texts[:20]]
+    lines[1] = json.dumps({"text": 5})  # not a string: left out, its line counted
+    (tmp_path / "d.jsonl").write_text("\n".join(["", *lines]) + "\n")  # a blank line
+    [json_lines] = jobs.match_inputs(str(tmp_path / "d.jsonl"))
+    sample, rows = jobs.text_sample(json_lines, "text", 5)
+    assert sample.to_pylist() == [texts[0], *texts[2:5]]  # five lines read
+    assert rows == pytest.approx(20, rel=0.1)  # estimated from the file's size
+    (tmp_path / "e.jsonl.gz").write_bytes(gzip.compress("\n".join(lines).encode()))
+    [compressed] = jobs.match_inputs(str(tmp_path / "e.jsonl.gz"))
+    sample, rows = jobs.text_sample(compressed, "text", 3)
+    assert (sample.to_pylist(), rows) == ([texts[0], texts[2]], None)  # among three lines

@@ -185,6 +185,7 @@ JOBS = {
     "id_type_of",
     "input_format",
     "match_inputs",
+    "text_sample",
     "DEFAULT_COMPILATION_CACHE",
     "DefaultsHelpFormatter",
     "add_compilation_cache_flag",

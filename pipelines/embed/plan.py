@@ -13,20 +13,16 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 import beam_jax as bj
-from beam_jax import text
+from beam_jax import jobs, text
 from beam_jax.jobs import is_local
 from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import Inputs
@@ -96,16 +92,16 @@ def sample_texts(inputs: Inputs, n: int) -> tuple[pa.Array, int]:
     """Up to ``n`` texts from the input (a ``large_string`` array), and the job's row count
     (estimated where needed).
 
-    Every file gives a share of the sample (its first rows), so a job of many files is
-    sampled across them. Rows whose text is not a string are skipped, as they are dead
-    letters in the job. A file that cannot be read is skipped here; the job names it.
+    Every file gives a share of the sample (its first rows, ``beam_jax.jobs.text_sample``),
+    so a job of many files is sampled across them. Rows whose text is not a string are
+    skipped, as they are dead letters in the job. A file that cannot be read is skipped here;
+    the job names it.
     """
     if inputs.format == "builtin":
         rows = builtin_corpus(inputs.builtin_texts)
         return pa.array([t for _, t in rows[:n]], pa.large_string()), len(rows)
     files = [f for f in inputs.files if f.size]
     per_file = max(1, math.ceil(n / len(files))) if files else 0
-    sample = _parquet_sample if inputs.format == "parquet" else _json_lines_sample
     texts: list[pa.Array] = []
     got = rows = counted = 0
     for i, file in enumerate(files):
@@ -113,81 +109,16 @@ def sample_texts(inputs: Inputs, n: int) -> tuple[pa.Array, int]:
         if want <= 0 and counted >= _MAX_FOOTERS:
             break
         try:
-            some, count = sample(file, want, inputs.text_column, count=i < _MAX_FOOTERS)
+            some, count = jobs.text_sample(file, inputs.text_column, want, inputs.format)
         except Exception:  # noqa: BLE001, S112 - the job reads it again and names the fault
             continue
         texts.append(some)
         got += len(some)
-        if count is not None:
+        if count is not None and i < _MAX_FOOTERS:
             rows, counted = rows + count, counted + 1
     total = round(rows * len(files) / counted) if counted else got
-    sampled = pa.concat_arrays(texts) if texts else pa.array([], pa.large_string())
-    return sampled, max(total, got)
-
-
-def _parquet_sample(file, want: int, column: str, count: bool) -> tuple[pa.Array, int | None]:
-    """The first ``want`` texts of a Parquet file, read a few whole row groups at a time as
-    Arrow (no Python string per text), and its row count if ``count``."""
-    with FileSystems.open(file.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        parquet = pq.ParquetFile(f)
-        meta = parquet.metadata
-        texts: list[pa.Array] = []
-        got, group = 0, 0
-        if column in parquet.schema_arrow.names:
-            while got < want and group < meta.num_row_groups:
-                # The next row groups that hold the rows still wanted, read at once.
-                first, rows = group, 0
-                while rows < want - got and group < meta.num_row_groups:
-                    rows, group = rows + meta.row_group(group).num_rows, group + 1
-                read = parquet.read_row_groups(list(range(first, group)), columns=[column])
-                some = _strings(read.column(0))
-                texts.append(some)
-                got += len(some)
-        sampled = pa.concat_arrays(texts)[:want] if texts else pa.array([], pa.large_string())
-        return sampled, meta.num_rows if count else None
-
-
-def _strings(column: pa.ChunkedArray) -> pa.Array:
-    """A column's non-null, valid UTF-8 strings (``large_string``); none if it holds no
-    strings. The others are dead letters in the job."""
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        return pa.array([], pa.large_string())
-    values = column.combine_chunks().cast(pa.large_string()).drop_null()
-    try:
-        values.validate(full=True)  # the UTF-8 of every value
-    except pa.ArrowInvalid:
-        valid = []
-        for value in values.cast(pa.large_binary()).to_pylist():
-            try:
-                valid.append(value.decode("utf-8"))
-            except UnicodeDecodeError:
-                continue
-        values = pa.array(valid, pa.large_string())
-    return values
-
-
-def _json_lines_sample(file, want: int, column: str, count: bool) -> tuple[pa.Array, int | None]:
-    texts: list[str] = []
-    lines = read = 0
-    with FileSystems.open(file.path) as f:  # decompressed as its extension says
-        for line in iter(f.readline, b""):
-            if lines >= max(want, 1):
-                break
-            if line.strip():
-                lines, read = lines + 1, read + len(line)
-                try:
-                    value = json.loads(line.removeprefix(b"\xef\xbb\xbf")).get(column)
-                    if isinstance(value, str):
-                        value.encode()  # raises for a lone surrogate
-                        texts.append(value)
-                except (ValueError, AttributeError):  # the row is a dead letter in the job
-                    continue
-    sampled = pa.array(texts, pa.large_string())
-    compressed = file.path.lower().endswith((".gz", ".bz2", ".zst", ".zstd", ".deflate", ".xz"))
-    if not lines or compressed:
-        return sampled, None
-    # Lines in the file, from its size and the sample's bytes per line.
-    return sampled, max(lines, round(file.size * lines / max(read, 1)))
+    texts.append(pa.array([], pa.large_string()))
+    return pa.concat_arrays(texts), max(total, got)
 
 
 def token_lengths(texts: pa.Array | Sequence[str], model: Any = None) -> np.ndarray:
@@ -197,10 +128,8 @@ def token_lengths(texts: pa.Array | Sequence[str], model: Any = None) -> np.ndar
     job) are not counted."""
     if not isinstance(texts, pa.Array):
         texts = pa.array(list(texts), pa.large_string())
-    tokenizer = (model or text.SentenceEncoder.from_dir()).tokenizer()
-    ids, failures = tokenizer.encode_arrow(texts)
-    lengths = np.diff(ids.offsets.to_numpy()).astype(np.int64)
-    return np.delete(lengths, sorted(failures)) if failures else lengths
+    ids, failures = (model or text.SentenceEncoder.from_dir()).tokenizer().encode_arrow(texts)
+    return np.delete(np.diff(ids.offsets.to_numpy()).astype(np.int64), sorted(failures))
 
 
 def local_devices(options: Any) -> int:

@@ -1,10 +1,13 @@
-"""A job's input files at launch: their format, what a rerun must find unchanged, the id type.
+"""A job's input files at launch: their format, what a rerun must find unchanged, the id
+type, a sample of their texts.
 
 :func:`input_format` tells Parquet from JSON lines by the pattern's extension;
 :func:`match_inputs` lists the files with their sizes and modification times (a resumable
 job records them, so a rerun resumes only over the same files); :func:`id_type_of` reads
-the type of the rows' id column, so every file's ids are checked against one type. A file
-that cannot be read is skipped here: reading it (``ReadArrowBatches``) dead-letters it.
+the type of the rows' id column, so every file's ids are checked against one type; and
+:func:`text_sample` reads a file's first texts and row count, for a plan made from a sample.
+A file that cannot be read is skipped here: reading it (``ReadArrowBatches``) dead-letters
+it.
 
 Example:
     >>> input_format("gs://bucket/in/part-*.jsonl.gz"), input_format("in/*.parquet")
@@ -33,7 +36,7 @@ from beam_jax._src.arrow.json_lines import (
     uncompressed_name,
 )
 
-__all__ = ["InputFile", "id_type_of", "input_format", "match_inputs"]
+__all__ = ["InputFile", "id_type_of", "input_format", "match_inputs", "text_sample"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -153,3 +156,88 @@ def _json_lines_id_type(paths: Sequence[str], id_column: str) -> pa.DataType:
         except Exception:  # noqa: BLE001, S112 - its reading will dead-letter it
             continue
     return pa.int64()
+
+
+def text_sample(
+    file: InputFile, column: str, n: int, format: str | None = None
+) -> tuple[pa.Array, int | None]:
+    """The first texts of an input file, ``n`` at most, and its row count where that costs
+    no more reading: a Parquet file's from its footer, an uncompressed JSON-lines file's
+    estimated from its size and the sampled lines' (None otherwise).
+
+    The texts are ``column``'s strings, as a ``large_string`` array: a Parquet file's first
+    ``n``, read as Arrow a few whole row groups at a time (no Python string per text); a
+    JSON-lines file's among its first ``n`` lines (blank lines aside), so a file with none
+    is not read to its end. A row whose text is null, not a string or not valid UTF-8 is
+    left out (reading the file dead-letters it), and so are all the rows of a Parquet read
+    that holds one not valid.
+
+    Example:
+        >>> [file] = match_inputs("in/part-0.parquet")  # doctest: +SKIP
+        >>> texts, rows = text_sample(file, "text", 1000)  # doctest: +SKIP
+
+    Args:
+        file: The file, as :func:`match_inputs` gives it.
+        column: The text column (a JSON line's field).
+        n: The most texts to read.
+        format: ``"parquet"`` or ``"jsonl"``; default: from the file's extension.
+
+    Raises:
+        Exception: Whatever reading the file raises (e.g. ``OSError``, ``pyarrow.ArrowInvalid``).
+    """
+    if (format or input_format(file.path)) == "parquet":
+        return _parquet_texts(file.path, column, n)
+    return _json_lines_texts(file, column, n)
+
+
+def _parquet_texts(path: str, column: str, n: int) -> tuple[pa.Array, int]:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        parquet = pq.ParquetFile(f)
+        meta, texts, got, group = parquet.metadata, [], 0, 0
+        while column in parquet.schema_arrow.names and got < n and group < meta.num_row_groups:
+            first, rows = group, 0
+            while rows < n - got and group < meta.num_row_groups:  # the groups still wanted
+                rows, group = rows + meta.row_group(group).num_rows, group + 1
+            read = parquet.read_row_groups(list(range(first, group)), columns=[column])
+            texts.append(_strings(read.column(0)))
+            got += len(texts[-1])
+        return _joined(texts)[:n], meta.num_rows
+
+
+def _strings(column: pa.ChunkedArray) -> pa.Array:
+    """A column's non-null values (``large_string``): none if it holds no strings, or any
+    value that is not valid UTF-8."""
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        values = column.combine_chunks().cast(pa.large_string()).drop_null()
+        with contextlib.suppress(pa.ArrowInvalid):
+            values.validate(full=True)  # the UTF-8 of every value
+            return values
+    return pa.array([], pa.large_string())
+
+
+def _joined(texts: list[pa.Array]) -> pa.Array:
+    return pa.concat_arrays(texts) if texts else pa.array([], pa.large_string())
+
+
+def _json_lines_texts(file: InputFile, column: str, n: int) -> tuple[pa.Array, int | None]:
+    texts: list[str] = []
+    lines = read = 0
+    with contextlib.ExitStack() as stack:
+        stream = open_stream(file.path, stack)
+        for raw in iter(stream.readline, b""):
+            if lines >= max(n, 1):
+                break
+            if raw.strip():
+                lines, read = lines + 1, read + len(raw)
+                try:
+                    value = json.loads(raw.removeprefix(BOM)).get(column)
+                    if isinstance(value, str) and len(texts) < n:
+                        value.encode()  # raises for a lone surrogate
+                        texts.append(value)
+                except (ValueError, AttributeError):  # the row is a dead letter
+                    continue
+    sampled = pa.array(texts, pa.large_string())
+    if not lines or uncompressed_name(file.path) != file.path.lower() or file.size is None:
+        return sampled, None
+    # Lines in the file, from its size and the sampled bytes per line.
+    return sampled, max(lines, round(file.size * lines / max(read, 1)))
