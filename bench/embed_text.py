@@ -276,6 +276,14 @@ class _Collections:
             self.young_s += seconds
 
 
+def _in_tokenize_step() -> bool:
+    """Whether this thread is the job's tokenize step's (``TokenizeParts``' ``WorkAhead``),
+    not the launch plan's, which tokenizes its sample with the same call."""
+    from pipelines.embed.tokenize import THREADS
+
+    return threading.current_thread().name.startswith(THREADS)
+
+
 class _FirstPart:
     """When the job first hands a part to its tokenizer (``Tokenizer.encode_arrow`` called
     in the tokenize step's thread, ``beam_jax-tokenize``; the launch plan counts its
@@ -290,12 +298,11 @@ class _FirstPart:
 
     def __enter__(self):
         from beam_jax.text import Tokenizer
-        from pipelines.embed.tokenize import THREADS
 
         self._encode = encode = Tokenizer.encode_arrow
 
         def encode_arrow(tokenizer, texts):
-            if not threading.current_thread().name.startswith(THREADS):
+            if not _in_tokenize_step():
                 return encode(tokenizer, texts)
             if self.at is None:
                 self.at = time.perf_counter()
@@ -433,13 +440,11 @@ def _taken_away(cfg: dict, steps: tuple[str, ...]) -> dict:
             given[(len(texts), texts[0].as_py(), texts[-1].as_py())] = (
                 texts, tokenizer.encode_arrow(texts),
             )  # fmt: skip
-        from pipelines.embed.tokenize import THREADS
-
         encode = Tokenizer.encode_arrow
         counts.update(tokenizer_calls=0, pretokenized_misses=0)
 
         def encode_given(self, texts):
-            if not threading.current_thread().name.startswith(THREADS):
+            if not _in_tokenize_step():
                 return encode(self, texts)  # the launch plan's sample, not a part
             counts["tokenizer_calls"] += 1
             if len(texts):

@@ -117,8 +117,8 @@ def sample_texts(inputs: Inputs, n: int) -> tuple[pa.Array, int]:
         if count is not None and i < _MAX_FOOTERS:
             rows, counted = rows + count, counted + 1
     total = round(rows * len(files) / counted) if counted else got
-    texts.append(pa.array([], pa.large_string()))
-    return pa.concat_arrays(texts), max(total, got)
+    sampled = pa.concat_arrays(texts) if texts else pa.array([], pa.large_string())
+    return sampled, max(total, got)
 
 
 def token_lengths(texts: pa.Array | Sequence[str], model: Any = None) -> np.ndarray:
