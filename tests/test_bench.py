@@ -101,6 +101,37 @@ def test_bench_runs_each_variant_with_its_bounds(tmp_path, capsys):
         assert f"{bound['bound_per_s']:.0f}" in line and f"{bound['ratio']:.3f}" in line
 
 
+def test_bench_variants_launch_as_the_library_jobs_do(monkeypatch):
+    """Each variant runs with the objects alive at its start frozen out of the garbage
+    collector's passes and Beam's state samplers prompt, as the example pipelines run; both
+    are given back when it returns."""
+    import gc
+
+    from apache_beam.runners.worker import statesampler
+
+    run = _bench_module("run")
+    variants = _bench_module("variants")
+    seen = {}
+
+    def probe(kernel, cfg):
+        seen.update(
+            kernel=kernel,
+            cfg=cfg,
+            frozen=gc.get_freeze_count(),
+            period=statesampler.StateSampler("stage", None).sampling_period_ms,
+        )
+        return {"elapsed_s": 1.0}
+
+    monkeypatch.setitem(variants.VARIANTS, "probe", probe)
+    assert gc.get_freeze_count() == 0
+    assert run._variant("light", "probe", {"n": 3}) == {"elapsed_s": 1.0}
+    assert seen["kernel"] == "light" and seen["cfg"] == {"n": 3}
+    assert seen["frozen"] > 0
+    assert seen["period"] == 10
+    assert gc.get_freeze_count() == 0
+    assert statesampler.StateSampler("stage", None).sampling_period_ms == 200
+
+
 @pytest.mark.parametrize("length", [1, 7, 64])
 def test_bench_model_flops_match_xla_cost_analysis(length):
     """The MFU column's FLOP counts agree with XLA's count of the unpadded kernel."""
