@@ -581,9 +581,8 @@ class ReadArrowBatches(beam.PTransform):
             dead += [rows[DEAD_LETTERS], read[DEAD_LETTERS]]
         if json_files:
             schema = self.json_schema(json_files)
+            # A file is read whole: spreading the paths (``_Paths``) spreads the reading.
             json_paths = pbegin | "JsonFiles" >> _Paths(json_files, self.spread)
-            if self.spread:
-                json_paths = json_paths | "SpreadJsonFiles" >> beam.Reshuffle()
             lines = json_paths | "ReadJsonLines" >> beam.ParDo(
                 _ReadJsonLines(schema, self.max_rows, self.key, handle)
             ).with_output_types(pa.RecordBatch).with_outputs(DEAD_LETTERS, main="batches")
@@ -596,8 +595,9 @@ class ReadArrowBatches(beam.PTransform):
 
 
 class _Paths(beam.PTransform):
-    """The file paths as a PCollection: ``beam.Create``'s, or, where one worker reads every
-    file (no spread), one step after an impulse (``beam.Create`` adds a step that decodes
+    """The file paths as a PCollection: spread over the workers (``beam.Create``'s
+    reshuffle, where there is more than one path), or, where one worker reads every file
+    (no spread), one step after an impulse (``beam.Create`` adds a step that decodes
     each value, and each step costs every launch a few milliseconds)."""
 
     def __init__(self, paths: Sequence[str], spread: bool):
