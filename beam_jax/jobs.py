@@ -25,6 +25,10 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
 - :func:`dataflow_job_description` is the request ``DataflowRunner`` would send, from a
   ``--dry_run=True`` run (:func:`is_dry_run`), checked offline; :func:`write_dataflow_job_file`
   writes it and :func:`dataflow_staged_files` lists what the workers would install.
+- :func:`beam_version_mismatch` says why a job's workers would run another Beam than the
+  SDK that launches it (:func:`image_beam_version` reads it from the image's name;
+  :data:`WORKER_IMAGE_BEAM` is the project's images'); :func:`parse_job_args` refuses
+  such a job before anything is staged.
 - :func:`metrics_record` and :func:`write_metrics` write ``OUTPUT/_metrics.json``, which
   ``beam-jax report OUTPUT`` prints.
 - :func:`freeze_startup_objects` keeps the objects alive at a job's launch (imported
@@ -66,6 +70,9 @@ from beam_jax._src.jobs.flags import positive_int as positive_int
 from beam_jax._src.jobs.flags import ratio as ratio
 from beam_jax._src.jobs.flags import reject_unknown_flags as reject_unknown_flags
 from beam_jax._src.jobs.heap import freeze_startup_objects as freeze_startup_objects
+from beam_jax._src.jobs.images import WORKER_IMAGE_BEAM as WORKER_IMAGE_BEAM
+from beam_jax._src.jobs.images import beam_version_mismatch as beam_version_mismatch
+from beam_jax._src.jobs.images import image_beam_version as image_beam_version
 from beam_jax._src.jobs.inputs import InputFile as InputFile
 from beam_jax._src.jobs.inputs import id_type_of as id_type_of
 from beam_jax._src.jobs.inputs import input_format as input_format

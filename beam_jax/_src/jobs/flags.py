@@ -31,6 +31,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from beam_jax._src.jobs.console import is_local
+from beam_jax._src.jobs.images import ALLOW_MISMATCH_FLAG, beam_version_mismatch
 
 __all__ = [
     "DEFAULT_COMPILATION_CACHE",
@@ -162,14 +163,24 @@ def parse_job_args(
     Every flag ``parser`` does not know must be one of Beam's (``--runner``, ``--project``,
     ``--temp_location`` ...), which pass through unchanged. The runner defaults to
     ``default_runner``; ``--dry_run`` is accepted only with the DataflowRunner (other
-    runners ignore it and would run the whole job); a ``--compilation_cache_dir`` flag
+    runners ignore it and would run the whole job); a job whose workers' image holds
+    another Beam than the one installed here is refused (``--allow_beam_version_mismatch``
+    launches it anyway; ``beam_jax.jobs.beam_version_mismatch``); a ``--compilation_cache_dir`` flag
     (:func:`add_compilation_cache_flag`) is resolved; ``save_main_session`` is off (workers
     import the job's code from its package).
 
     Raises:
-        SystemExit: On a flag that neither ``parser`` nor Beam knows, or a bad value
+        SystemExit: On a flag that neither ``parser`` nor Beam knows, a worker image on
+            another Beam, or a bad value
             (after printing the usage and the reason, as argparse does).
     """
+    if ALLOW_MISMATCH_FLAG not in parser._option_string_actions:
+        parser.add_argument(
+            ALLOW_MISMATCH_FLAG,
+            action="store_true",
+            help="launch even where the workers' image holds another Beam than this machine's "
+            "(by default such a job is refused before anything is staged)",
+        )
     args, rest = parser.parse_known_args(argv)
     reject_unknown_flags(parser, rest)
     options = PipelineOptions(rest)
@@ -179,6 +190,9 @@ def parse_job_args(
     if options.view_as(TestOptions).dry_run and "DataflowRunner" not in str(standard.runner):
         parser.error(f"--dry_run builds the job without running it only with --runner "
                      f"DataflowRunner, got --runner {standard.runner}")  # fmt: skip
+    mismatch = beam_version_mismatch(options)
+    if mismatch and not args.allow_beam_version_mismatch:
+        parser.error(mismatch)
     if hasattr(args, "compilation_cache_dir"):
         if args.compilation_cache_dir in ("none", ""):
             args.compilation_cache_dir = None
