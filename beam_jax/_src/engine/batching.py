@@ -146,7 +146,9 @@ class BatchEngine:
         front: the front end.
         handle_errors: dead-letter failed rows; otherwise raise the first failure.
         report_compiles: called after each kernel call, to report new compiles.
-        max_in_flight: batches dispatched and not yet fetched, at most.
+        max_in_flight: batches dispatched and not yet fetched, at most; default 2 on an
+            accelerator (a batch's results are handed on while the next one runs: 13% of
+            the kernel's time on a TPU v5e at one), 1 on CPUs (whose cores run the kernel).
     """
 
     def __init__(
@@ -157,7 +159,7 @@ class BatchEngine:
         *,
         handle_errors: bool,
         report_compiles: Callable[[], None],
-        max_in_flight: int = 1,
+        max_in_flight: int | None = None,
     ):
         self._worker = worker
         self._plan = worker.plan
@@ -165,6 +167,9 @@ class BatchEngine:
         self._front = front
         self._handle_errors = handle_errors
         self._report_compiles = report_compiles
+        if max_in_flight is None:
+            on_cpu = all(d.platform == "cpu" for d in worker.kernel.devices)
+            max_in_flight = 1 if on_cpu else 2
         self._max_in_flight = max_in_flight
         self._buffers: dict[tuple[Bucket, Any], Buffer] = {}
         self._inflight: collections.deque[_InFlight] = collections.deque()

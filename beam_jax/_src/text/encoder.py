@@ -23,6 +23,8 @@ MASK_VALUE = -1e30
 # Full float32 matmuls. XLA's CPU default already is, but on GPU/TPU the default may use
 # bf16/tf32 passes, which would lose the cosine >= 0.9999 agreement with torch.
 PRECISION = jax.lax.Precision.HIGHEST
+# Rows at least this long multiply attention in bfloat16 when the dense layers do.
+_BFLOAT16_ATTENTION_FROM = 128
 POOLING = ("mean", "cls", "max")
 """The pooling modes: the mean of a text's token vectors, its first ([CLS]) token's vector,
 or their elementwise maximum (sentence-transformers' ``pooling_mode_*_token(s)``)."""
@@ -68,10 +70,17 @@ def _attention(x: jax.Array, bias: jax.Array, p: Params, config: BertConfig) -> 
 
     q, k, v = split(_dense(x, p["query"])), split(_dense(x, p["key"])), split(_dense(x, p["value"]))
     q = q * jnp.float32(head_dim**-0.5)
-    logits = jnp.einsum("hqd,hkd->hqk", q, k, precision=PRECISION)
+    # With bfloat16 dense layers, rows of 128 tokens or more also multiply the attention's
+    # inputs in bfloat16 (sums in float32): on a TPU v5e, 2.1x faster at 256 tokens with a
+    # cosine of 0.999998 to the float32 attention; at 64 tokens the float32 form ran faster
+    # (0.9x), so short rows keep it.
+    low = p["query"]["w"].dtype == jnp.bfloat16 and length >= _BFLOAT16_ATTENTION_FROM
+    cast = (lambda y: y.astype(jnp.bfloat16)) if low else (lambda y: y)
+    products = {"preferred_element_type": jnp.float32} if low else {"precision": PRECISION}
+    logits = jnp.einsum("hqd,hkd->hqk", cast(q), cast(k), **products)
     logits = logits + bias[None, :, :]
     probs = jax.nn.softmax(logits, axis=-1)
-    context = jnp.einsum("hqk,hkd->hqd", probs, v, precision=PRECISION)
+    context = jnp.einsum("hqk,hkd->hqd", cast(probs), cast(v), **products)
     context = jnp.reshape(jnp.transpose(context, (1, 0, 2)), (length, heads * head_dim))
     return _dense(context, p["attention_out"])
 
