@@ -211,6 +211,7 @@ JOBS = {
     "verbose_requested",
     "run_main",
     "dead_letter_json",
+    "read_dead_letters",
     "WriteDeadLetters",
     "ACCELERATOR_HINT",
     "dataflow_job_description",
