@@ -76,6 +76,7 @@ from beam_jax._src.engine.packing import PackedBuffer as PackedBuffer
 from beam_jax._src.engine.packing import PackedStage as PackedStage
 from beam_jax._src.engine.worker import Worker as Worker
 from beam_jax._src.inference.rows import YamlErrors as YamlErrors
+from beam_jax._src.inference.rows import error_output as error_output
 from beam_jax._src.kernel.cache import enable_compilation_cache as enable_compilation_cache
 from beam_jax._src.kernel.compiled import Kernel as Kernel
 from beam_jax._src.kernel.compiled import is_out_of_memory as is_out_of_memory

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -81,8 +82,23 @@ def read_dead_letters(pattern: str) -> Iterator[FailedElement]:
                     ) from e
 
 
+def _from_error_row(row: Any) -> FailedElement:
+    """The record a beam_jax YAML transform's error row carries (its ``dead_letter``)."""
+    line = getattr(row, "dead_letter", None)
+    if not isinstance(line, str):
+        raise TypeError(
+            f"WriteDeadLetters writes beam_jax.FailedElement records, or the error rows of "
+            f"beam_jax's YAML transforms (with a 'dead_letter' field); got {row!r}."
+        )
+    return FailedElement.from_dict(json.loads(line))
+
+
 class WriteDeadLetters(beam.PTransform):
     """Writes ``FailedElement`` records as JSON lines (:func:`dead_letter_json`).
+
+    The records may also come as the error rows of beam_jax's Beam YAML transforms
+    (``error_handling: {output: failed}``; their ``dead_letter`` field), so a YAML pipeline
+    writes the same files (``type: WriteDeadLetters`` in ``beam_jax_provider.yaml``).
 
     The files are ``file_path_prefix-SSSSS-of-NNNNN.jsonl`` (any Beam file system); none is
     written when the input is empty. Each record counts under the Beam metric
@@ -108,7 +124,9 @@ class WriteDeadLetters(beam.PTransform):
         self._prefix = file_path_prefix
         self._namespace = metrics_namespace
 
-    def _line(self, record: FailedElement) -> str:
+    def _line(self, record: Any) -> str:
+        if not isinstance(record, FailedElement):
+            record = _from_error_row(record)
         beam.metrics.Metrics.counter(self._namespace, f"dead_letters_{record.stage}").inc()
         return dead_letter_json(record)
 
