@@ -22,6 +22,7 @@ TOP_LEVEL = {
     "ReadArrowBatches",
     "WorkAhead",
     # Beam ML front ends
+    "FailedInferences",
     "JaxModelHandler",
     "KeyedJaxModelHandler",
     "RunKernelOnRows",
@@ -122,6 +123,7 @@ INTERNAL = {
     "Source",
     "dead_letter_output",
     "YamlErrors",
+    "error_output",
     # sequence packing
     "PackPlan",
     "PackedBatch",

@@ -33,6 +33,9 @@ class Stage:
     """The kernel's output for the element broke the output contract or was not finite."""
     ALL = (VALIDATION, COMPILE, KERNEL, OUTPUT)
     """The stages a kernel transform counts (its ``dead_letters_<stage>`` metrics)."""
+    INFERENCE = "inference"
+    """The element's RunInference batch failed (``beam_jax.FailedInferences``): RunInference
+    dead-letters whole batches, so every element of it is one."""
     READ = "read"
     """A file or row group could not be read (``ReadArrowBatches``); its rows never reached
     a kernel transform, so it is counted as ``files_failed``/``row_groups_failed``."""
