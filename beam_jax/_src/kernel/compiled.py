@@ -122,7 +122,11 @@ class Kernel:
         batched_fn = fn if batched else per_element(fn)
         if chunk_rows is not None:
             batched_fn = in_chunks(batched_fn, chunk_rows)
-        if not batched:
+        # A batched fn runs whole under XLA's partitioner unless it says its shards are
+        # independent (``sums_per_shard``: ReduceKernel's sums, one per shard, which the
+        # host adds): a sum across devices is a collective, and a host callback raising on
+        # one device leaves the others waiting in it until XLA aborts the process.
+        if not batched or getattr(fn, "sums_per_shard", False):
             if len(self.devices) > 1:
                 # Elements are independent, so each device runs its own shard of the batch
                 # with no cross-device communication (and no collective to hang on if one
