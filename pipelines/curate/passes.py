@@ -192,11 +192,9 @@ def score_pass(job: Job, step: int, id_type: pa.DataType) -> bj.Summary:
     pipeline = beam.Pipeline(options=job.options)
     score = job.kernel(bj.RunKernel, score_kernel, step, batched=True)
     results, dead = job.examples(pipeline) | "Score" >> score.with_exception_handling()
-    schema = pa.schema(
-        [("id", id_type), ("label", pa.string()), ("true_label", pa.string()),
-         ("flipped", pa.bool_()), *[(s, pa.float32()) for s in SCORES],
-         ("predicted", pa.string())]
-    )  # fmt: skip
+    fields = [("id", id_type), ("label", pa.string()), ("true_label", pa.string())]
+    fields += [("flipped", pa.bool_()), *[(s, pa.float32()) for s in SCORES]]
+    schema = pa.schema([*fields, ("predicted", pa.string())])
     path = FileSystems.join(job.output, "scores")
     _ = (
         results

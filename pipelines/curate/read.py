@@ -86,8 +86,8 @@ def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
             | "Spread" >> beam.Reshuffle()
         )
         return rows, pipeline | "NoDeadLetters" >> beam.Create([])
-    read = bj.ReadArrowBatches(pattern, columns=list(COLUMNS), max_rows=_ROWS_PER_BATCH,
-                               format=args.format, schema=schema, key="id")  # fmt: skip
+    typed = {"format": args.format, "schema": schema, "key": "id"}
+    read = bj.ReadArrowBatches(pattern, columns=list(COLUMNS), max_rows=_ROWS_PER_BATCH, **typed)
     return pipeline | "Read" >> read.with_exception_handling()
 
 
