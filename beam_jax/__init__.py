@@ -38,6 +38,7 @@ from beam_jax._src.errors import InputFileError as InputFileError
 from beam_jax._src.errors import InvalidElementError as InvalidElementError
 from beam_jax._src.errors import KernelError as KernelError
 from beam_jax._src.errors import SpecError as SpecError
+from beam_jax._src.inference.failed import FailedInferences as FailedInferences
 from beam_jax._src.inference.handler import JaxModelHandler as JaxModelHandler
 from beam_jax._src.inference.handler import KeyedJaxModelHandler as KeyedJaxModelHandler
 from beam_jax._src.inference.rows import RunKernelOnRows as RunKernelOnRows

@@ -20,8 +20,9 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   check a job's input files at launch: their format, what a rerun must find unchanged, the
   type of their id column; :func:`text_sample` reads a file's first texts (and its row
   count) for a plan made from a sample.
-- :func:`dead_letter_json` writes a failed element as one JSON line, and
-  :class:`WriteDeadLetters` a PCollection of them as ``.jsonl`` files, counted per stage.
+- :func:`dead_letter_json` writes a failed element (``beam_jax.FailedElement``) as one
+  JSON line, :class:`WriteDeadLetters` a PCollection of them as ``.jsonl`` files, counted
+  per stage, and :func:`read_dead_letters` reads such files back as records.
 - :func:`dataflow_job_description` is the request ``DataflowRunner`` would send, from a
   ``--dry_run=True`` run (:func:`is_dry_run`), checked offline; :func:`write_dataflow_job_file`
   writes it and :func:`dataflow_staged_files` lists what the workers would install.
@@ -60,6 +61,7 @@ from beam_jax._src.jobs.dataflow import is_dry_run as is_dry_run
 from beam_jax._src.jobs.dataflow import write_dataflow_job_file as write_dataflow_job_file
 from beam_jax._src.jobs.dead_letters import WriteDeadLetters as WriteDeadLetters
 from beam_jax._src.jobs.dead_letters import dead_letter_json as dead_letter_json
+from beam_jax._src.jobs.dead_letters import read_dead_letters as read_dead_letters
 from beam_jax._src.jobs.flags import DEFAULT_COMPILATION_CACHE as DEFAULT_COMPILATION_CACHE
 from beam_jax._src.jobs.flags import DefaultsHelpFormatter as DefaultsHelpFormatter
 from beam_jax._src.jobs.flags import add_compilation_cache_flag as add_compilation_cache_flag

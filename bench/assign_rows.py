@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import beam_jax as bj  # noqa: E402
-from beam_jax.internal import assign_rows  # noqa: E402
+from beam_jax._src.bucketing.packing import assign_rows  # noqa: E402
 from beam_jax.text import SentenceEncoder, builtin_corpus  # noqa: E402
 
 FIELDS = ("row", "segment", "offset", "row_lengths", "used", "counts", "refused")

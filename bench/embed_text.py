@@ -680,7 +680,7 @@ def _runinference(cfg: dict) -> dict:
             self.fn = jax.jit(jax.vmap(encoder.element_fn, in_axes=(None, 0, 0)))
             self.shapes = set()
 
-    import beam_jax.internal as bji
+    from beam_jax._src.kernel.cache import enable_compilation_cache
     from pipelines.embed.flags import DEFAULT_BUCKETS
 
     bounds = tuple(DEFAULT_BUCKETS)
@@ -701,7 +701,7 @@ def _runinference(cfg: dict) -> dict:
             )
 
         def load_model(self):
-            bji.enable_compilation_cache(cfg["cache_dir"])
+            enable_compilation_cache(cfg["cache_dir"])
             return Model()
 
         def run_inference(self, batch, model, inference_args=None):

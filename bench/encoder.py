@@ -84,7 +84,7 @@ def pack_rows(lengths: np.ndarray, row_length: int, max_length: int) -> list[tup
     ``max_length``: texts up to ``row_length`` tokens fill the room left in rows of
     ``max_length`` (opened by the longer texts), then rows of ``row_length``."""
     from beam_jax import Packing
-    from beam_jax.internal import assign_rows
+    from beam_jax._src.bucketing.packing import assign_rows
 
     widths = sorted({row_length, max_length})
     a = assign_rows(lengths, Packing(row_lengths=widths, pack_lengths=widths))
@@ -163,7 +163,7 @@ class JaxVariants:
     def __init__(self, ids: list, row_lengths, rows_list, encoder):
         import jax
 
-        from beam_jax.internal import SegmentInfo
+        from beam_jax._src.core.packed_batch import SegmentInfo
 
         self.encoder = encoder
         self.params = jax.device_put(encoder.load_params())

@@ -50,7 +50,7 @@ def _child(cfg_path: str) -> None:
     from variants import SPEC, CollectRows, ReadRecord, _indices, _pipeline, _warm
 
     import beam_jax as bj
-    from beam_jax.internal import enable_compilation_cache
+    from beam_jax._src.kernel.cache import enable_compilation_cache
 
     cfg = json.loads(Path(cfg_path).read_text())
     enable_compilation_cache(cfg["cache_dir"])

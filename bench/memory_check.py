@@ -78,7 +78,8 @@ def _baseline() -> int:
 def _child(name: str, length: int, batch: int) -> None:
     import numpy as np
 
-    from beam_jax.internal import Kernel, analyse_shape
+    from beam_jax._src.kernel.memory import analyse_shape
+    from beam_jax.internal import Kernel
 
     fn, params, dim = _kernels()[name]
     kernel = Kernel(fn, devices=[0])

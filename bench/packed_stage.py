@@ -29,15 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import beam_jax as bj
-from beam_jax.internal import (
-    BatchEngine,
-    ElementFrontEnd,
-    KernelMetrics,
-    PackedPlan,
-    PackedStage,
-    PerElement,
-    Worker,
-)
+from beam_jax._src.core.packed_plan import PackedPlan
+from beam_jax._src.engine.packing import PackedStage
+from beam_jax.internal import BatchEngine, ElementFrontEnd, KernelMetrics, PerElement, Worker
 
 # The flagship's planned packing for token lengths like these (see its launch plan).
 FLAGSHIP = bj.Packing(

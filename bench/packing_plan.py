@@ -110,7 +110,7 @@ def packed(lengths: np.ndarray, budget: int, buffer: int | None) -> dict:
     stats = plan.stats
     flops = 0.0
     step = buffer or len(lengths)
-    from beam_jax.internal import assign_rows, batch_rows
+    from beam_jax._src.bucketing.packing import assign_rows, batch_rows
 
     for start in range(0, len(lengths), step):
         a = assign_rows(lengths[start : start + step], plan.packing)

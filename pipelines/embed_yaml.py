@@ -3,7 +3,8 @@
 ``EmbedText`` batches rows with an id and a text field into Arrow record batches and runs
 the library's ``beam_jax.text.EmbedText``; it emits rows of ``id`` and ``embedding``. Rows
 that cannot be embedded follow Beam YAML's error handling (``error_handling: {output:
-NAME}``), one ``(element, msg, stack)`` row each. ``pipelines/beam_jax_provider.yaml`` lists
+NAME}``), one ``(element, msg, stack, dead_letter)`` row each, which the provider's
+``WriteDeadLetters`` writes as dead-letter files. ``pipelines/beam_jax_provider.yaml`` lists
 it for YAML pipelines; ``pipelines/embed_text.yaml`` is an example (docs/beam_ml.md).
 
 Example:
@@ -20,7 +21,7 @@ import pyarrow as pa
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 import beam_jax as bj
-from beam_jax.internal import YamlErrors
+from beam_jax.internal import YamlErrors, error_output
 from beam_jax.text import EmbedText as EmbedTextColumn
 from pipelines import text_rows as tr
 
@@ -93,12 +94,7 @@ class EmbedText(beam.PTransform):
         if not isinstance(rows_per_batch, int) or rows_per_batch < 1:
             raise ValueError(f"rows_per_batch must be a positive int, got {rows_per_batch!r}")
         self._rows_per_batch = rows_per_batch
-        if error_handling is not None and "output" not in error_handling:
-            raise ValueError(
-                f"error_handling must name an output, e.g. {{output: failed}}; got "
-                f"{dict(error_handling)!r}"
-            )
-        self._error_output = None if error_handling is None else error_handling["output"]
+        self._error_output = error_output(error_handling)
 
     def expand(self, rows):
         batches = (

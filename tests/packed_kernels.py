@@ -121,3 +121,11 @@ def bucketed_attention(params, element, lengths):
     w = jax.nn.softmax(jnp.where(real[None, :], scores, jnp.float32(-1e9)), axis=-1)
     mixed = jnp.sum(w[:, :, None] * x[None, :, :], axis=1)
     return jnp.sum(jnp.where(real[:, None], mixed, 0.0), axis=0) * element["w"]
+
+
+def mixing_sum(params, element, segments):
+    """Per segment, the sum of its slots as ``row @ one_hot``: a row's Inf reaches every
+    segment of that row (0 * Inf = NaN), the way a kernel that mixes a row's segments lets a
+    bad record spoil its row-mates. ``element`` is the 1-D row, or ``{"x": row}``."""
+    x = element["x"] if isinstance(element, dict) else element
+    return x @ _one_hot(segments).astype(x.dtype)

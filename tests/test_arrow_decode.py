@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import beam_jax as bj
 from beam_jax import ArraySpec, Bucketing, Validation
-from beam_jax.internal import Plan, decode_batch
+from beam_jax._src.arrow.decode import decode_batch
+from beam_jax.internal import Plan
 
 MAX_LEN = 5
 DTYPES = ["int8", "uint16", "int32", "int64", "float16", "float32", "float64", "complex64"]

@@ -6,7 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beam_jax import ArraySpec, Bucketing, Validation
-from beam_jax.internal import BucketFill, Plan, decode_batch
+from beam_jax._src.arrow.decode import decode_batch
+from beam_jax._src.arrow.fill import BucketFill
+from beam_jax.internal import Plan
 
 D = 3
 WIDTH = 6

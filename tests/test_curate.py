@@ -13,6 +13,7 @@ import json
 import pathlib
 import shutil
 
+import apache_beam as beam
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +28,7 @@ from beam_jax.text import labelled_corpus
 from pipelines import curate
 from pipelines.curate import model as cm
 from pipelines.curate import passes as cp
+from pipelines.curate import read as cr
 from pipelines.curate import report
 
 MAX_RELATIVE_ERROR = 1e-5
@@ -160,6 +162,38 @@ def test_label_noise_is_seeded_and_flips_to_another_class():
         cp.LabelNoise(classes, 1.0, 0)
 
 
+def _inf_for_negative_tokens(params, element, lengths):
+    return jnp.where(element["tokens"][0] < 0, jnp.inf, 1.0)
+
+
+def test_a_pass_s_dead_letter_names_the_input_row_its_record_was_read_from(tmp_path):
+    tokens = [[5, 6], [-1, 7], [8]]  # the second record's output is not finite
+    records = pa.table(
+        {"id": ["a", "b", "c"], "label": ["x", "y", "x"], "tokens": tokens,
+         "source": ["in/rows.jsonl"] * 3, "row": [3, 9, 12]},
+        schema=cr.records_schema(pa.string()),
+    )  # fmt: skip
+    noise = cp.LabelNoise(("x", "y"), fraction=0.0, seed=0)
+    kernel = bj.RunKernel(
+        _inf_for_negative_tokens,
+        spec={"tokens": bj.ArraySpec(("L",), np.int32), "label": bj.ArraySpec((), np.int32)},
+        keyed=True,
+        bucketing=bj.Bucketing(boundaries={"L": (4,)}, batch_size=4),
+        validation=bj.Validation(check_outputs_finite=True),
+    )
+    with beam.Pipeline("FnApiRunner") as pipeline:
+        pairs = pipeline | beam.Create([records]) | beam.FlatMap(cp.examples, noise)
+        _, dead = pairs | kernel.with_exception_handling()
+        cp.write_dead_letters(dead, str(tmp_path), "score")
+    (record,) = jobs.read_dead_letters(str(tmp_path / "_failed" / "score-*.jsonl"))
+    assert (record.key, record.source, record.row, record.stage) == (
+        "b",
+        "in/rows.jsonl",
+        9,
+        "output",
+    )
+
+
 def test_auroc_and_precision():
     flipped = np.array([False, False, True, True, False])
     assert report.auroc(np.array([0.1, 0.2, 0.9, 0.8, 0.3]), flipped) == 1.0
@@ -289,6 +323,9 @@ def test_full_batch_gradient_is_the_gradient_of_the_unpadded_loss(
     assert relative_error(got, want) <= MAX_RELATIVE_ERROR, name
 
 
+BAD_LINES = ("not JSON", "[1]")
+
+
 def test_bad_rows_are_dead_lettered(tmp_path):
     classes, rows = labelled_corpus(3)
     good = rows[:60]
@@ -301,12 +338,7 @@ def test_bad_rows_are_dead_lettered(tmp_path):
         "zero-width": ({"id": "zero-width", "text": "\u200b", "label": classes[1]}, "tokenize"),
     }
     lines += [json.dumps(row) for row, _ in bad.values()]
-    lines += [
-        json.dumps({"id": 5, "text": "An int id.", "label": classes[0]}),
-        "not JSON",
-        "[1]",
-        "",
-    ]
+    lines += [json.dumps({"id": 5, "text": "An int id.", "label": classes[0]}), *BAD_LINES, ""]
     path = tmp_path / "rows.jsonl"
     path.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
@@ -315,12 +347,12 @@ def test_bad_rows_are_dead_lettered(tmp_path):
         ["--input", str(path), "--output", str(out), "--passes", "1", "--flip_fraction", "0"]
     )
 
-    failed = [
-        json.loads(x)
-        for f in sorted(out.glob("_failed/*.jsonl"))
-        for x in f.read_text().splitlines()
-    ]
-    got = sorted((repr(d["id"]), d["stage"]) for d in failed)
+    failed = list(jobs.read_dead_letters(str(out / "_failed" / "*.jsonl")))
+    got = sorted((repr(d.key), d.stage) for d in failed)
+    for d in failed:  # each names its input line
+        assert d.source == str(path), d
+        line = lines[d.row]
+        assert json.loads(line)["id"] == d.key if d.key is not None else line in BAD_LINES, d
     want = [(repr(k), stage) for k, (_, stage) in bad.items()]
     # Lines the reader cannot give the columns' types (an int id among string ids, not
     # JSON, not an object) are dead letters of the read.
@@ -351,10 +383,10 @@ def test_parquet_rows_keep_their_id_type_and_bad_rows_are_dead_lettered(tmp_path
                           "--passes", "1"])  # fmt: skip
     assert summary.rows == 43 and summary.records == 40
     assert summary.dead_letters_by_stage["validation"] == 3
-    failed = [
-        json.loads(x) for f in out.glob("_failed/*.jsonl") for x in f.read_text().split("\n") if x
-    ]
-    assert sorted(map(repr, (d["id"] for d in failed))) == ["900", "901", "None"]
+    failed = list(jobs.read_dead_letters(str(out / "_failed" / "*.jsonl")))
+    origins = sorted((d.row, d.key, d.source) for d in failed)
+    parquet = str(tmp_path / "rows.parquet")
+    assert origins == [(40, None, parquet), (41, 900, parquet), (42, 901, parquet)]
     scores = pq.read_table(next(out.glob("scores-*.parquet")))
     assert scores.schema.field("id").type == pa.int32()
     assert sorted(scores.column("id").to_pylist()) == ids[:40]

@@ -18,7 +18,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import beam_jax as bj
 from beam_jax._src.engine import options as _options
-from beam_jax.internal import Kernel, select_devices
+from beam_jax._src.kernel.devices import select_devices
+from beam_jax.internal import Kernel
 from tests import _runner_job as job
 from tests import kernels
 

@@ -11,17 +11,11 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
-from beam_jax._src.kernel.memory import hidden_fusion_bytes
-from beam_jax.internal import (
-    Kernel,
-    PackedPlan,
-    Plan,
-    ShapeBytes,
-    analyse_shape,
-    fit_batch_limits,
-    fit_plan,
-    search_limits,
-)
+from beam_jax._src.bucketing.fit import ShapeBytes, search_limits
+from beam_jax._src.core.packed_plan import PackedPlan
+from beam_jax._src.engine.fit import fit_batch_limits
+from beam_jax._src.kernel.memory import analyse_shape, hidden_fusion_bytes
+from beam_jax.internal import Kernel, Plan, fit_plan
 from beam_jax.testing import assert_conserved
 from tests import packed_kernels as pk
 from tests import reliability_kernels as rk

@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 import beam_jax as bj
 from beam_jax import ArraySpec, Bucketing
-from beam_jax.internal import Kernel, Plan, enable_compilation_cache, is_out_of_memory
+from beam_jax._src.kernel.cache import enable_compilation_cache
+from beam_jax._src.kernel.compiled import is_out_of_memory
+from beam_jax.internal import Kernel, Plan
 from tests import kernels
 
 SPEC = {"x": ArraySpec(("L", kernels.D), np.float32)}

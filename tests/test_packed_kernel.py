@@ -328,9 +328,6 @@ def test_reduce_kernel_sums_real_segments_per_window_and_leaves_out_failures():
             spec=ArraySpec(("L",), np.float32),
             keyed=True,
             packing=Packing(row_lengths=(8, 16), rows_per_batch=4, max_segments=4),
-            # One device: a host callback raising inside a batch sharded over several
-            # devices without shard_map aborts XLA:CPU (the summed kernel is batched).
-            devices=[0],
         ).with_exception_handling()
     )
     want = [

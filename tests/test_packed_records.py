@@ -14,16 +14,10 @@ import numpy as np
 import pyarrow as pa
 
 import beam_jax as bj
-from beam_jax._src.engine.packing import _batches_of
-from beam_jax.internal import (
-    ColumnRecords,
-    ItemRecords,
-    PackedBuffer,
-    PackedPlan,
-    PackedStage,
-    assign_rows,
-    batch_rows,
-)
+from beam_jax._src.arrow.fill import ColumnRecords
+from beam_jax._src.bucketing.packing import assign_rows, batch_rows
+from beam_jax._src.core.packed_plan import PackedPlan
+from beam_jax._src.engine.packing import ItemRecords, PackedBuffer, PackedStage, _batches_of
 
 PROPERTY = hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
 SPEC = {"x": bj.ArraySpec(("L", 2), np.float32), "w": bj.ArraySpec((), np.int32)}

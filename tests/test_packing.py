@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 
 import beam_jax as bj
-from beam_jax.internal import PackPlan, SegmentInfo, assign_rows, batch_rows, simulate_packing
+from beam_jax._src.bucketing.packing import assign_rows, batch_rows
+from beam_jax._src.bucketing.packing_plan import simulate_packing
+from beam_jax._src.core.packed_batch import SegmentInfo
+from beam_jax.internal import PackPlan
 
 PROPERTY = hypothesis.settings(max_examples=150, deadline=2000, derandomize=True)
 

@@ -20,7 +20,7 @@ import pytest
 
 import beam_jax as bj
 from beam_jax._src.bucketing import packing as packing_module
-from beam_jax.internal import assign_rows
+from beam_jax._src.bucketing.packing import assign_rows
 
 
 def _first_fit(order, lengths, capacity, max_segments, room, counts):

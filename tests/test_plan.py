@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 import beam_jax as bj
 from beam_jax import ArraySpec, Bucketing
-from beam_jax.internal import Plan, default_batch_sizes
+from beam_jax._src.bucketing.rule import default_batch_sizes
+from beam_jax.internal import Plan
 
 
 def test_default_boundaries_and_batch_sizes():

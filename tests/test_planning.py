@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 import beam_jax as bj
 from beam_jax import plan_boundaries
-from beam_jax._src.bucketing.boundaries import boundaries_per_budget
-from beam_jax.internal import padded_total, padding_ratio
+from beam_jax._src.bucketing.boundaries import boundaries_per_budget, padded_total
+from beam_jax.internal import padding_ratio
 
 
 def brute_force(lengths, num_buckets, max_size=None):

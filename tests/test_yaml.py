@@ -15,6 +15,7 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
+from beam_jax import jobs
 from tests.beam_helpers import pipeline, run
 from tests.flagship import reference_embeddings, write_json_lines
 from tests.kernels import D, attention_params, masked_attention_pool, reference_attention_pool
@@ -73,11 +74,11 @@ def test_the_example_pipeline_runs_through_beams_yaml_main_on_parquet(tmp_path, 
          f"--jinja_variables={json.dumps(variables)}"]
     )  # fmt: skip
     rows = _json_rows(f"{output}-0*")
-    failed = _json_rows(f"{output}-failed-*")
     assert sorted(r["id"] for r in rows) == sorted(TEXTS)
     for r in rows:
         np.testing.assert_allclose(r["embedding"], expected[r["id"]], rtol=1e-5, atol=1e-6)
-    assert [(f["element"]["id"], f["msg"].split("]")[0]) for f in failed] == [("4", "[validation")]
+    (dead,) = jobs.read_dead_letters(f"{output}-failed-*.jsonl")
+    assert (dead.key, dead.stage, dead.error_type) == (4, "validation", "InvalidElementError")
 
 
 def _json_pipeline(source, output) -> str:
@@ -148,6 +149,14 @@ def test_with_error_handling_bad_rows_are_yaml_error_rows():
     assert_that(outputs["output"] | beam.Map(lambda r: r.id), equal_to([1]), label="Good")
     bad = outputs["failed"] | beam.Map(lambda r: (r.element.id, r.msg.split(":")[0]))
     assert_that(bad, equal_to([("None", "[validation] InvalidElementError")]), label="Bad")
+    records = outputs["failed"] | beam.Map(
+        lambda r: bj.FailedElement.from_dict(json.loads(r.dead_letter))
+    )
+    assert_that(
+        records | beam.Map(lambda d: (d.key, d.stage, d.element)),
+        equal_to([(None, "validation", "'no id'")]),
+        label="DeadLetters",
+    )
     run(p)
 
 
@@ -185,10 +194,10 @@ pipeline:
       input: Pool
       config:
         path: "{output}"
-    - type: WriteToJson
+    - type: WriteDeadLetters
       input: Pool.failed
       config:
-        path: "{output}-failed"
+        file_path_prefix: "{output}-failed"
 providers:
   - include: "{PROVIDER}"
 """
@@ -237,10 +246,10 @@ def test_run_kernel_on_rows_in_yaml_equals_run_kernel_and_dead_letters_bad_rows(
             rtol=1e-4,
             atol=1e-5,
         )
-    (failed,) = _json_rows(f"{output}-failed-*")
-    assert (
-        failed["msg"].startswith("[validation] ElementTooLargeError") and "key 99" in failed["msg"]
-    )
+    (failed,) = jobs.read_dead_letters(f"{output}-failed-*.jsonl")
+    assert (failed.key, failed.stage, failed.error_type) == (
+        99, "validation", "ElementTooLargeError",
+    )  # fmt: skip
 
 
 def test_run_kernel_on_rows_explains_a_bad_configuration():

@@ -34,35 +34,74 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     )
     add = parser.add_argument
     positive = jobs.positive_int
-    add("--input", help="Parquet or JSON lines with 'id', 'text' and 'label' (a string); "
-        "default: standard-library docstring passages labelled by their module")  # fmt: skip
-    add("--output", default=DEFAULT_OUTPUT, help="output directory; must be empty, or see "
-        "--overwrite")  # fmt: skip
-    add("--overwrite", action="store_true", help="replace this job's earlier files in "
+    add(
+        "--input",
+        help="Parquet or JSON lines with 'id', 'text' and 'label' (a string); "
+        "default: standard-library docstring passages labelled by their module",
+    )
+    add(
+        "--output",
+        default=DEFAULT_OUTPUT,
+        help="output directory; must be empty, or see --overwrite",
+    )
+    add(
+        "--overwrite",
+        action="store_true",
+        help="replace this job's earlier files in "
         "--output once this run succeeds (they are kept until then; other files are never "
-        "touched); also discards another run's unfinished files there")  # fmt: skip
-    add("--classes", type=positive, default=DEFAULT_CLASSES,
-        help="without --input: how many modules (the largest) to keep as classes")  # fmt: skip
-    add("--flip_fraction", type=float, help="each record's label is replaced by another class "
+        "touched); also discards another run's unfinished files there",
+    )
+    add(
+        "--classes",
+        type=positive,
+        default=DEFAULT_CLASSES,
+        help="without --input: how many modules (the largest) to keep as classes",
+    )
+    add(
+        "--flip_fraction",
+        type=float,
+        help="each record's label is replaced by another class "
         "with this probability, decided by a seeded hash of its id, to measure how well the "
         f"scores find them (default: {DEFAULT_FLIP_FRACTION} on the built-in corpus; 0 with "
-        "--input, whose labels are taken as they are unless this flag is given)")  # fmt: skip
+        "--input, whose labels are taken as they are unless this flag is given)",
+    )
     add("--seed", type=int, default=0, help="seeds the flips and the init")
-    add("--passes", type=positive, default=DEFAULT_PASSES, help="full-batch training steps "
-        "(one pipeline run each) before the scores are taken")  # fmt: skip
-    add("--learning_rate", type=float, default=DEFAULT_LEARNING_RATE,
-        help="Adam's learning rate for the full-batch steps")  # fmt: skip
+    add(
+        "--passes",
+        type=positive,
+        default=DEFAULT_PASSES,
+        help="full-batch training steps (one pipeline run each) before the scores are taken",
+    )
+    add(
+        "--learning_rate",
+        type=float,
+        default=DEFAULT_LEARNING_RATE,
+        help="Adam's learning rate for the full-batch steps",
+    )
     add("--hash_bits", type=positive, default=10, help="2**bits embedding rows")
     add("--dim", type=positive, default=32, help="embedding width")
-    add("--buckets", type=jobs.int_list, help="token-length bucket boundaries; default: "
+    add(
+        "--buckets",
+        type=jobs.int_list,
+        help="token-length bucket boundaries; default: "
         f"planned from the records' lengths (--num_buckets, {DEFAULT_NUM_BUCKETS} by "
-        "default)")  # fmt: skip
-    add("--num_buckets", type=positive, default=DEFAULT_NUM_BUCKETS,
-        help="without --buckets: how many token-length buckets to plan")  # fmt: skip
-    add("--batch_size", type=positive, default=64,
-        help="the largest padded batch of records per kernel call")  # fmt: skip
-    add("--batch_sizes", type=jobs.int_list, help="padded batch sizes allowed (default "
-        "powers of 2)")  # fmt: skip
+        "default)",
+    )
+    add(
+        "--num_buckets",
+        type=positive,
+        default=DEFAULT_NUM_BUCKETS,
+        help="without --buckets: how many token-length buckets to plan",
+    )
+    add(
+        "--batch_size",
+        type=positive,
+        default=64,
+        help="the largest padded batch of records per kernel call",
+    )
+    add(
+        "--batch_sizes", type=jobs.int_list, help="padded batch sizes allowed (default powers of 2)"
+    )
     jobs.add_compilation_cache_flag(parser)
     jobs.add_flags(parser)
     args, options = jobs.parse_job_args(parser, argv)

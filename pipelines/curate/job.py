@@ -39,9 +39,10 @@ LAYOUT = jobs.OutputLayout(
     record=RECORD,
     resumable=False,  # each stage reads the one before: a rerun starts afresh
 )
-_JOB_FLAGS = ("input", "classes", "flip_fraction", "seed", "passes", "learning_rate",
-              "hash_bits", "dim", "buckets", "num_buckets", "batch_size",
-              "batch_sizes")  # fmt: skip
+_JOB_FLAGS = (
+    *("input", "classes", "flip_fraction", "seed", "passes", "learning_rate", "hash_bits"),
+    *("dim", "buckets", "num_buckets", "batch_size", "batch_sizes"),
+)
 
 
 def _write_json(value, path: str) -> None:

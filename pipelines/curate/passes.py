@@ -63,23 +63,35 @@ class LabelNoise:
 
 
 def examples(batch: pa.RecordBatch | pa.Table, noise: LabelNoise):
-    """Keyed kernel inputs: ``((id, true, observed), {"tokens", "label": observed})``."""
+    """Keyed kernel inputs: ``((id, true, observed, source, row), {"tokens", "label":
+    observed})``, the key ending with where the record's row was read from."""
     tokens = batch.column("tokens")
     tokens = tokens.combine_chunks() if isinstance(tokens, pa.ChunkedArray) else tokens
     offsets = tokens.offsets.to_numpy()
     values = tokens.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
     keys, labels = batch.column("id").to_pylist(), batch.column("label").to_pylist()
+    sources, rows = batch.column("source").to_pylist(), batch.column("row").to_pylist()
     for i, (key, label) in enumerate(zip(keys, labels, strict=True)):
         true, observed = noise.observe(key, label)
         element = {"tokens": values[offsets[i] : offsets[i + 1]], "label": np.int32(observed)}
-        yield (key, true, observed), element
+        yield (key, true, observed, sources[i], rows[i]), element
+
+
+def filed_by_origin(record: bj.FailedElement) -> bj.FailedElement:
+    """A pass's dead letter (keyed by :func:`examples`' key) filed under the record's id and
+    the input file and row it was read from; other dead letters as they are."""
+    if record.key_type is None and isinstance(record.key, tuple) and len(record.key) == 5:
+        key, _, _, source, row = record.key
+        return record.with_origin(key=key, source=source, row=row)
+    return record
 
 
 def write_dead_letters(dead, output: str, name: str) -> None:
     """Dead letters as JSON lines under ``OUTPUT/_failed/NAME-*.jsonl`` (no file if none),
     each counted under ``dead_letters_STAGE``."""
     path = FileSystems.join(output, "_failed", name)
-    _ = dead | f"{name}DeadLetters" >> jobs.WriteDeadLetters(path, metrics_namespace="curate")
+    filed = dead | f"{name}Origins" >> beam.Map(filed_by_origin)
+    _ = filed | f"{name}DeadLetters" >> jobs.WriteDeadLetters(path, metrics_namespace="curate")
 
 
 def run_pipeline(pipeline: beam.Pipeline):
@@ -180,11 +192,9 @@ def score_pass(job: Job, step: int, id_type: pa.DataType) -> bj.Summary:
     pipeline = beam.Pipeline(options=job.options)
     score = job.kernel(bj.RunKernel, score_kernel, step, batched=True)
     results, dead = job.examples(pipeline) | "Score" >> score.with_exception_handling()
-    schema = pa.schema(
-        [("id", id_type), ("label", pa.string()), ("true_label", pa.string()),
-         ("flipped", pa.bool_()), *[(s, pa.float32()) for s in SCORES],
-         ("predicted", pa.string())]
-    )  # fmt: skip
+    fields = [("id", id_type), ("label", pa.string()), ("true_label", pa.string())]
+    fields += [("flipped", pa.bool_()), *[(s, pa.float32()) for s in SCORES]]
+    schema = pa.schema([*fields, ("predicted", pa.string())])
     path = FileSystems.join(job.output, "scores")
     _ = (
         results

@@ -24,6 +24,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
 from beam_jax import jobs
+from beam_jax.internal import origin_of
 from beam_jax.text import SentenceEncoder, labelled_corpus
 
 COLUMNS = ("id", "text", "label")
@@ -85,14 +86,24 @@ def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
             | "Spread" >> beam.Reshuffle()
         )
         return rows, pipeline | "NoDeadLetters" >> beam.Create([])
-    read = bj.ReadArrowBatches(pattern, columns=list(COLUMNS), max_rows=_ROWS_PER_BATCH,
-                               format=args.format, schema=schema, key="id")  # fmt: skip
+    typed = {"format": args.format, "schema": schema, "key": "id"}
+    read = bj.ReadArrowBatches(pattern, columns=list(COLUMNS), max_rows=_ROWS_PER_BATCH, **typed)
     return pipeline | "Read" >> read.with_exception_handling()
 
 
 def records_schema(id_type: pa.DataType) -> pa.Schema:
-    """``id`` (the input's type), ``label`` (the true one) and ``tokens`` (``list<int32>``)."""
-    return pa.schema([("id", id_type), ("label", pa.string()), ("tokens", pa.list_(pa.int32()))])
+    """``id`` (the input's type), ``label`` (the true one), ``tokens`` (``list<int32>``), and
+    where the row was read from (``source`` and ``row``, null for the built-in corpus), so a
+    pass's dead letter names the input row rather than the records file."""
+    return pa.schema(
+        [
+            ("id", id_type),
+            ("label", pa.string()),
+            ("tokens", pa.list_(pa.int32())),
+            ("source", pa.string()),
+            ("row", pa.int64()),
+        ]
+    )
 
 
 class ToRecords(beam.DoFn):
@@ -134,10 +145,18 @@ class ToRecords(beam.DoFn):
         for row in np.flatnonzero(lengths <= 2).tolist():
             error = EmptyTextError(message + "only characters the tokenizer drops)")
             problems.setdefault(row, (TOKENIZE, error))
+        source, first = origin_of(batch)  # (None, None) for the built-in corpus
         for row, (stage, error) in sorted(problems.items()):
             element = batch.slice(row, 1).to_pylist()[0]
             key = ids[row].as_py() if ids[row].is_valid else element.get("id")
-            record = bj.FailedElement.from_exception(error, stage=stage, element=element, key=key)
+            record = bj.FailedElement.from_exception(
+                error,
+                stage=stage,
+                element=element,
+                key=key,
+                source=source,
+                row=None if first is None else first + row,
+            )
             yield beam.pvalue.TaggedOutput(bj.DEAD_LETTERS, record)
         keep = np.ones(n, bool)
         keep[list(problems)] = False
@@ -150,7 +169,12 @@ class ToRecords(beam.DoFn):
             inner[offsets[:-1]] = inner[offsets[1:] - 1] = False
             inner_offsets = offsets - 2 * np.arange(len(offsets), dtype=offsets.dtype)
             stripped = pa.ListArray.from_arrays(pa.array(inner_offsets), pa.array(values[inner]))
-            columns = [ids.filter(pa.array(keep)), label.filter(pa.array(keep)), stripped]
+            kept_rows = np.flatnonzero(keep)
+            rows = pa.nulls(len(kept_rows), pa.int64())
+            if first is not None:
+                rows = pa.array(first + kept_rows, pa.int64())
+            origin = [pa.array([source] * len(kept_rows), pa.string()), rows]
+            columns = [ids.filter(pa.array(keep)), label.filter(pa.array(keep)), stripped, *origin]
             yield pa.Table.from_arrays(columns, schema=records_schema(want))
 
 

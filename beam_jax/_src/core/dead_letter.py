@@ -33,6 +33,9 @@ class Stage:
     """The kernel's output for the element broke the output contract or was not finite."""
     ALL = (VALIDATION, COMPILE, KERNEL, OUTPUT)
     """The stages a kernel transform counts (its ``dead_letters_<stage>`` metrics)."""
+    INFERENCE = "inference"
+    """The element's RunInference batch failed (``beam_jax.FailedInferences``): RunInference
+    dead-letters whole batches, so every element of it is one."""
     READ = "read"
     """A file or row group could not be read (``ReadArrowBatches``); its rows never reached
     a kernel transform, so it is counted as ``files_failed``/``row_groups_failed``."""
@@ -102,6 +105,9 @@ def encodable_key(key: Any) -> tuple[Any, str | None]:
         text = key.decode("utf-8", errors="backslashreplace")
         return _truncate(text, MAX_ECHO_CHARS), "bytes"
     return describe(key), type(key).__name__
+
+
+_KEEP: Any = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,14 +222,51 @@ class FailedElement:
             )
         return cls(**{**fields, "key": _untuple(fields.get("key"))})
 
+    def with_origin(
+        self, *, key: Any = _KEEP, source: Any = _KEEP, row: Any = _KEEP
+    ) -> FailedElement:
+        """This record filed under another origin: the given ``key`` (encoded as
+        ``from_error`` encodes keys), ``source`` and ``row``; the others kept."""
+        changes: dict[str, Any] = {}
+        if key is not _KEEP:
+            changes["key"], changes["key_type"] = encodable_key(key)
+        if source is not _KEEP:
+            changes["source"] = source
+        if row is not _KEEP:
+            changes["row"] = None if row is None else int(row)
+        return dataclasses.replace(self, **changes)
+
     def to_dict(self) -> dict[str, Any]:
         """The record as a dict of plain values (a row for Parquet or a DataFrame)."""
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
-        """The record as one line of JSON, keys sorted; ``FailedElement.from_dict(
-        json.loads(line))`` reads it back."""
-        return json.dumps(self.to_dict(), sort_keys=True)
+        """The record as one line of JSON (no newline): its fields in the order of
+        ``JSON_FIELDS``, where it came from first; ``FailedElement.from_dict(json.loads(
+        line))`` reads it back to an equal record. Text is written as UTF-8, or escaped
+        where it holds a lone surrogate that UTF-8 cannot encode."""
+        fields = {name: getattr(self, name) for name in JSON_FIELDS}
+        line = json.dumps(fields, ensure_ascii=False)
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            line = json.dumps(fields)
+        return line
+
+
+JSON_FIELDS = (
+    "key",
+    "key_type",
+    "source",
+    "row",
+    "stage",
+    "error_type",
+    "message",
+    "element",
+    "traceback",
+)
+"""The fields of a dead-letter line, in the order written: where the element came from,
+then where and why it failed, then its echo and traceback (docs/dead_letters.md)."""
 
 
 def _untuple(value: Any) -> Any:

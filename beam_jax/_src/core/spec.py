@@ -146,9 +146,6 @@ class Layout:
     names: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False)
     axis_names: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
-    def leaf_name(self, i: int) -> str:
-        return self.names[i]
-
     def unflatten(self, leaves: Sequence[Any]) -> Any:
         return self.treedef.unflatten(list(leaves))
 

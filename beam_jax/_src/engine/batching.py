@@ -11,7 +11,11 @@ results, and how a row is described in a dead letter.
 The bisection bound: a batch of ``n`` rows holding ``k`` failing ones costs at most
 ``1 + 2 k ceil(log2 n)`` kernel calls. A packed buffer's rows are its records (several to a
 batch row): bisection halves the records and lays each half out again in at most as many
-batch rows of the same length, so the bound holds with ``n`` the batch's records.
+batch rows of the same length, so the bound holds with ``n`` the batch's records. A packed
+batch whose output check fails (the contract, or non-finite records with
+``check_outputs_finite``) runs its failing records again apart the same way, since a
+record's row-mates share its row's computation: a failing record among good row-mates
+costs them nothing but one more call each half, within the same bound.
 """
 
 from __future__ import annotations
@@ -399,8 +403,16 @@ class BatchEngine:
             checked, bad = self._front.check(outputs, batch)
         except KernelError as e:  # the outputs break the contract: every row fails alike
             error = e
+        # A packed batch row holds several records, and a kernel that mixes a row's
+        # segments (a sum over the row, 0 * Inf in a one-hot product) gives the others a bad
+        # output too: its failing records run again apart, each half one call, so only a
+        # record that fails alone is a dead letter.
+        apart = getattr(buffer, "units", None) is not None  # a packed buffer
         if error is not None:
-            yield from self._dead(error, OUTPUT, buffer, rows)
+            if apart and len(rows) > 1:
+                yield from self._failed(error, buffer, rows, OUTPUT)
+            else:
+                yield from self._dead(error, OUTPUT, buffer, rows)
             return
         if isinstance(bad, bool | np.bool_):
             if bad:  # a whole-batch result is not finite: find the rows responsible
@@ -409,7 +421,14 @@ class BatchEngine:
             keep = np.arange(len(rows))
         else:
             if bad.any():
-                yield from self._dead(KernelError(NONFINITE_OUTPUT), OUTPUT, buffer, rows[bad])
+                failing = rows[bad]
+                if not apart or len(rows) == 1:
+                    yield from self._dead(KernelError(NONFINITE_OUTPUT), OUTPUT, buffer, failing)
+                elif len(failing) > 1:
+                    yield from self._failed(KernelError(NONFINITE_OUTPUT), buffer, failing, OUTPUT)
+                else:  # one record: alone in a batch now
+                    self._metrics.kernel_retries.inc()
+                    yield from self._run(buffer, failing)
             keep = np.flatnonzero(~bad)
         yield from self._front.emit(buffer, rows, keep, checked, batch)
 

@@ -6,7 +6,9 @@ name and the element spec as field shapes, turns each row's fields into arrays, 
 through ``RunKernel`` (so batching, padding, compiles and per-element dead letters are
 RunKernel's), and emits rows of the key field and the output as a flat list of floats.
 Failed rows follow Beam YAML's error handling: with ``error_handling: {output: NAME}`` each
-is one ``(element, msg, stack)`` row on ``NAME``; without it the pipeline fails.
+is one ``(element, msg, stack, dead_letter)`` row on ``NAME`` (``dead_letter`` the
+``FailedElement``'s JSON line, which ``beam_jax.jobs.WriteDeadLetters`` writes to files);
+without it the pipeline fails.
 """
 
 from __future__ import annotations
@@ -85,7 +87,23 @@ def _error_row(describe_element: Callable[[FailedElement], Any], record: FailedE
         element=describe_element(record),
         msg=f"[{record.stage}] {record.error_type}: {record.message} (key {record.key!r})",
         stack=record.traceback,
+        dead_letter=record.to_json(),
     )
+
+
+def error_output(error_handling: Mapping[str, Any] | None) -> str | None:
+    """The output a YAML transform's ``error_handling`` config names, ``None`` without one.
+
+    Raises:
+        SpecError: ``error_handling`` is given but names no output.
+    """
+    if error_handling is None:
+        return None
+    if not isinstance(error_handling, Mapping) or "output" not in error_handling:
+        raise SpecError(
+            f"error_handling must name an output, e.g. {{output: failed}}; got {error_handling!r}."
+        )
+    return error_handling["output"]
 
 
 def _fail(record: FailedElement) -> None:
@@ -104,7 +122,9 @@ class YamlErrors(beam.PTransform):
     """Beam YAML's error handling of dead letters, for every YAML transform of beam_jax
     and of pipelines built on it: without an error output, the first dead letter fails the
     pipeline (naming the row and how to route it); with one, each becomes an
-    ``(element, msg, stack)`` row, ``msg`` being ``"[stage] ErrorType: message (key K)"``.
+    ``(element, msg, stack, dead_letter)`` row: Beam YAML's three fields, ``msg`` being
+    ``"[stage] ErrorType: message (key K)"``, and the ``FailedElement`` as its dead-letter
+    JSON line (``beam_jax.jobs.WriteDeadLetters`` writes such rows as dead-letter files).
 
     Args:
         error_output: the ``error_handling`` output's name, or ``None``.
@@ -128,7 +148,7 @@ class YamlErrors(beam.PTransform):
             _ = dead | "FailOnError" >> beam.Map(_fail)
             return None
         schema = RowTypeConstraint.from_fields(
-            [("element", self._element_type), ("msg", str), ("stack", str)]
+            [("element", self._element_type), ("msg", str), ("stack", str), ("dead_letter", str)]
         )
         return dead | "ErrorRows" >> beam.Map(
             functools.partial(_error_row, self._element)
@@ -190,12 +210,7 @@ class RunKernelOnRows(beam.PTransform):
         ).with_exception_handling()
         self._key_field = key_field
         self._output_field = output_field
-        if error_handling is not None and "output" not in error_handling:
-            raise SpecError(
-                f"error_handling must name an output, e.g. {{output: failed}}; got "
-                f"{dict(error_handling)!r}."
-            )
-        self._error_output = None if error_handling is None else error_handling["output"]
+        self._error_output = error_output(error_handling)
 
     def plan(self, num_devices: int = 1):
         """The batching plan (``plan().shapes()`` lists every shape the kernel compiles)."""

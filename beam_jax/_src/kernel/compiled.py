@@ -122,7 +122,11 @@ class Kernel:
         batched_fn = fn if batched else per_element(fn)
         if chunk_rows is not None:
             batched_fn = in_chunks(batched_fn, chunk_rows)
-        if not batched:
+        # A batched fn runs whole under XLA's partitioner unless it says its shards are
+        # independent (``sums_per_shard``: ReduceKernel's sums, one per shard, which the
+        # host adds): a sum across devices is a collective, and a host callback raising on
+        # one device leaves the others waiting in it until XLA aborts the process.
+        if not batched or getattr(fn, "sums_per_shard", False):
             if len(self.devices) > 1:
                 # Elements are independent, so each device runs its own shard of the batch
                 # with no cross-device communication (and no collective to hang on if one
@@ -347,8 +351,9 @@ def in_chunks(
 
     A batch the chunks do not divide (a planned size fitted to the data, say 511 rows in
     chunks of 16) is made up to a whole number of chunks with copies of its last row, whose
-    outputs are dropped, when that adds at most an eighth to it; run whole, such batches ran
-    1.2-1.7x slower per token (all-MiniLM-L6-v2 on a CPU, bench/RESULTS.md). A batch that
+    outputs are dropped, when that adds at most an eighth to it: run whole, such a batch's
+    activations outgrow the caches the chunks are sized for (all-MiniLM-L6-v2 on a CPU ran
+    1.2-1.7x slower per token whole), while the copies cost at most an eighth. A batch that
     would need more (a few rows over one or two chunks), or no larger than one chunk, runs
     whole. Either way the program holds one traced copy of ``fn``.
 

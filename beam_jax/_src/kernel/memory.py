@@ -171,14 +171,3 @@ def device_free_bytes(devices: Sequence[jax.Device]) -> int | None:
             return None
         free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
     return min(free) if free else None
-
-
-def device_peak_bytes(devices: Sequence[jax.Device]) -> int | None:
-    """The largest ``peak_bytes_in_use`` over ``devices``, or ``None`` where not reported."""
-    peaks = []
-    for d in devices:
-        stats = d.memory_stats()
-        if not stats or "peak_bytes_in_use" not in stats:
-            return None
-        peaks.append(int(stats["peak_bytes_in_use"]))
-    return max(peaks) if peaks else None

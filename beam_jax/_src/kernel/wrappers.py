@@ -16,7 +16,9 @@ class SumRows:
 
     Padded rows are masked out on the device before the sum, so the result is exact
     whatever the padding; the sum keeps a leading axis of 1 (a "batch" of one sum). This is
-    how ``ReduceKernel`` turns a per-element function into a full-dataset reduction.
+    how ``ReduceKernel`` turns a per-element function into a full-dataset reduction. On
+    several devices each sums its own shard of the batch (``sums_per_shard``: one sum per
+    device, added on the host), with no collective between devices.
 
     Examples:
         >>> import numpy as np
@@ -29,6 +31,9 @@ class SumRows:
         fn: ``fn(params, element, lengths)`` per element, or per batch if ``batched``.
         batched: ``fn`` already takes whole batches and returns per-row outputs.
     """
+
+    sums_per_shard = True
+    """Rows are summed independently of other rows: a shard's sum is a valid partial sum."""
 
     def __init__(self, fn: Callable[..., Any], *, batched: bool = False):
         self.fn = fn
@@ -66,6 +71,7 @@ class SegmentKernel:
 
     def __init__(self, fn: Callable[..., Any]):
         self.fn = fn
+        self.sums_per_shard = getattr(fn, "sums_per_shard", False)
 
     def __call__(self, params: Any, packed: Any, lengths: Any) -> Any:
         element, segments = packed
@@ -92,6 +98,9 @@ class SumSegments:
         fn: ``fn(params, row, segments)`` per packed row, or per batch if ``batched``.
         batched: ``fn`` already takes whole batches of rows.
     """
+
+    sums_per_shard = True
+    """Rows are summed independently of other rows: a shard's sum is a valid partial sum."""
 
     def __init__(self, fn: Callable[..., Any], *, batched: bool = False):
         self.fn = fn
