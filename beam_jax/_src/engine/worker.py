@@ -134,8 +134,9 @@ class WorkerStart:
 
     Example:
         >>> import numpy as np, beam_jax as bj
+        >>> options = bj.KernelOptions(bucketing=bj.Bucketing(boundaries={"L": 8}))
         >>> start = WorkerStart(lambda p, x, lengths: x.sum(),
-        ...                     bj.ArraySpec(("L",), np.float32), bj.KernelOptions())
+        ...                     bj.ArraySpec(("L",), np.float32), options)
         >>> type(start.get()).__name__  # waits for it
         'Worker'
 
