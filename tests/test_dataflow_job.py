@@ -161,3 +161,68 @@ def test_a_dry_run_on_another_runner_is_refused_before_anything_runs(tmp_path, c
         embed_text.run(["--output", str(tmp_path / "out"), "--dry_run=True"])
     assert "only with --runner DataflowRunner" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# --- the TPU job of docs/dataflow_tpu.md -------------------------------------------------
+
+TPU_IMAGE = "us-central1-docker.pkg.dev/my-project/beam-jax/beam-jax-tpu:0.2.0"
+TPU = "type:tpu-v5-lite-podslice;topology:1x1"
+
+
+@pytest.fixture(scope="module")
+def tpu_dry_run(tmp_path_factory):
+    """docs/dataflow_tpu.md's command, dry-run on a local Parquet sample."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_jax.text import builtin_corpus
+
+    tmp_path = tmp_path_factory.mktemp("dataflow_tpu")
+    corpus = builtin_corpus(60)
+    sample = tmp_path / "sample.parquet"
+    pq.write_table(pa.table({"id": [i for i, _ in corpus], "text": [t for _, t in corpus]}), sample)
+    flags = _dataflow_flags(tmp_path)
+    flags[flags.index("--builtin_texts") : flags.index("--builtin_texts") + 2] = [
+        "--input",
+        str(sample),
+    ]
+    flags[flags.index("--sdk_container_image") + 1] = TPU_IMAGE
+    flags[flags.index("--machine_type") + 1] = "ct5lp-hightpu-1t"
+    flags += [
+        "--dataflow_service_options",
+        f"worker_accelerator={TPU}",
+        "--experiments=no_use_multiple_sdk_containers",
+        "--number_of_worker_harness_threads",
+        "24",
+        "--tokens_per_chunk",
+        "0",
+        "--batch_size",
+        "1024",
+        "--max_tokens_per_batch",
+        "32768",
+        "--matmuls",
+        "auto",
+    ]
+    summary = embed_text.run(flags)
+    return tmp_path, summary, json.loads((tmp_path / "job.json").read_text())
+
+
+def test_the_tpu_job_runs_one_process_per_tpu_worker_with_its_threads(tpu_dry_run):
+    tmp_path, summary, described = tpu_dry_run
+    assert summary is None and not (tmp_path / "out").exists()
+    (pool,) = described["environment"]["workerPools"]
+    assert pool["machineType"] == "ct5lp-hightpu-1t"
+    assert {i["containerImage"] for i in pool["sdkHarnessContainerImages"]} == {TPU_IMAGE}
+    options = described["environment"]["sdkPipelineOptions"]["options"]
+    assert options["dataflow_service_options"] == [f"worker_accelerator={TPU}"]
+    assert "no_use_multiple_sdk_containers" in options["experiments"]
+    assert "use_runner_v2" in options["experiments"]
+    assert int(options["number_of_worker_harness_threads"]) == 24
+
+
+def test_the_tpu_job_asks_for_the_tpu_for_the_whole_pool_not_per_step(tpu_dry_run):
+    _, _, described = tpu_dry_run
+    leaves = _leaves(described)
+    for name in ("Read/", "Tokenize", "Embed/", "WriteResults"):
+        assert any(n.startswith(name) for n in leaves), (name, sorted(leaves))
+    assert not any(jobs.ACCELERATOR_HINT in hints for hints in leaves.values())

@@ -169,8 +169,10 @@ def test_start_workers_alone_builds_and_keeps_a_worker(tmp_path):
     p = pipeline()
     _ = p | embed.start_workers()
     run(p)
+    started = base._take_started(embed._start_id)  # waiting for the DoFn to take it
+    assert started is not None
+    started.get()  # built in the background: parameters loaded once
     assert sum(loader.calls().values()) == 1
-    assert base._take_started(embed._start_id) is not None  # waiting for the DoFn to take it
 
 
 def test_a_full_batch_whose_shape_is_compiling_waits_while_ready_shapes_run():

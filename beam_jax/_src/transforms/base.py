@@ -20,7 +20,7 @@ from beam_jax._src.engine.batching import BatchEngine
 from beam_jax._src.engine.cross_bundle import CrossBundle
 from beam_jax._src.engine.metrics import KernelMetrics
 from beam_jax._src.engine.options import KernelOptions, make_plan, resolve_options
-from beam_jax._src.engine.worker import Worker
+from beam_jax._src.engine.worker import Worker, WorkerStart
 from beam_jax._src.errors import DeadLetterThresholdError, SpecError
 
 
@@ -66,8 +66,8 @@ def dead_letter_output(error: BaseException, stage: str, source: Source) -> Any:
 
 class _Holder:
     # apache_beam.utils.shared needs a weak-referenceable object.
-    def __init__(self, worker: Worker):
-        self.worker = worker
+    def __init__(self, start: WorkerStart):
+        self.start = start
 
 
 class WorkerDoFn(beam.DoFn):
@@ -76,8 +76,16 @@ class WorkerDoFn(beam.DoFn):
 
     A subclass either is a front end (implements the ``FrontEnd`` methods the engine
     needs: ``new_buffer``, ``check``, ``emit``, ``source``) or holds one (an
-    ``ElementFrontEnd``, built in ``start_bundle`` with ``new_engine``), and implements
-    ``process``.
+    ``ElementFrontEnd``, built in ``open_bundle`` or ``start_bundle`` with ``new_engine``),
+    and implements ``process``.
+
+    The worker is built on a background thread from ``setup`` (or taken from
+    ``start_workers``/``start_worker_here``): opening the devices, loading the parameters
+    and starting the compiles go on while the bundle's earlier steps read and tokenize.
+    ``plan`` and the engine wait for it. A subclass that builds its engine in
+    ``open_bundle`` and calls ``open_bundle_once()`` first thing in ``process`` waits only
+    when its first element arrives; one that overrides ``start_bundle`` waits there. An
+    error building the worker is raised where it is waited for: the job's error.
 
     Args:
         fn: the kernel's function.
@@ -107,16 +115,28 @@ class WorkerDoFn(beam.DoFn):
 
     def setup(self):
         fn, spec, options, start_id = self._fn, self._spec, self._options, self._start_id
+        # Not waited for here: see the class's docstring.
         self._holder = self._shared.acquire(
-            lambda: _Holder(_take_started(start_id) or Worker(fn, spec, options)), tag=self._tag
+            lambda: _Holder(_take_started(start_id) or WorkerStart(fn, spec, options)),
+            tag=self._tag,
         )
-        self._worker = self._holder.worker
-        self._plan = self._worker.plan
         self._metrics = KernelMetrics(options.metrics_namespace)
 
     @property
+    def _worker(self) -> Worker:
+        """This process's worker for the transform, waited for the first time."""
+        worker = self.__dict__.get("_built")
+        if worker is None:
+            worker = self._built = self._holder.start.get()
+        return worker
+
+    @property
+    def _plan(self) -> Plan:
+        return self._worker.plan
+
+    @property
     def plan(self) -> Plan:
-        """The worker's plan (after ``setup``)."""
+        """The worker's plan (after ``setup``; waits for the worker)."""
         return self._plan
 
     @property
@@ -125,8 +145,20 @@ class WorkerDoFn(beam.DoFn):
         return self._metrics
 
     def start_bundle(self):
+        # The bundle's engine is built by its first element (open_bundle_once), so that a
+        # worker still starting holds up none of the bundle's earlier steps.
+        self._opened = False
+
+    def open_bundle(self):
+        """Builds the bundle's engine (waits for the worker): a subclass extends it."""
         # A fresh engine per bundle: nothing of a failed bundle is carried into the next.
         self._engine = self.new_engine(self)
+
+    def open_bundle_once(self) -> None:
+        """``open_bundle`` the first time in a bundle; call it first thing in ``process``."""
+        if not self._opened:
+            self.open_bundle()
+            self._opened = True
 
     def new_engine(self, front: Any) -> BatchEngine:
         """A ``BatchEngine`` of this DoFn's worker and metrics, with ``front`` its front end."""
@@ -139,6 +171,9 @@ class WorkerDoFn(beam.DoFn):
         )
 
     def finish_bundle(self) -> Iterator[Any]:
+        # A subclass that builds its engine in its own start_bundle never sets _opened.
+        if not getattr(self, "_opened", True):
+            return  # no element came: nothing to run, nor to wait for
         yield from self._engine.flush()
         # Start-up compiles still running are waited for, so that the bundle's metrics
         # count every compile and no compile outlives the worker's work.
@@ -156,27 +191,27 @@ class WorkerDoFn(beam.DoFn):
 
 
 # Workers started early by start_workers(), until the transform's own DoFn takes them.
-_STARTED: dict[str, Worker] = {}
+_STARTED: dict[str, WorkerStart] = {}
 _STARTED_LOCK = threading.Lock()
 
 
-def _take_started(start_id: str | None) -> Worker | None:
+def _take_started(start_id: str | None) -> WorkerStart | None:
     with _STARTED_LOCK:
         return _STARTED.pop(start_id, None) if start_id else None
 
 
 def _start(start_id: str, fn, spec, options: KernelOptions) -> None:
+    """Starts building the transform's worker in the background, once per process."""
     with _STARTED_LOCK:
-        if start_id in _STARTED:
-            return
-    worker = Worker(fn, spec, options)
-    with _STARTED_LOCK:
-        _STARTED.setdefault(start_id, worker)
+        if start_id not in _STARTED:
+            _STARTED[start_id] = WorkerStart(fn, spec, options)
 
 
 class _StartWorker(beam.DoFn):
-    """Builds the worker of a kernel transform in the first stage that runs in a process:
-    parameters load and, with ``precompile``, shapes compile while earlier stages read."""
+    """Starts building the worker of a kernel transform in the first stage that runs in a
+    process, in the background: the devices open, parameters load and, with
+    ``precompile``, shapes compile while the stages after it read (an error surfaces where
+    the transform's own DoFn waits for the worker)."""
 
     def __init__(self, fn, spec, options: KernelOptions, start_id: str):
         self._args = (fn, spec, options)
@@ -304,10 +339,12 @@ class KernelTransform(beam.PTransform):
         return StartWorkers(self)
 
     def start_worker_here(self) -> None:
-        """Build this process's worker now (parameters loaded, with ``precompile`` shapes
-        compiling in the background), for a runner that runs the pipeline in this process
-        (the in-process FnApiRunner): Beam's own start-up then overlaps the compiles.
-        Elsewhere the worker is unused; its compiles still fill a compilation cache."""
+        """Start building this process's worker now, in the background (devices opened,
+        parameters loaded, with ``precompile`` shapes compiled), for a runner that runs the
+        pipeline in this process (the in-process FnApiRunner): Beam's own start-up and the
+        first reads then overlap it, and the transform's DoFn takes it, waiting only when a
+        batch must run. Elsewhere the worker is unused; its compiles still fill a
+        compilation cache."""
         _start(self._start_id, self.fn, self.spec, self.options)
 
     def forget_worker_here(self) -> None:

@@ -177,6 +177,7 @@ class CrossBundleDoFn(ElementsDoFn):
         max_wait=_MAX_WAIT,
         window_end=_WINDOW_END,
     ) -> Iterator[Any]:
+        self.open_bundle_once()
         (index, _), stored = element
         held = count.read() or 0
         if stored.payload:
@@ -225,6 +226,7 @@ class CrossBundleDoFn(ElementsDoFn):
 
     def _flush_state(self, index, window, buffer, count, max_wait, cause) -> Iterator[Any]:
         """Read and clear one key's buffer, then launch its rows as one batch."""
+        self.open_bundle_once()  # a timer's bundle may have no element
         stored = list(buffer.read())
         buffer.clear()
         count.clear()

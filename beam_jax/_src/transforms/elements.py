@@ -52,7 +52,7 @@ class ElementsDoFn(WorkerDoFn):
         self._keyed = keyed
         self._outputs = outputs or functools.partial(per_element, keyed)
 
-    def start_bundle(self):
+    def open_bundle(self):
         strategy = self._outputs(self._plan, self._metrics)
         self._front = ElementFrontEnd(self._plan, strategy, dead_letter_output)
         self._engine = self._front.engine = self.new_engine(self._front)
@@ -60,6 +60,7 @@ class ElementsDoFn(WorkerDoFn):
     def process(
         self, element, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam
     ) -> Iterator[Any]:
+        self.open_bundle_once()
         self._metrics.elements_in.inc()
         key, value, item, error = validate_element(self._plan, element, self._keyed)
         source = Source(key, value, timestamp, window)
@@ -69,6 +70,8 @@ class ElementsDoFn(WorkerDoFn):
         yield from self._front.add(source, item, window)
 
     def finish_bundle(self) -> Iterator[Any]:
+        if not self._opened:
+            return  # no element came
         yield from self._front.drain()
         yield from super().finish_bundle()
         yield from self._front.outputs.finish()

@@ -22,7 +22,7 @@ from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax._src.core.packed_plan import PackedPlan
 from beam_jax._src.engine.batching import check_row_outputs
-from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
+from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs, make_plan
 from beam_jax._src.engine.packing import PackedBuffer, PackedStage
 from beam_jax._src.errors import InvalidElementError, SpecError
 from beam_jax._src.transforms.base import KernelTransform, Source, WorkerDoFn
@@ -45,23 +45,27 @@ class _ArrowFrontEnd(WorkerDoFn):
 
     def setup(self):
         super().setup()
-        self._column_names = self._columns.resolve(self._plan.layout)
+        # The layout is the spec's, whatever the devices: known without waiting for them.
+        self._column_names = self._columns.resolve(make_plan(self._spec, self._options).layout)
         # Batch buffers are reused across batches and bundles: spares per bucket.
         self._spare: dict[Bucket, list[BucketFill]] = defaultdict(list)
         self._id_type: pa.DataType | None = None
 
-    def start_bundle(self):
-        super().start_bundle()
+    def open_bundle(self):
+        super().open_bundle()
         # With packing, rows are staged (per window) and packed: PackedStage, not fills.
         packed = isinstance(self._plan, PackedPlan)
         self._stage = PackedStage(self._plan, self._engine, per_window=True) if packed else None
 
     def finish_bundle(self) -> Iterator[Any]:
+        if not self._opened:
+            return  # no element came
         if self._stage is not None:
             yield from self._stage.drain()
         yield from super().finish_bundle()
 
     def process(self, element, window=beam.DoFn.WindowParam) -> Iterator[Any]:
+        self.open_bundle_once()
         if isinstance(element, pa.Table):
             batches = element.to_batches()
         elif isinstance(element, pa.RecordBatch):
