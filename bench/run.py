@@ -61,6 +61,15 @@ READ_OF = {
     "stock_runinference_tuned": "read_only_raw",
     "beam_jax_runinference": "read_only_raw",
 }
+# The variants that batch records of one length bucket together (the limit's buckets).
+LENGTH_BUCKETED = (
+    "beam_jax",
+    "beam_jax_arrow",
+    "beam_jax_arrow_binary",
+    "stock_runinference",
+    "stock_runinference_tuned",
+    "beam_jax_runinference",
+)
 READ_ONLY = ("read_only", "read_only_binary", "read_only_raw")
 # The Arrow front end's target: at least this fraction of its serial bound on either file.
 SERIAL_TARGET = 0.85

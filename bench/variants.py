@@ -384,7 +384,7 @@ class JaxModelHandler(ModelHandler):
             min_batch_size=batch_size if tuned else None,
             max_batch_size=batch_size,
             max_batch_duration_secs=60,
-            batch_length_fn=_keyed_length,
+            batch_length_fn=_example_length,
             batch_bucket_boundaries=[b + 1 for b in bounds[:-1]],
         )
         self.kernel = kernel
@@ -406,8 +406,10 @@ class JaxModelHandler(ModelHandler):
         return sum(x.nbytes for x in batch)
 
 
-def _keyed_length(element) -> int:
-    return len(element[1])
+def _example_length(example: np.ndarray) -> int:
+    """The length RunInference batches by. Beam's ``KeyedModelHandler`` hands
+    ``batch_length_fn`` the example, not the ``(key, example)`` pair (since Beam 2.78)."""
+    return len(example)
 
 
 def run_stock_runinference(kernel: str, cfg: dict, tuned: bool = False) -> dict:

@@ -70,6 +70,14 @@ def test_bench_runs_every_variant_and_writes_json(tmp_path):
         assert rows["beam_jax_arrow"]["compiles"] == rows["beam_jax"]["compiles"]
         assert rows["stock_beam_tuned"]["compiles"] <= 3
         assert rows["stock_runinference_tuned"]["compiles"] <= 3
+        # Every length-bucketed variant batches one bucket's records together: it pads no
+        # more than the limit, which pads the same buckets and every batch to full rows. A
+        # baseline whose length function breaks (Beam 2.78 hands RunInference's
+        # batch_length_fn the example, not the (key, example) pair) puts all lengths in
+        # one bucket and pads far more, or fails on a record of length 1.
+        for variant in run.LENGTH_BUCKETED:
+            padding = rows[variant]["padding_ratio"]
+            assert 1 <= padding <= rows["limit"]["padding_ratio"] + 1e-9, (kernel, variant)
         ratio = written["ratios"][f"{kernel}/beam_jax_vs_stock_beam_tuned"]
         assert ratio == pytest.approx(
             rows["beam_jax"]["elements_per_s"] / rows["stock_beam_tuned"]["elements_per_s"]
