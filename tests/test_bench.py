@@ -70,6 +70,19 @@ def test_bench_runs_every_variant_and_writes_json(tmp_path):
         assert rows["beam_jax_arrow"]["compiles"] == rows["beam_jax"]["compiles"]
         assert rows["stock_beam_tuned"]["compiles"] <= 3
         assert rows["stock_runinference_tuned"]["compiles"] <= 3
+        assert rows["stock_beam_buckets"]["compiles"] <= 3
+        # The limit's compiles happen before its clock and are reported beside it.
+        assert limit["compiles"] <= 3 and limit["compile_s"] > 0
+        # Every variant against the fastest stock variant of the same run.
+        peer = written["strongest_stock"][kernel]
+        assert peer == max(run.STOCK, key=lambda v: rows[v]["elements_per_s"])
+        for variant, row in rows.items():
+            assert row["elements"] == 120, variant  # every variant on the same records
+            assert row["ratio_to_stock"] == pytest.approx(
+                row["elements_per_s"] / rows[peer]["elements_per_s"]
+            )
+            assert row["cpu_us_per_record"] == pytest.approx(1e6 * row["cpu_s"] / 120)
+            assert row["cores_busy"] > 0
         # Every length-bucketed variant batches one bucket's records together: it pads no
         # more than the limit, which pads the same buckets and every batch to full rows. A
         # baseline whose length function breaks (Beam 2.78 hands RunInference's
@@ -82,6 +95,53 @@ def test_bench_runs_every_variant_and_writes_json(tmp_path):
         assert ratio == pytest.approx(
             rows["beam_jax"]["elements_per_s"] / rows["stock_beam_tuned"]["elements_per_s"]
         )
+
+
+def test_bench_rounds_rotate_and_report_the_median_of_every_round(tmp_path, capsys):
+    """With --repeat 3 every variant runs once per round, round r starting at the r-th
+    variant; each reports its median run, the spread over its three and every run's time."""
+    run = _bench_module("run")
+    results = run.main(
+        ["--elements", "40", "--kernels", "light", "--num-buckets", "2", "--in-process",
+         "--repeat", "3", "--workdir", str(tmp_path / "data"), "--batch-size", "16",
+         "--variants", "read_only_raw,read_only"]
+    )  # fmt: skip
+    names = ["limit", "read_only_raw", "read_only"]
+    expected = [names, names[1:] + names[:1], names[2:] + names[:2]]
+    assert results["orders"]["light"] == expected
+    # The order printed as they ran is the rotated one.
+    ran = [
+        ln.strip().split(":")[0].split("/")[1]
+        for ln in capsys.readouterr().out.splitlines()
+        if ln.startswith("  light/")
+    ]
+    assert ran == [v for order in expected for v in order]
+    for variant, row in results["results"]["light"].items():
+        times = row["runs_s"]
+        assert row["repeats"] == len(times) == 3, variant
+        assert row["elapsed_s"] == sorted(times)[1], variant
+        assert row["spread"] == pytest.approx((max(times) - min(times)) / row["elapsed_s"])
+        assert row["elements_per_s"] == pytest.approx(40 / row["elapsed_s"])
+
+
+def test_bench_harness_rotates_rounds_and_takes_medians():
+    harness = _bench_module("harness")
+    seen = []
+    runs, orders = harness.run_rounds(
+        ["a", "b", "c", "d"], 5, lambda name, r: seen.append((r, name)) or {"elapsed_s": r}
+    )
+    assert orders == [
+        ["a", "b", "c", "d"], ["b", "c", "d", "a"], ["c", "d", "a", "b"],
+        ["d", "a", "b", "c"], ["a", "b", "c", "d"],
+    ]  # fmt: skip
+    assert seen == [(r, name) for r, order in enumerate(orders) for name in order]
+    s = harness.summarize([{"elapsed_s": t, "peak_rss_mb": m} for t, m in [(3, 1), (1, 5), (2, 2)]])
+    assert (s["elapsed_s"], s["peak_rss_mb"], s["repeats"]) == (2, 5, 3)
+    assert s["spread"] == pytest.approx(1.0) and s["runs_s"] == [3, 1, 2]
+    even = harness.summarize([{"elapsed_s": t} for t in (4, 1, 3, 2)])
+    assert even["elapsed_s"] == 3  # the slower middle run of an even count
+    with pytest.raises(ValueError, match="repeat must be at least 1"):
+        harness.run_rounds(["a"], 0, lambda name, r: {})
 
 
 def test_bench_runs_each_variant_with_its_bounds(tmp_path, capsys):
