@@ -79,6 +79,13 @@ LENGTH_BUCKETED = (
     "stock_runinference_tuned",
     "beam_jax_runinference",
 )
+# The data file each variant reads (``values.f32`` otherwise): only those are written.
+FILE_OF = {
+    "read_only": "data.parquet",
+    "beam_jax_arrow": "data.parquet",
+    "read_only_binary": "data_binary.parquet",
+    "beam_jax_arrow_binary": "data_binary.parquet",
+}
 READ_ONLY = ("read_only", "read_only_binary", "read_only_raw")
 # The Arrow front end's target: at least this fraction of its serial bound on either file.
 SERIAL_TARGET = 0.85
@@ -426,7 +433,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.workdir or Path(tempfile.gettempdir()) / f"beam_jax_bench_{args.seed}_{args.elements}"
     )
     started = time.perf_counter()
-    meta = generate(workdir, args.elements, args.seed)
+    files = tuple(dict.fromkeys(FILE_OF.get(v, "values.f32") for v in variants))
+    meta = generate(workdir, args.elements, args.seed, files)
     cfg = _config(args, workdir, meta)
     print(
         f"data: {meta['n']} records, {meta['tokens']} rows of {64} floats, in {workdir} "

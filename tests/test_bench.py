@@ -163,7 +163,7 @@ def test_bench_runs_each_variant_with_its_bounds(tmp_path, capsys):
     ]
     assert set(results["serial_bounds"]) == {"light/beam_jax_arrow", "light/beam_jax_arrow_binary"}
     printed = capsys.readouterr().out
-    assert "matmul peak GFLOP/s: fp32" in printed
+    assert "matmul peak GFLOP/s at 2048^2: fp32" in printed
     for key, bound in results["serial_bounds"].items():
         line = next(ln for ln in printed.splitlines() if ln.strip().startswith(key + " "))
         assert f"{bound['bound_per_s']:.0f}" in line and f"{bound['ratio']:.3f}" in line
@@ -544,3 +544,40 @@ def test_host_threads_bench_times_each_step_alone_and_beside_python(tmp_path):
             timed = step[setting]
             assert timed["wall_s"] > 0 and timed["thread_cpu_s"] >= 0
             assert timed["slowdown"] == pytest.approx(timed["wall_s"] / step["alone"]["wall_s"])
+
+
+def test_peak_prints_the_size_it_measured_at_and_the_fingerprint_keeps_it(capsys):
+    peak = _bench_module("peak")
+    out = peak.main(["--sizes", "128,256", "--repeat", "1", "--calls", "3"])
+    assert out["sizes"] == [128, 256] and set(out["by_size"]["fp32"]) == {128, 256}
+    assert out["peak_gflops"]["fp32"] == max(out["by_size"]["fp32"].values()) > 0
+    best = max(out["by_size"]["fp32"], key=out["by_size"]["fp32"].get)
+    assert out["fingerprint"]["peak_size"] >= best
+    assert f"at {out['fingerprint']['peak_size']}^2" in capsys.readouterr().out
+    assert peak.default_size() == 2048  # on a CPU; 8,192 on an accelerator
+
+
+def test_bench_data_writes_only_the_files_asked_for_with_the_same_values(tmp_path):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    data = _bench_module("data")
+    meta = data.generate(tmp_path, 50, 3, ("values.f32",))
+    assert not (tmp_path / "data.parquet").exists()
+    assert data.generate(tmp_path, 50, 3, data.FILES) == meta  # the other two added
+    reader = data.RecordReader(str(tmp_path))
+    table = pq.read_table(tmp_path / "data.parquet")
+    binary = pq.read_table(tmp_path / "data_binary.parquet")
+    lengths = np.load(tmp_path / "lengths.npy")
+    for i in (0, 17, 49):
+        x = reader.read(i)
+        assert x.shape == (lengths[i], data.DIM)
+        np.testing.assert_array_equal(
+            np.asarray(table.column("x")[i].as_py(), np.float32), x.ravel()
+        )
+        np.testing.assert_array_equal(
+            np.frombuffer(binary.column("x")[i].as_py(), np.float32), x.ravel()
+        )
+    reader.close()
+    with pytest.raises(ValueError, match="unknown data files"):
+        data.generate(tmp_path, 50, 3, ("values.csv",))
