@@ -891,13 +891,6 @@ def _min_cosine(pipeline_out: str, st_vectors: str) -> float:
     return float(cos.min())
 
 
-def flagship_has_batching() -> bool:
-    """Whether the flagship takes ``--batching`` (it does from ``pipelines.embed`` on)."""
-    import importlib.util
-
-    return importlib.util.find_spec("pipelines.embed") is not None
-
-
 def _has_st(python: str) -> bool:
     if not Path(python).exists():
         return False
@@ -1082,10 +1075,6 @@ def main(argv: list[str] | None = None) -> dict:
     if "sentence_transformers" in variants and not _has_st(args.st_python):
         print(f"note: {args.st_python} has no sentence-transformers; skipping that variant")
         variants.remove("sentence_transformers")
-    chosen = [v for v in variants if FLAGSHIPS.get(v)]
-    if chosen and not flagship_has_batching():
-        print(f"note: this flagship has no --batching flag; skipping {', '.join(chosen)}")
-        variants = [v for v in variants if v not in chosen]
 
     started = time.perf_counter()
     runs: dict[str, list[dict]] = {v: [] for v in variants}

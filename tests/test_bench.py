@@ -494,14 +494,6 @@ def test_embed_text_bench_stops_a_run_past_its_timeout_and_says_where_it_was():
     assert "(most recent call first)" in str(stopped.value)
 
 
-def _flagship_has_batching() -> bool:
-    return _bench_module("embed_text").flagship_has_batching()
-
-
-@pytest.mark.skipif(
-    not _flagship_has_batching(),
-    reason="the flagship's --batching flag (pipelines.embed) is not in this tree yet",
-)
 def test_embed_text_bench_runs_the_flagship_packed_and_bucketed(tmp_path):
     """Both batchings and float32 matmuls run end to end side by side; each reports the
     dtype its dense matmuls ran in, its executed FLOPs per real token and MFU (against that
