@@ -457,7 +457,11 @@ def test_embed_text_bench_runs_sentence_transformers_on_the_device_asked_for(tmp
     fake = tmp_path / "fake"
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text(
-        "__version__ = 'stand-in'\ndef set_num_threads(n):\n    pass\n"
+        "__version__ = 'stand-in'\nbfloat16 = 'bf16'\nAUTOCAST = []\n"
+        "def set_num_threads(n):\n    pass\n"
+        "class autocast:\n"
+        "    def __init__(self, kind, dtype):\n        self.args = (kind, dtype)\n"
+        "    def __enter__(self):\n        AUTOCAST.append(self.args)\n"
     )
     (fake / "sentence_transformers").mkdir()
     (fake / "sentence_transformers" / "__init__.py").write_text(
@@ -466,19 +470,57 @@ def test_embed_text_bench_runs_sentence_transformers_on_the_device_asked_for(tmp
         "    def __init__(self, path, device):\n"
         "        self.device = device\n"
         "    def encode(self, texts, batch_size, convert_to_numpy):\n"
-        "        return np.array([[len(t)] * 384 for t in texts], np.float32)\n"
+        "        import torch\n"
+        "        scale = 2.0 if torch.AUTOCAST else 1.0  # shows the autocast was entered\n"
+        "        return np.array([[len(t) * scale] * 384 for t in texts], np.float32)\n"
     )
     python = tmp_path / "st-python"
     python.write_text(f'#!/bin/sh\nPYTHONPATH={fake}:$PYTHONPATH exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     embed_text = _bench_module("embed_text")
     report = embed_text.main(
-        ["--variants", "sentence_transformers", "--texts", "20", "--rounds", "1",
-         "--st-python", str(python), "--st-device", "cuda:7"]
+        ["--variants", "sentence_transformers,sentence_transformers_bf16", "--texts", "20",
+         "--rounds", "1", "--st-python", str(python), "--st-device", "cuda:7",
+         "--keep-outputs", str(tmp_path / "runs")]
     )  # fmt: skip
     st = report["variants"]["sentence_transformers"]
     assert st["device"] == "cuda:7" and st["torch"] == "stand-in"
     assert st["sentences_per_s"] > 0
+    # The whole process is timed too, and outlasts encode alone.
+    assert st["process_s_median"] > st["seconds_median"] > 0
+    assert st["st_dtype"] == "float32"
+    assert report["variants"]["sentence_transformers_bf16"]["st_dtype"] == "bfloat16"
+    import numpy as np
+
+    plain = np.load(tmp_path / "runs" / "sentence_transformers-0" / "vectors.npy")
+    autocast = np.load(tmp_path / "runs" / "sentence_transformers_bf16-0" / "vectors.npy")
+    np.testing.assert_array_equal(autocast, 2 * plain)  # the stand-in's mark of autocast
+
+
+def test_embed_text_bench_sets_the_flagship_against_sentence_transformers_at_one_precision():
+    embed_text = _bench_module("embed_text")
+
+    def row(process, steady):
+        return {"process_s_median": process, "seconds_median": steady}
+
+    results = {
+        "pipeline_float32": row(10.0, 4.0),
+        "sentence_transformers": row(15.0, 8.0),
+        "pipeline": row(8.0, 2.0),
+        "sentence_transformers_bf16": row(12.0, 3.0),
+        "runinference": row(1.0, 1.0),
+    }
+    got = embed_text.same_precision_ratios(results)
+    assert got == {
+        "pipeline_float32_vs_sentence_transformers":
+            {"precision": "float32", "process": 1.5, "steady": 2.0},
+        "pipeline_vs_sentence_transformers_bf16":
+            {"precision": "bfloat16", "process": 1.5, "steady": 1.5},
+    }  # fmt: skip
+    del results["sentence_transformers_bf16"]  # a pair with one side missing is left out
+    assert list(embed_text.same_precision_ratios(results)) == [
+        "pipeline_float32_vs_sentence_transformers"
+    ]
 
 
 def test_embed_text_bench_stops_a_run_past_its_timeout_and_says_where_it_was():
