@@ -12,8 +12,13 @@ Three variants embed the same texts with all-MiniLM-L6-v2 on the same CPUs:
   finished, so it includes Beam's start-up, reading, tokenizing, every compile and writing.
 * ``sentence_transformers``: ``SentenceTransformer.encode(texts, batch_size=64)`` (it sorts
   by length and pads each batch to its longest text), in a separate interpreter that has
-  torch (``--st-python``), on the CPU or on ``--st-device cuda``. Only ``encode`` is timed:
-  not the imports, nor loading the model.
+  torch (``--st-python``), on the CPU or on ``--st-device cuda``. Its ``seconds`` are
+  ``encode`` alone after one warm-up batch (steady state); ``process_s`` is the whole
+  process, as for every variant. ``sentence_transformers_bf16`` runs the same under
+  ``torch.autocast(dtype=torch.bfloat16)``: the precision the flagship's ``--matmuls auto``
+  takes on bfloat16 hardware. The flagship is set against it at matched precision:
+  ``pipeline_float32`` against ``sentence_transformers``, ``pipeline`` against
+  ``sentence_transformers_bf16`` (printed under "same precision").
 * ``runinference``: the same JAX model under stock ``RunInference`` set up as a careful
   user would: texts tokenized first, Beam's own length buckets (``batch_length_fn`` and
   ``batch_bucket_boundaries`` at the pipeline's bucket boundaries, stateful batching),
@@ -138,6 +143,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 VARIANTS = (
     "pipeline",
     "sentence_transformers",
+    "sentence_transformers_bf16",
     "runinference",
     "host_only",
     "host_only_buckets",
@@ -169,9 +175,16 @@ FLAGSHIPS = {
     "pipeline_buckets": ["--batching", "buckets"],
     "pipeline_float32": ["--matmuls", "float32"],
 }
-MODEL_VARIANTS = (*FLAGSHIPS, "sentence_transformers", "runinference")
+# sentence-transformers in each precision: the torch dtype it computes in.
+ST_VARIANTS = {"sentence_transformers": "float32", "sentence_transformers_bf16": "bfloat16"}
+MODEL_VARIANTS = (*FLAGSHIPS, *ST_VARIANTS, "runinference")
 # The variants whose latest output is read after the rounds (the cosine).
-COMPARED = (*FLAGSHIPS, "sentence_transformers")
+COMPARED = (*FLAGSHIPS, *ST_VARIANTS)
+# The flagship against sentence-transformers at the same precision.
+SAME_PRECISION = (
+    ("pipeline_float32", "sentence_transformers"),
+    ("pipeline", "sentence_transformers_bf16"),
+)
 DIM = 384
 DEFAULT_ST_PYTHON = "/tmp/refvenv/bin/python"
 BATCH_SIZE = 64
@@ -185,12 +198,18 @@ torch.set_num_threads(cfg["threads"])
 from sentence_transformers import SentenceTransformer
 texts = json.load(open(cfg["texts"]))
 model = SentenceTransformer(cfg["model_dir"], device=cfg["st_device"])
+if cfg["st_dtype"] == "bfloat16":  # autocast: bfloat16 matmuls, as on CPUs with AMX
+    kind = "cuda" if str(model.device).startswith("cuda") else "cpu"
+    torch.autocast(kind, dtype=torch.bfloat16).__enter__()
+# One batch first: the steady state, as the flagship's warm rounds.
+model.encode(texts[: cfg["batch_size"]], batch_size=cfg["batch_size"], convert_to_numpy=True)
 start = time.perf_counter()
 vectors = model.encode(texts, batch_size=cfg["batch_size"], convert_to_numpy=True)
 seconds = time.perf_counter() - start  # the vectors are on the host: the device is done
 np.save(cfg["out"], vectors.astype(np.float32))
 print("RESULT " + json.dumps(
-    {"seconds": seconds, "torch": torch.__version__, "device": str(model.device)}
+    {"seconds": seconds, "torch": torch.__version__, "device": str(model.device),
+     "st_dtype": cfg["st_dtype"]}
 ), flush=True)
 """
 
@@ -818,11 +837,12 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
         cfg["pipeline_args"] += ["--compilation_cache_dir", str(cache_dir)]
     cfg["cache_dir"] = str(cache_dir)
     cache_entries = sum(1 for _ in cache_dir.rglob("*")) if cache_dir.is_dir() else 0
-    if variant == "sentence_transformers":
+    if variant in ST_VARIANTS:
         cfg["out"] = str(out / "vectors.npy")
+        cfg["st_dtype"] = ST_VARIANTS[variant]
     cfg_path = tmp / f"{variant}-{round_}.json"
     cfg_path.write_text(json.dumps(cfg))
-    if variant == "sentence_transformers":
+    if variant in ST_VARIANTS:
         command = [
             "taskset", "-c", ",".join(map(str, sorted(os.sched_getaffinity(0))[: args.threads])),
             args.st_python, "-c", _ST_SCRIPT, str(cfg_path),
@@ -837,6 +857,7 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
     # machine, with nothing left to write (see also _drop_outputs).
     os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    launched = time.perf_counter()
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -855,12 +876,14 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
             f"{variant} (round {round_ + 1}) ran past --timeout {args.timeout:g} s and was "
             f"stopped; where its threads were:\n{dump}"
         ) from None
+    process_s = time.perf_counter() - launched  # the whole process, start to exit
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise RuntimeError(f"{variant} failed (exit {proc.returncode}):\n{stderr[-4000:]}")
     result = json.loads(lines[-1][len("RESULT ") :])
     result["out"] = str(out)
+    result["process_s"] = process_s
     result["cache_entries_before"] = cache_entries
     # CPU seconds of the whole child process, start-up included: less sensitive than wall
     # time to other work on shared CPUs.
@@ -891,13 +914,6 @@ def _min_cosine(pipeline_out: str, st_vectors: str) -> float:
     return float(cos.min())
 
 
-def flagship_has_batching() -> bool:
-    """Whether the flagship takes ``--batching`` (it does from ``pipelines.embed`` on)."""
-    import importlib.util
-
-    return importlib.util.find_spec("pipelines.embed") is not None
-
-
 def _has_st(python: str) -> bool:
     if not Path(python).exists():
         return False
@@ -911,6 +927,27 @@ def _flagship_cosines(runs: dict) -> dict:
         return {}
     st = str(Path(runs["sentence_transformers"][-1]["out"]) / "vectors.npy")
     return {v: _min_cosine(runs[v][-1]["out"], st) for v in FLAGSHIPS if v in runs}
+
+
+def same_precision_ratios(results: dict) -> dict:
+    """The flagship over sentence-transformers at the same precision (``SAME_PRECISION``):
+    ``process`` as whole processes (start to exit, imports and model load included),
+    ``steady`` the flagship's job time (median round) against ``encode`` after a warm-up."""
+    out = {}
+    for ours, theirs in SAME_PRECISION:
+        if ours in results and theirs in results:
+            a, b = results[ours], results[theirs]
+            out[f"{ours}_vs_{theirs}"] = {
+                "precision": ST_VARIANTS[theirs],
+                "process": b["process_s_median"] / a["process_s_median"],
+                "steady": b["seconds_median"] / a["seconds_median"],
+            }
+            r = out[f"{ours}_vs_{theirs}"]
+            print(
+                f"same precision ({r['precision']}): {ours} {r['process']:.2f}x {theirs} as "
+                f"whole processes, {r['steady']:.2f}x steady"
+            )
+    return out
 
 
 def _side_by_side_ratios(results: dict, ratios: dict, ratios_best: dict) -> None:
@@ -1079,13 +1116,10 @@ def main(argv: list[str] | None = None) -> dict:
     for v in variants:
         if v not in VARIANTS:
             parser.error(f"unknown variant {v!r}; choose from {VARIANTS}")
-    if "sentence_transformers" in variants and not _has_st(args.st_python):
-        print(f"note: {args.st_python} has no sentence-transformers; skipping that variant")
-        variants.remove("sentence_transformers")
-    chosen = [v for v in variants if FLAGSHIPS.get(v)]
-    if chosen and not flagship_has_batching():
-        print(f"note: this flagship has no --batching flag; skipping {', '.join(chosen)}")
-        variants = [v for v in variants if v not in chosen]
+    wanted_st = [v for v in variants if v in ST_VARIANTS]
+    if wanted_st and not _has_st(args.st_python):
+        print(f"note: {args.st_python} has no sentence-transformers; skipping {wanted_st}")
+        variants = [v for v in variants if v not in ST_VARIANTS]
 
     started = time.perf_counter()
     runs: dict[str, list[dict]] = {v: [] for v in variants}
@@ -1136,6 +1170,7 @@ def main(argv: list[str] | None = None) -> dict:
         }
         if all("run_cpu_s" in r for r in rs):
             results[variant]["run_cpu_s_median"] = statistics.median(r["run_cpu_s"] for r in rs)
+        results[variant]["process_s_median"] = statistics.median(r["process_s"] for r in rs)
         for key in ("launch_s", "end_s"):
             if all(r.get(key) is not None for r in rs):
                 results[variant][f"{key}_all"] = [round(r[key], 3) for r in rs]
@@ -1272,6 +1307,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{cold_warm[f'pipeline_vs_{other}_warm']:.2f}x warm"
             )
     _flagship_cold_warm(cold_warm, results)
+    same_precision = same_precision_ratios(results)
     if cosine is not None:
         print(f"min cosine, pipeline vs sentence-transformers: {cosine:.6f}")
     for variant, value in cosines.items():
@@ -1288,6 +1324,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rounds": args.rounds,
         "variants": results,
         "ratios": ratios,
+        "same_precision": same_precision,
         "ratios_best": ratios_best,
         "cold_warm": cold_warm,
         "cpu_bounds": cpu_bounds,

@@ -38,16 +38,19 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def fingerprint(peak: dict[str, float] | None = None, measure_peak: bool = True) -> dict:
+def fingerprint(
+    peak: dict[str, float] | None = None, measure_peak: bool = True, peak_size: int | None = None
+) -> dict:
     """CPU model and flags, usable cores, load, JAX backend and devices, matmul peak.
 
     Args:
         peak: GFLOP/s per dtype already measured (``peak.measure()``); measured here
             (about a second) when None and ``measure_peak``.
         measure_peak: measure the peak when ``peak`` is None.
+        peak_size: the matrix size ``peak`` was measured at (default: the device's).
     """
     import jax
-    from peak import cpu_flags, measure
+    from peak import cpu_flags, default_size, measure
 
     flags = cpu_flags()
     if peak is None and measure_peak:
@@ -69,6 +72,7 @@ def fingerprint(peak: dict[str, float] | None = None, measure_peak: bool = True)
         "devices": [d.device_kind for d in jax.devices()],
         "jax": jax.__version__,
         "peak_gflops": peak or {},
+        "peak_size": peak_size or default_size(),
     }
 
 
@@ -81,5 +85,5 @@ def format_fingerprint(info: dict) -> str:
     return (
         f"machine: {info['cpu']} ({' '.join(info['flags']) or 'no vector flags'}), "
         f"{info['cores']} cores, load {load}; jax {info['jax']} {info['backend']} ({device}); "
-        f"matmul peak GFLOP/s: {peak}"
+        f"matmul peak GFLOP/s at {info.get('peak_size', '?')}^2: {peak}"
     )

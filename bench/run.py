@@ -1,21 +1,26 @@
 r"""beam_jax against the physical limit and against stock Beam, on the same data, in one run.
 
-    python bench/run.py --quick                  # 20,000 records, stock on 4,000, 3 repeats
-    python bench/run.py --elements 200000 --variants limit,beam_jax,beam_jax_arrow
+    python bench/run.py --quick                  # 20,000 records, 3 rounds
+    python bench/run.py --elements 200000 --repeat 3
     python bench/run.py --elements 200000 --kernels light \
         --variants beam_jax_arrow,beam_jax_arrow_binary   # each against its serial bound
     python bench/run.py --json out.json          # {"results": {kernel: {variant: {...}}},
                                                  #  "ratios": {...}, "serial_bounds": {...},
-                                                 #  "fingerprint": {...}}
+                                                 #  "strongest_stock": {...}, "fingerprint": {...}}
 
-Each (kernel, variant) runs in a fresh process so peak RSS is its own, launched as the
-library's jobs launch (``beam_jax.jobs.freeze_startup_objects`` and ``prompt_bundle_ends``,
-which the example pipelines' ``run()`` functions use too); every variant's outputs are
-checked against ``limit``'s before the table is printed. ``limit`` and the read of each
-variant's own input file (``read_only*``) always run with it, in the same rounds, so
-every variant is measured against its bounds side by side: after the table, each variant's
-serial bound 1 / (1/limit + 1/read) is printed with the variant's rate over it (the Arrow
-variants' target is ``SERIAL_TARGET``).
+Every variant runs on the same records, in a fresh process (its peak RSS its own), each
+round in a rotated order (``harness.run_rounds``), and reports its median over the rounds
+with the spread. Each is printed against the strongest stock Beam peer of that run (the
+fastest ``stock_*`` variant: Beam's own length buckets, tuned as Beam's docs advise, or
+the naive ones if they win) and against ``limit``: the same jitted kernel over
+pre-bucketed, pre-padded batches, its compiles done before its clock (reported beside).
+``limit`` and the read of each variant's own input file (``read_only*``) always run with
+it, so after the table each variant's serial bound 1 / (1/limit + 1/read) is printed with
+the variant's rate over it. Variants run as the library's jobs launch
+(``beam_jax.jobs.freeze_startup_objects`` and ``prompt_bundle_ends``); every variant's
+outputs are checked against ``limit``'s before the table is printed. With py-spy
+installed (beside the interpreter, on PATH or ``$BEAM_JAX_PY_SPY``) each run also reports
+the microseconds per record a thread held the interpreter lock.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +39,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
+
+import harness  # noqa: E402
 
 VARIANT_NAMES = (
     "limit",
@@ -46,6 +52,7 @@ VARIANT_NAMES = (
     "beam_jax_arrow_binary",
     "stock_beam",
     "stock_beam_tuned",
+    "stock_beam_buckets",
     "stock_runinference",
     "stock_runinference_tuned",
     "beam_jax_runinference",
@@ -57,16 +64,39 @@ READ_OF = {
     "beam_jax_arrow_binary": "read_only_binary",
     "stock_beam": "read_only_raw",
     "stock_beam_tuned": "read_only_raw",
+    "stock_beam_buckets": "read_only_raw",
     "stock_runinference": "read_only_raw",
     "stock_runinference_tuned": "read_only_raw",
     "beam_jax_runinference": "read_only_raw",
+}
+# The variants that batch records of one length bucket together (the limit's buckets).
+LENGTH_BUCKETED = (
+    "beam_jax",
+    "beam_jax_arrow",
+    "beam_jax_arrow_binary",
+    "stock_beam_buckets",
+    "stock_runinference",
+    "stock_runinference_tuned",
+    "beam_jax_runinference",
+)
+# The data file each variant reads (``values.f32`` otherwise): only those are written.
+FILE_OF = {
+    "read_only": "data.parquet",
+    "beam_jax_arrow": "data.parquet",
+    "read_only_binary": "data_binary.parquet",
+    "beam_jax_arrow_binary": "data_binary.parquet",
 }
 READ_ONLY = ("read_only", "read_only_binary", "read_only_raw")
 # The Arrow front end's target: at least this fraction of its serial bound on either file.
 SERIAL_TARGET = 0.85
 SERIAL_TARGET_VARIANTS = ("beam_jax_arrow", "beam_jax_arrow_binary")
-# Headline ratios: (variant, baseline); the tuned baselines are the headline.
+# The stock Beam peers; the headline is against the fastest of them in the same run.
+STOCK = tuple(v for v in VARIANT_NAMES if v.startswith("stock_"))
+# The strongest (length-bucketed, fixed batch) stock peers, the naive ones a second row.
+STRONG_STOCK = ("stock_beam_buckets", "stock_runinference_tuned")
+# Ratios printed beside the headline: each of ours against its own front end's peer.
 RATIOS = (
+    ("beam_jax", "stock_beam_buckets"),
     ("beam_jax", "stock_beam_tuned"),
     ("beam_jax", "stock_beam"),
     ("beam_jax_runinference", "stock_runinference_tuned"),
@@ -77,14 +107,19 @@ KERNEL_NAMES = ("heavy", "light")
 FIELDS = (
     "elements_per_s",
     "spread",
+    "ratio_to_stock",
     "ratio_to_limit",
     "ratio_to_bound",
     "ratio_to_serial_bound",
     "serial_bound_per_s",
     "host_us_per_record",
     "host_cpu_us_per_record",
+    "cpu_us_per_record",
+    "gil_us_per_record",
+    "cores_busy",
     "mfu",
     "compiles",
+    "compile_s",
     "padding_ratio",
     "peak_rss_mb",
 )
@@ -105,10 +140,7 @@ def _variant(kernel: str, variant: str, cfg: dict) -> dict:
 
 def _child(kernel: str, variant: str, cfg_path: str) -> None:
     cfg = json.loads(Path(cfg_path).read_text())
-    out = _variant(kernel, variant, cfg)
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out["elements"] = cfg["n"]
-    print("RESULT " + json.dumps(out), flush=True)
+    harness.emit(_run_in_process(kernel, variant, cfg))
 
 
 def _run_in_process(kernel: str, variant: str, cfg: dict) -> dict:
@@ -121,21 +153,12 @@ def _run_in_process(kernel: str, variant: str, cfg: dict) -> dict:
 def _run_child(kernel: str, variant: str, cfg: dict, tmp: Path, timeout: float) -> dict:
     cfg_path = tmp / f"{kernel}-{variant}.json"
     cfg_path.write_text(json.dumps(cfg))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.run(
+    return harness.run_child(
         [sys.executable, str(HERE / "run.py"), "--child", kernel, variant, str(cfg_path)],
-        capture_output=True,
-        text=True,
-        env=env,
         timeout=timeout,
+        env=harness.child_env(str(ROOT)),
+        what=f"{kernel}/{variant}",
     )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        raise RuntimeError(
-            f"{kernel}/{variant} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-        )
-    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _load_outputs(outdir: Path):
@@ -188,8 +211,6 @@ def _config(args, workdir: Path, meta: dict) -> dict:
 
 def _run_variant(args, cfg: dict, kernel: str, variant: str, tmp: Path) -> dict:
     run_cfg = dict(cfg)
-    if variant.startswith("stock") and args.stock_elements:
-        run_cfg["n"] = min(args.stock_elements, cfg["n"])
     outdir = tmp / f"{kernel}-{variant}"
     shutil.rmtree(outdir, ignore_errors=True)
     outdir.mkdir()
@@ -210,18 +231,20 @@ def _run_variant(args, cfg: dict, kernel: str, variant: str, tmp: Path) -> dict:
 
 
 def _summarize_runs(runs: list[dict]) -> dict:
-    """The median run by time (the slower middle one for an even count); the largest RSS.
-
-    ``spread`` is (slowest - fastest) / median time: how far one run could be off.
-    """
-    ordered = sorted(runs, key=lambda r: r["elapsed_s"])
-    r = dict(ordered[len(ordered) // 2])
-    r["peak_rss_mb"] = max(x["peak_rss_mb"] for x in runs)
+    """The median run by time with its spread (``harness.summarize``) and its rate."""
+    r = harness.summarize(runs)
     r["elements_per_s"] = r["elements"] / r["elapsed_s"]
-    r["runs_s"] = [round(x["elapsed_s"], 3) for x in runs]
-    r["spread"] = (ordered[-1]["elapsed_s"] - ordered[0]["elapsed_s"]) / r["elapsed_s"]
-    r["repeats"] = len(runs)
+    n = r["elements"]
+    r["cpu_us_per_record"] = 1e6 * r["cpu_s"] / n
+    r["gil_us_per_record"] = None if r.get("gil_s") is None else 1e6 * r["gil_s"] / n
+    r.setdefault("compile_s", None)
     return r
+
+
+def strongest_stock(rows: dict) -> str | None:
+    """The fastest stock Beam variant of a kernel's rows (None when none ran)."""
+    stock = [v for v in rows if v in STOCK]
+    return max(stock, key=lambda v: rows[v]["elements_per_s"]) if stock else None
 
 
 def _bounds(rows: dict) -> None:
@@ -236,8 +259,12 @@ def _bounds(rows: dict) -> None:
     """
     limit = rows["limit"]
     limit_rate = limit["elements_per_s"]
+    peer = strongest_stock(rows)
     for variant, r in rows.items():
         r["ratio_to_limit"] = r["elements_per_s"] / limit_rate
+        r["ratio_to_stock"] = (
+            None if peer is None else r["elements_per_s"] / rows[peer]["elements_per_s"]
+        )
         read = rows.get(READ_OF.get(variant, variant)) if variant != "limit" else None
         bound = limit_rate if read is None else min(limit_rate, read["elements_per_s"])
         if variant in READ_ONLY:
@@ -309,7 +336,9 @@ def _serial_table(bounds: dict) -> str:
 def _ratios(results: dict) -> dict:
     out = {}
     for kernel, rows in results.items():
-        for variant, baseline in RATIOS:
+        peer = strongest_stock(rows)
+        pairs = [(v, peer) for v in rows if peer and v not in STOCK and v not in READ_ONLY]
+        for variant, baseline in [*pairs, *RATIOS]:
             if variant in rows and baseline in rows:
                 key = f"{kernel}/{variant}_vs_{baseline}"
                 out[key] = rows[variant]["elements_per_s"] / rows[baseline]["elements_per_s"]
@@ -322,9 +351,10 @@ def _fmt(value, spec: str, width: int) -> str:
 
 def _table(results: dict) -> str:
     header = (
-        f"{'kernel':7} {'variant':24} {'records/s':>10} {'spread':>7} {'x limit':>8} "
-        f"{'x bound':>8} {'x serial':>8} {'host us/rec':>11} {'host cpu us':>11} "
-        f"{'MFU %':>6} {'compiles':>8} {'padding':>8} {'RSS MB':>7} {'records':>7}  check"
+        f"{'kernel':7} {'variant':24} {'records/s':>10} {'spread':>7} {'x stock':>8} "
+        f"{'x limit':>8} {'x bound':>8} {'x serial':>8} {'cpu us':>7} {'gil us':>7} "
+        f"{'cores':>5} {'MFU %':>6} {'compiles':>8} {'compile s':>9} {'padding':>8} "
+        f"{'RSS MB':>7} {'records':>7}  check"
     )
     lines = [header, "-" * len(header)]
     for kernel, rows in results.items():
@@ -332,11 +362,13 @@ def _table(results: dict) -> str:
             mfu = None if r.get("mfu") is None else 100 * r["mfu"]
             lines.append(
                 f"{kernel:7} {variant:24} {r['elements_per_s']:10.0f} "
-                f"{100 * r['spread']:6.0f}% {r['ratio_to_limit']:8.3f} "
+                f"{100 * r['spread']:6.0f}% {_fmt(r['ratio_to_stock'], '.3f', 8)} "
+                f"{r['ratio_to_limit']:8.3f} "
                 f"{r['ratio_to_bound']:8.3f} {_fmt(r['ratio_to_serial_bound'], '.3f', 8)} "
-                f"{_fmt(r['host_us_per_record'], '.0f', 11)} "
-                f"{_fmt(r['host_cpu_us_per_record'], '.0f', 11)} {_fmt(mfu, '.1f', 6)} "
-                f"{str(r['compiles']):>8} {r['padding_ratio']:8.3f} {r['peak_rss_mb']:7.0f} "
+                f"{r['cpu_us_per_record']:7.0f} {_fmt(r['gil_us_per_record'], '.0f', 7)} "
+                f"{r['cores_busy']:5.2f} {_fmt(mfu, '.1f', 6)} "
+                f"{str(r['compiles']):>8} {_fmt(r['compile_s'], '.2f', 9)} "
+                f"{r['padding_ratio']:8.3f} {r['peak_rss_mb']:7.0f} "
                 f"{r['elements']:7d}  {r.get('check', '')}"
             )
     return "\n".join(lines)
@@ -347,17 +379,7 @@ def main(argv: list[str] | None = None) -> dict:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--elements", type=int, default=20_000, help="records (default 20,000)")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="20,000 records; stock variants on the first --stock-elements",
-    )
-    parser.add_argument(
-        "--stock-elements",
-        type=int,
-        default=None,
-        help="measure stock variants on this prefix (rates are per record)",
-    )
+    parser.add_argument("--quick", action="store_true", help="20,000 records")
     parser.add_argument("--kernels", default=",".join(KERNEL_NAMES))
     parser.add_argument("--variants", default=",".join(VARIANT_NAMES))
     parser.add_argument("--json", help="write the results here")
@@ -377,7 +399,8 @@ def main(argv: list[str] | None = None) -> dict:
         "--repeat",
         type=int,
         default=3,
-        help="run every variant this many times, interleaved; report the median (default 3)",
+        help="rounds: every variant runs once per round, each round in a rotated order; "
+        "the median is reported (default 3)",
     )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per variant")
     parser.add_argument(
@@ -392,8 +415,6 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     if args.quick:
         args.elements = 20_000
-        if args.stock_elements is None:
-            args.stock_elements = 4_000
     kernels = [k for k in args.kernels.split(",") if k]
     variants = [v for v in args.variants.split(",") if v]
     for v in variants:
@@ -412,7 +433,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.workdir or Path(tempfile.gettempdir()) / f"beam_jax_bench_{args.seed}_{args.elements}"
     )
     started = time.perf_counter()
-    meta = generate(workdir, args.elements, args.seed)
+    files = tuple(dict.fromkeys(FILE_OF.get(v, "values.f32") for v in variants))
+    meta = generate(workdir, args.elements, args.seed, files)
     cfg = _config(args, workdir, meta)
     print(
         f"data: {meta['n']} records, {meta['tokens']} rows of {64} floats, in {workdir} "
@@ -423,16 +445,13 @@ def main(argv: list[str] | None = None) -> dict:
     peak_fp32 = machine["peak_gflops"].get("fp32")
     lengths = np.load(workdir / "lengths.npy")
     results: dict = {}
+    orders: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for kernel in kernels:
-            runs: dict[str, list[dict]] = {v: [] for v in variants}
-            # Repeats go round the variants, so a noisy spell on a shared host hits all of
-            # them alike; each variant then reports its median time.
-            # Every variant runs the same number of times.
-            for _ in range(args.repeat):
-                for variant in variants:
-                    runs[variant].append(_run_variant(args, cfg, kernel, variant, tmp))
+            runs, orders[kernel] = harness.run_rounds(
+                variants, args.repeat, lambda v, _r, k=kernel: _run_variant(args, cfg, k, v, tmp)
+            )
             results[kernel] = {}
             reference = None
             for variant in variants:
@@ -453,9 +472,15 @@ def main(argv: list[str] | None = None) -> dict:
             _bounds(results[kernel])
     ratios = _ratios(results)
     bounds = _serial_bounds(results)
+    peers = {k: strongest_stock(rows) for k, rows in results.items()}
     print()
     print(_table(results))
-    print(f"\nmedians of {args.repeat} interleaved runs each; {format_fingerprint(machine)}")
+    print(
+        f"\nmedians of {args.repeat} rounds, each in a rotated order, every variant on the "
+        f"same {meta['n']} records; x stock: against the fastest stock Beam variant "
+        f"({', '.join(f'{k}: {v}' for k, v in peers.items())}); x limit: against the kernel "
+        f"alone, its compiles excluded (compile s); {format_fingerprint(machine)}"
+    )
     for key, value in ratios.items():
         print(f"  {key}: {value:.2f}x")
     if bounds:
@@ -468,9 +493,15 @@ def main(argv: list[str] | None = None) -> dict:
         }
         for k, rows in results.items()
     }
-    out = {"results": out, "ratios": ratios, "serial_bounds": bounds, "fingerprint": machine}
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    out = {
+        "results": out,
+        "ratios": ratios,
+        "serial_bounds": bounds,
+        "strongest_stock": peers,
+        "orders": orders,
+        "fingerprint": machine,
+    }
+    harness.write_json(args.json, out)
     return out
 
 

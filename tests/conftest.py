@@ -23,6 +23,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Property tests: "ci" (the default) runs hypothesis's usual 100 examples where a test sets
+# none; HYPOTHESIS_PROFILE=deep runs ten times as many (the costly pipeline fuzz in
+# tests/test_reliability.py scales with it).
+settings.register_profile("ci", max_examples=100)
+settings.register_profile("deep", max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")

@@ -70,10 +70,78 @@ def test_bench_runs_every_variant_and_writes_json(tmp_path):
         assert rows["beam_jax_arrow"]["compiles"] == rows["beam_jax"]["compiles"]
         assert rows["stock_beam_tuned"]["compiles"] <= 3
         assert rows["stock_runinference_tuned"]["compiles"] <= 3
+        assert rows["stock_beam_buckets"]["compiles"] <= 3
+        # The limit's compiles happen before its clock and are reported beside it.
+        assert limit["compiles"] <= 3 and limit["compile_s"] > 0
+        # Every variant against the fastest stock variant of the same run.
+        peer = written["strongest_stock"][kernel]
+        assert peer == max(run.STOCK, key=lambda v: rows[v]["elements_per_s"])
+        for variant, row in rows.items():
+            assert row["elements"] == 120, variant  # every variant on the same records
+            assert row["ratio_to_stock"] == pytest.approx(
+                row["elements_per_s"] / rows[peer]["elements_per_s"]
+            )
+            assert row["cpu_us_per_record"] == pytest.approx(1e6 * row["cpu_s"] / 120)
+            assert row["cores_busy"] > 0
+        # Every length-bucketed variant batches one bucket's records together: it pads no
+        # more than the limit, which pads the same buckets and every batch to full rows. A
+        # baseline whose length function breaks (Beam 2.78 hands RunInference's
+        # batch_length_fn the example, not the (key, example) pair) puts all lengths in
+        # one bucket and pads far more, or fails on a record of length 1.
+        for variant in run.LENGTH_BUCKETED:
+            padding = rows[variant]["padding_ratio"]
+            assert 1 <= padding <= rows["limit"]["padding_ratio"] + 1e-9, (kernel, variant)
         ratio = written["ratios"][f"{kernel}/beam_jax_vs_stock_beam_tuned"]
         assert ratio == pytest.approx(
             rows["beam_jax"]["elements_per_s"] / rows["stock_beam_tuned"]["elements_per_s"]
         )
+
+
+def test_bench_rounds_rotate_and_report_the_median_of_every_round(tmp_path, capsys):
+    """With --repeat 3 every variant runs once per round, round r starting at the r-th
+    variant; each reports its median run, the spread over its three and every run's time."""
+    run = _bench_module("run")
+    results = run.main(
+        ["--elements", "40", "--kernels", "light", "--num-buckets", "2", "--in-process",
+         "--repeat", "3", "--workdir", str(tmp_path / "data"), "--batch-size", "16",
+         "--variants", "read_only_raw,read_only"]
+    )  # fmt: skip
+    names = ["limit", "read_only_raw", "read_only"]
+    expected = [names, names[1:] + names[:1], names[2:] + names[:2]]
+    assert results["orders"]["light"] == expected
+    # The order printed as they ran is the rotated one.
+    ran = [
+        ln.strip().split(":")[0].split("/")[1]
+        for ln in capsys.readouterr().out.splitlines()
+        if ln.startswith("  light/")
+    ]
+    assert ran == [v for order in expected for v in order]
+    for variant, row in results["results"]["light"].items():
+        times = row["runs_s"]
+        assert row["repeats"] == len(times) == 3, variant
+        assert row["elapsed_s"] == sorted(times)[1], variant
+        assert row["spread"] == pytest.approx((max(times) - min(times)) / row["elapsed_s"])
+        assert row["elements_per_s"] == pytest.approx(40 / row["elapsed_s"])
+
+
+def test_bench_harness_rotates_rounds_and_takes_medians():
+    harness = _bench_module("harness")
+    seen = []
+    runs, orders = harness.run_rounds(
+        ["a", "b", "c", "d"], 5, lambda name, r: seen.append((r, name)) or {"elapsed_s": r}
+    )
+    assert orders == [
+        ["a", "b", "c", "d"], ["b", "c", "d", "a"], ["c", "d", "a", "b"],
+        ["d", "a", "b", "c"], ["a", "b", "c", "d"],
+    ]  # fmt: skip
+    assert seen == [(r, name) for r, order in enumerate(orders) for name in order]
+    s = harness.summarize([{"elapsed_s": t, "peak_rss_mb": m} for t, m in [(3, 1), (1, 5), (2, 2)]])
+    assert (s["elapsed_s"], s["peak_rss_mb"], s["repeats"]) == (2, 5, 3)
+    assert s["spread"] == pytest.approx(1.0) and s["runs_s"] == [3, 1, 2]
+    even = harness.summarize([{"elapsed_s": t} for t in (4, 1, 3, 2)])
+    assert even["elapsed_s"] == 3  # the slower middle run of an even count
+    with pytest.raises(ValueError, match="repeat must be at least 1"):
+        harness.run_rounds(["a"], 0, lambda name, r: {})
 
 
 def test_bench_runs_each_variant_with_its_bounds(tmp_path, capsys):
@@ -95,7 +163,7 @@ def test_bench_runs_each_variant_with_its_bounds(tmp_path, capsys):
     ]
     assert set(results["serial_bounds"]) == {"light/beam_jax_arrow", "light/beam_jax_arrow_binary"}
     printed = capsys.readouterr().out
-    assert "matmul peak GFLOP/s: fp32" in printed
+    assert "matmul peak GFLOP/s at 2048^2: fp32" in printed
     for key, bound in results["serial_bounds"].items():
         line = next(ln for ln in printed.splitlines() if ln.strip().startswith(key + " "))
         assert f"{bound['bound_per_s']:.0f}" in line and f"{bound['ratio']:.3f}" in line
@@ -389,7 +457,11 @@ def test_embed_text_bench_runs_sentence_transformers_on_the_device_asked_for(tmp
     fake = tmp_path / "fake"
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text(
-        "__version__ = 'stand-in'\ndef set_num_threads(n):\n    pass\n"
+        "__version__ = 'stand-in'\nbfloat16 = 'bf16'\nAUTOCAST = []\n"
+        "def set_num_threads(n):\n    pass\n"
+        "class autocast:\n"
+        "    def __init__(self, kind, dtype):\n        self.args = (kind, dtype)\n"
+        "    def __enter__(self):\n        AUTOCAST.append(self.args)\n"
     )
     (fake / "sentence_transformers").mkdir()
     (fake / "sentence_transformers" / "__init__.py").write_text(
@@ -398,19 +470,57 @@ def test_embed_text_bench_runs_sentence_transformers_on_the_device_asked_for(tmp
         "    def __init__(self, path, device):\n"
         "        self.device = device\n"
         "    def encode(self, texts, batch_size, convert_to_numpy):\n"
-        "        return np.array([[len(t)] * 384 for t in texts], np.float32)\n"
+        "        import torch\n"
+        "        scale = 2.0 if torch.AUTOCAST else 1.0  # shows the autocast was entered\n"
+        "        return np.array([[len(t) * scale] * 384 for t in texts], np.float32)\n"
     )
     python = tmp_path / "st-python"
     python.write_text(f'#!/bin/sh\nPYTHONPATH={fake}:$PYTHONPATH exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     embed_text = _bench_module("embed_text")
     report = embed_text.main(
-        ["--variants", "sentence_transformers", "--texts", "20", "--rounds", "1",
-         "--st-python", str(python), "--st-device", "cuda:7"]
+        ["--variants", "sentence_transformers,sentence_transformers_bf16", "--texts", "20",
+         "--rounds", "1", "--st-python", str(python), "--st-device", "cuda:7",
+         "--keep-outputs", str(tmp_path / "runs")]
     )  # fmt: skip
     st = report["variants"]["sentence_transformers"]
     assert st["device"] == "cuda:7" and st["torch"] == "stand-in"
     assert st["sentences_per_s"] > 0
+    # The whole process is timed too, and outlasts encode alone.
+    assert st["process_s_median"] > st["seconds_median"] > 0
+    assert st["st_dtype"] == "float32"
+    assert report["variants"]["sentence_transformers_bf16"]["st_dtype"] == "bfloat16"
+    import numpy as np
+
+    plain = np.load(tmp_path / "runs" / "sentence_transformers-0" / "vectors.npy")
+    autocast = np.load(tmp_path / "runs" / "sentence_transformers_bf16-0" / "vectors.npy")
+    np.testing.assert_array_equal(autocast, 2 * plain)  # the stand-in's mark of autocast
+
+
+def test_embed_text_bench_sets_the_flagship_against_sentence_transformers_at_one_precision():
+    embed_text = _bench_module("embed_text")
+
+    def row(process, steady):
+        return {"process_s_median": process, "seconds_median": steady}
+
+    results = {
+        "pipeline_float32": row(10.0, 4.0),
+        "sentence_transformers": row(15.0, 8.0),
+        "pipeline": row(8.0, 2.0),
+        "sentence_transformers_bf16": row(12.0, 3.0),
+        "runinference": row(1.0, 1.0),
+    }
+    got = embed_text.same_precision_ratios(results)
+    assert got == {
+        "pipeline_float32_vs_sentence_transformers":
+            {"precision": "float32", "process": 1.5, "steady": 2.0},
+        "pipeline_vs_sentence_transformers_bf16":
+            {"precision": "bfloat16", "process": 1.5, "steady": 1.5},
+    }  # fmt: skip
+    del results["sentence_transformers_bf16"]  # a pair with one side missing is left out
+    assert list(embed_text.same_precision_ratios(results)) == [
+        "pipeline_float32_vs_sentence_transformers"
+    ]
 
 
 def test_embed_text_bench_stops_a_run_past_its_timeout_and_says_where_it_was():
@@ -426,14 +536,6 @@ def test_embed_text_bench_stops_a_run_past_its_timeout_and_says_where_it_was():
     assert "(most recent call first)" in str(stopped.value)
 
 
-def _flagship_has_batching() -> bool:
-    return _bench_module("embed_text").flagship_has_batching()
-
-
-@pytest.mark.skipif(
-    not _flagship_has_batching(),
-    reason="the flagship's --batching flag (pipelines.embed) is not in this tree yet",
-)
 def test_embed_text_bench_runs_the_flagship_packed_and_bucketed(tmp_path):
     """Both batchings and float32 matmuls run end to end side by side; each reports the
     dtype its dense matmuls ran in, its executed FLOPs per real token and MFU (against that
@@ -476,3 +578,40 @@ def test_host_threads_bench_times_each_step_alone_and_beside_python(tmp_path):
             timed = step[setting]
             assert timed["wall_s"] > 0 and timed["thread_cpu_s"] >= 0
             assert timed["slowdown"] == pytest.approx(timed["wall_s"] / step["alone"]["wall_s"])
+
+
+def test_peak_prints_the_size_it_measured_at_and_the_fingerprint_keeps_it(capsys):
+    peak = _bench_module("peak")
+    out = peak.main(["--sizes", "128,256", "--repeat", "1", "--calls", "3"])
+    assert out["sizes"] == [128, 256] and set(out["by_size"]["fp32"]) == {128, 256}
+    assert out["peak_gflops"]["fp32"] == max(out["by_size"]["fp32"].values()) > 0
+    best = max(out["by_size"]["fp32"], key=out["by_size"]["fp32"].get)
+    assert out["fingerprint"]["peak_size"] >= best
+    assert f"at {out['fingerprint']['peak_size']}^2" in capsys.readouterr().out
+    assert peak.default_size() == 2048  # on a CPU; 8,192 on an accelerator
+
+
+def test_bench_data_writes_only_the_files_asked_for_with_the_same_values(tmp_path):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    data = _bench_module("data")
+    meta = data.generate(tmp_path, 50, 3, ("values.f32",))
+    assert not (tmp_path / "data.parquet").exists()
+    assert data.generate(tmp_path, 50, 3, data.FILES) == meta  # the other two added
+    reader = data.RecordReader(str(tmp_path))
+    table = pq.read_table(tmp_path / "data.parquet")
+    binary = pq.read_table(tmp_path / "data_binary.parquet")
+    lengths = np.load(tmp_path / "lengths.npy")
+    for i in (0, 17, 49):
+        x = reader.read(i)
+        assert x.shape == (lengths[i], data.DIM)
+        np.testing.assert_array_equal(
+            np.asarray(table.column("x")[i].as_py(), np.float32), x.ravel()
+        )
+        np.testing.assert_array_equal(
+            np.frombuffer(binary.column("x")[i].as_py(), np.float32), x.ravel()
+        )
+    reader.close()
+    with pytest.raises(ValueError, match="unknown data files"):
+        data.generate(tmp_path, 50, 3, ("values.csv",))

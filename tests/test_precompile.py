@@ -108,9 +108,35 @@ def test_pipeline_precompiles_the_listed_set_and_reports_the_critical_path_apart
     summary = assert_conserved(run(p))
     assert summary.compiles == bucketing.shapes
     assert summary.padding_ratio == bucketing.padding_ratio
-    assert summary.compile_overlapped_seconds == max(
-        0.0, summary.compile_seconds - summary.compile_wait_seconds
-    )
+
+
+def test_precompile_compiles_shapes_no_batch_needs_off_the_critical_path():
+    """Only the shortest bucket's lengths arrive: every listed shape still compiles, and the
+    others' compiles are waited for by no batch (time compiled beyond time waited)."""
+
+    def total(params, element, lengths):
+        return element["x"].sum(axis=(1, 2))
+
+    spec = {"x": bj.ArraySpec(("L", 2), np.float32)}
+    bucketing = bj.Bucketing(boundaries={"L": (4, 8, 12)}, batch_size=4, batch_sizes=(4,))
+    values = [{"x": np.ones((n, 2), np.float32)} for n in (1, 2, 3, 4)]
+
+    def compiled(precompile: bool):
+        p = pipeline()
+        results = (
+            p
+            | beam.Create(values)
+            | bj.RunKernel(total, spec=spec, batched=True, precompile=precompile,
+                           bucketing=bucketing)
+            | beam.Map(float)
+        )  # fmt: skip
+        assert_that(results, equal_to([2.0, 4.0, 6.0, 8.0]))
+        return assert_conserved(run(p))
+
+    eager, lazy = compiled(True), compiled(False)
+    assert eager.compiles == 3 and lazy.compiles == 1  # the listed set, against the one used
+    assert eager.compile_seconds > eager.compile_wait_seconds
+    assert eager.compile_overlapped_seconds > 0
 
 
 def test_without_precompile_every_compile_is_on_the_critical_path():

@@ -5,6 +5,7 @@ import math
 import os
 
 import apache_beam as beam
+import jax
 import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
@@ -495,9 +496,35 @@ def test_fuzzed_elements_validate_or_raise_an_invalid_element_error_never_anothe
     assert [int(batch.lengths[name][0]) for name in plan.layout.axis_names] == list(item.lengths)
 
 
-# Each fuzzed list is one pipeline run (seconds each): few examples, the cheap invariant
-# above has the many.
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+# Each fuzzed list is one pipeline run: half the profile's examples (50 in CI, 500 with
+# HYPOTHESIS_PROFILE=deep). Compiled programs come from a persistent cache after the first
+# example (the same kernel and shapes every time), so an example costs its pipeline only.
+PIPELINE_EXAMPLES = max(50, settings.default.max_examples // 2)
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    from jax.experimental.compilation_cache import compilation_cache
+
+    from beam_jax._src.kernel.cache import enable_compilation_cache
+
+    saved = {
+        name: getattr(jax.config, name)
+        for name in (
+            "jax_compilation_cache_dir",
+            "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes",
+        )
+    }
+    enable_compilation_cache(str(tmp_path_factory.mktemp("jax_cache")))
+    yield
+    compilation_cache.reset_cache()  # JAX opens its cache once per process
+    for name, value in saved.items():
+        jax.config.update(name, value)
+
+
+@pytest.mark.usefixtures("compile_cache")
+@settings(max_examples=PIPELINE_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     st.lists(
         st.one_of(_trees, st.integers(1, 16).map(lambda n: good(n, n))), min_size=1, max_size=25

@@ -29,7 +29,7 @@ Algorithm = Literal["first_fit_decreasing", "best_fit"]
 ALGORITHMS = ("first_fit_decreasing", "best_fit")
 # First fit by group (``_first_fit_by_group``) from this many records per distinct length
 # with length classes, twice as many with one class (where short records fill fewer gaps
-# one by one, so placing by run stays cheaper for longer): measured by bench/assign_rows.py.
+# one by one, so placing by run stays cheaper for longer): measured, bench/RESULTS.md.
 _RECORDS_PER_GROUP = 32
 
 
