@@ -155,6 +155,18 @@ class SentenceEncoder:
         return self.config.hidden_size
 
     @property
+    def last_boundary_range(self) -> tuple[int, int]:
+        """The least and most a token-length bucket plan's last boundary may be: at least
+        :attr:`max_length` (the longest text after truncation), at most the positions the
+        model has (its position table).
+
+        Example:
+            >>> SentenceEncoder.from_dir().last_boundary_range  # all-MiniLM-L6-v2
+            (256, 512)
+        """
+        return self.max_length, self.config.max_position_embeddings
+
+    @property
     def spec(self) -> dict[str, ArraySpec]:
         """The element spec: ``{"input_ids": ArraySpec(("L",), int32)}``, ids below the
         vocabulary size."""
