@@ -209,7 +209,7 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     _write_json(summary.to_json(), FileSystems.join(work, "summary.json"))
     title = (
         f"{summary.records} records, {summary.flipped} labels flipped; scores after "
-        f"{len(summary.passes)} full-batch passes"
+        f"{len(summary.passes)} full-batch pass{'' if len(summary.passes) == 1 else 'es'}"
     )
     named = {"GraNd": scores["grand"], "EL2N": scores["el2n"]}
     report.plot(FileSystems.join(work, "curate.png"), summary.losses, named, flipped, title=title)
