@@ -1,4 +1,5 @@
-"""Sentence encoders in pure JAX from sentence-transformers BERT model directories.
+"""Sentence encoders in pure JAX from sentence-transformers model directories of the BERT
+family: BERT, RoBERTa / XLM-RoBERTa and MPNet (:data:`MODEL_TYPES`).
 
 A model is described once, by :class:`SentenceEncoder`: its tokenizer, element spec,
 kernels (padded and packed), weights and pooling. The default is all-MiniLM-L6-v2, shipped
@@ -23,6 +24,7 @@ Example:
 from beam_jax._src.text.batching import BatchingChoice as BatchingChoice
 from beam_jax._src.text.batching import plan_batching as plan_batching
 from beam_jax._src.text.config import ACTIVATIONS as ACTIVATIONS
+from beam_jax._src.text.config import MODEL_TYPES as MODEL_TYPES
 from beam_jax._src.text.config import BertConfig as BertConfig
 from beam_jax._src.text.corpus import builtin_corpus as builtin_corpus
 from beam_jax._src.text.corpus import labelled_corpus as labelled_corpus

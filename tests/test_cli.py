@@ -332,7 +332,7 @@ def test_plan_takes_a_sentence_transformers_model_directory_as_tokenizer_and_ker
     assert all(memory["limits"][str(b)] == 8 for b in memory["boundaries"])  # all fit 64 MiB
     # A directory this encoder cannot read is refused with the reason.
     (model / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(SystemExit, match=r"config.json has model_type 't5'; expected 'bert'"):
+    with pytest.raises(SystemExit, match=r"has model_type 't5', which the encoder"):
         cli.main(["plan", "--input", str(tmp_path / "ids.parquet"), "--column", "input_ids",
                   "--kernel", str(model), "--memory-budget-mib", "64"])  # fmt: skip
 

@@ -153,6 +153,7 @@ TEXT = {
     "plan_batching",
     "BatchingChoice",
     "BertConfig",
+    "MODEL_TYPES",
     "Tokenizer",
     "TextTooLongError",
     "ModelFileMismatchError",

@@ -88,10 +88,11 @@ class SentenceEncoder:
         length = self.max_length
         if isinstance(length, bool) or not isinstance(length, int) or length < 2:
             raise SpecError(f"max_length must be an int >= 2, got {length!r}")
-        if length > self.config.max_position_embeddings:
+        if length > self.config.max_tokens:
             raise SpecError(
-                f"max_length ({length}) exceeds max_position_embeddings "
-                f"({self.config.max_position_embeddings}); lower max_length"
+                f"max_length ({length}) exceeds the {self.config.max_tokens} tokens the "
+                f"model's positions hold (max_position_embeddings "
+                f"{self.config.max_position_embeddings}); lower max_length"
             )
 
     @classmethod
@@ -164,7 +165,7 @@ class SentenceEncoder:
             >>> SentenceEncoder.from_dir().last_boundary_range  # all-MiniLM-L6-v2
             (256, 512)
         """
-        return self.max_length, self.config.max_position_embeddings
+        return self.max_length, self.config.max_tokens
 
     @property
     def spec(self) -> dict[str, ArraySpec]:
