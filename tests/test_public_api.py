@@ -101,9 +101,11 @@ TEXT = {
     # the model, described once
     "SentenceEncoder",
     "EmbedText",
+    "EmbedTexts",
     "plan_batching",
     "BatchingChoice",
     "BertConfig",
+    "MODEL_TYPES",
     "Tokenizer",
     "TextTooLongError",
     "ModelFileMismatchError",

@@ -373,7 +373,7 @@ def _edit_json(path, **changes):
 @pytest.mark.parametrize(
     "file, changes, message",
     [
-        ("config.json", {"model_type": "roberta"}, "has model_type 'roberta'; expected 'bert'"),
+        ("config.json", {"model_type": "deberta-v2"}, "has model_type 'deberta-v2', which the"),
         ("config.json", {"position_embedding_type": "relative_key"}, "only 'absolute'"),
         ("config.json", {"hidden_act": "quick_gelu"}, "hidden_act 'quick_gelu' is not supported"),
         ("config.json", {"hidden_size": 66}, "must be a multiple of num_attention_heads"),

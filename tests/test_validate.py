@@ -118,7 +118,7 @@ def test_jax_arrays_are_accepted():
 
 
 def test_array_likes_with_hidden_semantics_are_refused_by_name_or_honoured():
-    # The case: a masked mean would silently use the masked 1e6 values.
+    # A masked array's mean would silently use the masked 1e6 values if its mask were dropped.
     masked = np.ma.masked_array([[1e6, 1e6, 1e6], [1.0, 2.0, 3.0]], mask=[[True] * 3, [False] * 3])
     with pytest.raises(bj.InvalidElementError, match="MaskedArray, with 3 masked entries"):
         plan().validate({"x": masked, "ids": np.arange(2)})

@@ -5,6 +5,7 @@ whole on success (docs/curate.md)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import time
@@ -34,8 +35,9 @@ _FILES = (
 RECORD = "_curate.json"
 LAYOUT = jobs.OutputLayout(
     published=re.compile(rf"^({_FILES})$"),
-    # failed/*.jsonl and _run.log: where dead letters and the log went before.
-    ours=re.compile(rf"^({_FILES}|{RECORD}|failed/[\w-]+\.jsonl|_run\.log)$"),
+    # failed/*.jsonl and _run.log: where dead letters and the log went before; the metrics
+    # file is written after publishing.
+    ours=re.compile(rf"^({_FILES}|{RECORD}|_metrics\.json|failed/[\w-]+\.jsonl|_run\.log)$"),
     record=RECORD,
     resumable=False,  # each stage reads the one before: a rerun starts afresh
 )
@@ -43,6 +45,18 @@ _JOB_FLAGS = (
     *("input", "classes", "flip_fraction", "seed", "passes", "learning_rate", "hash_bits"),
     *("dim", "buckets", "num_buckets", "batch_size", "batch_sizes"),
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Metrics:
+    """What ``OUTPUT/_metrics.json`` holds of a run (``beam_jax.jobs.metrics_record``)."""
+
+    rows: int
+    results: int  # records scored
+    dead_letters: int
+    wall_seconds: float
+    auroc: dict[str, float]
+    kernel: bj.Summary  # the scoring run's
 
 
 def _write_json(value, path: str) -> None:
@@ -163,7 +177,8 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
                 f"{pass_stats.seconds:.1f} s"
             )
         scoring = time.perf_counter()
-        kernel = passes.score_pass(job, args.passes, schema.field("id").type)
+        scored = passes.score_pass(job, args.passes, schema.field("id").type)
+        kernel = bj.summarize(scored)
         console.say(
             f"curate: scored {kernel.results:,} records, {time.perf_counter() - scoring:.1f} s"
         )
@@ -195,11 +210,16 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     _write_json(summary.to_json(), FileSystems.join(work, "summary.json"))
     title = (
         f"{summary.records} records, {summary.flipped} labels flipped; scores after "
-        f"{len(summary.passes)} full-batch passes"
+        f"{len(summary.passes)} full-batch pass{'' if len(summary.passes) == 1 else 'es'}"
     )
     named = {"GraNd": scores["grand"], "EL2N": scores["el2n"]}
     report.plot(FileSystems.join(work, "curate.png"), summary.losses, named, flipped, title=title)
     output.publish({"job": record, "summary": str(summary)})
+    # beam-jax report OUTPUT reads it, as it reads every flagship's: the scoring run's
+    # kernel metrics (totals and per bucket) beside the job's figures.
+    metrics = _Metrics(summary.rows, kernel.results, summary.dead_letters,
+                       summary.seconds["total"], summary.auroc, kernel)  # fmt: skip
+    jobs.write_metrics(jobs.metrics_record("curate", metrics, scored), output.path)
     print(summary, flush=True)
     return summary
 

@@ -187,8 +187,12 @@ def _scores_table(rows, schema: pa.Schema, classes) -> pa.Table:
     return pa.Table.from_pydict(columns, schema=schema)
 
 
-def score_pass(job: Job, step: int, id_type: pa.DataType) -> bj.Summary:
-    """One pipeline run: every record's scores at ``params-step``, to ``scores-*.parquet``."""
+def score_pass(job: Job, step: int, id_type: pa.DataType) -> Any:
+    """One pipeline run: every record's scores at ``params-step``, to ``scores-*.parquet``.
+
+    Returns:
+        The finished ``PipelineResult`` (its kernel metrics: ``bj.summarize``, and per
+        bucket for ``_metrics.json``)."""
     pipeline = beam.Pipeline(options=job.options)
     score = job.kernel(bj.RunKernel, score_kernel, step, batched=True)
     results, dead = job.examples(pipeline) | "Score" >> score.with_exception_handling()
@@ -203,4 +207,4 @@ def score_pass(job: Job, step: int, id_type: pa.DataType) -> bj.Summary:
         | "WriteScores" >> WriteToParquetBatched(path, schema, file_name_suffix=".parquet")
     )
     write_dead_letters(dead, job.output, "score")
-    return bj.summarize(run_pipeline(pipeline))
+    return run_pipeline(pipeline)

@@ -77,10 +77,14 @@ class CurateSummary:
         )
         return (
             f"curate: {self.rows} rows -> {self.records} records ({self.flipped} flipped), "
-            f"{self.dead_letters} dead letters; {len(self.passes)} full-batch passes, loss "
+            f"{self.dead_letters} dead letters; {_passes(len(self.passes))}, loss "
             f"{self.passes[0].loss:.3f} -> {self.final_loss:.3f}; {found or 'no flips to find'}"
             f"; {self.seconds['total']:.1f} s wall"
         )
+
+
+def _passes(n: int) -> str:
+    return f"{n} full-batch pass{'' if n == 1 else 'es'}"
 
 
 def auroc(scores: np.ndarray, positives: np.ndarray) -> float:

@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from beam_jax import jobs, text
 from beam_jax.jobs import DefaultsHelpFormatter, int_list, positive_int
 
-__all__ = ["DEFAULT_BUCKETS", "DEFAULT_OUTPUT", "parse_args"]
+__all__ = ["DEFAULT_BUCKETS", "DEFAULT_OUTPUT", "buckets_problem", "parse_args"]
 
 # Token-length buckets up to the model's 256-token window, with midpoints between powers
 # of two (docs/embed_text.md); the launch-time planner (--buckets auto) and its costs:
@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
         "files) (default 1: never fail)")  # fmt: skip
     add("--rows_per_part", type=positive_int, default=DEFAULT_ROWS_PER_PART,
         help="rows per output part (a rerun does not redo finished parts)")  # fmt: skip
-    add("--builtin_texts", type=positive_int, help="without --input: the first N built-in texts")
+    add("--builtin_texts", type=positive_int, help="without --input: the first N built-in texts "
+        "(default: all of them)")  # fmt: skip
     add("--buckets", type=_buckets, default="auto",
         help="token-length bucket boundaries ending between 256 and 512 (e.g. "
         f"{','.join(map(str, DEFAULT_BUCKETS))}); 'auto' (default) plans them at launch",
@@ -145,17 +146,33 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
             f"--id_column and --text_column must be two different names, got "
             f"{args.id_column!r} and {args.text_column!r}"
         )
-    top = 256 if args.buckets == "auto" else max(args.buckets)
-    if top < 256 or top > 512:
-        parser.error(
-            f"--buckets must end between 256 (the longest text after truncation) and 512 "
-            f"(the model's position table), got {args.buckets}"
-        )
+    if args.buckets != "auto":
+        problem = buckets_problem(args.buckets, args.model_dir, args.model_manifest)
+        if problem:
+            parser.error(problem)
     # The default that depends on the device: cache-sized chunks help CPUs, not accelerators.
     args.on_accelerator = on_accelerator(args.accelerator, options)  # the workers' device
     if args.tokens_per_chunk is None:
         args.tokens_per_chunk = 0 if args.on_accelerator else DEFAULT_TOKENS_PER_CHUNK
     return args, options
+
+
+def buckets_problem(
+    buckets: Sequence[int], model_dir: str | None = None, manifest: str | None = None
+) -> str | None:
+    """Why this job refuses ``--buckets BUCKETS`` for the model in ``model_dir`` (``None``:
+    the packaged all-MiniLM-L6-v2), or ``None`` when it takes them: the last boundary must
+    lie in the model's ``SentenceEncoder.last_boundary_range``. ``beam-jax plan`` asks the
+    same question before it prints a ``--buckets`` line for this job."""
+    low, high = text.SentenceEncoder.from_dir(model_dir, manifest=manifest).last_boundary_range
+    if low <= max(buckets) <= high:
+        return None
+    return (
+        f"--buckets must end between {low} (the model's max_seq_length: the longest text "
+        f"after truncation) and {high} (the model's position table), got "
+        f"{','.join(map(str, buckets))}; plan them in token counts with beam-jax plan "
+        "--tokenizer minilm (or the --model_dir directory), or leave --buckets auto"
+    )
 
 
 def on_accelerator(accelerator: str | None, options: PipelineOptions) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -169,13 +170,64 @@ def _summary(lengths: np.ndarray) -> dict[str, Any]:
     }
 
 
-def paste_lines(boundaries: Sequence[int], axis: str = "L") -> dict[str, str]:
-    """What to paste to use ``boundaries``: a pipeline flag and a ``Bucketing``."""
-    text = ",".join(map(str, boundaries))
-    return {
-        "flag": f"--buckets {text}",
-        "python": f'bj.Bucketing(boundaries={{"{axis}": {tuple(int(b) for b in boundaries)!r}}})',
+EMBED = "beam-jax embed, python -m pipelines.embed"
+
+
+def sentence_encoder(tokenizer: str | None) -> Any:
+    """The ``SentenceEncoder`` whose tokenizer ``--tokenizer`` names (``minilm`` or a model
+    directory), else ``None``: only its token counts are what ``beam-jax embed`` buckets."""
+    if tokenizer != "minilm" and not (tokenizer and os.path.isdir(tokenizer)):
+        return None
+    from beam_jax._src.text.sentence_encoder import SentenceEncoder
+
+    return SentenceEncoder.from_dir(None if tokenizer == "minilm" else tokenizer)
+
+
+def paste_lines(
+    boundaries: Sequence[int],
+    axis: str = "L",
+    *,
+    encoder: Any = None,
+    model_dir: str | None = None,
+) -> dict[str, str | None]:
+    """What to paste to use ``boundaries``: a ``Bucketing``, and the flags of
+    ``beam-jax embed`` when it takes them, else why it does not.
+
+    The job buckets token counts of its model's tokenizer and takes a last boundary in the
+    model's ``last_boundary_range``; a plan of other lengths (characters, list lengths) or
+    ending elsewhere gets no flag line, never one the job refuses.
+
+    Args:
+        encoder: The ``SentenceEncoder`` whose token counts the lengths are, if they are.
+        model_dir: Its directory (``None``: the packaged model), named in the flag line.
+
+    Returns:
+        ``python``: a ``Bucketing``; ``flag``: embed's flags or ``None``; ``no_flag``: why
+        there is no flag line, or ``None``.
+    """
+    bounds = tuple(int(b) for b in boundaries)
+    out: dict[str, str | None] = {
+        "python": f'bj.Bucketing(boundaries={{"{axis}": {bounds!r}}})',
+        "flag": None,
+        "no_flag": None,
     }
+    if encoder is None:
+        out["no_flag"] = (
+            "its --buckets are token counts of the model's tokenizer; plan a text column "
+            "with --tokenizer minilm (or the model directory) for a line to paste"
+        )
+        return out
+    low, high = encoder.last_boundary_range
+    if not low <= bounds[-1] <= high:
+        out["no_flag"] = (
+            f"its --buckets must end between {low} (the model's max_seq_length) and {high} "
+            f"(its position table); this plan ends at {bounds[-1]} (leave --max-size unset "
+            "or set it in that range)"
+        )
+        return out
+    flag = f"--buckets {','.join(map(str, bounds))}"
+    out["flag"] = flag if model_dir is None else f"{flag} --model_dir {model_dir}"
+    return out
 
 
 def _over_max_size(lengths: np.ndarray, max_size: int | None) -> int:
@@ -236,7 +288,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=int,
         help="the last boundary, e.g. the model's longest input; longer values are counted "
         "as it, and the plan says how many there are (they would be dead letters unless "
-        "truncated) (default: none, the longest value)",
+        "truncated) (default: with --tokenizer minilm or a model directory, the model's "
+        "max_seq_length, which beam-jax embed's --buckets must reach; else none: the "
+        "longest value)",
     )
     add(
         "--measure",
@@ -269,6 +323,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+def _measures_tokens(args: argparse.Namespace, column: Any) -> bool:
+    """Whether the lengths are the tokenizer's counts (``--measure`` tokens, or auto on a
+    string column with ``--tokenizer``)."""
+    text = str(column.type) in ("string", "large_string")
+    return args.measure == "tokens" or (args.measure == "auto" and text and bool(args.tokenizer))
+
+
 def main(args: argparse.Namespace) -> int:
     if args.max_buckets < 1:
         sys.exit(f"beam-jax plan: --max-buckets must be >= 1, got {args.max_buckets}")
@@ -281,6 +342,10 @@ def main(args: argparse.Namespace) -> int:
         sys.exit(f"beam-jax plan: column {args.column!r} of {args.input} has no non-null values")
     if args.max_size is not None and args.max_size < 1:
         sys.exit(f"beam-jax plan: --max-size must be >= 1, got {args.max_size}")
+    # Token counts of a sentence encoder: a plan the job can use ends at its max length.
+    encoder = sentence_encoder(args.tokenizer) if _measures_tokens(args, column) else None
+    if encoder is not None and args.max_size is None:
+        args.max_size = encoder.max_length
     plans = plan_budgets(lengths, args.max_buckets, args.max_size)
     if args.pack_buffer < 1:
         sys.exit(f"beam-jax plan: --pack-buffer must be >= 1, got {args.pack_buffer}")
@@ -288,7 +353,8 @@ def main(args: argparse.Namespace) -> int:
         lengths, min(args.max_buckets, MAX_PACKED_BUDGET), args.max_size, args.pack_buffer
     )
     over = _over_max_size(lengths, args.max_size)
-    paste = paste_lines(plans[-1].boundaries)
+    model_dir = None if encoder is None or args.tokenizer == "minilm" else args.tokenizer
+    paste = paste_lines(plans[-1].boundaries, encoder=encoder, model_dir=model_dir)
     if args.plot:
         plot_plan(lengths, plans, args.plot, title=f"{args.input} : {args.column}")
     memory = mem.analyse(args, plans)
@@ -333,15 +399,18 @@ def main(args: argparse.Namespace) -> int:
     ]))  # fmt: skip
     print()
     print(f"to use the {plans[-1].num_buckets}-bucket plan, paste:")
-    print(f"  {paste['flag']}    (beam-jax embed, python -m pipelines.embed)")
     print(f'  {paste["python"]}    (with your ragged axis\'s name for "L")')
+    if paste["flag"]:
+        print(f"  {paste['flag']}    ({EMBED})")
+    else:
+        print(f"  (no line for {EMBED}: {paste['no_flag']})")
     if over:
         print(
             f"\nwarning: {over:,} of {len(lengths):,} values ({over / len(lengths):.1%}) are "
             f"longer than --max-size {args.max_size}; the plan counts them as {args.max_size}, "
             "but a pipeline makes them dead letters (stage validation) unless it truncates "
             'them (bj.Bucketing(..., oversize="truncate"); the embed pipeline truncates '
-            "texts at 256 tokens)",
+            "texts at the model's max_seq_length)",
             file=sys.stderr,
         )
     if memory is not None:

@@ -39,7 +39,16 @@ def load_metrics(path: str) -> dict[str, Any]:
         ValueError: If the file is not a metrics record.
     """
     if os.path.isdir(path):
-        path = os.path.join(path, METRICS)
+        directory, path = path, os.path.join(path, METRICS)
+        if not os.path.exists(path):
+            has = sorted(os.listdir(directory))
+            shown = ", ".join(has[:8]) + (f", ... ({len(has)} files)" if has[8:] else "")
+            raise FileNotFoundError(
+                f"{directory} has no {METRICS}: it holds {shown or 'nothing'}. A job writes "
+                f"{METRICS} when it finishes (beam-jax embed, beam-jax curate, or a job of "
+                "one's own through beam_jax.jobs.write_metrics); give the OUTPUT of a "
+                "finished run, or rerun the job"
+            )
     with open(path) as f:
         record = json.load(f)
     if not isinstance(record, dict) or "summary" not in record or "buckets" not in record:

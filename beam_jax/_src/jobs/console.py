@@ -71,7 +71,8 @@ def add_flags(parser: argparse.ArgumentParser, *, progress: bool = True) -> None
         "--no_progress",
         dest="progress",
         action="store_false",
-        help="no progress line while a local run runs",
+        help="turn off the progress line a local run prints every --progress_seconds "
+        "(by default it is shown)",
     )
     parser.add_argument(
         "--progress_seconds",
@@ -212,11 +213,12 @@ class RunConsole:
 
 
 def failure_line(name: str, error: BaseException) -> str:
-    """One line: what failed, in which step, and where the details are."""
+    """One line: what failed, in which step, and where the details are.
+
+    The error's first line is kept whole, however long: a launch error's fix is at its end.
+    """
     message = str(error).strip().splitlines()
     first = message[0] if message else ""
-    if len(first) > 160:
-        first = first[:157] + "..."
     step = _STEP.findall(str(error))
     where = f" in step '{step[-1]}'" if step else ""
     log: Any = getattr(error, "run_log", None)

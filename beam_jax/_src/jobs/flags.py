@@ -93,9 +93,14 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
+        # A switch says what it does in its help ("--no-progress ... (default: True)" reads
+        # as progress off); a default of 0 is shown as any other (0 == False in Python).
+        switch = isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction)
         if (
             "default" not in text
-            and action.default not in (None, False, argparse.SUPPRESS)
+            and not switch
+            and action.default is not None
+            and action.default is not argparse.SUPPRESS
             and action.option_strings
         ):
             default = action.default
@@ -133,6 +138,27 @@ def _unknown_flags(rest: Sequence[str]) -> list[str]:
     return bad
 
 
+def _closest(name: str, choices: Sequence[str]) -> list[str]:
+    return difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+
+
+def _runner_problem(runner: str) -> str | None:
+    """Why ``--runner`` names no runner Beam knows, with the closest known name."""
+    known = [path.rsplit(".", 1)[-1] for path in StandardOptions.ALL_KNOWN_RUNNERS]
+    if "." in runner:  # a dotted path to a runner class of one's own: Beam imports it
+        return None
+    lower = {name.lower(): name for name in known}
+    name = runner.lower()
+    if name in lower or f"{name}runner" in lower:  # Beam's own leniency: "direct", "fnapirunner"
+        return None
+    close = _closest(name, list(lower)) or _closest(f"{name}runner", list(lower))
+    hint = f"did you mean {lower[close[0]]}? " if close else ""
+    return (
+        f"--runner {runner} is not a runner Beam knows; {hint}Beam's runners: "
+        f"{', '.join(sorted(known))} (or a dotted path to a runner class)"
+    )
+
+
 def reject_unknown_flags(parser: argparse.ArgumentParser, rest: Sequence[str]) -> None:
     """Exits through ``parser.error`` if ``rest`` (what ``parse_known_args`` left) holds a
     flag that neither ``parser`` nor Beam's ``PipelineOptions`` knows, suggesting the
@@ -144,7 +170,9 @@ def reject_unknown_flags(parser: argparse.ArgumentParser, rest: Sequence[str]) -
     unknown = _unknown_flags(rest)
     if unknown:
         ours = [a for action in parser._actions for a in action.option_strings]
-        hints = {u: difflib.get_close_matches(u, ours, n=1, cutoff=0.6) for u in unknown}
+        # Beam's own options too: a misspelled --runer is as likely as a misspelled --inptu.
+        beams = [f"--{name}" for name in PipelineOptions([]).get_all_options()]
+        hints = {u: _closest(u, ours) or _closest(u, beams) for u in unknown}
         hint = "; ".join(f"did you mean {h[0]} for {u}?" for u, h in hints.items() if h)
         parser.error(
             f"unrecognized arguments: {' '.join(unknown)} (neither this job's flags nor "
@@ -187,6 +215,8 @@ def parse_job_args(
     standard = options.view_as(StandardOptions)
     if standard.runner is None:
         standard.runner = default_runner
+    elif isinstance(standard.runner, str) and (problem := _runner_problem(standard.runner)):
+        parser.error(problem)
     if options.view_as(TestOptions).dry_run and "DataflowRunner" not in str(standard.runner):
         parser.error(f"--dry_run builds the job without running it only with --runner "
                      f"DataflowRunner, got --runner {standard.runner}")  # fmt: skip

@@ -131,7 +131,8 @@ def id_type_of(paths: Sequence[str], id_column: str, text_column: str) -> pa.Dat
     raise ValueError(
         f"no input file has both columns {id_column!r} and {text_column!r} with a usable id "
         f"type: {shown}. The input needs a string column {text_column!r} and an integer or "
-        f"string column {id_column!r}"
+        f"string column {id_column!r}; name the input's own columns with --text_column and "
+        "--id_column"
     )
 
 

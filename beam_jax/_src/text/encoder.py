@@ -1,4 +1,7 @@
-"""The BERT layer stack and sentence pooling for one padded element, in pure JAX.
+"""The BERT-family layer stack and sentence pooling for one padded element, in pure JAX.
+
+BERT, RoBERTa / XLM-RoBERTa and MPNet run through the one stack; where they differ
+(positions, token types, MPNet's relative-position bias) is read from the ``BertConfig``.
 
 Padding never changes the answer: padded keys get no attention and padded positions are
 left out of the pooling, so an element gives the same vector whatever length it is padded to.
@@ -11,11 +14,21 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from beam_jax._src.text.config import BertConfig
 from beam_jax._src.text.params import Params
 
-__all__ = ["MASK_VALUE", "POOLING", "PRECISION", "embed", "encode_tokens", "pool", "unit"]
+__all__ = [
+    "MASK_VALUE",
+    "POOLING",
+    "PRECISION",
+    "embed",
+    "encode_tokens",
+    "pool",
+    "relative_position_buckets",
+    "unit",
+]
 
 # Added to the attention logits of keys a query may not see: exp() of it underflows to
 # exactly 0 in float32, yet it stays finite, so no inf - inf = nan can appear.
@@ -61,6 +74,52 @@ def _activation(x: jax.Array, name: str) -> jax.Array:
     raise ValueError(f"unknown hidden_act {name!r}")  # BertConfig refuses it first
 
 
+# MPNet's relative-position buckets reach this distance (Hugging Face's max_distance).
+_MAX_DISTANCE = 128
+
+
+def relative_position_buckets(distances: np.ndarray, num_buckets: int = 32) -> np.ndarray:
+    """MPNet's bucket of each relative position ``key - query`` (T5-style: exact up to a
+    quarter of the buckets each way, then logarithmic up to 128), in numpy.
+
+    Computed on the host in float32 as torch does (``log(n / max_exact) / log(max_distance
+    / max_exact) * ...``, truncated), so a distance on a bucket's edge lands where it lands
+    in Hugging Face's MPNet.
+
+    Example:
+        >>> relative_position_buckets(np.array([-200, -9, -1, 0, 1, 9, 200])).tolist()
+        [15, 8, 1, 0, 17, 24, 31]
+    """
+    n = -np.asarray(distances, np.int64)
+    half = num_buckets // 2
+    out = (n < 0).astype(np.int64) * half
+    n = np.abs(n)
+    exact = half // 2
+    with np.errstate(divide="ignore"):
+        scaled = np.log(n.astype(np.float32) / np.float32(exact)).astype(np.float32)
+    scaled = scaled / np.float32(math.log(_MAX_DISTANCE / exact)) * np.float32(half - exact)
+    large = exact + np.where(n < exact, 0, scaled).astype(np.int64)
+    large = np.minimum(large, half - 1)
+    return out + np.where(n < exact, n, large)
+
+
+def _relative_bias(positions: jax.Array, table: jax.Array, config: BertConfig) -> jax.Array:
+    """float32[H, L, L]: each head's learned bias for the bucket of ``key - query``.
+
+    ``positions`` restart in every text of a packed row; within a text their differences
+    are the row's, and across texts attention is masked anyway. Every difference in an
+    L-long row lies in ``[-(L-1), L-1]``, so the buckets are a constant table over that
+    range, made on the host at trace time."""
+    length = positions.shape[0]
+    buckets = relative_position_buckets(
+        np.arange(-(length - 1), length), config.relative_attention_num_buckets
+    )
+    positions = positions.astype(jnp.int32)
+    distance = positions[None, :] - positions[:, None] + (length - 1)  # [q, k], >= 0
+    bucket = jnp.take(jnp.asarray(buckets, jnp.int32), distance, axis=0)
+    return jnp.transpose(jnp.take(table, bucket, axis=0), (2, 0, 1))
+
+
 def _attention(x: jax.Array, bias: jax.Array, p: Params, config: BertConfig) -> jax.Array:
     length = x.shape[0]
     heads, head_dim = config.num_attention_heads, config.head_dim
@@ -78,7 +137,7 @@ def _attention(x: jax.Array, bias: jax.Array, p: Params, config: BertConfig) -> 
     cast = (lambda y: y.astype(jnp.bfloat16)) if low else (lambda y: y)
     products = {"preferred_element_type": jnp.float32} if low else {"precision": PRECISION}
     logits = jnp.einsum("hqd,hkd->hqk", cast(q), cast(k), **products)
-    logits = logits + bias[None, :, :]
+    logits = logits + (bias if bias.ndim == 3 else bias[None, :, :])
     probs = jax.nn.softmax(logits, axis=-1)
     context = jnp.einsum("hqk,hkd->hqd", cast(probs), cast(v), **products)
     context = jnp.reshape(jnp.transpose(context, (1, 0, 2)), (length, heads * head_dim))
@@ -92,7 +151,7 @@ def encode_tokens(
     attention_bias: jax.Array,
     config: BertConfig,
 ) -> jax.Array:
-    """The BERT layer stack, shared by the padded and the packed forward pass.
+    """The BERT-family layer stack, shared by the padded and the packed forward pass.
 
     Which keys a token may attend to is all that differs between a padded element and a
     packed row, so both hand this one function their own ``attention_bias``.
@@ -100,7 +159,8 @@ def encode_tokens(
     Args:
         params: The encoder's weights (``SentenceEncoder.load_params``).
         input_ids: int32[L], token ids.
-        positions: int[L], each token's row of the position table.
+        positions: int[L], each token's place in its text (0 for the first); the row of
+            the position table is this plus ``config.position_offset``.
         attention_bias: float32[L, L] or [1, L], added to every head's attention logits
             (query by key): 0 where a query may attend to a key, ``MASK_VALUE`` where not.
         config: The encoder's shape.
@@ -109,14 +169,19 @@ def encode_tokens(
         float32[L, hidden_size], the last layer's token vectors.
     """
     emb = params["embeddings"]
-    x = (
-        jnp.take(emb["word"], input_ids.astype(jnp.int32), axis=0)
-        + jnp.take(emb["position"], positions.astype(jnp.int32), axis=0)
-        + emb["token_type"][0][None, :]
+    rows = positions.astype(jnp.int32) + jnp.int32(config.position_offset)
+    x = jnp.take(emb["word"], input_ids.astype(jnp.int32), axis=0) + jnp.take(
+        emb["position"], rows, axis=0
     )
+    if config.token_types:
+        x = x + emb["token_type"][0][None, :]
     x = _layer_norm(x, emb["norm"], config.layer_norm_eps)
+    bias = attention_bias
+    if config.relative_attention:  # one bias for every layer, as MPNet computes it
+        relative = _relative_bias(positions, params["relative_attention_bias"], config)
+        bias = relative + attention_bias[None, :, :]
     for layer in params["layers"]:
-        attended = _attention(x, attention_bias, layer, config)
+        attended = _attention(x, bias, layer, config)
         x = _layer_norm(x + attended, layer["attention_norm"], config.layer_norm_eps)
         hidden = _activation(_dense(x, layer["intermediate"]), config.hidden_act)
         output = _dense(hidden, layer["output"])
@@ -187,7 +252,7 @@ def embed(
             f"{input_ids.shape} and {mask.shape}; use jax.vmap for a batch"
         )
     length = input_ids.shape[0]
-    table = params["embeddings"]["position"].shape[0]
+    table = params["embeddings"]["position"].shape[0] - config.position_offset
     if length > table:
         raise ValueError(
             f"padded length {length} exceeds the {table} positions the model knows; "

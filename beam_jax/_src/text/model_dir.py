@@ -209,7 +209,8 @@ class ModelDir:
         pooling: ``mean``, ``cls`` or ``max`` (the Pooling module's ``config.json``).
         normalize: Whether a Normalize module scales vectors to unit length.
         max_length: Most tokens per text, ``[CLS]`` and ``[SEP]`` included
-            (``sentence_bert_config.json``'s ``max_seq_length``, at most the positions).
+            (``sentence_bert_config.json``'s ``max_seq_length``, at most the positions:
+            ``config.max_tokens``).
         lowercase: Whether texts are lower-cased before tokenizing (``do_lower_case``).
         files: Every file read, relative to ``path``: what a manifest of it lists.
     """
@@ -289,7 +290,8 @@ def _pooling(file: pathlib.Path | None, hidden_size: int) -> str:
 
 
 def read_model_dir(path: str | pathlib.Path) -> ModelDir:
-    """Reads the configs of a sentence-transformers BERT model directory (not the weights).
+    """Reads the configs of a sentence-transformers model directory (not the weights) of
+    the BERT family: BERT, RoBERTa / XLM-RoBERTa or MPNet (``config.json``'s ``model_type``).
 
     Example:
         >>> model = read_model_dir(packaged_model_dir())
@@ -344,14 +346,14 @@ def read_model_dir(path: str | pathlib.Path) -> ModelDir:
         max_length = _json(transformer / "tokenizer_config.json").get("model_max_length")
         files.append(str(relative / "tokenizer_config.json"))
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
-        max_length = config.max_position_embeddings
+        max_length = config.max_tokens
     return ModelDir(
         path=path,
         transformer=transformer,
         config=config,
         pooling=pooling,
         normalize=[k for k, _ in modules][-1] == "Normalize",
-        max_length=min(max_length, config.max_position_embeddings),
+        max_length=min(max_length, config.max_tokens),
         lowercase=bool(settings.get("do_lower_case", False)),
         files=tuple(sorted(files)),
     )

@@ -88,10 +88,11 @@ class SentenceEncoder:
         length = self.max_length
         if isinstance(length, bool) or not isinstance(length, int) or length < 2:
             raise SpecError(f"max_length must be an int >= 2, got {length!r}")
-        if length > self.config.max_position_embeddings:
+        if length > self.config.max_tokens:
             raise SpecError(
-                f"max_length ({length}) exceeds max_position_embeddings "
-                f"({self.config.max_position_embeddings}); lower max_length"
+                f"max_length ({length}) exceeds the {self.config.max_tokens} tokens the "
+                f"model's positions hold (max_position_embeddings "
+                f"{self.config.max_position_embeddings}); lower max_length"
             )
 
     @classmethod
@@ -153,6 +154,18 @@ class SentenceEncoder:
     def dim(self) -> int:
         """Width of a sentence vector."""
         return self.config.hidden_size
+
+    @property
+    def last_boundary_range(self) -> tuple[int, int]:
+        """The least and most a token-length bucket plan's last boundary may be: at least
+        :attr:`max_length` (the longest text after truncation), at most the positions the
+        model has (its position table).
+
+        Example:
+            >>> SentenceEncoder.from_dir().last_boundary_range  # all-MiniLM-L6-v2
+            (256, 512)
+        """
+        return self.max_length, self.config.max_tokens
 
     @property
     def spec(self) -> dict[str, ArraySpec]:
