@@ -25,6 +25,7 @@ from beam_jax._src.arrow.fill import BucketFill as BucketFill
 from beam_jax._src.arrow.fill import ColumnRecords as ColumnRecords
 from beam_jax._src.arrow.io import ArrowCoder as ArrowCoder
 from beam_jax._src.arrow.io import origin_of as origin_of
+from beam_jax._src.arrow.io import with_origin as with_origin
 from beam_jax._src.bucketing.boundaries import padded_total as padded_total
 from beam_jax._src.bucketing.boundaries import padding_ratio as padding_ratio
 from beam_jax._src.bucketing.fit import FitRow as FitRow
