@@ -35,6 +35,7 @@ from beam_jax._src.errors import DeadLetterThresholdError as DeadLetterThreshold
 from beam_jax._src.errors import ElementTooLargeError as ElementTooLargeError
 from beam_jax._src.errors import InferenceBatchError as InferenceBatchError
 from beam_jax._src.errors import InputFileError as InputFileError
+from beam_jax._src.errors import InputLineError as InputLineError
 from beam_jax._src.errors import InvalidElementError as InvalidElementError
 from beam_jax._src.errors import KernelError as KernelError
 from beam_jax._src.errors import SpecError as SpecError

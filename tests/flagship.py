@@ -19,18 +19,32 @@ def texts(n: int, start: int = 0) -> list[str]:
 
 def run(source, out: pathlib.Path, *flags: str):
     """``embed_text.run`` on the FnApiRunner; returns its summary."""
-    return embed_text.run(["--input", str(source), "--output", str(out), "--runner=FnApiRunner",
-                           *flags])  # fmt: skip
+    argv = ["--input", str(source), "--output", str(out), "--runner=FnApiRunner", *flags]
+    return embed_text.run(argv)
 
 
 def read_outputs(out: pathlib.Path) -> tuple[pa.Table, list[dict]]:
-    """The embeddings (all parts, concatenated) and the dead letters under ``out``."""
+    """The embeddings (all parts, concatenated) and the dead letters under ``out``, each
+    with ``id``, ``file``, ``row`` and ``error`` (``TYPE: MESSAGE``) whichever way the
+    lines name them (``key``, ``source``: the ``FailedElement`` fields)."""
     files = sorted(glob.glob(str(out / "embeddings-*.parquet")))
     table = pa.concat_tables(pq.read_table(f) for f in files) if files else None
     failed = []
     for path in sorted(glob.glob(str(out / "_failed" / "*.jsonl"))):
-        failed += [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
+        failed += [_where(json.loads(line)) for line in pathlib.Path(path).read_text().splitlines()]
     return table, failed
+
+
+def _where(line: dict) -> dict:
+    names = {"id": line.get("key"), "file": line.get("source")}
+    error = f"{line['error_type']}: {line['message']}"
+    return {**names, "error": error, **line}
+
+
+def dead_letter_lines(out: pathlib.Path) -> list[str]:
+    """Every line of every dead-letter file under ``out``."""
+    paths = sorted(glob.glob(str(out / "_failed" / "*.jsonl")))
+    return [line for p in paths for line in pathlib.Path(p).read_text().splitlines()]
 
 
 def ids(table: pa.Table | None) -> list:

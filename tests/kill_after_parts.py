@@ -1,18 +1,16 @@
-"""A ``WriteParts`` that SIGKILLs its worker process right after writing its Nth part.
+"""An ``EmbedParts`` that SIGKILLs its worker process right after writing its Nth part.
 
-Tests put it in place of ``pipelines.embed.write.WriteParts`` (monkeypatch); Beam pickles it
+Tests put it in place of ``pipelines.embed.job.EmbedParts`` (monkeypatch); Beam pickles it
 by reference, so the worker processes import it from here. It kills once per marker file.
 """
 
 import os
 import signal
 
-import apache_beam as beam
-
-from pipelines.embed import write
+from pipelines.embed.embed_parts import EmbedParts
 
 
-class KillAfterParts(write.WriteParts):
+class KillAfterParts(EmbedParts):
     def __init__(self, *args, marker: str, after: int):
         super().__init__(*args)
         self._marker = marker
@@ -22,8 +20,8 @@ class KillAfterParts(write.WriteParts):
         super().start_bundle()
         self._written = 0
 
-    def process(self, element, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
-        for name in super().process(element, window, timestamp):  # the part is written
+    def _names(self, written):
+        for name in super()._names(written):  # the part is written
             yield name
             self._written += 1
             if self._written >= self._after and not os.path.exists(self._marker):

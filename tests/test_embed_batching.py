@@ -13,20 +13,19 @@ import glob
 import json
 import pathlib
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
 from beam_jax import jobs
 from beam_jax.testing import assert_conserved
 from beam_jax.text import MAX_TOKENIZED_CHARS
+from pipelines.embed import job, write
 from pipelines.embed import parts as read
-from pipelines.embed import write
-from pipelines.embed.parts import Inputs, Part
+from pipelines.embed.embed_parts import EmbedParts
+from pipelines.embed.parts import ROW_BITS, Inputs, Part
 from tests import flagship as ft
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -45,68 +44,89 @@ def _outputs(out: pathlib.Path) -> tuple[dict[str, pa.Table], dict[str, list[dic
     return parts, failed
 
 
+def _key(file_index: int, row: int) -> int:
+    return file_index << ROW_BITS | row
+
+
 def _results(keys: list[int]) -> pa.RecordBatch:
     vectors = pa.array(np.repeat(np.array(keys, np.float32), 2), pa.float32())
-    return pa.record_batch({"key": pa.array(keys, pa.int64()),
-                            "output": pa.FixedSizeListArray.from_arrays(vectors, 2)})  # fmt: skip
+    output = pa.FixedSizeListArray.from_arrays(vectors, 2)
+    return pa.record_batch({"key": pa.array(keys, pa.int64()), "output": output})
+
+
+def _writer(tmp_path, files: str) -> tuple[write.PartWriter, Inputs]:
+    inputs = Inputs("jsonl", tuple(jobs.InputFile(f"/in/{n}.jsonl", 1, 1.0) for n in files))
+    schema = pa.schema([("id", pa.int64()), ("embedding", pa.list_(pa.float32()))])
+    writer = write.PartWriter(str(tmp_path), inputs, schema)
+    writer.setup()
+    writer.start_bundle()
+    return writer, inputs
+
+
+def _part(file_index, positions):
+    positions = np.array(positions, np.int64)
+    return Part(file_index, positions, pa.array(positions + 100 * file_index))
 
 
 def test_keys_split_back_and_the_writer_cuts_packed_results_by_part(tmp_path):
-    keys = [read.row_key(0, 5), read.row_key(0, 6), read.row_key(2, 5), read.row_key(0, 2**39)]
+    keys = [_key(0, 5), _key(0, 6), _key(2, 5), _key(0, 2**39)]
     files, rows = read.split_keys(np.array(keys))
     assert files.tolist() == [0, 0, 2, 0] and rows.tolist() == [5, 6, 5, 2**39]
-
-    inputs = Inputs("jsonl", tuple(jobs.InputFile(f"/in/{n}.jsonl", 1, 1.0) for n in "ab"))
-    schema = pa.schema([("id", pa.int64()), ("embedding", pa.list_(pa.float32()))])
-
-    def part(file_index, positions):
-        positions = np.array(positions, np.int64)
-        return Part(file_index, positions, pa.array(positions + 100 * file_index))
-
-    dead = bj.FailedElement.from_error("E", "bad", stage="tokenize", element="x",
-                                       key=read.row_key(1, 2))  # fmt: skip
-    elements = [
-        part(0, [0, 1, 2]),
-        part(0, [3, 4]),
-        part(1, [0, 2]),
-        # a packed batch: rows of three parts, in the order the packer put them
-        _results([read.row_key(0, 4), read.row_key(1, 0), read.row_key(0, 1)]),
-        _results([read.row_key(0, 0), read.row_key(0, 2), read.row_key(0, 3)]),
-        dead,
+    writer, inputs = _writer(tmp_path, "ab")
+    for part in (_part(0, [0, 1, 2]), _part(0, [3, 4]), _part(1, [0, 2])):
+        writer.open(part)
+    # the kernel's dead letter, keyed by the row's key; the tokenizer's, by file and row
+    kernel = bj.FailedElement.from_error("E", "bad", stage="kernel", element="x", key=_key(1, 2))
+    tokenizer = bj.FailedElement.from_error(
+        "E", "bad", stage="tokenize", element="x", key=4, source="/in/a.jsonl", row=4
+    )
+    where = (None, None)
+    names = [
+        # packed batches: rows of three parts, in the order the packer put them
+        *writer.add_results(_results([_key(0, 3), _key(1, 0), _key(0, 1)]), where),
+        *writer.add_results(_results([_key(0, 0), _key(0, 2)]), where),
+        *writer.add_kernel_dead(kernel, where),
+        *writer.add_dead(tokenizer, where),
+        *writer.finish_bundle(),
     ]
-    with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
-        names = (
-            p
-            | beam.Create(elements, reshuffle=False)
-            | beam.ParDo(write.WriteParts(str(tmp_path), inputs, schema))
-        )
-        sources = [inputs.source(i) for i in range(2)]
-        assert_that(names, equal_to([
-            write.embeddings_name(sources[0], 0, 3), write.embeddings_name(sources[0], 3, 5),
+
+    sources = [inputs.source(i) for i in range(2)]
+    assert sorted(n for n, _, _ in names) == sorted(
+        [
+            write.embeddings_name(sources[0], 0, 3),
+            write.embeddings_name(sources[0], 3, 5),
             write.embeddings_name(sources[1], 0, 3),
-        ]))  # fmt: skip
+        ]
+    )
+    assert sorted((r, d) for _, r, d in names) == [(1, 1), (1, 1), (3, 0)]
     first = pq.read_table(tmp_path / write.embeddings_name(sources[0], 0, 3))
     assert first.column("id").to_pylist() == [0, 1, 2]  # in row order, with the part's ids
     assert [v[0] for v in first.column("embedding").to_pylist()] == [
-        float(read.row_key(0, r)) for r in (0, 1, 2)
+        float(_key(0, r)) for r in (0, 1, 2)
     ]
     other = pq.read_table(tmp_path / write.embeddings_name(sources[1], 0, 3))
     assert other.column("id").to_pylist() == [100]
     lines = (tmp_path / write.failed_name(sources[1], 0, 3)).read_text().splitlines()
-    assert [(d["id"], d["row"]) for d in map(json.loads, lines)] == [(102, 2)]
+    # the kernel's dead letter is written with the row's id, file and row
+    assert [(d["id"], d["file"], d["row"]) for d in map(ft._where, map(json.loads, lines))] == [
+        (102, "/in/b.jsonl", 2)
+    ]
 
 
-def test_a_part_left_open_at_the_end_of_a_bundle_is_an_error(tmp_path):
-    inputs = Inputs("jsonl", (jobs.InputFile("/in/a.jsonl", 1, 1.0),))
-    schema = pa.schema([("id", pa.int64()), ("embedding", pa.list_(pa.float32()))])
-    opened = Part(0, np.arange(3, dtype=np.int64), pa.array([0, 1, 2]))
-    with pytest.raises(Exception, match="must run fused in one stage"):
-        with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
-            _ = (
-                p
-                | beam.Create([opened, _results([read.row_key(0, 1)])], reshuffle=False)
-                | beam.ParDo(write.WriteParts(str(tmp_path), inputs, schema))
-            )
+def test_a_part_left_open_or_a_row_of_no_open_part_is_an_error(tmp_path):
+    writer, _ = _writer(tmp_path, "a")
+    writer.open(_part(0, [0, 1, 2]))
+    assert list(writer.add_results(_results([_key(0, 1)]), (None, None))) == []
+    with pytest.raises(RuntimeError, match="1 parts were still incomplete"):
+        list(writer.finish_bundle())
+    writer.start_bundle()
+    with pytest.raises(RuntimeError, match="no open part"):
+        list(writer.add_results(_results([_key(0, 1)]), (None, None)))
+    stranger = bj.FailedElement.from_error(
+        "E", "bad", stage="tokenize", element="x", source="/elsewhere.jsonl", row=0
+    )
+    with pytest.raises(RuntimeError, match="not of the job's input files"):
+        list(writer.add_dead(stranger, (None, None)))
 
 
 def test_packed_rows_write_what_buckets_write(tmp_path):
@@ -147,11 +167,11 @@ def test_packed_rows_write_what_buckets_write(tmp_path):
         assert cos.min() >= 0.99999, (name, cos.min())
     assert failed == want_failed
     stages = sorted(((d["id"], d["row"], d["stage"]) for f in failed.values() for d in f), key=repr)
-    assert stages == sorted(
-        [(3, 3, "validation"), (5, 5, "tokenize"), (7, 7, "validation"),
-         (None, 25, "validation"), (2**40, 1, "validation")],
-        key=repr,
-    )  # fmt: skip
+    expected = [
+        *((3, 3, "validation"), (5, 5, "tokenize"), (7, 7, "validation")),
+        *((None, 25, "validation"), (2**40, 1, "validation")),
+    ]
+    assert stages == sorted(expected, key=repr)
     for summary in (packed, buckets):
         assert (summary.rows, summary.results, summary.dead_letters) == (33, 28, 5)
         stages = {k: n for k, n in summary.dead_letters_by_stage.items() if n}
@@ -160,13 +180,13 @@ def test_packed_rows_write_what_buckets_write(tmp_path):
         assert_conserved(summary.kernel)
 
 
-class FailAfterParts(write.WriteParts):
+class FailAfterParts(EmbedParts):
     """Fails the job right after writing its second part, the first time only."""
 
     failed = False
 
-    def process(self, element, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
-        for name in super().process(element, window, timestamp):  # the part is written
+    def _names(self, written):
+        for name in super()._names(written):  # the part is written
             yield name
             type(self).written = getattr(type(self), "written", 0) + 1
             if type(self).written >= 2 and not FailAfterParts.failed:
@@ -178,7 +198,7 @@ def test_a_run_resumes_after_a_failure(tmp_path, monkeypatch):
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": list(range(12)), "text": ft.texts(12)}), source)
     out, flags = tmp_path / "out", ("--rows_per_part", "2")  # 6 parts
-    monkeypatch.setattr(write, "WriteParts", FailAfterParts)
+    monkeypatch.setattr(job, "EmbedParts", FailAfterParts)
 
     with pytest.raises(Exception, match="a worker fault after two parts"):
         ft.run(source, out, *flags)
@@ -223,31 +243,30 @@ def test_packed_parts_are_written_as_the_job_goes(tmp_path, monkeypatch):
     # batches first: each part is written a few parts after it was tokenized (its tokens
     # emitted two parts on, one pack, its write two parts on), not when the bundle ends.
     from beam_jax.internal import Worker
-    from beam_jax.text import builtin_corpus
-    from pipelines.embed import tokenize
+    from beam_jax.text import TokenizeBatches, builtin_corpus
 
     rows, parts = 128, 8
     texts = [t for _, t in builtin_corpus(rows * parts)]  # varied lengths: partial batches
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), source)
     events = []
-    tokens, written = tokenize.TokenizeParts._tokens, write.WriteParts._part_written
+    tokens, written_ = TokenizeBatches._tokens, write.PartWriter._part_written
 
-    def tokens_out(self, keys, texts, tokenized):
-        events.append(("tokenized", int(read.split_keys(keys.to_numpy())[1].min())))
-        yield from tokens(self, keys, texts, tokenized)
+    def tokens_out(self, batch, *args):
+        events.append(("tokenized", int(read.split_keys(batch.column("key").to_numpy())[1][0])))
+        yield from tokens(self, batch, *args)
 
-    def part_written(self, name):
-        events.append(("written", int(name.split("-")[-2])))
-        yield from written(self, name)
+    def part_written(self, written):
+        events.append(("written", int(written[0].split("-")[-2])))
+        yield from written_(self, written)
 
-    monkeypatch.setattr(tokenize.TokenizeParts, "_tokens", tokens_out)
-    monkeypatch.setattr(write.WriteParts, "_part_written", part_written)
+    monkeypatch.setattr(TokenizeBatches, "_tokens", tokens_out)
+    monkeypatch.setattr(write.PartWriter, "_part_written", part_written)
     # Batches run at once, a shape compiling in the batch that first needs it (no batch
     # waits for the background compiles): the order of events does not depend on timing.
     monkeypatch.setattr(Worker, "ready", lambda self, bucket, n: True)
-    summary = ft.run(source, tmp_path / "out", "--rows_per_part", str(rows), "--batching",
-                     "packed", "--max_tokens_per_batch", "2048")  # fmt: skip
+    flags = ("--rows_per_part", str(rows), "--batching", "packed")
+    summary = ft.run(source, tmp_path / "out", *flags, "--max_tokens_per_batch", "2048")
     assert summary.results == len(texts) and summary.batching == "packed"
     starts = list(range(0, rows * parts, rows))
     assert [start for kind, start in events if kind == "tokenized"] == starts

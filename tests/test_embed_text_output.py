@@ -34,8 +34,10 @@ def _files(out: pathlib.Path) -> dict[str, bytes]:
 
 def _rows(n: int, start: int = 0, bad: tuple[int, ...] = ()) -> list[dict]:
     texts = ft.texts(n, start)
-    return [{"id": start + i} if start + i in bad else {"id": start + i, "text": t}
-            for i, t in enumerate(texts)]  # fmt: skip
+    return [
+        {"id": start + i} if start + i in bad else {"id": start + i, "text": t}
+        for i, t in enumerate(texts)
+    ]
 
 
 def _good_output(tmp_path) -> tuple[pathlib.Path, dict[str, bytes]]:
@@ -169,7 +171,7 @@ def test_a_killed_multiprocess_run_resumes_to_the_output_of_an_uninterrupted_one
     processes = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
     marker = tmp_path / "killed"
     killer = functools.partial(KillAfterParts, marker=str(marker), after=5)
-    monkeypatch.setattr(text_parts, "WriteParts", killer)  # SIGKILL after 5 parts, once
+    monkeypatch.setattr(embed_text, "EmbedParts", killer)  # SIGKILL after 5 parts, once
     out = tmp_path / "out"
 
     with pytest.raises(Exception) as failure:  # noqa: B017 - the runner's own error type varies
@@ -199,8 +201,8 @@ def test_a_killed_multiprocess_run_resumes_to_the_output_of_an_uninterrupted_one
     assert sorted(ft.ids(table)) == sorted(ft.ids(reference))  # every id exactly once
     assert len(set(ft.ids(table))) == 88
     vectors = dict(zip(ft.ids(table), table.column("embedding").to_pylist(), strict=True))
-    for key, vector in zip(ft.ids(reference), reference.column("embedding").to_pylist(),
-                           strict=True):  # fmt: skip
+    reference_vectors = reference.column("embedding").to_pylist()
+    for key, vector in zip(ft.ids(reference), reference_vectors, strict=True):
         np.testing.assert_allclose(vectors[key], vector, atol=1e-5)
     where = sorted((d["id"], d["file"], d["row"], d["stage"]) for d in failed)
     assert where == sorted((d["id"], d["file"], d["row"], d["stage"]) for d in reference_failed)
@@ -210,7 +212,7 @@ def test_a_killed_multiprocess_run_resumes_to_the_output_of_an_uninterrupted_one
 @hypothesis.settings(max_examples=60, deadline=None)
 @hypothesis.given(st.data())
 def test_a_parts_results_are_gathered_in_row_order_from_any_batches(data):
-    """``WriteParts`` gathers a part's vectors from the packed batches that hold its rows
+    """``PartWriter`` gathers a part's vectors from the packed batches that hold its rows
     (each batch whole, or the rows of it that are the part's) straight into row order."""
     import pyarrow as pa
 

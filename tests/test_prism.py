@@ -33,7 +33,6 @@ from apache_beam.transforms import window
 
 import beam_jax as bj
 from pipelines.embed import job as embed_text
-from pipelines.embed import write as text_parts
 from tests import _matrix_job as matrix
 from tests import _runner_job as job
 from tests import flagship as ft
@@ -314,7 +313,7 @@ def test_a_killed_worker_fails_the_prism_job_and_a_rerun_completes_it(
     assert parts == 21, parts
     marker = tmp_path / "killed"
     killer = functools.partial(KillAfterParts, marker=str(marker), after=5)
-    monkeypatch.setattr(text_parts, "WriteParts", killer)  # SIGKILL after 5 parts, once
+    monkeypatch.setattr(embed_text, "EmbedParts", killer)  # SIGKILL after 5 parts, once
     out = tmp_path / "out"
 
     with pytest.raises(Exception):  # noqa: B017 - the runner's own error type varies

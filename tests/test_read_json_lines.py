@@ -119,7 +119,7 @@ def test_each_bad_line_is_one_dead_letter_and_the_other_lines_are_read(tmp_path)
         by_row = {r.row: r for r in records}
         assert sorted(by_row) == [1, 2, 3, 5, 6, 7, 8], sorted(by_row)
         assert all(r.stage == "read" and r.source == str(path) for r in records)
-        assert all(r.error_type == "InputFileError" for r in records)
+        assert all(r.error_type == "InputLineError" for r in records)
         assert all(f"line {r.row} of {path}" in r.message for r in records)
         assert "not valid JSON" in by_row[1].message and "not json at all" in by_row[1].element
         assert "not valid JSON" in by_row[2].message

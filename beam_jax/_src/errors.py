@@ -45,6 +45,16 @@ class InputFileError(BeamJaxError, OSError):
     """
 
 
+class InputLineError(InputFileError):
+    """One line of a JSON-lines file is no row: not UTF-8, not JSON, not one object, or a
+    field of another type. The rest of the file is read.
+
+    The message names the line and the file. Fix the line; with
+    ``.with_exception_handling()`` on the reading transform, it becomes that line's dead
+    letter (``error_type`` ``"InputLineError"``) instead.
+    """
+
+
 class KernelError(BeamJaxError, RuntimeError):
     """The user's kernel failed on an element, or returned something unusable.
 

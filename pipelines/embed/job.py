@@ -1,9 +1,10 @@
 """The flagship's job graph and run: resume, staged publishing, threshold, summary.
 
 The route is drawn in the package's docstring and docs/embed_text.md: read parts
-(:mod:`~pipelines.embed.read`), spread them, tokenize (:mod:`~pipelines.embed.tokenize`),
-``beam_jax.RunKernelOnArrow`` as :mod:`~pipelines.embed.plan` planned, write each part in
-the same fused step (:mod:`~pipelines.embed.write`).
+(:mod:`~pipelines.embed.read`), spread them, then one step per part
+(:mod:`~pipelines.embed.embed_parts`): tokenize (:mod:`~pipelines.embed.tokenize`),
+``beam_jax.RunKernelOnArrow`` as :mod:`~pipelines.embed.plan` planned, and write the part
+(:mod:`~pipelines.embed.write`).
 
 Example:
     >>> summary = run(["--builtin_texts", "50", "--output", "/tmp/embed"])  # doctest: +SKIP
@@ -29,10 +30,11 @@ from beam_jax.jobs import OutputDir, RunConsole
 from beam_jax.text import MAX_TOKENIZED_CHARS, SentenceEncoder
 from pipelines.embed import plan as launch_plan
 from pipelines.embed import write
+from pipelines.embed.embed_parts import EmbedParts
 from pipelines.embed.flags import DEFAULT_OUTPUT, parse_args
 from pipelines.embed.parts import KEY, Inputs
 from pipelines.embed.read import ReadParts
-from pipelines.embed.tokenize import INPUT_IDS, METRICS_NAMESPACE, PARTS, TOKENIZE, TokenizeParts
+from pipelines.embed.tokenize import INPUT_IDS, METRICS_NAMESPACE, TOKENIZE, tokenize_parts
 
 __all__ = ["DEFAULT_OUTPUT", "EmbedTextSummary", "Encoder", "embed_kernel", "run"]
 
@@ -157,22 +159,21 @@ def _on_accelerator(transform: beam.PTransform, accelerator: str | None) -> beam
 
 
 def _read_and_tokenize(pipeline, args, model, inputs, id_type, done=frozenset()):
-    """Adds the job's first steps to ``pipeline``: read parts (those not in ``done``) ->
-    spread (unless one worker runs here) -> tokenize.
+    """The job's read step, and its tokenize step alone (for measuring the host): returns
+    the tokenize step's outputs (``tokens``, ``DEAD_LETTERS``) and the unreadable files."""
+    batches, unreadable = _read(pipeline, args, inputs, id_type, done)
+    tokens = batches | "Tokenize" >> beam.ParDo(
+        tokenize_parts(id_type, model, inputs.text_column)
+    ).with_output_types(pa.RecordBatch).with_outputs(bj.DEAD_LETTERS, main="tokens")
+    return tokens, unreadable
 
-    Returns the tokenize step's outputs (``tokens``, ``PARTS``, ``DEAD_LETTERS``) and the
-    unreadable files.
-    """
+
+def _read(pipeline, args, inputs, id_type, done=frozenset()):
+    """Read parts (those not in ``done``) -> spread (unless one worker runs here)."""
     # One worker in this process: nowhere to spread the parts to.
     spread = not launch_plan.in_process(pipeline.options)
     read = ReadParts(inputs, args.rows_per_part, done, id_type, spread=spread)
-    batches, unreadable = pipeline | "Read" >> read
-    files = [inputs.file_name(i) for i in range(len(inputs.files))]
-    tokenize = TokenizeParts(id_type, model, files, inputs.text_column)
-    tokens = batches | "Tokenize" >> beam.ParDo(tokenize).with_output_types(
-        pa.RecordBatch
-    ).with_outputs(PARTS, bj.DEAD_LETTERS, main="tokens")
-    return tokens, unreadable
+    return pipeline | "Read" >> read
 
 
 def _build(
@@ -180,33 +181,21 @@ def _build(
 ):
     """Adds the job to ``pipeline``; returns its embedding transform (to start its worker).
 
-    read parts -> spread (unless one worker runs here) -> tokenize -> RunKernelOnArrow ->
-    write parts, the last three fused: each part's results and dead letters meet its rows in
-    ``WriteParts`` without a shuffle.
+    read parts -> spread (unless one worker runs here) -> tokenize, embed and write each
+    part in one step (``EmbedParts``, on the accelerator if asked for): no step depends on
+    how the runner fuses them.
     """
-    tokens, unreadable = _read_and_tokenize(pipeline, args, model, inputs, id_type, done)
+    parts, unreadable = _read(pipeline, args, inputs, id_type, done)
     embed = embed_kernel(args, model, launch, encoder or Encoder())
-    results, kernel_dead = tokens.tokens | "Embed" >> _on_accelerator(embed, args.accelerator)
-    # Each stream that makes up the parts meets the others in WriteParts, fused in the
-    # stage that tokenizes and embeds: no shuffle of embeddings (see WriteParts).
-    parts = write.WriteParts(staging, inputs, write.embeddings_schema(id_type))
-    streams = {
-        "Parts": tokens[PARTS],
-        "TokenizeDeadLetters": tokens[bj.DEAD_LETTERS],
-        "Results": results,
-        "KernelDeadLetters": kernel_dead,
-    }
-    names = [s | f"Write{name}" >> beam.ParDo(parts) for name, s in streams.items()]
+    tokenize = tokenize_parts(id_type, model, inputs.text_column)
+    writer = write.PartWriter(staging, inputs, write.embeddings_schema(id_type))
+    step = beam.ParDo(EmbedParts(tokenize, embed, writer, progress))
+    names = parts | "Embed" >> _on_accelerator(step, args.accelerator)
     # A consumer for the parts' names across a shuffle: the local FnApiRunner then reads
-    # WriteParts' output, and so fails when a worker dies there, instead of waiting for it
-    # forever (measured: a SIGKILL in WriteParts hung a multi-process run, Beam 2.77).
-    keyed = names | "PartNames" >> beam.Flatten() | "KeyPartNames" >> beam.WithKeys(None)
-    _ = keyed | "GatherPartNames" >> beam.GroupByKey()
+    # the step's output, and so fails when a worker dies there, instead of waiting for it
+    # forever (measured: a SIGKILL in the writing step hung a multi-process run, Beam 2.77).
+    _ = names | "KeyPartNames" >> beam.WithKeys(None) | "GatherPartNames" >> beam.GroupByKey()
     _ = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
-    if progress is not None:  # counted by the workers, printed by the driver
-        _ = results | "ProgressDone" >> beam.ParDo(jobs.CountProgress(progress, "done", size=len))
-        dead = (tokens[bj.DEAD_LETTERS], kernel_dead) | "AllDeadLetters" >> beam.Flatten()
-        _ = dead | "ProgressDead" >> beam.ParDo(jobs.CountProgress(progress, "dead"))
     if launch.planned and not launch_plan.in_process(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the
         # pipeline's first stage; in-process runners start it in run()).
@@ -340,10 +329,8 @@ def run(
     pipeline = beam.Pipeline(options=options)
     console = RunConsole("embed_text", args, options, output.path)
     done = write.done_parts(reused, inputs)
-    embed = _build(
-        pipeline, args, model, inputs, id_type, output.staging, done, launch,
-        console.progress_dir, encoder,
-    )  # fmt: skip
+    where = (output.staging, done, launch, console.progress_dir, encoder)
+    embed = _build(pipeline, args, model, inputs, id_type, *where)
     try:
         with console:
             if launch.planned and launch_plan.in_process(options):

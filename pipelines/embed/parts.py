@@ -3,11 +3,10 @@
 A part is rows ``[start, end)`` of one input file (lines, for JSON lines), read as one
 Arrow record batch. A row's key is ``file_index << 40 | row``: it travels with the row
 through tokenizing and the kernel (as ``RunKernelOnArrow``'s id column), so every result
-and dead letter finds its part. The tokenize step tells the writer which part it opened
-(:class:`Part`: its rows and their ids).
+and dead letter finds its part (:class:`Part`: its rows and their ids).
 
 Example:
-    >>> split_keys(np.array([row_key(3, 17)]))
+    >>> split_keys(np.array([3 << ROW_BITS | 17]))
     (array([3]), array([17]))
 """
 
@@ -23,20 +22,19 @@ import pyarrow as pa
 
 from beam_jax import jobs
 
-__all__ = ["KEY", "Inputs", "Part", "python_values", "row_key", "split_keys"]
+__all__ = ["KEY", "METRICS_NAMESPACE", "ROW_BITS", "Inputs", "Part", "split_keys"]
 
 KEY = "key"
+METRICS_NAMESPACE = "embed_text"  # the job's own counters (rows, parts, dead letters)
 ROW_BITS = 40  # rows per file < 2**40; files < 2**23
 ROW_MASK = (1 << ROW_BITS) - 1
 BUILTIN = "builtin"
+BUILTIN_NAME = "<built-in corpus>"  # how dead letters name it
 # Left out of part names, in this order: compression, then format.
-_SUFFIXES = (".gz", ".bz2", ".deflate", ".zst", ".zstd", ".lzma", ".xz", ".parquet", ".pq",
-             ".jsonl", ".json", ".ndjson")  # fmt: skip
-
-
-def row_key(file_index: int, position: int) -> int:
-    """A row's key in the job: which file, which row, in one ``int64``."""
-    return file_index << ROW_BITS | position
+_SUFFIXES = (
+    *(".gz", ".bz2", ".deflate", ".zst", ".zstd", ".lzma", ".xz"),
+    *(".parquet", ".pq", ".jsonl", ".json", ".ndjson"),
+)
 
 
 def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +85,7 @@ class Inputs:
     def file_name(self, file_index: int) -> str:
         """How dead letters and messages name a file."""
         path = self.files[file_index].path
-        return "<built-in corpus>" if path == BUILTIN else path
+        return BUILTIN_NAME if path == BUILTIN else path
 
     def source(self, file_index: int) -> str:
         """The file's name in part names: its stem and a hash of its full path."""
@@ -112,11 +110,17 @@ class Inputs:
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-    """One part opened: its file, its rows (positions in the file) and their ids as read."""
+    """One part: its file, its rows (positions in the file) and their ids as read."""
 
     file_index: int
     positions: np.ndarray
     ids: pa.Array
+
+    @classmethod
+    def of(cls, batch: pa.RecordBatch) -> Part:
+        """The part a record batch of ``key`` and ``id`` holds."""
+        files, positions = split_keys(batch.column(KEY).to_numpy())
+        return cls(int(files[0]), positions, batch.column("id"))
 
     @property
     def start(self) -> int:
@@ -126,28 +130,7 @@ class Part:
     def end(self) -> int:
         return int(self.positions[-1]) + 1
 
-    def id_of(self, index: np.ndarray) -> list[Any]:
-        """The ids (as Python values, for dead letters) of rows ``index`` of the part."""
-        return python_values(self.ids.take(pa.array(np.asarray(index, np.int64))), "id")[0]
-
-
-def python_values(column: pa.Array, what: str) -> tuple[list[Any], list[str | None]]:
-    """The column as Python values; invalid UTF-8 makes a row's problem, not an exception."""
-    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
-        try:
-            return column.to_pylist(), [None] * len(column)
-        except UnicodeDecodeError:
-            binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
-            column = column.cast(binary)  # the same bytes, unchecked
-    values, problems = [], []
-    for raw in column.to_pylist():
-        try:
-            values.append(None if raw is None else raw.decode("utf-8"))
-            problems.append(None)
-        except UnicodeDecodeError as e:
-            values.append(raw.decode("utf-8", errors="backslashreplace"))
-            problems.append(
-                f"the {what} is not valid UTF-8 ({e.reason} at byte {e.start}, near "
-                f"{raw[max(0, e.start - 20) : e.end + 20]!r}); fix the program that wrote it"
-            )
-    return values, problems
+    def id_of(self, index: int) -> Any:
+        """The id of row ``index`` of the part, for a dead letter of the kernel (whose rows'
+        ids passed the tokenize step's checks: valid UTF-8)."""
+        return self.ids[index].as_py()

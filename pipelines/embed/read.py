@@ -4,6 +4,8 @@ Parquet and JSON lines are read by ``beam_jax.ReadArrowBatches`` (a JSON line th
 an object whose id and text fit the run's types is that line's dead letter, stage
 ``read``); the built-in corpus is made here. ``key`` is ``file_index << 40 | row``
 (:mod:`pipelines.embed.parts`), and a part already written by an earlier run is dropped.
+Each batch says which file and rows it holds (``beam_jax.internal.origin_of``), for its
+rows' dead letters.
 
 Example:
     >>> read = ReadParts(inputs, 8192, done, pa.int64())  # doctest: +SKIP
@@ -19,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 
 import beam_jax as bj
-from beam_jax.internal import origin_of
+from beam_jax.internal import origin_of, with_origin
 from beam_jax.text import builtin_corpus
-from pipelines.embed.parts import KEY, ROW_BITS, Inputs
+from pipelines.embed.parts import BUILTIN_NAME, KEY, ROW_BITS, Inputs
 
 __all__ = ["KeyBatches", "ReadParts"]
 
@@ -47,16 +49,18 @@ class KeyBatches(beam.DoFn):
             return
         keys = np.arange(first, first + batch.num_rows, dtype=np.int64) | (file_index << ROW_BITS)
         columns = [pa.array(keys), *(batch.column(c) for c in self._columns)]
-        yield pa.RecordBatch.from_arrays(columns, names=[KEY, "id", "text"])
+        out = pa.RecordBatch.from_arrays(columns, names=[KEY, "id", "text"])
+        yield out.replace_schema_metadata(batch.schema.metadata)  # its file and first row
 
 
 def _builtin_part(start: int, texts: int | None, part_rows: int) -> pa.RecordBatch:
     """Rows ``start .. start + part_rows`` of the built-in corpus, keyed (file 0)."""
     rows = builtin_corpus(texts)[start : start + part_rows]
     ids = pa.array([i for i, _ in rows], pa.int64())
-    return pa.RecordBatch.from_arrays(
+    batch = pa.RecordBatch.from_arrays(
         [ids, ids, pa.array([t for _, t in rows])], [KEY, "id", "text"]
     )
+    return with_origin(batch, BUILTIN_NAME, start)
 
 
 class ReadParts(beam.PTransform):

@@ -1,13 +1,15 @@
 """Writing the flagship's output in parts, each named by its input file and row range.
 
-Once every row of a part has an embedding or a dead letter, :class:`WriteParts` writes its
+Once every row of a part has an embedding or a dead letter, :class:`PartWriter` writes its
 dead letters to ``_failed/failed-SOURCE-START-END.jsonl`` (if it has any), then its
 embeddings to ``embeddings-SOURCE-START-END.parquet``: that file, written last, marks the
 part done. ``SOURCE`` is the file's stem and a hash of its path, ``START`` and ``END``
 12-digit row numbers. Each file is written under a temporary name and renamed, so a part is
 whole or absent, and writing a part twice (a retried bundle, a resumed run) rewrites the
 same file: no id is ever written twice. What could not be read (a file, a row group, a
-JSON line) is written by :class:`WriteUnreadable`.
+JSON line) is written by :class:`WriteUnreadable`. :class:`EmbedParts` is the step that
+tokenizes, embeds and writes each part: one DoFn, so no runner's fusion decides whether a
+part's rows meet their results.
 
 Example:
     >>> embeddings_name("in-1a2b3c4d", 0, 1024)
@@ -16,9 +18,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
-import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -30,8 +32,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
 from beam_jax.jobs import OutputLayout, dead_letter_json, open_atomically, write_atomically
-from pipelines.embed.parts import KEY, Inputs, Part, split_keys
-from pipelines.embed.tokenize import METRICS_NAMESPACE
+from pipelines.embed.parts import KEY, METRICS_NAMESPACE, Inputs, Part, split_keys
 
 __all__ = [
     "DEAD_LETTER_DIR",
@@ -39,7 +40,7 @@ __all__ = [
     "FAILED",
     "LAYOUT",
     "RECORD",
-    "WriteParts",
+    "PartWriter",
     "WriteUnreadable",
     "done_parts",
     "embeddings_name",
@@ -94,6 +95,7 @@ def done_parts(names: Iterable[str], inputs: Inputs) -> frozenset[tuple[int, int
 
 
 OUTPUT = "output"  # RunKernelOnArrow's column for a kernel returning one array
+_WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 
 
 class _Open:
@@ -117,19 +119,6 @@ class _Open:
     @property
     def whole(self) -> bool:
         return self.done >= len(self.part.positions)
-
-
-class _Bundle(threading.local):
-    """The parts of the bundle this thread runs: shared by the ``WriteParts`` steps of one
-    fused stage (each reads one of the streams: parts, results, dead letters)."""
-
-    def __init__(self):
-        self.open: dict[int, list[_Open]] | None = None  # by file, in any order
-        self.early: list[Any] = []  # results or dead letters whose part is not open yet
-
-
-_BUNDLE = _Bundle()
-_WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 
 
 def embeddings_schema(id_type: pa.DataType) -> pa.Schema:
@@ -161,23 +150,15 @@ def write_embeddings(table: pa.Table, path: str) -> None:
         pq.write_table(table, f, use_dictionary=["id"], compression="none", write_statistics=["id"])
 
 
-class WriteParts(beam.DoFn):
-    """Parts, results or dead letters in; each part's files written as soon as every row of
-    it has an embedding or a dead letter; its name out.
+class PartWriter:
+    """The parts one DoFn instance has open in its bundle; each written, in the background,
+    as soon as every row of it has an embedding or a dead letter.
 
-    A pipeline applies it to each stream that makes up its parts (the tokenize step's parts
-    and dead letters, the kernel's results and dead letters): Beam runners fuse a chain of
-    single-input steps into one stage, whose bundles run each on one thread, so these steps
-    share the parts of the bundle through a thread-local (a Flatten of the streams would
-    not do: the FnApiRunner runs a Flatten of several inputs between stages). A part is one
-    record batch, which one bundle tokenizes and embeds whole; the kernel flushes its
-    batches when the bundle finishes, and Beam finishes a stage's steps producers first, so
-    when the first ``WriteParts`` finishes, no part may be open. One that is means the
-    steps were not fused, and is an error rather than a part written incomplete.
-
-    A whole part is written in a background thread (``beam_jax.WorkAhead``), one part
-    behind, while the bundle goes on; its name comes out once it is written, and a bundle
-    finishes only when all of its parts are.
+    A DoFn calls :meth:`setup`, :meth:`start_bundle`, :meth:`finish_bundle` and
+    :meth:`teardown` from its own, :meth:`open` for each part before any of its results,
+    and yields what :meth:`add_results` and :meth:`add_dead` yield: the names of the parts
+    written (one part behind: encoding and writing release the GIL, and run in a
+    ``beam_jax.WorkAhead`` while the bundle goes on).
 
     Args:
         directory: Where the parts go (the run's staging directory).
@@ -189,6 +170,7 @@ class WriteParts(beam.DoFn):
         self._directory = directory
         self._inputs = inputs
         self._schema = schema
+        self._index = {inputs.file_name(i): i for i in range(len(inputs.files))}
         # Two threads: a bundle's last batches complete several parts at once.
         self._ahead = bj.WorkAhead("beam_jax-write", depth=2, workers=2)
 
@@ -200,86 +182,86 @@ class WriteParts(beam.DoFn):
         self._ahead.teardown()
 
     def start_bundle(self):
-        # Every step starts before any element of the bundle is processed: each may reset.
-        _BUNDLE.open, _BUNDLE.early = {}, []
+        self._open: dict[int, list[_Open]] = {}  # by file, in any order
         self._ahead.start_bundle()
 
-    def process(self, element: Any, window=_WINDOW, timestamp=_TIMESTAMP) -> Iterator[str]:
-        where = (window, timestamp)  # the element's, for the names of the parts it completes
-        if isinstance(element, Part):
-            _BUNDLE.open.setdefault(element.file_index, []).append(_Open(element))
-            early, _BUNDLE.early = _BUNDLE.early, []
-            for item in early:
-                yield from self._add(item, where)
-            yield from self._flush(element.file_index, where)
-        else:
-            yield from self._add(element, where)
+    def open(self, part: Part) -> None:
+        self._open.setdefault(part.file_index, []).append(_Open(part))
 
-    def _find(self, file_index: int, row: int) -> _Open | None:
-        for part in _BUNDLE.open.get(file_index, ()):
+    def _find(self, file_index: int, row: int) -> _Open:
+        for part in self._open.get(file_index, ()):
             if part.part.start <= row < part.part.end:
                 return part
-        return None
+        raise RuntimeError(
+            f"row {row} of {self._inputs.file_name(file_index)} has a result or a dead letter "
+            "but no open part; every part is opened before its rows are tokenized"
+        )
 
-    def _add(self, item: Any, where: tuple) -> Iterator[str]:
-        if isinstance(item, bj.FailedElement):
-            (file_index,), (row,) = split_keys(np.array([item.key]))
-            part = self._find(int(file_index), int(row))
-            if part is None:
-                _BUNDLE.early.append(item)
-                return
-            part.add_dead(int(row), item)
-            yield from self._flush(int(file_index), where)
-            return
+    def add_dead(self, record: bj.FailedElement, where: tuple) -> Iterator[Any]:
+        """A row's dead letter from the tokenize step: its ``source`` and ``row`` say where."""
+        if record.source not in self._index or record.row is None:
+            raise RuntimeError(
+                f"a dead letter from {record.source!r} (row {record.row}) is not of the "
+                f"job's input files: {sorted(self._index)[:3]}..."
+            )
+        file_index = self._index[record.source]
+        self._find(file_index, record.row).add_dead(record.row, record)
+        yield from self._flush(file_index, where)
+
+    def add_kernel_dead(self, record: bj.FailedElement, where: tuple) -> Iterator[Any]:
+        """A row's dead letter from the kernel, keyed by the row's key: written with the
+        row's id, file and row."""
+        (file_index,), (row,) = split_keys(np.array([record.key]))
+        file_index, row = int(file_index), int(row)
+        part = self._find(file_index, row)
+        key = part.part.id_of(int(np.searchsorted(part.part.positions, row)))
+        source = self._inputs.file_name(file_index)
+        part.add_dead(row, dataclasses.replace(record, key=key, source=source, row=row))
+        yield from self._flush(file_index, where)
+
+    def add_results(self, item: pa.RecordBatch, where: tuple) -> Iterator[Any]:
+        """A kernel batch's results (``key`` and ``output``), cut by part."""
         files, rows = split_keys(item.column(KEY).to_numpy())
         for file_index in np.unique(files).tolist():
             # Packed batches mix the rows of several parts: cut by part.
-            parts = sorted(_BUNDLE.open.get(file_index, []), key=lambda p: p.part.start)
-            mine = np.flatnonzero(files == file_index) if len(files) else files
+            parts = sorted(self._open.get(file_index, []), key=lambda p: p.part.start)
+            mine = np.flatnonzero(files == file_index)
             starts = np.array([p.part.start for p in parts], np.int64)
             ends = np.array([p.part.end for p in parts], np.int64)
             at = np.searchsorted(starts, rows[mine], side="right") - 1
             found = (at >= 0) & (rows[mine] < ends[np.maximum(at, 0)] if parts else False)
-            for index in np.unique(at[found]).tolist():
-                rows_of = mine[found & (at == index)]
-                parts[index].add_results(item, None if len(rows_of) == item.num_rows else rows_of)
             if not found.all():
-                _BUNDLE.early.append(item.take(pa.array(mine[~found])))
+                self._find(file_index, int(rows[mine][~found][0]))  # raises
+            for index in np.unique(at).tolist():
+                rows_of = mine[at == index]
+                parts[index].add_results(item, None if len(rows_of) == item.num_rows else rows_of)
             yield from self._flush(file_index, where)
 
-    def _flush(self, file_index: int, where: tuple) -> Iterator[str]:
-        parts = _BUNDLE.open.get(file_index, [])
+    def _flush(self, file_index: int, where: tuple) -> Iterator[Any]:
+        parts = self._open.get(file_index, [])
         for part in [p for p in parts if p.whole]:
             parts.remove(part)
-            # Encoding and writing release the GIL: they run in the background while the
-            # bundle goes on; the bundle ends only once every part is written.
             work = functools.partial(self._write, part)
             yield from self._ahead.submit(work, self._part_written, *where)
 
-    def _part_written(self, name: str) -> Iterator[str]:
+    def _part_written(self, written: tuple[str, int, int]) -> Iterator[tuple[str, int, int]]:
         self._parts.inc()
-        yield name
+        yield written
 
-    def finish_bundle(self):
+    def finish_bundle(self) -> Iterator[Any]:
         yield from self._ahead.finish_bundle()
-        if _BUNDLE.open is None:
-            return  # another WriteParts of the stage checked the bundle
-        left = [p for parts in _BUNDLE.open.values() for p in parts]
-        early = len(_BUNDLE.early)
-        _BUNDLE.open, _BUNDLE.early = None, []
-        if left or early:
-            part = left[0].part if left else None
+        left = [p.part for parts in self._open.values() for p in parts]
+        if left:
+            # Every row of a part ends as one embedding or one dead letter by the end of
+            # the bundle that opened it; anything else is a bug, not a part to write.
             raise RuntimeError(
-                f"{len(left)} parts were still incomplete and {early} results or "
-                "dead letters had no part when the bundle finished"
-                + (f" (e.g. rows {part.start}-{part.end} of "
-                   f"{self._inputs.file_name(part.file_index)})" if part else "")
-                + ": the tokenize step, the kernel and WriteParts must run fused in one "
-                "stage, with nothing (a Reshuffle, a GroupByKey) between them"
-            )  # fmt: skip
+                f"{len(left)} parts were still incomplete when the bundle finished (e.g. rows "
+                f"{left[0].start}-{left[0].end} of {self._inputs.file_name(left[0].file_index)})"
+            )
 
-    def _write(self, collected: _Open) -> str:
-        """Writes a whole part: its dead letters (if any), then its embeddings, in row order."""
+    def _write(self, collected: _Open) -> tuple[str, int, int]:
+        """Writes a whole part: its dead letters (if any), then its embeddings, in row order.
+        Returns its name, its embeddings and its dead letters."""
         part = collected.part
         positions = part.positions
         table = self._schema.empty_table()
@@ -289,25 +271,19 @@ class WriteParts(beam.DoFn):
             table = embeddings_table(ids, vectors, self._schema)
         dead = sorted(collected.dead, key=lambda d: d[0])
         if table.num_rows + len(dead) != len(positions):
-            # Every row ends as one embedding or one dead letter; anything else is a bug,
-            # and an incomplete part must not be written as if it were whole.
             raise RuntimeError(
                 f"part {part.start} of {self._inputs.file_name(part.file_index)}: "
                 f"{len(positions)} rows but {table.num_rows} embeddings and {len(dead)} "
                 "dead letters"
             )
-        source, file = self._inputs.source(part.file_index), self._inputs.file_name(part.file_index)
+        source = self._inputs.source(part.file_index)
         if dead:
-            ids = part.id_of(np.searchsorted(positions, [p for p, _ in dead]))
-            lines = [
-                f"{dead_letter_json(r, id=i, file=file, row=p)}\n"
-                for i, (p, r) in zip(ids, dead, strict=True)
-            ]
+            lines = "".join(f"{dead_letter_json(r)}\n" for _, r in dead)
             name = failed_name(source, part.start, part.end)
-            write_atomically(f"{self._directory}/{name}", "".join(lines).encode("utf-8"))
+            write_atomically(f"{self._directory}/{name}", lines.encode("utf-8"))
         name = embeddings_name(source, part.start, part.end)
         write_embeddings(table, f"{self._directory}/{name}")
-        return name
+        return name, table.num_rows, len(dead)
 
 
 def _in_row_order(results) -> tuple[np.ndarray, np.ndarray]:
@@ -338,10 +314,10 @@ def _in_row_order(results) -> tuple[np.ndarray, np.ndarray]:
 
 
 class WriteUnreadable(beam.DoFn):
-    """A read step's dead letter in, written to its own file under ``_failed/``: a file or
-    row group that cannot be read (counted as ``files_unreadable``), or a JSON line that is
-    no row (``lines_unreadable``; its row's dead letter at stage ``read``, filed as if it
-    were a part of one row)."""
+    """A read step's dead letter in, written to its own file under ``_failed/``: a JSON
+    line that is no row (``InputLineError``: counted as ``lines_unreadable``; its row's
+    dead letter at stage ``read``, filed as if it were a part of one row), or a file or
+    row group that cannot be read (counted as ``files_unreadable``)."""
 
     def __init__(self, directory: str, inputs: Inputs):
         self._directory = directory
@@ -353,16 +329,19 @@ class WriteUnreadable(beam.DoFn):
 
     def process(self, record: bj.FailedElement) -> Iterator[str]:
         paths = [self._inputs.file_name(i) for i in range(len(self._inputs.files))]
-        index = paths.index(record.source) if record.source in paths else 0
-        row, source = record.row or 0, self._inputs.source(index)
-        if record.message.startswith(f"line {row} of "):  # how ReadArrowBatches names a line
+        if record.source not in paths:
+            raise RuntimeError(
+                f"a read step's dead letter names {record.source!r}, which is not one of the "
+                f"job's input files as matched at launch ({len(paths)}: {paths[:3]}...)"
+            )
+        source, row = self._inputs.source(paths.index(record.source)), record.row or 0
+        if record.error_type == bj.InputLineError.__name__:
             self._lines.inc()
-            name, key = failed_name(source, row, row + 1), record.key
+            name = failed_name(source, row, row + 1)
         else:
             self._files.inc()
-            name, key = unreadable_name(source, row), None
-        line = dead_letter_json(record, id=key, file=paths[index], row=row)
-        write_atomically(f"{self._directory}/{name}", f"{line}\n".encode())
+            name = unreadable_name(source, row)
+        write_atomically(f"{self._directory}/{name}", f"{dead_letter_json(record)}\n".encode())
         yield name
 
 

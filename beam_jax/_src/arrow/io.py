@@ -28,7 +28,7 @@ from beam_jax._src.arrow.json_lines import (
     read_json_lines,
 )
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, METRICS_NAMESPACE, FailedElement, Stage
-from beam_jax._src.errors import InputFileError, SpecError
+from beam_jax._src.errors import InputFileError, InputLineError, SpecError
 
 # Record batches carry where they were read from in their schema metadata, so a row's
 # dead letter can say: the file and row group (for the echo), the file, and the file row of
@@ -337,7 +337,7 @@ class _ReadJsonLines(beam.DoFn):
             yield _unreadable(error, handle, "files_failed", path, where, row=cut.line)
 
     def _bad_line(self, path: str, bad: BadLine):
-        error = InputFileError(
+        error = InputLineError(
             f"line {bad.line} of {path}: {bad.message} (or read with "
             ".with_exception_handling() to dead-letter the line)"
         )
@@ -354,6 +354,13 @@ def _with_origin(batch: pa.RecordBatch, path: str, source: str, first: int) -> p
         FIRST_ROW_KEY: str(first).encode(),
     }
     return batch.replace_schema_metadata({**(batch.schema.metadata or {}), **origin})
+
+
+def with_origin(batch: pa.RecordBatch, path: str, first_row: int) -> pa.RecordBatch:
+    """``batch`` saying it holds rows ``first_row, first_row + 1, ...`` of ``path``, as
+    ``ReadArrowBatches``' batches do (:func:`origin_of` reads it back), for batches made
+    another way whose rows' dead letters should name where they came from."""
+    return _with_origin(batch, path, path, first_row)
 
 
 def source_of(batch: pa.RecordBatch) -> str | None:

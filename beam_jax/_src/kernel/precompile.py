@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,8 +27,27 @@ def default_threads() -> int:
     return max(1, min(4, cpus))
 
 
+# Compiles running when the interpreter exits: each thread finishes the shape it compiles
+# and takes no other. The threads are not daemons: a daemon thread inside XLA when the
+# interpreter finalizes is cut off as it returns (its C++ frames unwound by force), which
+# aborted the process at exit (status 134, "terminate called after throwing", or 139)
+# after a job failed while its shapes compiled; exit now waits for the compiles running.
+_RUNNING: weakref.WeakSet[BackgroundCompile] = weakref.WeakSet()
+
+
+def _stop_all() -> None:
+    for job in list(_RUNNING):
+        job.stop()
+
+
+# Called as the interpreter starts to exit, before it joins non-daemon threads (as
+# concurrent.futures does for its workers).
+threading._register_atexit(_stop_all)
+
+
 class BackgroundCompile:
-    """Compiles ``shapes`` in order, on ``threads`` daemon threads, starting now.
+    """Compiles ``shapes`` in order, on ``threads`` threads, starting now; at the
+    interpreter's exit, only the shapes being compiled are finished.
 
     Example:
         >>> import numpy as np
@@ -58,16 +78,22 @@ class BackgroundCompile:
         self._todo: queue.SimpleQueue = queue.SimpleQueue()
         for shape in shapes:
             self._todo.put(shape)
+        self._stopped = False
         count = min(threads or default_threads(), max(1, len(shapes)))
         self._threads = [
-            threading.Thread(target=self._work, name=f"beam_jax-compile-{i}", daemon=True)
+            threading.Thread(target=self._work, name=f"beam_jax-compile-{i}", daemon=False)
             for i in range(count)
         ]
+        _RUNNING.add(self)
         for thread in self._threads:
             thread.start()
 
+    def stop(self) -> None:
+        """Compile no more shapes than those being compiled now."""
+        self._stopped = True
+
     def _work(self) -> None:
-        while True:
+        while not self._stopped:
             try:
                 shape = self._todo.get_nowait()
             except queue.Empty:

@@ -1,4 +1,5 @@
-"""EmbedText: record batches of texts in, record batches of embeddings out (tokenize + kernel)."""
+"""EmbedText: record batches of texts in, record batches of embeddings out (tokenize + kernel),
+both in one step (:class:`EmbedBatches`)."""
 
 from __future__ import annotations
 
@@ -6,98 +7,121 @@ from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
+from apache_beam.pvalue import TaggedOutput
+from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jax._src.arrow.columns import ArrowColumns
-from beam_jax._src.arrow.io import origin_of
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.packing import Packing
 from beam_jax._src.bucketing.packing_plan import PackingPlan
 from beam_jax._src.bucketing.rule import default_boundaries
-from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION, FailedElement
-from beam_jax._src.errors import InvalidElementError, SpecError
+from beam_jax._src.core.dead_letter import DEAD_LETTERS, FailedElement
+from beam_jax._src.errors import SpecError
 from beam_jax._src.text.sentence_encoder import SentenceEncoder
-from beam_jax._src.text.tokenizer import TextTooLongError
 from beam_jax._src.transforms.base import RunKernelResult
 from beam_jax._src.transforms.run_kernel_on_arrow import RunKernelOnArrow
+from beam_jax._src.transforms.tokenize import INPUT_IDS, TokenizeBatches
 
-TOKENIZE = "tokenize"
-INPUT_IDS = "input_ids"
 EMBEDDING = "embedding"
+_WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 _OUTPUT = "output"  # RunKernelOnArrow's column for a kernel returning one array
 
 
-class _Tokenize(beam.DoFn):
-    """A record batch in; ``id`` + ``input_ids`` for the rows that tokenize, one dead letter
-    per row that does not (a null or non-string text: ``validation``; a text the tokenizer
-    rejects: ``tokenize``). One tokenizer call per batch."""
+def _unwrap(output: Any) -> tuple[str | None, Any, WindowedValue | None]:
+    """``(tag, value, windowed)`` of a DoFn's output: its tag (None: main), its value, and
+    the ``WindowedValue`` it came in, if it did."""
+    tag = None
+    if isinstance(output, TaggedOutput):
+        tag, output = output.tag, output.value
+    if isinstance(output, WindowedValue):
+        return tag, output.value, output
+    return tag, output, None
 
-    def __init__(self, encoder: Any, text_column: str, id_column: str):
-        self._encoder = encoder
-        self._text = text_column
-        self._id = id_column
+
+def _wrap(tag: str | None, value: Any, windowed: WindowedValue | None) -> Any:
+    """The output ``_unwrap`` took apart, with ``value`` in it."""
+    out = value if windowed is None else windowed.with_value(value)
+    return out if tag is None else TaggedOutput(tag, out)
+
+
+class EmbedBatches(beam.DoFn):
+    """Tokenize and embed in one step: record batches of texts in, record batches of
+    ``carry`` and ``output`` out (main), one ``FailedElement`` per row that failed either
+    (``DEAD_LETTERS``).
+
+    The step is one DoFn, so that no runner's fusion decides whether tokens and the rows
+    they came from meet: a resource hint (``accelerator``) on it asks for the device where
+    the model runs, and a Reshuffle before or after it changes nothing. It calls a
+    ``TokenizeBatches`` and a ``RunKernelOnArrow``'s DoFn (the batch engine, which buckets
+    or packs across the batches of a bundle) in turn. A subclass may take over what comes
+    out by overriding :meth:`results`, :meth:`tokenizer_dead_letter` and
+    :meth:`kernel_dead_letter` (e.g. a job that writes each input part once all its rows
+    are done).
+
+    Example:
+        >>> kernel = RunKernelOnArrow(fn, ...).with_exception_handling()  # doctest: +SKIP
+        >>> step = EmbedBatches(TokenizeBatches(encoder), kernel)  # doctest: +SKIP
+        >>> out = batches | beam.ParDo(step).with_outputs(DEAD_LETTERS)  # doctest: +SKIP
+
+    Args:
+        tokenize: The tokenize step; its ``carry`` column must be the kernel's id column.
+        kernel: A ``RunKernelOnArrow`` of the encoder, reading ``input_ids``, with exception
+            handling (its threshold is not applied here).
+    """
+
+    def __init__(self, tokenize: TokenizeBatches, kernel: RunKernelOnArrow):
+        self._tokenize = tokenize
+        self._kernel = kernel.dofn()
 
     def setup(self):
-        self._tokenizer = self._encoder.tokenizer()
+        self._tokenize.setup()
+        self._kernel.setup()
 
-    def process(self, batch: pa.RecordBatch) -> Iterator[Any]:
-        names = batch.schema.names
-        missing = [c for c in (self._id, self._text) if c not in names]
-        if missing:
-            raise SpecError(
-                f"EmbedText needs the columns {missing}; the record batch has {names}. Name "
-                "the columns with text_column= and id_column="
-            )
-        ids, texts = batch.column(self._id), batch.column(self._text)
-        path, first = origin_of(batch)
-        if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
-            error = InvalidElementError(
-                f"the text column {self._text!r} has type {texts.type}; expected strings"
-            )
-            for row in range(batch.num_rows):
-                yield self._dead(error, VALIDATION, ids, texts, row, path, first)
+    def start_bundle(self):
+        self._tokenize.start_bundle()
+        self._kernel.start_bundle()
+
+    def process(self, batch: pa.RecordBatch, window=_WINDOW, timestamp=_TIMESTAMP) -> Iterator[Any]:
+        for out in self._tokenize.process(batch, window, timestamp):
+            yield from self._from_tokenizer(out, window)
+
+    def finish_bundle(self) -> Iterator[Any]:
+        # The tokenizer's last batches go to the kernel before the kernel's last batches run.
+        for out in self._tokenize.finish_bundle():
+            yield from self._from_tokenizer(out, None)
+        for out in self._kernel.finish_bundle():
+            yield from self._from_kernel(out)
+
+    def teardown(self):
+        self._tokenize.teardown()
+
+    def _from_tokenizer(self, out: Any, window: Any) -> Iterator[Any]:
+        tag, value, windowed = _unwrap(out)
+        if tag == DEAD_LETTERS:
+            yield from self.tokenizer_dead_letter(value, windowed)
             return
-        encoded, failures = self._tokenizer.encode_arrow(texts)
-        null = texts.is_null().to_numpy(zero_copy_only=False)
-        for row in np.flatnonzero(null).tolist():
-            error = InvalidElementError("the row has a null text; every row needs a string")
-            yield self._dead(error, VALIDATION, ids, texts, row, path, first)
-        for row, error in sorted(failures.items()):
-            if not null[row]:
-                # A text that is not Unicode is the data's fault; one the tokenizer cannot
-                # cut or rejects is the tokenizer's.
-                bad_text = isinstance(error, InvalidElementError)
-                stage = (
-                    TOKENIZE if isinstance(error, TextTooLongError) or not bad_text else VALIDATION
-                )
-                yield self._dead(error, stage, ids, texts, row, path, first)
-        good = ~encoded.is_null().to_numpy(zero_copy_only=False)
-        out = pa.RecordBatch.from_arrays([ids, encoded], names=[self._id, INPUT_IDS])
-        if not good.all():
-            out = out.filter(pa.array(good))
-        if out.num_rows:
-            yield out
+        for result in self._kernel.process(value, windowed.windows[0] if windowed else window):
+            yield from self._from_kernel(result)
 
-    @staticmethod
-    def _dead(error, stage, ids, texts, row, path, first):
-        record = FailedElement.from_exception(
-            error,
-            stage=stage,
-            element=_text(texts, row),
-            key=ids[row].as_py(),
-            source=path,
-            row=None if first is None else first + row,
-        )
-        return beam.pvalue.TaggedOutput(DEAD_LETTERS, record)
+    def _from_kernel(self, out: Any) -> Iterator[Any]:
+        tag, value, windowed = _unwrap(out)
+        if tag == DEAD_LETTERS:
+            yield from self.kernel_dead_letter(value, windowed)
+        else:
+            yield from self.results(value, windowed)
 
+    def results(self, batch: pa.RecordBatch, windowed: WindowedValue | None) -> Iterator[Any]:
+        """A kernel batch's results (``carry`` and ``output``), in ``windowed``'s window."""
+        yield _wrap(None, batch, windowed)
 
-def _text(texts: pa.Array, row: int) -> Any:
-    """A row's text for its dead letter (invalid UTF-8 shown with escapes)."""
-    if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
-        return repr(texts[row])
-    raw = texts.slice(row, 1).cast(pa.binary())[0].as_py()
-    return None if raw is None else raw.decode("utf-8", errors="backslashreplace")
+    def tokenizer_dead_letter(self, record: FailedElement, windowed) -> Iterator[Any]:
+        """A row the tokenize step refused (keyed by its id, with its file and row)."""
+        yield _wrap(DEAD_LETTERS, record, windowed)
+
+    def kernel_dead_letter(self, record: FailedElement, windowed) -> Iterator[Any]:
+        """A row the kernel failed (keyed by its ``carry`` value)."""
+        yield _wrap(DEAD_LETTERS, record, windowed)
 
 
 def _embeddings(batch: pa.RecordBatch, id_column: str) -> pa.RecordBatch:
@@ -133,7 +157,8 @@ class EmbedText(beam.PTransform):
             buckets at powers of two up to the encoder's ``max_length``.
         compilation_cache_dir: JAX's persistent compilation cache, if any.
         precompile: compile every listed shape from each worker's start.
-        accelerator: a Beam ``accelerator`` resource hint for the kernel step only.
+        accelerator: a Beam ``accelerator`` resource hint for the step that tokenizes and
+            runs the model (one step: no fusion is needed for correctness).
     """
 
     def __init__(
@@ -194,12 +219,13 @@ class EmbedText(beam.PTransform):
         return self._on_accelerator(self.kernel.start_workers())
 
     def expand(self, batches) -> RunKernelResult:
-        tokens = batches | "Tokenize" >> beam.ParDo(
-            _Tokenize(self.encoder, self.text_column, self.id_column)
-        ).with_output_types(pa.RecordBatch).with_outputs(DEAD_LETTERS, main="tokens")
-        results, dead = tokens.tokens | "Embed" >> self._on_accelerator(self.kernel)
-        vectors = results | "Embeddings" >> beam.Map(_embeddings, self.id_column).with_output_types(
-            pa.RecordBatch
+        tokenize = TokenizeBatches(
+            self.encoder, text_column=self.text_column, id_column=self.id_column
         )
-        failed = (tokens[DEAD_LETTERS], dead) | "DeadLetters" >> beam.Flatten()
-        return RunKernelResult(vectors, failed)
+        step = beam.ParDo(EmbedBatches(tokenize, self.kernel)).with_output_types(pa.RecordBatch)
+        step = self._on_accelerator(step).with_outputs(DEAD_LETTERS, main="results")
+        outputs = batches | "TokenizeAndEmbed" >> step
+        vectors = outputs.results | "Embeddings" >> beam.Map(
+            _embeddings, self.id_column
+        ).with_output_types(pa.RecordBatch)
+        return RunKernelResult(vectors, outputs[DEAD_LETTERS])

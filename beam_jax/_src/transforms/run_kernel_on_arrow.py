@@ -297,11 +297,17 @@ class RunKernelOnArrow(KernelTransform):
             "streaming elements one at a time."
         )
 
-    def expand(self, pcoll):
-        dofn = _ArrowFrontEnd(
+    def dofn(self) -> beam.DoFn:
+        """The DoFn this transform runs, for a step of one's own that calls it from its
+        DoFn (``beam_jax.text.EmbedBatches``: tokenize and embed in one step): its outputs
+        are record batches (``WindowedValue``) and, with exception handling, dead letters
+        tagged ``DEAD_LETTERS``; it takes the worker ``start_workers()`` started."""
+        return _ArrowFrontEnd(
             self.fn, self.spec, self.options, self._handle_errors, self.columns, self._start_id
         )
-        outputs = pcoll | "RunKernelOnArrow" >> beam.ParDo(dofn).with_output_types(
+
+    def expand(self, pcoll):
+        outputs = pcoll | "RunKernelOnArrow" >> beam.ParDo(self.dofn()).with_output_types(
             pa.RecordBatch
         ).with_outputs(DEAD_LETTERS, main="results")
         return self._outputs(pcoll, outputs.results, outputs[DEAD_LETTERS], count_inputs=_num_rows)

@@ -1,0 +1,95 @@
+"""The job's one step per part: tokenize, embed and write it (``beam_jax.text.EmbedBatches``
+with a :class:`~pipelines.embed.write.PartWriter`).
+
+Doing the three in one DoFn is what makes the job correct however a runner fuses steps: a
+part's rows, their results and their dead letters meet in the instance that opened it,
+never across steps. The ``accelerator`` resource hint goes on this step; the read step's
+parts may be shuffled to it (``--direct_num_workers``, Dataflow).
+
+Example:
+    >>> step = EmbedParts(tokenize, kernel, writer, progress_dir)  # doctest: +SKIP
+    >>> names = parts | beam.ParDo(step)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import apache_beam as beam
+import pyarrow as pa
+
+from beam_jax import jobs
+from beam_jax.text import EmbedBatches
+from pipelines.embed.parts import Part
+from pipelines.embed.write import PartWriter
+
+__all__ = ["EmbedParts"]
+
+_WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
+
+
+class EmbedParts(EmbedBatches):
+    """Parts in (record batches of ``key``, ``id``, ``text``, one part each); each part's
+    files written once every row of it has an embedding or a dead letter; its name out.
+
+    Args:
+        tokenize: The tokenize step (``pipelines.embed.tokenize.tokenize_parts``).
+        kernel: The embedding step (``pipelines.embed.job.embed_kernel``).
+        writer: Writes the parts.
+        progress: The driver's progress directory (rows done and dead), if any.
+    """
+
+    def __init__(self, tokenize, kernel, writer: PartWriter, progress: str | None = None):
+        super().__init__(tokenize, kernel)
+        self._writer = writer
+        self._progress = progress
+
+    def setup(self):
+        super().setup()
+        self._writer.setup()
+        self._counts = []
+        if self._progress is not None:  # counted by the workers, printed by the driver
+            fields = ("done", "dead")
+            self._counts = [jobs.CountProgress(self._progress, f, size=int) for f in fields]
+        for count in self._counts:
+            count.setup()
+
+    def start_bundle(self):
+        super().start_bundle()
+        self._writer.start_bundle()
+
+    def process(self, batch: pa.RecordBatch, window=_WINDOW, timestamp=_TIMESTAMP) -> Iterator[Any]:
+        self._where = (window, timestamp)  # for the outputs of what the tokenizer refuses now
+        self._writer.open(Part.of(batch))
+        yield from self._names(super().process(batch, window, timestamp))
+
+    def finish_bundle(self) -> Iterator[Any]:
+        yield from self._names(super().finish_bundle())
+        yield from self._names(self._writer.finish_bundle())
+        for count in self._counts:
+            count.finish_bundle()
+
+    def teardown(self):
+        super().teardown()
+        self._writer.teardown()
+
+    def _names(self, written: Iterator[Any]) -> Iterator[Any]:
+        """The parts' names (each a ``WindowedValue``), their rows counted as progress."""
+        for out in written:
+            name, results, dead = out.value
+            for count, n in zip(self._counts, (results, dead), strict=False):
+                count.process(n)
+            yield out.with_value(name)
+
+    def _at(self, windowed) -> tuple:
+        return self._where if windowed is None else (windowed.windows[0], windowed.timestamp)
+
+    def results(self, batch, windowed) -> Iterator[Any]:
+        yield from self._writer.add_results(batch, self._at(windowed))
+
+    def tokenizer_dead_letter(self, record, windowed) -> Iterator[Any]:
+        yield from self._writer.add_dead(record, self._at(windowed))
+
+    def kernel_dead_letter(self, record, windowed) -> Iterator[Any]:
+        yield from self._writer.add_kernel_dead(record, self._at(windowed))
