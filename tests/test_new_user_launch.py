@@ -113,7 +113,9 @@ def test_misspelled_runners_and_pipeline_options_get_a_suggestion(argv, hint, ca
     assert hint in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("runner", ["FnApiRunner", "direct", "DirectRunner", "PrismRunner", "Dataflow"])
+@pytest.mark.parametrize(
+    "runner", ["FnApiRunner", "direct", "DirectRunner", "PrismRunner", "Dataflow"]
+)
 def test_known_runners_pass(runner):
     _, options = embed_flags.parse_args([f"--runner={runner}"])
     assert options.get_all_options()["runner"] == runner
