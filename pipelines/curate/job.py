@@ -217,8 +217,14 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     output.publish({"job": record, "summary": str(summary)})
     # beam-jax report OUTPUT reads it, as it reads every flagship's: the scoring run's
     # kernel metrics (totals and per bucket) beside the job's figures.
-    metrics = _Metrics(summary.rows, kernel.results, summary.dead_letters,
-                       summary.seconds["total"], summary.auroc, kernel)  # fmt: skip
+    metrics = _Metrics(
+        summary.rows,
+        kernel.results,
+        summary.dead_letters,
+        summary.seconds["total"],
+        summary.auroc,
+        kernel,
+    )
     jobs.write_metrics(jobs.metrics_record("curate", metrics, scored), output.path)
     print(summary, flush=True)
     return summary

@@ -69,61 +69,127 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,  # a prefix must not take a Beam flag's value
     )
     add = parser.add_argument
-    add("--input", help="Parquet or JSON lines file or glob (.parquet, .jsonl, .json, .ndjson, "
-        "compressed too); default: the built-in corpus")  # fmt: skip
+    add(
+        "--input",
+        help="Parquet or JSON lines file or glob (.parquet, .jsonl, .json, .ndjson, "
+        "compressed too); default: the built-in corpus",
+    )
     add("--output", default=DEFAULT_OUTPUT, help="output directory; empty, or see --overwrite")
-    add("--overwrite", action="store_true",
-        help="replace this job's earlier output once this run succeeds")  # fmt: skip
-    add("--threshold", type=jobs.ratio, default=1.0,
+    add(
+        "--overwrite",
+        action="store_true",
+        help="replace this job's earlier output once this run succeeds",
+    )
+    add(
+        "--threshold",
+        type=jobs.ratio,
+        default=1.0,
         help="the largest tolerated ratio of dead letters to rows (and of unreadable files to "
-        "files) (default 1: never fail)")  # fmt: skip
-    add("--rows_per_part", type=positive_int, default=DEFAULT_ROWS_PER_PART,
-        help="rows per output part (a rerun does not redo finished parts)")  # fmt: skip
-    add("--builtin_texts", type=positive_int, help="without --input: the first N built-in texts "
-        "(default: all of them)")  # fmt: skip
-    add("--buckets", type=_buckets, default="auto",
+        "files) (default 1: never fail)",
+    )
+    add(
+        "--rows_per_part",
+        type=positive_int,
+        default=DEFAULT_ROWS_PER_PART,
+        help="rows per output part (a rerun does not redo finished parts)",
+    )
+    add(
+        "--builtin_texts",
+        type=positive_int,
+        help="without --input: the first N built-in texts (default: all of them)",
+    )
+    add(
+        "--buckets",
+        type=_buckets,
+        default="auto",
         help="token-length bucket boundaries ending between 256 and 512 (e.g. "
         f"{','.join(map(str, DEFAULT_BUCKETS))}); 'auto' (default) plans them at launch",
-    )  # fmt: skip
-    add("--compile_budget", type=positive_int, default=DEFAULT_COMPILE_BUDGET,
-        help="--buckets auto: the most compiled shapes")  # fmt: skip
-    add("--plan_sample", type=positive_int, default=DEFAULT_PLAN_SAMPLE,
-        help="--buckets auto: texts tokenized at launch to plan")  # fmt: skip
-    add("--shape_cost", type=jobs.non_negative, default=DEFAULT_SHAPE_COST,
-        help="--buckets auto: one more compiled shape's cost in padded tokens")  # fmt: skip
-    add("--batch_size", type=positive_int, default=DEFAULT_BATCH_SIZE,
+    )
+    add(
+        "--compile_budget",
+        type=positive_int,
+        default=DEFAULT_COMPILE_BUDGET,
+        help="--buckets auto: the most compiled shapes",
+    )
+    add(
+        "--plan_sample",
+        type=positive_int,
+        default=DEFAULT_PLAN_SAMPLE,
+        help="--buckets auto: texts tokenized at launch to plan",
+    )
+    add(
+        "--shape_cost",
+        type=jobs.non_negative,
+        default=DEFAULT_SHAPE_COST,
+        help="--buckets auto: one more compiled shape's cost in padded tokens",
+    )
+    add(
+        "--batch_size",
+        type=positive_int,
+        default=DEFAULT_BATCH_SIZE,
         help="the largest padded batch of texts (or packed rows) per kernel call "
-        f"(default: {DEFAULT_BATCH_SIZE})")  # fmt: skip
-    add("--max_tokens_per_batch", type=positive_int, default=DEFAULT_MAX_TOKENS,
-        help=f"cap on batch rows x bucket length (default: {DEFAULT_MAX_TOKENS})")  # fmt: skip
-    add("--tokens_per_chunk", type=_non_negative_int,
+        f"(default: {DEFAULT_BATCH_SIZE})",
+    )
+    add(
+        "--max_tokens_per_batch",
+        type=positive_int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"cap on batch rows x bucket length (default: {DEFAULT_MAX_TOKENS})",
+    )
+    add(
+        "--tokens_per_chunk",
+        type=_non_negative_int,
         help="the most padded tokens the model runs at once: a larger batch runs as chunks "
         f"of this size inside one kernel call; 0: each batch whole (default: "
         f"{DEFAULT_TOKENS_PER_CHUNK} on CPU workers, 0 on an accelerator: --accelerator, or a "
-        "local run on a machine where JAX finds a GPU or TPU)")  # fmt: skip
-    add("--batch_sizes", type=int_list,
+        "local run on a machine where JAX finds a GPU or TPU)",
+    )
+    add(
+        "--batch_sizes",
+        type=int_list,
         help="the padded batch sizes allowed, e.g. 8,64 (default: powers of two up to "
-        "--batch_size)")  # fmt: skip
-    add("--batching", choices=("auto", "packed", "buckets"), default="auto",
+        "--batch_size)",
+    )
+    add(
+        "--batching",
+        choices=("auto", "packed", "buckets"),
+        default="auto",
         help="pad texts to length buckets, pack several short texts per row, or (auto, "
-        "the default) choose at launch by predicted FLOPs per real token")  # fmt: skip
+        "the default) choose at launch by predicted FLOPs per real token",
+    )
     add("--id_column", default="id", help="the input's id column; the output names it 'id'")
     add("--text_column", default="text", help="the input's text column")
-    add("--id_type", choices=("auto", "int", "string"), default="auto",
-        help="JSON lines only: the ids' type; 'auto' (default) takes the first row's")  # fmt: skip
-    add("--model_dir", help="a sentence-transformers model directory (local or e.g. gs://); "
-        "default: the packaged all-MiniLM-L6-v2")  # fmt: skip
-    add("--matmuls", choices=text.MATMULS, default="auto",
+    add(
+        "--id_type",
+        choices=("auto", "int", "string"),
+        default="auto",
+        help="JSON lines only: the ids' type; 'auto' (default) takes the first row's",
+    )
+    add(
+        "--model_dir",
+        help="a sentence-transformers model directory (local or e.g. gs://); "
+        "default: the packaged all-MiniLM-L6-v2",
+    )
+    add(
+        "--matmuls",
+        choices=text.MATMULS,
+        default="auto",
         help="the encoder's dense matmuls: float32; bfloat16 (inputs rounded to bfloat16, "
         "sums in float32: cosine >= 0.99997 with float32 on MiniLM); or auto (default): "
         "bfloat16 where the workers' device has bfloat16 matrix units (Intel AMX, NVIDIA "
-        "compute capability >= 8.0, TPU), decided at launch for local runners")  # fmt: skip
-    add("--model_manifest", help="a manifest (tools/make_minilm_manifest.py --out) that the "
-        "--model_dir files must match, checked at launch and on each worker")  # fmt: skip
+        "compute capability >= 8.0, TPU), decided at launch for local runners",
+    )
+    add(
+        "--model_manifest",
+        help="a manifest (tools/make_minilm_manifest.py --out) that the "
+        "--model_dir files must match, checked at launch and on each worker",
+    )
     jobs.add_compilation_cache_flag(parser)
-    add("--accelerator",
+    add(
+        "--accelerator",
         help="a Beam resource hint for the embedding step only, e.g. "
-        "'type:nvidia-l4;count:1;install-nvidia-driver' (default: none)")  # fmt: skip
+        "'type:nvidia-l4;count:1;install-nvidia-driver' (default: none)",
+    )
     jobs.add_flags(parser)
     return parser
 
