@@ -370,16 +370,23 @@ def cpu_embeddings(encoder, texts) -> np.ndarray:
     return out
 
 
+@pytest.fixture(scope="module")
+def reference(minilm) -> np.ndarray:
+    from beam_jax.text import SentenceEncoder
+
+    path, texts = minilm
+    return cpu_embeddings(SentenceEncoder.from_dir(path, matmuls="float32"), texts)
+
+
 @pytest.mark.parametrize(
     "matmuls, batching, least", [("float32", "buckets", 0.9999), ("bfloat16", "packed", 0.999)]
 )
 def test_the_flagship_encoder_on_the_device_matches_float32_on_the_cpu(
-    minilm, matmuls, batching, least
+    minilm, reference, matmuls, batching, least
 ):
     from beam_jax.text import EmbedText, SentenceEncoder
 
     path, texts = minilm
-    reference = cpu_embeddings(SentenceEncoder.from_dir(path, matmuls="float32"), texts)
     encoder = SentenceEncoder.from_dir(path, matmuls=matmuls)
     # One batch size per bucket or row length: a few compiles of a 6-layer model.
     plan = (

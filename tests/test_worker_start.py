@@ -30,7 +30,7 @@ from tests.tiny_bert import sample_texts, write_tiny_bert
 # FnApiRunner runs the pipeline in this process, and Beam pickles these by reference).
 EVENTS: dict[str, list[str]] = {}
 HOST_WORK: dict[str, threading.Event] = {}
-WAIT_S = 30  # how long a loader waits for the host work before giving up
+WAIT_S = 120  # how long a loader waits for the host work before giving up (a busy machine)
 
 
 def _new() -> str:
