@@ -47,6 +47,10 @@ VERSIONED = {
     "docs/docker.md": [r"beam_python\d+\.\d+_sdk:(\d+\.\d+\.\d+)", r"Beam (\d+\.\d+\.\d+)"],
     "docs/dataflow.md": [r"Beam (\d+\.\d+\.\d+)"],
     "docs/dataflow_gpu.md": [r"Beam (\d+\.\d+\.\d+)"],
+    "docs/dataflow_tpu.md": [
+        r"beam_python\d+\.\d+_sdk:(\d+\.\d+\.\d+)",
+        r"Beam (\d+\.\d+\.\d+)",
+    ],
     "docs/runners.md": [
         r"prism-v(\d+\.\d+\.\d+)",
         r"job-server(?:-\d+\.\d+)?/(\d+\.\d+\.\d+)/",
