@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
             theirs = sentence_transformers(args.model_dir, args.st_python, work)
         c = cosines(ours, theirs)
         found[name] = (float(c.min()), float(c.mean()))
-        print(f"{name}: {len(rows)} texts, cosine min {c.min():.6f}, mean {c.mean():.6f}")
+        print(f"{name}: {len(rows)} texts, cosine min {c.min():.7f}, mean {c.mean():.7f}")
     return found
 
 

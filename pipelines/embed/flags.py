@@ -82,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--builtin_texts", type=positive_int, help="without --input: the first N built-in texts "
         "(default: all of them)")  # fmt: skip
     add("--buckets", type=_buckets, default="auto",
-        help="token-length bucket boundaries ending between 256 and 512 (e.g. "
+        help="token-length bucket boundaries ending between the model's max_seq_length and its "
+        "position table (256 and 512 for MiniLM; e.g. "
         f"{','.join(map(str, DEFAULT_BUCKETS))}); 'auto' (default) plans them at launch",
     )  # fmt: skip
     add("--compile_budget", type=positive_int, default=DEFAULT_COMPILE_BUDGET,
