@@ -69,14 +69,19 @@ def test_a_missing_piece_is_named(tmp_path):
 
 
 ST_PYTHON = os.environ.get("BEAM_JAX_ST_PYTHON")
-MPNET = assemble_mpnet.model_dir()
+# The tests' XDG_CACHE_HOME is a fresh directory: the assembled model is looked for where
+# the tool puts it by default, or where BEAM_JAX_MPNET_DIR says.
+MPNET = pathlib.Path(
+    os.environ.get("BEAM_JAX_MPNET_DIR")
+    or assemble_mpnet.model_dir(pathlib.Path.home() / ".cache" / "beam_jax" / "models")
+)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(
     not (ST_PYTHON and (MPNET / "model.safetensors").is_file()),
-    reason="needs tools/assemble_mpnet.py's directory and BEAM_JAX_ST_PYTHON (a Python with "
-    "sentence-transformers and torch)",
+    reason="needs tools/assemble_mpnet.py's directory (or BEAM_JAX_MPNET_DIR) and "
+    "BEAM_JAX_ST_PYTHON (a Python with sentence-transformers and torch)",
 )
 def test_all_mpnet_base_v2_through_the_flagship_matches_sentence_transformers():
     found = compare.main(
