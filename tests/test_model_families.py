@@ -260,3 +260,19 @@ def test_an_unknown_model_type_is_refused_at_launch_naming_it_and_the_known_ones
         embed_job.main(["--input", str(source), "--output", str(tmp_path / "out"),
                         "--model_dir", str(model), "--no-progress"])  # fmt: skip
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_the_flagship_embeds_like_the_reference_with_model_dir(model, tmp_path):
+    from tests import flagship as ft
+
+    texts = tf.sample_texts(30, seed=7)
+    source = ft.write_json_lines(
+        tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)]
+    )
+    ft.run(source, tmp_path / "out", "--model_dir", str(model), "--no-progress",
+           "--matmuls", "float32")  # fmt: skip
+    table, failed = ft.read_outputs(tmp_path / "out")
+    assert not failed and sorted(ft.ids(table)) == list(range(len(texts)))
+    order = np.argsort(table.column("id").to_numpy())
+    got = np.array(table.column("embedding").to_pylist())[order]
+    assert _cosines(got, reference(model, texts)).min() >= 0.99999

@@ -145,3 +145,20 @@ def test_report_works_on_curate_s_output_or_says_what_the_directory_lacks(tmp_pa
     (tmp_path / "other" / "part.parquet").write_bytes(b"")
     with pytest.raises(SystemExit, match=r"has no _metrics.json: it holds part.parquet"):
         cli.main(["report", str(tmp_path / "other")])
+
+
+def test_the_plan_s_line_for_a_model_directory_names_it_and_embed_takes_it(tmp_path, capsys):
+    from tests import tiny_families
+
+    model = tiny_families.write_tiny_mpnet(tmp_path / "mpnet")  # max_seq_length 48, 64 tokens
+    source = _texts_file(tmp_path, 100)
+    argv = ["plan", "--input", str(source), "--column", "text", "--tokenizer", str(model)]
+    assert cli.main([*argv, "--max-buckets", "3"]) == 0
+    line = _paste_line(capsys.readouterr().out)
+    assert line is not None and line.endswith(f"--model_dir {model}")
+    args, _ = embed_flags.parse_args(shlex.split(line))
+    assert max(args.buckets) == 48 and args.model_dir == str(model)
+    # The model's own range: a plan ending past its 64 tokens gets no line.
+    assert cli.main([*argv, "--max-size", "80"]) == 0
+    out = capsys.readouterr().out
+    assert _paste_line(out) is None and "must end between 48" in out and "and 64" in out

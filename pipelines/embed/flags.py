@@ -102,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
         "--buckets",
         type=_buckets,
         default="auto",
-        help="token-length bucket boundaries ending between 256 and 512 (e.g. "
+        help="token-length bucket boundaries ending between the model's max_seq_length and its "
+        "position table (256 and 512 for MiniLM; e.g. "
         f"{','.join(map(str, DEFAULT_BUCKETS))}); 'auto' (default) plans them at launch",
     )
     add(
