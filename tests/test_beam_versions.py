@@ -95,18 +95,25 @@ def _dry_run_flags(tmp_path, image, *extra):
     ]  # fmt: skip
 
 
-def test_the_flagship_s_dry_run_refuses_an_image_on_another_beam(tmp_path, capsys):
+def test_the_flagship_s_dry_run_refuses_an_image_on_another_beam(tmp_path, capfd):
     from pipelines.embed import job as embed
 
     image = f"us-central1-docker.pkg.dev/p/r/worker:0.2.0-beam{OTHER}"
     with pytest.raises(SystemExit) as exit_:
         embed.run(_dry_run_flags(tmp_path, image))
     assert exit_.value.code == 2
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert f"Beam {SDK}" in err and f"Beam {OTHER}" in err, err
     assert not (tmp_path / "job.json").exists() and not (tmp_path / "out").exists()
-    # The override builds it, with the image the user named.
-    embed.run(_dry_run_flags(tmp_path, image, "--allow_beam_version_mismatch"))
+    # The override builds it, with the image the user named; the --setup_file package is
+    # built with `python -m build` (installed with the project), not its fallback.
+    embed.run(
+        _dry_run_flags(
+            tmp_path, image, "--allow_beam_version_mismatch", "--setup_file", "./setup.py"
+        )
+    )
+    printed = capfd.readouterr()
+    assert "No module named build" not in printed.out + printed.err
     described = json.loads((tmp_path / "job.json").read_text())
     images = {
         e["containerImage"]
