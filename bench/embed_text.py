@@ -140,6 +140,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
+import harness  # noqa: E402
+
 VARIANTS = (
     "pipeline",
     "sentence_transformers",
@@ -212,11 +214,6 @@ print("RESULT " + json.dumps(
      "st_dtype": cfg["st_dtype"]}
 ), flush=True)
 """
-
-
-def _pin(threads: int) -> None:
-    cpus = sorted(os.sched_getaffinity(0))[:threads]
-    os.sched_setaffinity(0, cpus)
 
 
 def _env(threads: int) -> dict[str, str]:
@@ -313,6 +310,7 @@ class _FirstPart:
 
     def __init__(self):
         self.at: float | None = None
+        self.at_epoch: float | None = None  # the same moment, for the parent's clock
         self.last: float | None = None
 
     def __enter__(self):
@@ -324,7 +322,7 @@ class _FirstPart:
             if not _in_tokenize_step():
                 return encode(tokenizer, texts)
             if self.at is None:
-                self.at = time.perf_counter()
+                self.at, self.at_epoch = time.perf_counter(), time.time()
             out = encode(tokenizer, texts)
             self.last = time.perf_counter()
             return out
@@ -369,6 +367,7 @@ def _pipeline(cfg: dict, encoder=None) -> dict:
         "gc_young_s": collections.young_s,
         # From run() called to the first part tokenized: the launch, paid once per job.
         "launch_s": None if first_part.at is None else first_part.at - start,
+        "first_part_epoch": first_part.at_epoch,
         # From the last part tokenized to run() returned: the parts still in the job then.
         "end_s": None if first_part.last is None else start + seconds - first_part.last,
     }
@@ -795,7 +794,7 @@ def _embeddings_table(rows, schema):
 
 def _child(variant: str, cfg_path: str) -> None:
     cfg = json.loads(Path(cfg_path).read_text())
-    _pin(cfg["threads"])
+    harness.pin(cfg["threads"])
     if variant in HOST_ONLY:
         out = _host_only(cfg, HOST_ONLY[variant])
     elif variant in HOST_WITHOUT:
@@ -857,7 +856,7 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
     # machine, with nothing left to write (see also _drop_outputs).
     os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    launched = time.perf_counter()
+    launched, launched_epoch = time.perf_counter(), time.time()
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -884,6 +883,9 @@ def _run(variant: str, data: dict, args, tmp: Path, round_: int) -> dict:
     result = json.loads(lines[-1][len("RESULT ") :])
     result["out"] = str(out)
     result["process_s"] = process_s
+    # From the process started to the first part tokenized: the launch with the imports.
+    first = result.pop("first_part_epoch", None)
+    result["process_launch_s"] = None if first is None else first - launched_epoch
     result["cache_entries_before"] = cache_entries
     # CPU seconds of the whole child process, start-up included: less sensitive than wall
     # time to other work on shared CPUs.
@@ -1020,6 +1022,8 @@ def _after_launch(results: dict, texts: int) -> dict:
             "launch_share": launch / seconds,
             "sentences_per_s": texts / (seconds - launch),
             "end_s": r.get("end_s_median"),
+            # From the process started (imports included) to the first part tokenized.
+            "process_launch_s": r.get("process_launch_s_median"),
         }
         if "tokenize_only" in results:
             entry["vs_tokenize_only"] = (
@@ -1135,8 +1139,7 @@ def main(argv: list[str] | None = None) -> dict:
             flush=True,
         )
         for round_ in range(args.rounds):
-            order = variants[round_ % len(variants) :] + variants[: round_ % len(variants)]
-            for variant in order:
+            for variant in harness.rotated(variants, round_):
                 r = _run(variant, data, args, tmp, round_)
                 runs[variant].append(r)
                 if not args.keep_outputs:
@@ -1171,7 +1174,7 @@ def main(argv: list[str] | None = None) -> dict:
         if all("run_cpu_s" in r for r in rs):
             results[variant]["run_cpu_s_median"] = statistics.median(r["run_cpu_s"] for r in rs)
         results[variant]["process_s_median"] = statistics.median(r["process_s"] for r in rs)
-        for key in ("launch_s", "end_s"):
+        for key in ("launch_s", "end_s", "process_launch_s"):
             if all(r.get(key) is not None for r in rs):
                 results[variant][f"{key}_all"] = [round(r[key], 3) for r in rs]
                 results[variant][f"{key}_median"] = statistics.median(r[key] for r in rs)
@@ -1255,6 +1258,12 @@ def main(argv: list[str] | None = None) -> dict:
             + (
                 f"; from the last part tokenized to the end {after['end_s']:.2f} s"
                 if after.get("end_s") is not None
+                else ""
+            )
+            + (
+                f"; from the process started to the first part tokenized "
+                f"{after['process_launch_s']:.2f} s"
+                if after.get("process_launch_s") is not None
                 else ""
             )
         )

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -373,12 +372,17 @@ def main(argv: list[str] | None = None) -> dict:
             [args.st_python, str(work / "st.py"), str(work / "st_cfg.json")], args.threads, cpus
         )
 
+    import harness
+
+    # Rounds rotate between the two processes (harness.run_rounds): neither always first.
+    children = {"jax": jax_child, **({"sentence_transformers": st_child} if st_child else {})}
+    runs, _ = harness.run_rounds(list(children), args.rounds, lambda c, _r: children[c].round())
     seconds: dict[str, list[float]] = {}
-    for _ in range(args.rounds):
-        for name, s in jax_child.round()["seconds"].items():
+    for r in runs["jax"]:
+        for name, s in r["seconds"].items():
             seconds.setdefault(name, []).append(s)
-        if st_child is not None:
-            seconds.setdefault("sentence_transformers", []).append(st_child.round()["seconds"])
+    if st_child is not None:
+        seconds["sentence_transformers"] = [r["seconds"] for r in runs["sentence_transformers"]]
     jax_child.close()
     if st_child is not None:
         st_child.close()
@@ -389,10 +393,10 @@ def main(argv: list[str] | None = None) -> dict:
     if st_child is not None:
         slots["sentence_transformers"] = [(r * n, n) for r, n in st_executed_tokens(lengths)]
     reference = np.load(work / "st.npy") if st_child is not None else None
-    st_median = statistics.median(seconds["sentence_transformers"]) if st_child else None
+    st_median = harness.median(seconds["sentence_transformers"]) if st_child else None
     rows = {}
     for name, ts in seconds.items():
-        median = statistics.median(ts)
+        median = harness.median(ts)
         executed = float(sum(s * encoder.flops_per_token(n) for s, n in slots[name]))
         row = {
             "seconds": median,
@@ -436,8 +440,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     print(format_fingerprint(info))
     result = {"rows": rows, "fingerprint": info, "tokens": tokens, "texts": len(texts)}
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    harness.write_json(args.json, result)
     return result
 
 

@@ -265,6 +265,11 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
         end = variants[name]["end_s_median"]
         assert 0 < end < variants[name]["seconds_median"] - variants[name]["launch_s_median"]
         assert report["after_launch"][name]["end_s"] == end
+        # The launch from the process's start, imports included, outlasts the one from
+        # run() called, and ends within the whole process.
+        process_launch = report["after_launch"][name]["process_launch_s"]
+        assert variants[name]["launch_s_median"] < process_launch
+        assert process_launch < variants[name]["process_s_median"]
     assert report["ratios"]["host_only_vs_host_only_buckets"] > 0
     # The tokenizer alone counted every token of the data; the host is measured against it,
     # and so is the Beam job that only reads and tokenizes (checked against the data too).
