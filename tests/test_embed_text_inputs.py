@@ -156,7 +156,7 @@ def test_file_with_other_columns_anywhere_in_a_glob_is_named(tmp_path):
 
     table, failed = ft.read_outputs(tmp_path / "out")
     assert sorted(ft.ids(table)) == [3, 4, 5]
-    d = _only(failed, id=None, file=str(bad), row=0, stage="read")
+    d = _only(failed, id=None, file=str(bad), row=None, stage="read")
     assert "has no column(s) ['id', 'text']; its columns are ['key', 'body']" in d["error"]
     assert summary.unreadable_files == 1
 
@@ -193,7 +193,7 @@ def test_truncated_parquet_among_good_files_is_named(tmp_path):
 
     table, failed = ft.read_outputs(tmp_path / "out")
     assert sorted(ft.ids(table)) == [1, 2, 5]
-    d = _only(failed, file=str(cut), row=0, stage="read")
+    d = _only(failed, file=str(cut), row=None, stage="read")
     assert "magic bytes not found" in d["error"] and str(cut) in d["message"]
 
 
@@ -209,7 +209,7 @@ def test_parquet_with_a_corrupt_footer_is_named(tmp_path):
 
     table, failed = ft.read_outputs(tmp_path / "out")
     assert ft.ids(table) == [1]
-    _only(failed, file=str(bad), row=0, stage="read")
+    _only(failed, file=str(bad), row=None, stage="read")
 
 
 def test_compressed_json_lines_cut_short_keep_the_rows_before_the_cut(tmp_path):
@@ -267,7 +267,7 @@ def test_empty_parquet_file_is_named_and_one_without_rows_is_not(tmp_path):
 
     table, failed = ft.read_outputs(tmp_path / "out")
     assert ft.ids(table) == [1]
-    d = _only(failed, file=str(empty), row=0, stage="read")
+    d = _only(failed, file=str(empty), row=None, stage="read")
     assert "0 bytes" in d["error"]
 
 
@@ -342,8 +342,8 @@ def test_json_lines_fields_of_other_names_and_a_missing_one(tmp_path):
     rows = [{"key": f"k{i}", "sentence": t} for i, t in enumerate(ft.texts(3))]
     rows.append({"key": "k9", "text": "no sentence field"})
     source = ft.write_json_lines(tmp_path / "rows.jsonl", rows)
-    summary = ft.run(source, tmp_path / "out", "--id_column", "key", "--text_column",
-                     "sentence", "--buckets", "16,256", "--no-progress")  # fmt: skip
+    flags = ("--id_column", "key", "--text_column", "sentence", "--buckets", "16,256")
+    summary = ft.run(source, tmp_path / "out", *flags, "--no-progress")
     got, failed = ft.read_outputs(tmp_path / "out")
     assert sorted(ft.ids(got)) == ["k0", "k1", "k2"] and summary.dead_letters == 1
     assert failed[0]["id"] == "k9" and "'sentence'" in failed[0]["message"]

@@ -25,5 +25,9 @@ def tokenize_parts(id_type: pa.DataType, model, text_column: str = "text") -> To
     ``key`` and ``input_ids`` out; dead letters keyed by the id, with file and row;
     ``rows`` and dead letters counted in the job's metrics."""
     return TokenizeBatches(
-        model, id_type=IdType(id_type), carry=KEY, metrics_namespace=METRICS_NAMESPACE
+        model,
+        id_type=IdType(id_type),
+        carry=KEY,
+        metrics_namespace=METRICS_NAMESPACE,
+        text_name=text_column,  # the read step names the input's text column "text"
     )
