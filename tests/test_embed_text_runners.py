@@ -47,7 +47,7 @@ def source(tmp_path_factory) -> pathlib.Path:
     where = tmp_path_factory.mktemp("in")
     rows = [{"id": i, "text": t} for i, t in enumerate(ft.texts(20))]
     rows[3] = {"id": 3}  # no text: validation
-    rows[8] = {"id": 8, "text": 8}  # not a string: validation
+    rows[8] = {"id": 8, "text": 8}  # not a string: the reader's
     rows[11] = {"id": 11, "text": " " * (MAX_TOKENIZED_CHARS + 10) + "word"}  # tokenize
     ft.write_json_lines(where / "a.jsonl", [*rows, b"not JSON"])  # a line that is no row
     other = [{"id": 100 + i, "text": t} for i, t in enumerate(ft.texts(7))]
@@ -66,7 +66,7 @@ def reference(source, tmp_path_factory) -> pathlib.Path:
 def test_an_accelerator_hint_on_the_fnapi_runner_writes_the_same_bytes(source, reference, tmp_path):
     summary = ft.run(source, tmp_path / "out", "--rows_per_part", "4", "--accelerator", T4)
 
-    assert summary.conserved and summary.results == 23
+    assert summary.conserved and summary.results == 24
     got, want = _files(tmp_path / "out"), _files(reference)
     assert sorted(got) == sorted(want) and any(n.startswith("_failed/") for n in want)
     assert _parquet(tmp_path / "out") == _parquet(reference)
@@ -136,7 +136,7 @@ def test_dead_letters_are_failed_elements_with_their_origin(reference):
     assert sorted(got, key=repr) == sorted(
         [
             (3, "a.jsonl", 3, "validation"),
-            (8, "a.jsonl", 8, "validation"),
+            (8, "a.jsonl", 8, "read"),
             (11, "a.jsonl", 11, "tokenize"),
             (None, "a.jsonl", 20, "read"),
         ],
@@ -151,7 +151,7 @@ def test_the_dead_letters_name_the_id_file_and_row(reference):
     assert sorted(got, key=repr) == sorted(
         [
             (3, "a.jsonl", 3, "validation"),
-            (8, "a.jsonl", 8, "validation"),
+            (8, "a.jsonl", 8, "read"),
             (11, "a.jsonl", 11, "tokenize"),
             (None, "a.jsonl", 20, "read"),
         ],

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from beam_jax.text import IdType, TokenizeBatches
+from beam_jax.text import INPUT_IDS, TOKENIZE, TOKENIZE_THREADS, IdType, TokenizeBatches
 from pipelines.embed.parts import KEY, METRICS_NAMESPACE
 
 __all__ = ["INPUT_IDS", "METRICS_NAMESPACE", "THREADS", "TOKENIZE", "tokenize_parts"]
 
-INPUT_IDS = "input_ids"
-TOKENIZE = "tokenize"
-THREADS = "beam_jax-tokenize"  # the names of the tokenizer's threads start so
+THREADS = TOKENIZE_THREADS  # the names of the tokenizer's threads start so
 
 
 def tokenize_parts(id_type: pa.DataType, model, text_column: str = "text") -> TokenizeBatches:

@@ -27,11 +27,11 @@ from beam_jax._src.errors import InvalidElementError, SpecError
 from beam_jax._src.text.rows import IdType, python_values
 from beam_jax._src.text.tokenizer import TextTooLongError
 
-__all__ = ["INPUT_IDS", "THREADS", "TOKENIZE", "TokenizeBatches"]
+__all__ = ["INPUT_IDS", "TOKENIZE", "TOKENIZE_THREADS", "TokenizeBatches"]
 
 TOKENIZE = "tokenize"  # the stage of a text the tokenizer cannot cut or rejects
 INPUT_IDS = "input_ids"
-THREADS = "beam_jax-tokenize"  # the names of the tokenizer's threads start so
+TOKENIZE_THREADS = "beam_jax-tokenize"  # the names of the tokenizer's threads start so
 _WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 
 
@@ -92,7 +92,7 @@ class TokenizeBatches(beam.DoFn):
     ):
         # Two ahead: the tokenizer keeps working while the kernel or the writer holds up a
         # batch (measured 1.04x the host-only throughput of one ahead; three: no faster).
-        self._ahead = WorkAhead(THREADS, depth=2)
+        self._ahead = WorkAhead(TOKENIZE_THREADS, depth=2)
         self._encoder = encoder
         self._text, self._id, self._carry = text_column, id_column, carry or id_column
         self._id_type = id_type
