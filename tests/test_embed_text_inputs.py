@@ -73,11 +73,14 @@ def test_parquet_id_of_invalid_utf8_is_that_rows_dead_letter(tmp_path):
 
 
 def test_json_lone_surrogates_in_text_or_id_are_those_rows_dead_letters(tmp_path):
-    path = ft.write_json_lines(tmp_path / "in.jsonl", [
-        {"id": "good", "text": "A fine sentence."},
-        {"id": "text", "text": "half a pair \ud800 here"},  # valid JSON, invalid Unicode
-        {"id": "id-\udc00", "text": "A fine text with a bad id."},
-    ])  # fmt: skip
+    path = ft.write_json_lines(
+        tmp_path / "in.jsonl",
+        [
+            {"id": "good", "text": "A fine sentence."},
+            {"id": "text", "text": "half a pair \ud800 here"},  # valid JSON, invalid Unicode
+            {"id": "id-\udc00", "text": "A fine text with a bad id."},
+        ],
+    )
 
     summary = ft.run(path, tmp_path / "out")
 
@@ -92,10 +95,13 @@ def test_json_lone_surrogates_in_text_or_id_are_those_rows_dead_letters(tmp_path
 
 
 def test_json_line_of_invalid_utf8_is_that_rows_dead_letter(tmp_path):
-    path = ft.write_json_lines(tmp_path / "in.jsonl", [
-        {"id": 1, "text": "A fine sentence."},
-        b'{"id": 2, "text": "caf\xe9"}',
-    ])  # fmt: skip
+    path = ft.write_json_lines(
+        tmp_path / "in.jsonl",
+        [
+            {"id": 1, "text": "A fine sentence."},
+            b'{"id": 2, "text": "caf\xe9"}',
+        ],
+    )
 
     ft.run(path, tmp_path / "out")
 
@@ -214,8 +220,9 @@ def test_parquet_with_a_corrupt_footer_is_named(tmp_path):
 
 def test_compressed_json_lines_cut_short_keep_the_rows_before_the_cut(tmp_path):
     rows = [{"id": i, "text": t} for i, t in enumerate(ft.texts(3000))]
-    data = gzip.compress("".join(f'{{"id": {r["id"]}, "text": "{r["text"]}"}}\n' for r in rows)
-                         .encode())  # fmt: skip
+    data = gzip.compress(
+        "".join(f'{{"id": {r["id"]}, "text": "{r["text"]}"}}\n' for r in rows).encode()
+    )
     path = tmp_path / "in.jsonl.gz"
     path.write_bytes(data[: len(data) // 2])
 
@@ -324,8 +331,15 @@ def test_id_and_text_columns_of_other_names(tmp_path, path_flags):
         pa.table({"id": list(range(100, 107)), "text": texts}), tmp_path / "plain.parquet"
     )
     flags = ["--no-progress", *path_flags]
-    summary = ft.run(tmp_path / "docs.parquet", tmp_path / "out", "--id_column", "doc_id",
-                     "--text_column", "body", *flags)  # fmt: skip
+    summary = ft.run(
+        tmp_path / "docs.parquet",
+        tmp_path / "out",
+        "--id_column",
+        "doc_id",
+        "--text_column",
+        "body",
+        *flags,
+    )
     assert summary.results == 6 and summary.dead_letters == 1
     got, failed = ft.read_outputs(tmp_path / "out")
     ft.run(tmp_path / "plain.parquet", tmp_path / "plain", *flags)
