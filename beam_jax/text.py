@@ -53,5 +53,9 @@ from beam_jax._src.text.tokenizer import TextTooLongError as TextTooLongError
 from beam_jax._src.text.tokenizer import Tokenizer as Tokenizer
 from beam_jax._src.transforms.embed_text import EmbedBatches as EmbedBatches
 from beam_jax._src.transforms.embed_text import EmbedText as EmbedText
+from beam_jax._src.transforms.embed_text import on_accelerator as on_accelerator
 from beam_jax._src.transforms.embed_texts import EmbedTexts as EmbedTexts
+from beam_jax._src.transforms.tokenize import INPUT_IDS as INPUT_IDS
+from beam_jax._src.transforms.tokenize import TOKENIZE as TOKENIZE
+from beam_jax._src.transforms.tokenize import TOKENIZE_THREADS as TOKENIZE_THREADS
 from beam_jax._src.transforms.tokenize import TokenizeBatches as TokenizeBatches

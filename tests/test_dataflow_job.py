@@ -128,7 +128,7 @@ def test_the_gpu_hint_is_on_the_model_step_only(dry_run):
     model_steps = ("Embed", "StartEmbedWorker/")
     assert all(name.startswith(model_steps) for name in on_gpu), on_gpu
     assert "Embed" in on_gpu, on_gpu
-    for name in ("Read/", "Read/SpreadParts/", "WriteUnreadable", "GatherPartNames"):
+    for name in ("Read/", "Read/SpreadParts/", "WriteUnreadable", "KeyPartNames"):
         assert any(n.startswith(name) for n in leaves), name
         assert not any(n.startswith(name) for n in on_gpu), name
     encoded = {

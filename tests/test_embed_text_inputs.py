@@ -73,11 +73,14 @@ def test_parquet_id_of_invalid_utf8_is_that_rows_dead_letter(tmp_path):
 
 
 def test_json_lone_surrogates_in_text_or_id_are_those_rows_dead_letters(tmp_path):
-    path = ft.write_json_lines(tmp_path / "in.jsonl", [
-        {"id": "good", "text": "A fine sentence."},
-        {"id": "text", "text": "half a pair \ud800 here"},  # valid JSON, invalid Unicode
-        {"id": "id-\udc00", "text": "A fine text with a bad id."},
-    ])  # fmt: skip
+    path = ft.write_json_lines(
+        tmp_path / "in.jsonl",
+        [
+            {"id": "good", "text": "A fine sentence."},
+            {"id": "text", "text": "half a pair \ud800 here"},  # valid JSON, invalid Unicode
+            {"id": "id-\udc00", "text": "A fine text with a bad id."},
+        ],
+    )
 
     summary = ft.run(path, tmp_path / "out")
 
@@ -92,10 +95,13 @@ def test_json_lone_surrogates_in_text_or_id_are_those_rows_dead_letters(tmp_path
 
 
 def test_json_line_of_invalid_utf8_is_that_rows_dead_letter(tmp_path):
-    path = ft.write_json_lines(tmp_path / "in.jsonl", [
-        {"id": 1, "text": "A fine sentence."},
-        b'{"id": 2, "text": "caf\xe9"}',
-    ])  # fmt: skip
+    path = ft.write_json_lines(
+        tmp_path / "in.jsonl",
+        [
+            {"id": 1, "text": "A fine sentence."},
+            b'{"id": 2, "text": "caf\xe9"}',
+        ],
+    )
 
     ft.run(path, tmp_path / "out")
 
@@ -156,7 +162,7 @@ def test_file_with_other_columns_anywhere_in_a_glob_is_named(tmp_path):
 
     table, failed = ft.read_outputs(tmp_path / "out")
     assert sorted(ft.ids(table)) == [3, 4, 5]
-    d = _only(failed, id=None, file=str(bad), row=0, stage="read")
+    d = _only(failed, id=None, file=str(bad), row=None, stage="read")
     assert "has no column(s) ['id', 'text']; its columns are ['key', 'body']" in d["error"]
     assert summary.unreadable_files == 1
 
@@ -193,7 +199,7 @@ def test_truncated_parquet_among_good_files_is_named(tmp_path):
 
     table, failed = ft.read_outputs(tmp_path / "out")
     assert sorted(ft.ids(table)) == [1, 2, 5]
-    d = _only(failed, file=str(cut), row=0, stage="read")
+    d = _only(failed, file=str(cut), row=None, stage="read")
     assert "magic bytes not found" in d["error"] and str(cut) in d["message"]
 
 
@@ -209,13 +215,14 @@ def test_parquet_with_a_corrupt_footer_is_named(tmp_path):
 
     table, failed = ft.read_outputs(tmp_path / "out")
     assert ft.ids(table) == [1]
-    _only(failed, file=str(bad), row=0, stage="read")
+    _only(failed, file=str(bad), row=None, stage="read")
 
 
 def test_compressed_json_lines_cut_short_keep_the_rows_before_the_cut(tmp_path):
     rows = [{"id": i, "text": t} for i, t in enumerate(ft.texts(3000))]
-    data = gzip.compress("".join(f'{{"id": {r["id"]}, "text": "{r["text"]}"}}\n' for r in rows)
-                         .encode())  # fmt: skip
+    data = gzip.compress(
+        "".join(f'{{"id": {r["id"]}, "text": "{r["text"]}"}}\n' for r in rows).encode()
+    )
     path = tmp_path / "in.jsonl.gz"
     path.write_bytes(data[: len(data) // 2])
 
@@ -267,7 +274,7 @@ def test_empty_parquet_file_is_named_and_one_without_rows_is_not(tmp_path):
 
     table, failed = ft.read_outputs(tmp_path / "out")
     assert ft.ids(table) == [1]
-    d = _only(failed, file=str(empty), row=0, stage="read")
+    d = _only(failed, file=str(empty), row=None, stage="read")
     assert "0 bytes" in d["error"]
 
 
@@ -324,8 +331,15 @@ def test_id_and_text_columns_of_other_names(tmp_path, path_flags):
         pa.table({"id": list(range(100, 107)), "text": texts}), tmp_path / "plain.parquet"
     )
     flags = ["--no-progress", *path_flags]
-    summary = ft.run(tmp_path / "docs.parquet", tmp_path / "out", "--id_column", "doc_id",
-                     "--text_column", "body", *flags)  # fmt: skip
+    summary = ft.run(
+        tmp_path / "docs.parquet",
+        tmp_path / "out",
+        "--id_column",
+        "doc_id",
+        "--text_column",
+        "body",
+        *flags,
+    )
     assert summary.results == 6 and summary.dead_letters == 1
     got, failed = ft.read_outputs(tmp_path / "out")
     ft.run(tmp_path / "plain.parquet", tmp_path / "plain", *flags)
@@ -342,8 +356,8 @@ def test_json_lines_fields_of_other_names_and_a_missing_one(tmp_path):
     rows = [{"key": f"k{i}", "sentence": t} for i, t in enumerate(ft.texts(3))]
     rows.append({"key": "k9", "text": "no sentence field"})
     source = ft.write_json_lines(tmp_path / "rows.jsonl", rows)
-    summary = ft.run(source, tmp_path / "out", "--id_column", "key", "--text_column",
-                     "sentence", "--buckets", "16,256", "--no-progress")  # fmt: skip
+    flags = ("--id_column", "key", "--text_column", "sentence", "--buckets", "16,256")
+    summary = ft.run(source, tmp_path / "out", *flags, "--no-progress")
     got, failed = ft.read_outputs(tmp_path / "out")
     assert sorted(ft.ids(got)) == ["k0", "k1", "k2"] and summary.dead_letters == 1
     assert failed[0]["id"] == "k9" and "'sentence'" in failed[0]["message"]

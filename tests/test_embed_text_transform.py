@@ -40,19 +40,22 @@ def _read(directory: pathlib.Path, id_column: str = "doc") -> dict:
     )
 
 
+def _write_dead(record: bj.FailedElement, directory: str) -> None:
+    _write(pa.record_batch({"dead": [repr((record.key, record.stage))]}), directory)
+
+
 def _run(batches, embed, directory: pathlib.Path):
     """Runs ``embed`` on ``batches``; returns ``{id: embedding}`` and the dead letters'
     ``(key, stage)``."""
-    directory.mkdir()
+    (directory / "dead").mkdir(parents=True)
     with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
         vectors, failed = p | beam.Create(batches, reshuffle=False) | embed
         _ = vectors | beam.Map(_write, str(directory))
-        _ = failed | beam.Map(lambda r, d=str(directory): _write(
-            pa.record_batch({"dead": [repr((r.key, r.stage))]}), f"{d}"))  # fmt: skip
+        _ = failed | beam.Map(_write_dead, str(directory / "dead"))
     got = _read(directory)
     dead = [
         v
-        for f in directory.glob("*.parquet")
+        for f in (directory / "dead").glob("*.parquet")
         for v in (pq.read_table(f).to_pydict().get("dead") or [])
     ]
     return got, dead
@@ -110,3 +113,29 @@ def test_a_missing_column_or_a_bad_configuration_is_refused(tmp_path):
         EmbedText(batching="packed")
     with pytest.raises(Exception, match="needs the columns"):
         _run([pa.record_batch({"id": [1], "words": ["x"]})], EmbedText(), tmp_path / "out")
+
+
+def test_an_accelerator_hint_and_reshuffles_around_it_change_no_result(tmp_path):
+    # Tokenizing and embedding are one step: a resource hint on it (its own environment,
+    # fused with nothing) or a Reshuffle before and after it gives the same results and
+    # dead letters.
+    texts = ["A fine text.", None, "Another one.", "   ", "Short."] * 4
+    batches = [
+        pa.record_batch({"doc": list(range(i, i + 5)), "body": texts[i : i + 5]})
+        for i in range(0, 20, 5)
+    ]
+    plain = EmbedText(text_column="body", id_column="doc")
+    hinted = EmbedText(text_column="body", id_column="doc", accelerator="type:nvidia-tesla-t4")
+
+    class Broken(beam.PTransform):
+        def expand(self, pcoll):
+            vectors, failed = pcoll | beam.Reshuffle() | hinted
+            return vectors | "After" >> beam.Reshuffle(), failed | "Dead" >> beam.Reshuffle()
+
+    want, want_dead = _run(batches, plain, tmp_path / "plain")
+    got, dead = _run(batches, Broken(), tmp_path / "broken")
+
+    assert sorted(dead) == sorted(want_dead) and len(dead) == 4
+    assert sorted(got) == sorted(want) and len(got) == 16
+    for key, vector in want.items():
+        np.testing.assert_allclose(got[key], vector, atol=1e-6)

@@ -80,17 +80,17 @@ def test_no_progress_switches_it_off_and_verbose_shows_beam_s_logs(tmp_path, cap
 
 
 def test_a_failed_job_ends_with_one_line_naming_the_step_and_the_log(tmp_path, monkeypatch, capfd):
-    def broken(self, element):
+    def broken(self, part):
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr(tp.WriteParts, "process", broken)
+    monkeypatch.setattr(tp.PartWriter, "_write", broken)
     source = ft.write_json_lines(tmp_path / "in.jsonl", _rows(4))
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as failed:
         embed_text.main(["--input", str(source), "--output", str(out), "--runner=FnApiRunner"])
     line = str(failed.value.code)
     log = out / "_unfinished" / "run.log"
-    assert "\n" not in line and line.startswith("embed_text failed in step 'WriteParts'")
+    assert "\n" not in line and line.startswith("embed_text failed in step 'Embed'")
     assert "OSError: disk full (injected)" in line and f"worker logs in {log}" in line
     text = log.read_text()
     assert "Traceback" in text and "disk full (injected)" in text

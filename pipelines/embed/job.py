@@ -27,7 +27,7 @@ from apache_beam.options.pipeline_options import DebugOptions, StandardOptions
 import beam_jax as bj
 from beam_jax import jobs
 from beam_jax.jobs import OutputDir, RunConsole
-from beam_jax.text import MAX_TOKENIZED_CHARS, SentenceEncoder
+from beam_jax.text import MAX_TOKENIZED_CHARS, SentenceEncoder, on_accelerator
 from pipelines.embed import plan as launch_plan
 from pipelines.embed import write
 from pipelines.embed.embed_parts import EmbedParts
@@ -154,10 +154,6 @@ def embed_kernel(
     ).with_exception_handling()
 
 
-def _on_accelerator(transform: beam.PTransform, accelerator: str | None) -> beam.PTransform:
-    return transform.with_resource_hints(accelerator=accelerator) if accelerator else transform
-
-
 def _read_and_tokenize(pipeline, args, model, inputs, id_type, done=frozenset()):
     """The job's read step, and its tokenize step alone (for measuring the host): returns
     the tokenize step's outputs (``tokens``, ``DEAD_LETTERS``) and the unreadable files."""
@@ -190,7 +186,7 @@ def _build(
     tokenize = tokenize_parts(id_type, model, inputs.text_column)
     writer = write.PartWriter(staging, inputs, write.embeddings_schema(id_type))
     step = beam.ParDo(EmbedParts(tokenize, embed, writer, progress))
-    names = parts | "Embed" >> _on_accelerator(step, args.accelerator)
+    names = parts | "Embed" >> on_accelerator(step, args.accelerator)
     # A consumer for the parts' names across a shuffle: the local FnApiRunner then reads
     # the step's output, and so fails when a worker dies there, instead of waiting for it
     # forever (measured: a SIGKILL in the writing step hung a multi-process run, Beam 2.77).
@@ -199,9 +195,7 @@ def _build(
     if launch.planned and not launch_plan.in_process(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the
         # pipeline's first stage; in-process runners start it in run()).
-        _ = pipeline | "StartEmbedWorker" >> _on_accelerator(
-            embed.start_workers(), args.accelerator
-        )
+        _ = pipeline | "StartEmbedWorker" >> on_accelerator(embed.start_workers(), args.accelerator)
     return embed
 
 

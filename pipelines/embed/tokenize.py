@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from beam_jax.text import IdType, TokenizeBatches
+from beam_jax.text import INPUT_IDS, TOKENIZE, TOKENIZE_THREADS, IdType, TokenizeBatches
 from pipelines.embed.parts import KEY, METRICS_NAMESPACE
 
 __all__ = ["INPUT_IDS", "METRICS_NAMESPACE", "THREADS", "TOKENIZE", "tokenize_parts"]
 
-INPUT_IDS = "input_ids"
-TOKENIZE = "tokenize"
-THREADS = "beam_jax-tokenize"  # the names of the tokenizer's threads start so
+THREADS = TOKENIZE_THREADS  # the names of the tokenizer's threads start so
 
 
 def tokenize_parts(id_type: pa.DataType, model, text_column: str = "text") -> TokenizeBatches:
@@ -25,5 +23,9 @@ def tokenize_parts(id_type: pa.DataType, model, text_column: str = "text") -> To
     ``key`` and ``input_ids`` out; dead letters keyed by the id, with file and row;
     ``rows`` and dead letters counted in the job's metrics."""
     return TokenizeBatches(
-        model, id_type=IdType(id_type), carry=KEY, metrics_namespace=METRICS_NAMESPACE
+        model,
+        id_type=IdType(id_type),
+        carry=KEY,
+        metrics_namespace=METRICS_NAMESPACE,
+        text_name=text_column,  # the read step names the input's text column "text"
     )

@@ -23,6 +23,8 @@ from beam_jax._src.transforms.base import RunKernelResult
 from beam_jax._src.transforms.run_kernel_on_arrow import RunKernelOnArrow
 from beam_jax._src.transforms.tokenize import INPUT_IDS, TokenizeBatches
 
+__all__ = ["EmbedBatches", "EmbedText", "on_accelerator"]
+
 EMBEDDING = "embedding"
 _WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 _OUTPUT = "output"  # RunKernelOnArrow's column for a kernel returning one array
@@ -124,6 +126,20 @@ class EmbedBatches(beam.DoFn):
         yield _wrap(DEAD_LETTERS, record, windowed)
 
 
+def on_accelerator(transform: beam.PTransform, accelerator: str | None) -> beam.PTransform:
+    """``transform`` with Beam's ``accelerator`` resource hint, if ``accelerator`` is given
+    (e.g. ``"type:nvidia-l4;count:1;install-nvidia-driver"``), else as it is.
+
+    Put it on the step that runs the model, and keep what must meet (a row and its result)
+    inside that step: a step with its own hint runs in its own environment, fused with no
+    other.
+
+    Example:
+        >>> step = on_accelerator(beam.Map(len), None)
+    """
+    return transform.with_resource_hints(accelerator=accelerator) if accelerator else transform
+
+
 def _embeddings(batch: pa.RecordBatch, id_column: str) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
         [batch.column(id_column), batch.column(_OUTPUT)], names=[id_column, EMBEDDING]
@@ -210,9 +226,7 @@ class EmbedText(beam.PTransform):
         ).with_exception_handling()
 
     def _on_accelerator(self, transform: beam.PTransform) -> beam.PTransform:
-        if self.accelerator:
-            return transform.with_resource_hints(accelerator=self.accelerator)
-        return transform
+        return on_accelerator(transform, self.accelerator)
 
     def start_workers(self) -> beam.PTransform:
         """Apply to the pipeline: the model loads and its shapes compile from its start."""

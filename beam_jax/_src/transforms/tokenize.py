@@ -27,11 +27,11 @@ from beam_jax._src.errors import InvalidElementError, SpecError
 from beam_jax._src.text.rows import IdType, python_values
 from beam_jax._src.text.tokenizer import TextTooLongError
 
-__all__ = ["INPUT_IDS", "THREADS", "TOKENIZE", "TokenizeBatches"]
+__all__ = ["INPUT_IDS", "TOKENIZE", "TOKENIZE_THREADS", "TokenizeBatches"]
 
 TOKENIZE = "tokenize"  # the stage of a text the tokenizer cannot cut or rejects
 INPUT_IDS = "input_ids"
-THREADS = "beam_jax-tokenize"  # the names of the tokenizer's threads start so
+TOKENIZE_THREADS = "beam_jax-tokenize"  # the names of the tokenizer's threads start so
 _WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 
 
@@ -72,6 +72,8 @@ class TokenizeBatches(beam.DoFn):
         carry: The column copied to the output beside ``input_ids`` (default
             ``id_column``), e.g. a job's own row key.
         metrics_namespace: Where ``rows`` and ``dead_letters_<stage>`` are counted.
+        text_name: How messages name the text (default ``text_column``), e.g. the input's
+            field where the batches renamed it.
 
     Raises:
         SpecError: (when run) if a batch lacks one of the columns.
@@ -86,14 +88,16 @@ class TokenizeBatches(beam.DoFn):
         id_type: IdType | None = None,
         carry: str | None = None,
         metrics_namespace: str = "beam_jax.text",
+        text_name: str | None = None,
     ):
         # Two ahead: the tokenizer keeps working while the kernel or the writer holds up a
         # batch (measured 1.04x the host-only throughput of one ahead; three: no faster).
-        self._ahead = WorkAhead(THREADS, depth=2)
+        self._ahead = WorkAhead(TOKENIZE_THREADS, depth=2)
         self._encoder = encoder
         self._text, self._id, self._carry = text_column, id_column, carry or id_column
         self._id_type = id_type
         self._namespace = metrics_namespace
+        self._text_name = text_name or text_column
 
     def setup(self):
         self._tokenizer = self._encoder.tokenizer()
@@ -199,12 +203,13 @@ class TokenizeBatches(beam.DoFn):
         if problem is None and self._id_type is not None:
             problem = self._id_type.problem(key)
         if problem is None and text is None:
+            name = self._text_name
             return (
-                f"the row has a null text (or no {self._text!r} field); every row needs a "
-                f"string {self._text!r}"
+                f"the row has a null text (or no {name!r} field); every row needs a string {name!r}"
             )
         if problem is None and not isinstance(text, str):
-            return f"expected a string {self._text!r}, got text of type {type(text).__name__}"
+            got = type(text).__name__
+            return f"expected a string {self._text_name!r}, got text of type {got}"
         return problem
 
     def _dead(self, error: Exception, stage: str, key: Any, text: Any, origin, row: int):
