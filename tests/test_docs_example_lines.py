@@ -46,9 +46,8 @@ def test_the_page_s_summary_line_and_dead_letter_are_the_job_s(tmp_path, capsys)
     line = next(r for r in capsys.readouterr().out.splitlines() if " rows -> " in r)
     page_line = _page_block("embed_text: ").strip()
     assert _shape(page_line) == _shape(line), (page_line, line)
-    _, failed = ft.read_outputs(tmp_path / "out")
-    real = failed[0]
-    shown = json.loads(_page_block('{"id"').replace('"traceback": "..."', '"traceback": ""'))
+    real = json.loads(ft.dead_letter_lines(tmp_path / "out")[0])
+    shown = json.loads(_page_block('{"key"').replace('"traceback": "..."', '"traceback": ""'))
     assert set(shown) == set(real)
-    for field in ("stage", "error", "error_type", "message", "element"):
+    for field in ("key_type", "stage", "error_type", "message", "element"):
         assert shown[field] == real[field], field

@@ -166,7 +166,9 @@ def test_packed_rows_write_what_buckets_write(tmp_path):
         )
         assert cos.min() >= 0.99999, (name, cos.min())
     assert failed == want_failed
-    stages = sorted(((d["id"], d["row"], d["stage"]) for f in failed.values() for d in f), key=repr)
+    stages = sorted(
+        ((d["key"], d["row"], d["stage"]) for f in failed.values() for d in f), key=repr
+    )
     expected = [
         *((3, 3, "validation"), (5, 5, "tokenize"), (7, 7, "validation")),
         *((None, 25, "validation"), (2**40, 1, "validation")),

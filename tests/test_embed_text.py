@@ -23,6 +23,7 @@ from beam_jax import jobs
 from beam_jax.testing import assert_conserved
 from pipelines import text_rows as tr
 from pipelines.embed import job as embed_text
+from tests import flagship as ft
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 MIN_COSINE = 0.9999
@@ -40,10 +41,8 @@ def _read_outputs(out: pathlib.Path) -> tuple[pa.Table, list[dict]]:
     files = sorted(glob.glob(str(out / "embeddings-*.parquet")))
     assert files, f"no embeddings written under {out}"
     table = pa.concat_tables(pq.read_table(f) for f in files)
-    failed = []
-    for path in sorted(glob.glob(str(out / "_failed" / "*.jsonl"))):
-        failed += [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
-    return table, failed
+    # The dead letters as FailedElement fields, with id/file/error views (tests/flagship.py).
+    return table, ft.read_outputs(out)[1]
 
 
 def _check_embeddings(table: pa.Table, expected: dict) -> None:
@@ -235,7 +234,6 @@ def test_a_local_run_on_a_gpu_runs_its_batches_whole(tmp_path, monkeypatch, caps
     import jax
 
     from pipelines.embed import job
-    from tests import flagship as ft
 
     chunks = []
     embed_kernel = job.embed_kernel
@@ -273,7 +271,6 @@ def test_any_sentence_transformers_bert_directory_is_the_model(tmp_path, batchin
     """--model_dir: a random 2-layer BERT in the sentence-transformers layout (CLS pooling,
     no Normalize, 64 wide) embeds every row as the float64 reference does."""
     from beam_jax import text
-    from tests import flagship as ft
     from tests.test_text_model import reference_embed
     from tests.tiny_bert import sample_texts, write_tiny_bert
 

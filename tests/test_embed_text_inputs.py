@@ -181,7 +181,7 @@ def test_files_with_other_types_dead_letter_their_rows_by_name(tmp_path):
     assert sorted(ft.ids(table)) == [1, 2, 3, 4]
     got = sorted((d["file"], d["row"], d["id"], d["error"].split(": ", 1)[1]) for d in failed)
     assert got == [
-        (str(floats), 0, "0.5", "the id 0.5 is a float, but this input's ids are integers (int64)"),
+        (str(floats), 0, 0.5, "the id 0.5 is a float, but this input's ids are integers (int64)"),
         (str(strings), 0, "5", "the id '5' is a str, but this input's ids are integers (int64)"),
         (str(strings), 1, "6", "the id '6' is a str, but this input's ids are integers (int64)"),
         (str(numbers), 0, 7, "expected a string 'text', got text of type float"),

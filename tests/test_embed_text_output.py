@@ -104,9 +104,11 @@ def test_threshold_publishes_nothing_and_names_the_file_of_dead_letters(tmp_path
         ft.run(source, out, "--overwrite", "--threshold", "0.2")
 
     dead = pathlib.Path(str(failure.value).split("dead letters are in ")[1].split(". ")[0])
-    records = [json.loads(line) for line in dead.read_text().splitlines()]
-    assert sorted(r["id"] for r in records) == [50, 51, 52, 53, 54]
-    assert all("no 'text' field" in r["error"] and r["file"] == str(source) for r in records)
+    records = [
+        bj.FailedElement.from_dict(json.loads(line)) for line in dead.read_text().splitlines()
+    ]
+    assert sorted(r.key for r in records) == [50, 51, 52, 53, 54]
+    assert all("no 'text' field" in r.message and r.source == str(source) for r in records)
     assert {k: v for k, v in _files(out).items() if not k.startswith("_unfinished/")} == before
 
     # A higher threshold publishes the parts already computed, without recomputing them.

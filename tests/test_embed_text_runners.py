@@ -20,7 +20,6 @@ import pyarrow.parquet as pq
 import pytest
 
 import beam_jax as bj
-from beam_jax import jobs
 from beam_jax.text import MAX_TOKENIZED_CHARS
 from pipelines.embed import job as embed_text
 from tests import flagship as ft
@@ -134,16 +133,6 @@ def test_on_prism_the_accelerator_hint_writes_the_same_bytes(source, reference, 
         np.testing.assert_allclose(vectors, [r["embedding"] for r in rows], atol=1e-5)
 
 
-_LINE = json.loads(
-    jobs.dead_letter_json(bj.FailedElement.from_error("E", "m", stage="s", element="e"))
-)
-
-
-@pytest.mark.xfail(
-    "file" in _LINE,
-    reason="dead_letter_json still writes id/file/row, which FailedElement.from_dict refuses",
-    strict=True,
-)
 def test_dead_letters_are_failed_elements_with_their_origin(reference):
     lines = ft.dead_letter_lines(reference)
     records = [bj.FailedElement.from_dict(json.loads(line)) for line in lines]

@@ -182,6 +182,10 @@ JOBS = {
     "dataflow_staged_files",
     "is_dry_run",
     "write_dataflow_job_file",
+    # one Beam version for a job and its workers' image
+    "WORKER_IMAGE_BEAM",
+    "beam_version_mismatch",
+    "image_beam_version",
     "metrics_record",
     "write_metrics",
     "freeze_startup_objects",

@@ -5,17 +5,10 @@ from __future__ import annotations
 import logging
 
 import apache_beam as beam
-import pytest
 
 from beam_jax.text import EmbedTexts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="EmbedText.expand's return annotation (RunKernelResult, no PCollection) makes Beam "
-    "warn 'This output type hint will be ignored'; dropping the annotation in "
-    "beam_jax/_src/transforms/embed_text.py fixes it (then remove this marker)",
-)
 def test_applying_embed_texts_logs_no_ignored_type_hint(caplog):
     caplog.set_level(logging.WARNING)
     pipeline = beam.Pipeline(argv=["--runner=FnApiRunner"])

@@ -59,7 +59,7 @@ def test_a_multiprocess_run_shows_progress_from_its_workers_and_nothing_else(tmp
     assert table.num_rows == 59 and table.column_names == ["id", "embedding"]
     dead = pj.read_json(out / tp.DEAD_LETTER_DIR / next(iter(
         p.name for p in (out / tp.DEAD_LETTER_DIR).iterdir())))  # fmt: skip
-    assert dead.column("id").to_pylist() == [3]
+    assert dead.column("key").to_pylist() == [3]
 
 
 def test_no_progress_switches_it_off_and_verbose_shows_beam_s_logs(tmp_path, capfd, caplog):

@@ -232,7 +232,7 @@ class EmbedText(beam.PTransform):
         """Apply to the pipeline: the model loads and its shapes compile from its start."""
         return self._on_accelerator(self.kernel.start_workers())
 
-    def expand(self, batches) -> RunKernelResult:
+    def expand(self, batches):  # a RunKernelResult: no output type hint (Beam warns of it)
         tokenize = TokenizeBatches(
             self.encoder, text_column=self.text_column, id_column=self.id_column
         )
