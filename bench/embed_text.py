@@ -225,6 +225,11 @@ def _env(threads: int) -> dict[str, str]:
     return env
 
 
+def _model_dir() -> str | None:
+    """``--model_dir`` (handed to the children in the environment); None: the packaged model."""
+    return os.environ.get("BEAM_JAX_BENCH_MODEL_DIR") or None
+
+
 def _write_data(workdir: Path, n: int) -> dict:
     """The first ``n`` built-in texts (cycled if more) as Parquet and as a JSON list."""
     import pyarrow as pa
@@ -237,14 +242,16 @@ def _write_data(workdir: Path, n: int) -> dict:
     table = pa.table({"id": pa.array(range(n), pa.int64()), "text": pa.array(texts)})
     pq.write_table(table, workdir / "texts.parquet", row_group_size=1024)
     (workdir / "texts.json").write_text(json.dumps(texts))
-    lengths = [len(ids) for ids in SentenceEncoder.from_dir().tokenizer().encode_batch(texts)]
+    lengths = [
+        len(ids) for ids in SentenceEncoder.from_dir(_model_dir()).tokenizer().encode_batch(texts)
+    ]
     tokens = sum(lengths)
     return {
         "flops": model_flops(lengths),
         "st_slots_by_length": st_slots_by_length(texts, lengths, BATCH_SIZE),
         "parquet": str(workdir / "texts.parquet"),
         "texts": str(workdir / "texts.json"),
-        "model_dir": str(packaged_model_dir()),
+        "model_dir": str(_model_dir() or packaged_model_dir()),
         "n": n,
         "tokens": tokens,
     }
@@ -404,7 +411,10 @@ def host_only_expected(texts: list[str]):
 
     from beam_jax.text import SentenceEncoder
 
-    sums = [int(ids.sum()) for ids in SentenceEncoder.from_dir().tokenizer().encode_batch(texts)]
+    sums = [
+        int(ids.sum())
+        for ids in SentenceEncoder.from_dir(_model_dir()).tokenizer().encode_batch(texts)
+    ]
     return np.repeat(np.asarray(sums, np.float32)[:, None], DIM, axis=1)
 
 
@@ -416,7 +426,7 @@ def model_flops(token_lengths) -> float:
 
     from beam_jax.text import SentenceEncoder
 
-    config = SentenceEncoder.from_dir().config
+    config = SentenceEncoder.from_dir(_model_dir()).config
     h, layers = config.hidden_size, config.num_hidden_layers
     n = np.asarray(token_lengths, np.float64)
     return float(layers * np.sum(24 * h * h * n + 4 * h * n * n))
@@ -644,7 +654,7 @@ def flops_per_token(length: int) -> float:
 def _encoder():
     from beam_jax.text import SentenceEncoder
 
-    return SentenceEncoder.from_dir()
+    return SentenceEncoder.from_dir(_model_dir())
 
 
 def executed_flops(slots_by_length: dict) -> float:
@@ -692,7 +702,7 @@ def _runinference(cfg: dict) -> dict:
         """The parameters, tokenizer and jitted function (a class: Beam keeps a weakref)."""
 
         def __init__(self):
-            encoder = SentenceEncoder.from_dir()
+            encoder = SentenceEncoder.from_dir(_model_dir())
             self.params = jax.device_put(encoder.load_params())
             self.tokenizer = encoder.tokenizer()
             self.fn = jax.jit(jax.vmap(encoder.element_fn, in_axes=(None, 0, 0)))
@@ -740,7 +750,7 @@ def _runinference(cfg: dict) -> dict:
 
     class Tokenize(beam.DoFn):
         def setup(self):
-            self.tokenizer = SentenceEncoder.from_dir().tokenizer()
+            self.tokenizer = SentenceEncoder.from_dir(_model_dir()).tokenizer()
 
         def process(self, table):
             ids = self.tokenizer.encode_batch(table.column("text").to_pylist())
@@ -1109,8 +1119,16 @@ def main(argv: list[str] | None = None) -> dict:
         default=1800,
         help="seconds per run; a run past it is stopped and its threads' stacks printed",
     )
+    parser.add_argument(
+        "--model_dir",
+        help="a sentence-transformers model directory for every variant (the flagship's "
+        "--model_dir, sentence-transformers' model); default the packaged all-MiniLM-L6-v2",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.model_dir:
+        os.environ["BEAM_JAX_BENCH_MODEL_DIR"] = os.path.abspath(args.model_dir)
+        args.pipeline_args = f"{args.pipeline_args} --model_dir {shlex.quote(args.model_dir)}"
     if args.child:
         _child(*args.child)
         return {}

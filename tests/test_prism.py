@@ -272,7 +272,7 @@ def test_flagship_on_prism_writes_the_fnapi_runners_bytes(tmp_path, prism_binary
     assert got == want
     failed = [json.loads(line) for name, data in want.items() if name.startswith("_failed/")
               for line in data.decode().splitlines()]  # fmt: skip
-    assert sorted(str(f["id"]) for f in failed) == ["None", "missing", "n42"]
+    assert sorted(str(f["key"]) for f in failed) == ["None", "missing", "n42"]
 
 
 @pytest.fixture
