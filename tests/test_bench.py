@@ -620,3 +620,28 @@ def test_bench_data_writes_only_the_files_asked_for_with_the_same_values(tmp_pat
     reader.close()
     with pytest.raises(ValueError, match="unknown data files"):
         data.generate(tmp_path, 50, 3, ("values.csv",))
+
+
+def test_embed_text_bench_runs_another_model_directory(tmp_path, monkeypatch):
+    """``--model_dir``: the flagship runs that model (its hidden size sets the FLOPs per
+    token), and the children are told which model through the environment."""
+    from tests.tiny_families import write_tiny_mpnet
+
+    model = write_tiny_mpnet(tmp_path / "mpnet")
+    monkeypatch.setenv("BEAM_JAX_BENCH_MODEL_DIR", "")  # restored (unset) after the test
+    embed_text = _bench_module("embed_text")
+    embed_text._encoder.cache_clear()  # an earlier test's model
+    try:
+        report = embed_text.main(
+            ["--model_dir", str(model), "--variants", "pipeline", "--texts", "30", "--rounds", "1"]
+        )
+    finally:
+        embed_text._encoder.cache_clear()  # the model of this process's later bench tests
+    from beam_jax.text import SentenceEncoder
+
+    tiny, minilm = SentenceEncoder.from_dir(str(model)), SentenceEncoder.from_dir()
+    variant = report["variants"]["pipeline"]
+    assert variant["compiles"] >= 1
+    # Counted with the tiny model's widths, not MiniLM's (whose dense layers alone cost more).
+    assert tiny.flops_per_token(1) <= variant["flops_per_real_token"]
+    assert variant["flops_per_real_token"] < minilm.flops_per_token(1) / 10
