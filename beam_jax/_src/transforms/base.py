@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -122,13 +123,10 @@ class WorkerDoFn(beam.DoFn):
         )
         self._metrics = KernelMetrics(options.metrics_namespace)
 
-    @property
+    @functools.cached_property
     def _worker(self) -> Worker:
         """This process's worker for the transform, waited for the first time."""
-        worker = self.__dict__.get("_built")
-        if worker is None:
-            worker = self._built = self._holder.start.get()
-        return worker
+        return self._holder.start.get()
 
     @property
     def _plan(self) -> Plan:
