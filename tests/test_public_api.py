@@ -150,6 +150,8 @@ JOBS = {
     "input_format",
     "match_inputs",
     "text_sample",
+    "LocalPlatform",
+    "local_platform",
     "DEFAULT_COMPILATION_CACHE",
     "DefaultsHelpFormatter",
     "add_compilation_cache_flag",

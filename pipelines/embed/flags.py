@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions  # noqa: F401
 
 from beam_jax import jobs, text
-from beam_jax.jobs import DefaultsHelpFormatter, int_list, positive_int
+from beam_jax.jobs import DefaultsHelpFormatter, int_list, local_platform, positive_int
 
 __all__ = ["DEFAULT_BUCKETS", "DEFAULT_OUTPUT", "buckets_problem", "parse_args"]
 
@@ -245,9 +245,8 @@ def buckets_problem(
 def on_accelerator(accelerator: str | None, options: PipelineOptions) -> bool:
     """Whether the embedding step's workers run the model on an accelerator: ``--accelerator``
     asks a remote runner for one; the local runners run the workers here, on JAX's default
-    device (a GPU or TPU where JAX finds one)."""
+    device (a GPU or TPU where JAX finds one), known without opening a TPU
+    (``local_platform``): the device opens in the background while the job reads."""
     if accelerator or not jobs.is_local(options.view_as(StandardOptions).runner):
         return bool(accelerator)
-    import jax
-
-    return jax.default_backend() != "cpu"
+    return local_platform().accelerator

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import apache_beam as beam
-import jax
 import pyarrow as pa
 from apache_beam.options.pipeline_options import DebugOptions, StandardOptions
 
@@ -318,7 +317,8 @@ def run(
         # (--matmuls applies to the model's kernels only, not to an Encoder's.)
         described += f"; --matmuls auto: {model.matmuls} on this machine"
     if local and args.on_accelerator and not args.accelerator and not args.tokens_per_chunk:
-        described += f"; batches run whole (no chunks) on this machine's {jax.default_backend()}"
+        platform = jobs.local_platform().platform
+        described += f"; batches run whole (no chunks) on this machine's {platform}"
     print(described, flush=True)
     pipeline = beam.Pipeline(options=options)
     console = RunConsole("embed_text", args, options, output.path)

@@ -134,12 +134,11 @@ def token_lengths(texts: pa.Array | Sequence[str], model: Any = None) -> np.ndar
 
 def local_devices(options: Any) -> int:
     """Devices per worker: this process's on the local runners (they run the workers
-    here), else 1 (unknown at launch; batch sizes are then rounded up on the workers)."""
+    here, known without opening a TPU: ``local_platform``), else 1 (unknown at launch; batch
+    sizes are then rounded up on the workers)."""
     if not is_local(options.view_as(StandardOptions).runner):
         return 1
-    import jax
-
-    return jax.local_device_count()
+    return jobs.local_platform().device_count
 
 
 def in_process(options: Any) -> bool:

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from beam_jax._src.core.probe import local_platform
+
 __all__ = ["MATMULS", "cast_dense", "has_bfloat16_units", "resolve"]
 
 MATMULS = ("float32", "bfloat16", "auto")
@@ -59,6 +61,10 @@ def has_bfloat16_units(device: Any = None) -> bool:
 
 def _bfloat16_units(device: Any) -> tuple[bool, str]:
     if device is None:
+        # Every TPU has bfloat16 units: known without opening one (opening takes seconds).
+        local = local_platform()
+        if local.platform == "tpu":
+            return True, f"{local.kind}: a TPU (bfloat16 matrix units)"
         import jax
 
         device = jax.devices()[0]

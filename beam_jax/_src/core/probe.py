@@ -1,0 +1,146 @@
+"""What JAX will run on in this process, known without opening a device.
+
+Opening a TPU takes seconds (about 8 s for one v5e chip, more for several), and until it is
+open ``jax.devices()``, ``jax.default_backend()`` and ``jax.local_device_count()`` block.
+A job launch asks what it runs on to choose its defaults (chunk sizes, matmul precision,
+batch sizes per device) long before it needs the device itself; :func:`local_platform`
+answers from what is already known, so the launch can read and tokenize while the device
+opens in the background:
+
+1. JAX's backends, where they are already open (free);
+2. ``JAX_PLATFORMS`` / ``jax_platforms``, where it names the platform JAX will take first;
+3. the TPU chips on this machine's PCI bus (the same reading JAX's own TPU set-up makes),
+   where ``libtpu`` is installed;
+4. otherwise JAX's backends, opened here (CPUs open in milliseconds; a GPU where the TPU
+   reading found nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import importlib.util
+import os
+from pathlib import Path
+
+__all__ = ["LocalPlatform", "local_platform"]
+
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+# TPU chips by PCI device id: name, JAX devices per chip (v2 and v3 show two cores a chip).
+_TPU_CHIPS = {
+    "0x0027": ("TPU v3", 2),
+    "0x005e": ("TPU v4", 1),
+    "0x0062": ("TPU v5p", 1),
+    "0x0063": ("TPU v5 lite", 1),
+    "0x006f": ("TPU v6 lite", 1),
+    "0x0076": ("TPU7x", 1),
+}
+_PCI_DEVICES = "/sys/bus/pci/devices"
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalPlatform:
+    """The platform JAX's default backend is (or will be) in this process.
+
+    Attributes:
+        platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
+        device_count: its local devices.
+        kind: the device kind, as ``jax.Device.device_kind`` names it where known.
+        opened: whether this was read from JAX's open backends (``False``: from the
+            environment or the PCI bus, the device not yet opened).
+    """
+
+    platform: str
+    device_count: int
+    kind: str
+    opened: bool
+
+    def __post_init__(self):
+        if self.platform not in ("cpu", "gpu", "tpu"):
+            raise ValueError(
+                f"platform must be 'cpu', 'gpu' or 'tpu', got {self.platform!r}; JAX names "
+                "CUDA and ROCm devices 'gpu'."
+            )
+        if self.device_count < 1:
+            raise ValueError(f"device_count must be >= 1, got {self.device_count}")
+
+    @property
+    def accelerator(self) -> bool:
+        """Whether the default backend is an accelerator (not the CPU)."""
+        return self.platform != "cpu"
+
+
+def local_platform() -> LocalPlatform:
+    """This process's default JAX platform, without opening a TPU that is not yet open.
+
+    See the module's description for the order of the readings. A TPU found on the PCI bus
+    counts as the default platform only where ``JAX_PLATFORMS`` leaves it to JAX's own
+    choice (unset, empty, or naming ``tpu`` first) and ``libtpu`` is installed.
+    """
+    opened = _from_open_backends()
+    if opened is not None:
+        return opened
+    first = _first_platform_asked()
+    if first in (None, "tpu"):
+        tpu = _tpu_on_pci_bus()
+        if tpu is not None:
+            return tpu
+    return _open()
+
+
+def _from_open_backends() -> LocalPlatform | None:
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        return None
+    return _open()
+
+
+def _open() -> LocalPlatform:
+    import jax
+
+    devices = jax.local_devices()
+    platform = "gpu" if devices[0].platform in ("cuda", "rocm") else devices[0].platform
+    return LocalPlatform(
+        platform=platform,
+        device_count=len(devices),
+        kind=str(getattr(devices[0], "device_kind", platform)),
+        opened=True,
+    )
+
+
+def _first_platform_asked() -> str | None:
+    """The first platform ``jax.config.jax_platforms`` (``JAX_PLATFORMS``) names, or
+    ``None`` where JAX chooses."""
+    import jax
+
+    return _first_of(jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS") or "")
+
+
+def _first_of(platforms: str) -> str | None:
+    """``"tpu,cpu"`` -> ``"tpu"``; CUDA and ROCm are ``"gpu"``; ``""`` -> ``None``."""
+    names = [p.strip().lower() for p in platforms.split(",") if p.strip()]
+    if not names:
+        return None
+    return {"cuda": "gpu", "rocm": "gpu"}.get(names[0], names[0])
+
+
+def _tpu_on_pci_bus(root: str = _PCI_DEVICES) -> LocalPlatform | None:
+    """The TPU chips on the PCI bus, as JAX's TPU set-up counts them, where ``libtpu`` is
+    installed; ``None`` where there are none."""
+    if importlib.util.find_spec("libtpu") is None:
+        return None
+    chips: list[tuple[str, int]] = []
+    for vendor in glob.glob(os.path.join(root, "*", "vendor")):
+        try:
+            if Path(vendor).read_text().strip() != _GOOGLE_PCI_VENDOR:
+                continue
+            device = Path(vendor).with_name("device").read_text().strip()
+        except OSError:
+            continue
+        if device in _TPU_CHIPS:
+            chips.append(_TPU_CHIPS[device])
+    if not chips:
+        return None
+    kind, per_chip = chips[0]
+    return LocalPlatform("tpu", device_count=per_chip * len(chips), kind=kind, opened=False)

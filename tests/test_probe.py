@@ -1,0 +1,158 @@
+"""What a job runs on, known without opening a TPU (``beam_jax.jobs.local_platform``).
+
+The unit tests read a fake PCI bus; the launch test runs the flagship in a fresh process
+that takes this machine for a TPU host (the PCI reading replaced) and checks, by the order
+of what happened, that the launching thread never opened JAX's backends before the job's
+first part was tokenized: the device opens in the worker's background start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import pytest
+
+from beam_jax._src.core import probe
+from beam_jax.jobs import LocalPlatform, local_platform
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pci_device(root: Path, slot: str, vendor: str, device: str) -> None:
+    d = root / slot
+    d.mkdir(parents=True)
+    (d / "vendor").write_text(vendor + "\n")
+    (d / "device").write_text(device + "\n")
+
+
+@pytest.fixture
+def libtpu_installed(monkeypatch):
+    real = probe.importlib.util.find_spec
+    monkeypatch.setattr(
+        probe.importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "libtpu" else real(name, *a),
+    )
+
+
+def test_tpu_chips_are_counted_from_the_pci_bus(tmp_path, libtpu_installed):
+    _pci_device(tmp_path, "0000:00:04.0", "0x1ae0", "0x0063")
+    _pci_device(tmp_path, "0000:00:05.0", "0x1ae0", "0x0063")
+    _pci_device(tmp_path, "0000:00:06.0", "0x1ae0", "0x0001")  # a Google device, not a TPU
+    _pci_device(tmp_path, "0000:00:07.0", "0x8086", "0x0063")  # another vendor's id 0x0063
+    found = probe._tpu_on_pci_bus(str(tmp_path))
+    assert found == LocalPlatform("tpu", device_count=2, kind="TPU v5 lite", opened=False)
+    assert found.accelerator
+
+
+def test_v3_chips_show_two_devices_each(tmp_path, libtpu_installed):
+    _pci_device(tmp_path, "0000:00:04.0", "0x1ae0", "0x0027")
+    assert probe._tpu_on_pci_bus(str(tmp_path)).device_count == 2
+
+
+def test_no_tpu_without_libtpu_or_chips(tmp_path, monkeypatch, libtpu_installed):
+    assert probe._tpu_on_pci_bus(str(tmp_path)) is None  # no chips
+    _pci_device(tmp_path, "0000:00:04.0", "0x1ae0", "0x0063")
+    monkeypatch.setattr(probe.importlib.util, "find_spec", lambda name, *a: None)
+    assert probe._tpu_on_pci_bus(str(tmp_path)) is None  # chips, but no libtpu
+
+
+def test_the_pci_reading_counts_only_where_jax_would_take_a_tpu(monkeypatch):
+    """Backends not open yet: a TPU on the bus is the answer unless JAX_PLATFORMS names
+    another platform first (then JAX's own answer, opened here)."""
+    tpu = LocalPlatform("tpu", device_count=4, kind="TPU v4", opened=False)
+    monkeypatch.setattr(probe, "_from_open_backends", lambda: None)
+    monkeypatch.setattr(probe, "_tpu_on_pci_bus", lambda: tpu)
+    for asked in ("", "tpu", "TPU,cpu"):
+        monkeypatch.setattr(probe, "_first_platform_asked", lambda a=asked: probe._first_of(a))
+        assert local_platform() == tpu
+    monkeypatch.setattr(probe, "_first_platform_asked", lambda: probe._first_of("cpu"))
+    cpu = local_platform()
+    assert (cpu.platform, cpu.opened) == ("cpu", True)
+    assert cpu.device_count == jax.local_device_count()
+    assert [probe._first_of(s) for s in ("cuda", "rocm,cpu", " ", "")] == ["gpu", "gpu", None, None]
+
+
+def test_open_backends_answer_first():
+    jax.devices()  # open
+    assert local_platform() == LocalPlatform(
+        "cpu", device_count=jax.local_device_count(), kind="cpu", opened=True
+    )
+
+
+def test_a_local_platform_is_validated():
+    with pytest.raises(ValueError, match="got 'cuda'.*JAX names CUDA and ROCm devices 'gpu'"):
+        LocalPlatform("cuda", 1, "H100", opened=False)
+    with pytest.raises(ValueError, match="device_count must be >= 1, got 0"):
+        LocalPlatform("tpu", 0, "TPU v5 lite", opened=False)
+
+
+_LAUNCH = textwrap.dedent(
+    """
+    import json, sys, threading, time
+
+    import jax.numpy as jnp
+    from jax._src import xla_bridge
+
+    from beam_jax._src.core import probe
+    from beam_jax.jobs import LocalPlatform
+    from beam_jax.text import Tokenizer
+    from pipelines.embed import job
+
+    # This machine, taken for a one-chip TPU host: the PCI reading says so.
+    probe._tpu_on_pci_bus = lambda *a: LocalPlatform("tpu", 1, "TPU v5 lite", opened=False)
+    events = []
+    backends = xla_bridge.backends
+
+    def opening(*a, **k):
+        if not xla_bridge.backends_are_initialized():
+            events.append(["open", threading.current_thread().name])
+        return backends(*a, **k)
+
+    xla_bridge.backends = opening
+    encode = Tokenizer.encode_arrow
+
+    def encode_arrow(tokenizer, texts):
+        events.append(["tokenize", threading.current_thread().name])
+        return encode(tokenizer, texts)
+
+    Tokenizer.encode_arrow = encode_arrow
+
+    def element_fn(params, element, lengths):
+        return jnp.zeros((384,), jnp.float32) + lengths["L"]
+
+    def packed_fn(params, row, segments):
+        return jnp.zeros((segments.lengths.shape[-1], 384), jnp.float32)
+
+    summary = job.run(
+        ["--builtin_texts", "300", "--output", sys.argv[1], "--runner=FnApiRunner"],
+        encoder=job.Encoder(element_fn, packed_fn, lambda: {}),
+    )
+    print("EVENTS " + json.dumps({"events": events, "results": summary.results}))
+    """
+)
+
+
+def test_the_flagship_launch_never_waits_for_the_tpu_to_open(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="")
+    done = subprocess.run(
+        [sys.executable, "-c", _LAUNCH, str(tmp_path / "out")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(s for s in done.stdout.splitlines() if s.startswith("EVENTS "))
+    record = json.loads(line.removeprefix("EVENTS "))
+    assert record["results"] == 300
+    events = [tuple(e) for e in record["events"]]
+    opens = [e for e in events if e[0] == "open"]
+    assert len(opens) == 1, events
+    # Opened once, by the worker's background start, never by the launching thread; the
+    # job's own tokenize step (a thread of its own) tokenized its parts meanwhile.
+    assert opens == [("open", "beam_jax-worker-start")], events
+    assert any(e[0] == "tokenize" and e[1].startswith("beam_jax-tokenize") for e in events)
