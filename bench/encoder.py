@@ -3,6 +3,7 @@
     python bench/encoder.py                               # 2,000 built-in texts, 3 rounds
     python bench/encoder.py --texts 2000 --rounds 5 --row_lengths 128,256 --rows 8,16,32
     python bench/encoder.py --parquet texts.parquet --column text --skip_torch
+    python bench/encoder.py --flagship --texts 200000 --skip_torch --json limit.json
 
 No Beam, no reading or writing: the same tokenized texts go through
 
@@ -14,6 +15,15 @@ No Beam, no reading or writing: the same tokenized texts go through
 * ``bucketed``: ``SentenceEncoder.element_fn`` under ``jax.vmap`` at the flagship's length
   buckets (16, 24, ..., 256), ``min(64, 2048 // L)`` rows per batch (its
   ``--max_tokens_per_batch``), the last batch of a bucket padded with empty rows;
+* ``flagship``: with ``--flagship``, alone: the batches the flagship (``pipelines.embed``)
+  would run for these texts on this machine: its launch plan (``plan_for``: the packed row
+  lengths, rows per batch and segments per row it chooses here, ``--matmuls auto``),
+  texts packed as its parts pack them (``--rows_per_part`` at a time), the last batch of a
+  row length in the smallest size that holds it, under ``jax.jit(jax.vmap(packed_fn))``
+  with two batches in flight (the engine's default off the CPU). Compiled first, timed warm,
+  no Beam, no reading or writing: the flagship's limit on this device, which
+  ``bench/embed_text.py --limit_json`` sets the flagship against (``flagship_limit`` in the
+  JSON; MFU against the peak of the matmuls' dtype);
 * ``sentence_transformers``: ``SentenceTransformer.encode(texts, batch_size=64)`` with
   torch, in a child process of ``--st_python`` (torch is never imported here).
 
@@ -42,6 +52,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from flagship_batches import flagship_batches, flagship_packing
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256)  # the flagship's fixed buckets
@@ -159,7 +170,7 @@ def st_executed_tokens(lengths: np.ndarray) -> list[tuple[int, int]]:
 class JaxVariants:
     """Every JAX variant's batches, kernels and vectors, in one process."""
 
-    def __init__(self, ids: list, row_lengths, rows_list, encoder):
+    def __init__(self, ids: list, row_lengths, rows_list, encoder, flagship=None):
         import jax
 
         from beam_jax._src.core.packed_batch import SegmentInfo
@@ -167,8 +178,17 @@ class JaxVariants:
         self.encoder = encoder
         self.params = jax.device_put(encoder.load_params())
         self.n = len(ids)
+        self.in_flight = 1
         self.variants: dict[str, tuple] = {}
         packed = jax.jit(jax.vmap(encoder.packed_fn, in_axes=(None, 0, 0)))
+        if flagship is not None:  # the flagship's batches alone, two in flight
+            self.in_flight = 2
+            calls = [
+                ({"input_ids": tok}, SegmentInfo(seg, pos, counts, seg_lengths), texts)
+                for tok, seg, pos, counts, seg_lengths, texts in flagship_batches(ids, flagship)
+            ]
+            self.variants["flagship"] = ("packed", packed, calls)
+            return
         for r in row_lengths:
             for rows in rows_list:
                 batches = packed_batches(ids, r, rows, encoder.max_length)
@@ -218,8 +238,16 @@ class JaxVariants:
         kind, fn, calls = self.variants[name]
         vectors = np.zeros((self.n, self.encoder.dim), np.float32)
         start = time.perf_counter()
-        results = [fn(self.params, element, second) for element, second, _ in calls]
-        results = [np.asarray(r) for r in results]
+        if self.in_flight == 1:  # every call queued, then every result fetched
+            results = [fn(self.params, element, second) for element, second, _ in calls]
+            results = [np.asarray(r) for r in results]
+        else:  # the engine's way: the next batch dispatched before the last is fetched
+            results, pending = [], []
+            for element, second, _ in calls:
+                pending.append(fn(self.params, element, second))
+                if len(pending) == self.in_flight:
+                    results.append(np.asarray(pending.pop(0)))
+            results += [np.asarray(r) for r in pending]
         seconds = time.perf_counter() - start
         for (_, _, texts), got in zip(calls, results, strict=True):
             if kind == "bucketed":
@@ -239,9 +267,11 @@ def _jax_worker(cfg: dict) -> None:
     jax.config.update("jax_compilation_cache_dir", cfg["cache"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    encoder = SentenceEncoder.from_dir(cfg["model_dir"])
+    flagship = cfg.get("flagship")
+    matmuls = flagship["matmuls"] if flagship else "float32"
+    encoder = SentenceEncoder.from_dir(cfg["model_dir"], matmuls=matmuls)
     ids = [np.asarray(x, np.int32) for x in json.load(open(cfg["ids"]))]
-    jv = JaxVariants(ids, cfg["row_lengths"], cfg["rows"], encoder)
+    jv = JaxVariants(ids, cfg["row_lengths"], cfg["rows"], encoder, flagship)
     compiled = jv.compile_all()
     slots = {name: jv.executed_slots(name) for name in jv.variants}
     print("READY " + json.dumps({"compile": compiled, "slots": slots}), flush=True)
@@ -321,6 +351,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--st_python", default=DEFAULT_ST_PYTHON, help="Python with torch")
     parser.add_argument("--skip_torch", action="store_true", help="JAX variants only")
+    parser.add_argument(
+        "--flagship",
+        action="store_true",
+        help="the flagship's own packed batches alone, warm: its limit on this device",
+    )
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
 
@@ -350,6 +385,9 @@ def main(argv: list[str] | None = None) -> dict:
         "rows": [int(x) for x in args.rows.split(",") if x],
         "threads": args.threads,
         "max_length": encoder.max_length,
+        "flagship": flagship_packing(args.texts, args.parquet, args.column)
+        if args.flagship
+        else None,
     }
     (work / "cfg.json").write_text(json.dumps(cfg))
     jax_argv = [
@@ -359,9 +397,12 @@ def main(argv: list[str] | None = None) -> dict:
         str(work / "cfg.json"),
     ]
 
-    # A first run: the persistent cache is empty. A rerun: a new process reads it.
-    cold = _Child(jax_argv, args.threads, cpus)
-    cold.close()
+    # A first run: the persistent cache is empty. A rerun: a new process reads it. (The
+    # flagship's limit is a warm rate: its compiles, once, are not what it measures.)
+    cold = None
+    if not args.flagship:
+        cold = _Child(jax_argv, args.threads, cpus)
+        cold.close()
     jax_child = _Child(jax_argv, args.threads, cpus)
     st_child = None
     if not args.skip_torch:
@@ -388,7 +429,8 @@ def main(argv: list[str] | None = None) -> dict:
         st_child.close()
 
     info = fingerprint()
-    peak = info["peak_gflops"]["fp32"] * 1e9
+    dtype = "bf16" if (cfg["flagship"] or {}).get("matmuls") == "bfloat16" else "fp32"
+    peak = info["peak_gflops"][dtype] * 1e9
     slots = dict(jax_child.ready["slots"])
     if st_child is not None:
         slots["sentence_transformers"] = [(r * n, n) for r, n in st_executed_tokens(lengths)]
@@ -410,7 +452,7 @@ def main(argv: list[str] | None = None) -> dict:
         }
         if name in jax_child.ready["compile"]:
             row["shapes"] = jax_child.ready["compile"][name]["shapes"]
-            row["compile_first_s"] = cold.ready["compile"][name]["compile_s"]
+            row["compile_first_s"] = cold.ready["compile"][name]["compile_s"] if cold else None
             row["compile_cached_s"] = jax_child.ready["compile"][name]["compile_s"]
             if reference is not None:
                 got = np.load(work / f"{name.replace(' ', '_')}.npy")
@@ -427,8 +469,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     for name, r in rows.items():
         vs = f"{r['vs_st']:.2f}x" if r["vs_st"] else "-"
+        first = f"{r['compile_first_s']:7.1f}s" if r.get("compile_first_s") is not None else "-"
         comp = (
-            f"{r['shapes']:>6} {r['compile_first_s']:7.1f}s {r['compile_cached_s']:6.1f}s"
+            f"{r['shapes']:>6} {first:>8} {r['compile_cached_s']:6.1f}s"
             if "shapes" in r
             else f"{'-':>6} {'-':>8} {'-':>7}"
         )
@@ -440,6 +483,16 @@ def main(argv: list[str] | None = None) -> dict:
         )
     print(format_fingerprint(info))
     result = {"rows": rows, "fingerprint": info, "tokens": tokens, "texts": len(texts)}
+    if args.flagship:
+        f, r = cfg["flagship"], rows["flagship"]
+        widths = ", ".join(f"{w}: {'/'.join(map(str, f['rows_per_batch'][str(w)]))}"
+                           for w in f["row_lengths"])  # fmt: skip
+        print(
+            f"flagship limit: {r['texts_per_s']:,.0f} texts/s, MFU {r['mfu']:.1%} against the "
+            f"{dtype} peak; its packed batches (rows per batch by row length {widths}; "
+            f"{f['max_segments']} texts a row at most; {f['matmuls']} matmuls), warm, two in flight"
+        )
+        result["flagship_limit"] = {**r, "texts": len(texts), "plan": f, "peak_dtype": dtype}
     harness.write_json(args.json, result)
     return result
 

@@ -1,0 +1,88 @@
+"""The flagship's packed batches without Beam: what ``bench/encoder.py --flagship`` runs.
+
+:func:`flagship_packing` asks the flagship's launch plan which packing it would choose for
+some texts on this machine; :func:`flagship_batches` packs token ids with it as the
+flagship's parts pack them, into the batches its kernel would see.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import numpy as np
+
+
+def flagship_packing(texts: int, parquet: str | None, column: str) -> dict:
+    """The packing the flagship plans for these texts on this machine (its launch plan:
+    ``pipelines.embed.plan.plan_for`` with the flagship's default flags), as JSON."""
+    from beam_jax.jobs import local_platform
+    from beam_jax.text import SentenceEncoder
+    from pipelines.embed import plan
+    from pipelines.embed.flags import parse_args
+    from pipelines.embed.parts import Inputs
+
+    source = ["--input", parquet, "--text_column", column] if parquet else []
+    argv = source or ["--builtin_texts", str(texts)]
+    args, _ = parse_args([*argv, "--output", tempfile.mkdtemp(prefix="bench_encoder_plan_")])
+    model = SentenceEncoder.from_dir(matmuls=args.matmuls)
+    launch = plan.plan_for(args, Inputs.from_args(args), local_platform().device_count, model)
+    if launch.packing is None:
+        raise SystemExit(f"--flagship: the flagship chose {launch.batching} here, not packing")
+    packing = launch.packing.packing
+    return {
+        "row_lengths": list(packing.row_lengths),
+        "rows_per_batch": {str(k): list(v) for k, v in packing.rows_per_batch.items()},
+        "max_segments": int(packing.max_segments),
+        "algorithm": packing.algorithm,
+        "pack_lengths": list(packing.pack_lengths),
+        "buffer_size": launch.packing.buffer_size,
+        "matmuls": model.resolved_matmuls(),
+    }
+
+
+def flagship_batches(ids: list, plan: dict) -> list:
+    """The flagship's packed batches for ``ids``: ``packed_batches``' tuples, packed with
+    the plan's ``Packing`` ``buffer_size`` texts at a time (as its parts are), per row length
+    full batches of the largest size and the rest in the smallest size that holds it."""
+    from beam_jax import Packing
+    from beam_jax._src.bucketing.packing import assign_rows
+
+    packing = Packing(
+        row_lengths=tuple(plan["row_lengths"]),
+        rows_per_batch={int(k): tuple(v) for k, v in plan["rows_per_batch"].items()},
+        max_segments=plan["max_segments"],
+        algorithm=plan["algorithm"],
+        pack_lengths=tuple(plan["pack_lengths"]),
+    )
+    lengths = np.array([len(x) for x in ids])
+    step = plan["buffer_size"] or len(ids)
+    rows: list[tuple[int, list]] = []
+    for first in range(0, len(ids), step):
+        a = assign_rows(lengths[first : first + step], packing)
+        if len(a.refused):
+            raise ValueError(f"{len(a.refused)} texts longer than the longest row")
+        mine: list[tuple[int, list]] = [(int(w), []) for w in a.row_lengths]
+        for i in np.lexsort((a.segment, a.row)):  # each row's texts in segment order
+            mine[int(a.row[i])][1].append(first + int(i))
+        rows += mine
+    out = []
+    for width in packing.row_lengths:
+        members = [m for w, m in rows if w == width]
+        sizes = packing.sizes_for(width)
+        for start in range(0, len(members), sizes[-1]):
+            chunk = members[start : start + sizes[-1]]
+            n = next(size for size in sizes if size >= len(chunk))
+            tok = np.zeros((n, width), np.int32)
+            seg, pos = np.zeros_like(tok), np.zeros_like(tok)
+            counts = np.zeros(n, np.int32)
+            seg_lengths = np.zeros((n, packing.max_segments), np.int32)
+            for r, texts in enumerate(chunk):
+                at = 0
+                for k, i in enumerate(texts):
+                    m = len(ids[i])
+                    tok[r, at : at + m], seg[r, at : at + m] = ids[i], k + 1
+                    pos[r, at : at + m], seg_lengths[r, k] = np.arange(m), m
+                    at += m
+                counts[r] = len(texts)
+            out.append((tok, seg, pos, counts, seg_lengths, chunk))
+    return out
