@@ -46,8 +46,9 @@ def _bucketing(cfg: dict, batch_sizes):
 
 def _child(cfg_path: str) -> None:
     import apache_beam as beam
+    from data import warm
     from kernels import KERNELS, load_params
-    from variants import SPEC, CollectRows, ReadRecord, _indices, _pipeline, _warm
+    from variants import SPEC, CollectRows, ReadRecord, _indices, _pipeline
 
     import beam_jax as bj
     from beam_jax._src.kernel.cache import enable_compilation_cache
@@ -59,7 +60,7 @@ def _child(cfg_path: str) -> None:
         fit = None
         if cfg["budget"] is not None:
             fit = bj.FitToMemory(budget_bytes=cfg["budget"], one_size=True)
-        _warm(os.path.join(cfg["workdir"], "values.f32"))
+        warm(os.path.join(cfg["workdir"], "values.f32"))
         start = time.perf_counter()
         p = _pipeline()
         records = _indices(p, cfg["n"]) | "Read" >> beam.ParDo(ReadRecord(cfg["workdir"], True))

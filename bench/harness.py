@@ -1,6 +1,6 @@
 """What every benchmark here shares: rounds in rotated order, medians with their spread,
-fresh processes, core pinning, the clock (wall, CPU, cores busy, interpreter lock held)
-and the JSON a run leaves.
+fresh processes, core pinning, a process tree's memory, the clock (wall, CPU, cores busy,
+interpreter lock held) and the JSON a run leaves.
 
 A benchmark names its variants; ``run_rounds`` runs each of them ``repeat`` times, every
 round in a rotated order (round ``r`` starts at variant ``r mod k``), so no variant always
@@ -11,8 +11,10 @@ shared host falls on all of them alike. ``summarize`` reports the median run, it
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
+import glob
 import json
 import os
 import shutil
@@ -21,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -109,6 +112,81 @@ def child_env(*paths: str) -> dict:
 def write_json(path: str | None, report: dict) -> None:
     if path:
         Path(path).write_text(json.dumps(report, indent=2, default=str))
+
+
+# --- process-tree memory ------------------------------------------------------------------
+
+
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                text = f.read()
+        except OSError:
+            continue  # the process ended
+        # The command name may hold spaces and parentheses; fields resume after the last ")".
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        children[ppid].append(int(text[: text.index(" ")]))
+    return children
+
+
+def _tree(root: int) -> list[int]:
+    children, out, todo = _children(), [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def _kb(path: str, field: str) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except OSError:
+        pass  # the process ended between listing and reading
+    return 0
+
+
+class TreeMemory:
+    """Samples the summed RSS and PSS of a process and all its descendants from /proc.
+
+    RSS counts pages shared between processes (libraries, copy-on-write) once per process, so
+    the summed RSS is an upper bound; PSS splits each shared page between its sharers.
+    """
+
+    def __init__(self, root: int | None = None, interval: float = 0.2):
+        self.root = root or os.getpid()
+        self.interval = interval
+        self.peak_rss_kb = self.peak_pss_kb = self.peak_processes = self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self):
+        pids = _tree(self.root)
+        rss = sum(_kb(f"/proc/{p}/status", "VmRSS:") for p in pids)
+        pss = sum(_kb(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
+        self.peak_rss_kb = max(self.peak_rss_kb, rss)
+        self.peak_pss_kb = max(self.peak_pss_kb, pss)
+        self.peak_processes = max(self.peak_processes, len(pids))
+        self.samples += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
 
 
 # --- the clock ----------------------------------------------------------------------------

@@ -34,7 +34,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -46,6 +45,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT)]
 
 import apache_beam as beam  # noqa: E402
+import harness  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -207,81 +207,6 @@ def make_records_for(id_range, seed):
     return make_records(seed, id_range)
 
 
-# ---- process-tree memory -----------------------------------------------------------------
-
-
-def _children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                text = f.read()
-        except OSError:
-            continue  # the process ended
-        # The command name may hold spaces and parentheses; fields resume after the last ")".
-        ppid = int(text[text.rindex(")") + 2 :].split()[1])
-        children[ppid].append(int(text[: text.index(" ")]))
-    return children
-
-
-def _tree(root: int) -> list[int]:
-    children, out, todo = _children(), [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, ()))
-    return out
-
-
-def _kb(path: str, field: str) -> int:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1])
-    except OSError:
-        pass  # the process ended between listing and reading
-    return 0
-
-
-class TreeMemory:
-    """Samples the summed RSS and PSS of a process and all its descendants from /proc.
-
-    RSS counts pages shared between processes (libraries, copy-on-write) once per process, so
-    the summed RSS is an upper bound; PSS splits each shared page between its sharers.
-    """
-
-    def __init__(self, root: int | None = None, interval: float = 0.2):
-        self.root = root or os.getpid()
-        self.interval = interval
-        self.peak_rss_kb = self.peak_pss_kb = self.peak_processes = self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self):
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval)
-
-    def sample(self):
-        pids = _tree(self.root)
-        rss = sum(_kb(f"/proc/{p}/status", "VmRSS:") for p in pids)
-        pss = sum(_kb(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
-        self.peak_rss_kb = max(self.peak_rss_kb, rss)
-        self.peak_pss_kb = max(self.peak_pss_kb, pss)
-        self.peak_processes = max(self.peak_processes, len(pids))
-        self.samples += 1
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.sample()
-
-
 # ---- checking what was written -----------------------------------------------------------
 
 
@@ -413,7 +338,7 @@ def run_soak(
     )
     p = beam.Pipeline(options=options)
     build(p, records, workdir, seed, bad, chunk)
-    with _workers_can_import_this_module(), TreeMemory() as memory:
+    with _workers_can_import_this_module(), harness.TreeMemory() as memory:
         start = time.perf_counter()
         result = p.run()
         result.wait_until_finish()

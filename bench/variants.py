@@ -5,7 +5,7 @@ the driver can check that all variants agree. Timing covers everything from pipe
 construction to the last output written, compiles included. ``limit`` is the kernel alone:
 its batches are bucketed, padded and stacked and its shapes compiled before its clock
 starts (the compile time is reported beside it), and its clock stops at the last output
-fetched.
+fetched. The I/O bounds (``read_only*``) are in read_only.py.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from apache_beam.ml.inference.base import (
 )
 from apache_beam.options.pipeline_options import PipelineOptions
 from data import DIM, RecordReader
+from data import warm as _warm
 from harness import Clock
 from kernels import KERNELS, load_params
+from read_only import run_read_only, run_read_only_binary, run_read_only_raw
 
 import beam_jax as bj
 from beam_jax.internal import Plan
@@ -93,17 +95,6 @@ class ReadRecord(beam.DoFn):
 
     def teardown(self):
         self.reader.close()
-
-
-def _warm(path: str) -> None:
-    """Read ``path`` once so every variant starts with it in the page cache.
-
-    The variants that read records inside the clock would otherwise depend on what earlier
-    runs (``limit`` holds ~25 KB per record) evicted; disk speed is not what is measured.
-    """
-    with open(path, "rb", buffering=0) as f:
-        while f.read(1 << 23):
-            pass
 
 
 def _indices(p, n: int):
@@ -218,68 +209,6 @@ def run_beam_jax_arrow(kernel: str, cfg: dict, file: str = "data.parquet") -> di
 def run_beam_jax_arrow_binary(kernel: str, cfg: dict) -> dict:
     """RunKernelOnArrow from the same records stored as ``x: binary`` (raw float32 bytes)."""
     return run_beam_jax_arrow(kernel, cfg, "data_binary.parquet")
-
-
-def run_read_only(kernel: str, cfg: dict, file: str = "data.parquet") -> dict:
-    """The I/O bound of the Arrow variants: the Parquet file read and decoded by pyarrow.
-
-    Row group by row group, as ``ReadArrowBatches`` reads it (the file memory-mapped for
-    each read, its footer parsed once), the ``x`` column becomes its flat values and int
-    offsets (``list<float32>``: the float values; ``binary``: the raw bytes), and ``id`` an
-    int array: what any reader must do before a kernel sees the data. No Beam, no kernel,
-    no output.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path = os.path.join(cfg["workdir"], file)
-    _warm(path)
-    start = Clock()
-    metadata = pq.ParquetFile(path).metadata
-    rows = 0
-    for i in range(metadata.num_row_groups):
-        with pa.memory_map(path) as mapped:
-            f = pq.ParquetFile(mapped, metadata=metadata)
-            table = f.read_row_group(i, columns=["id", "x"])
-        for chunk in table.column("x").chunks:
-            if hasattr(chunk, "values"):  # list<float32>
-                values = chunk.values.to_numpy(zero_copy_only=False)
-                offsets, size = np.asarray(chunk.offsets), len(values)
-            else:  # binary: the buffers, viewed as int32 offsets and float32 values
-                _, offs, data = chunk.buffers()
-                lo = chunk.offset
-                offsets = np.frombuffer(offs, np.int32)[lo : lo + len(chunk) + 1]
-                values = np.frombuffer(data, np.float32)
-                size = len(values) * 4
-            assert size >= offsets[-1] - offsets[0]
-        rows += len(table.column("id").to_numpy())
-    times = start.stop()
-    if rows != cfg["n"]:
-        raise RuntimeError(f"read {rows} rows, expected {cfg['n']}")
-    return {**times, "compiles": 0, "padding_ratio": 1.0}  # nothing padded
-
-
-def run_read_only_binary(kernel: str, cfg: dict) -> dict:
-    """The I/O bound of ``beam_jax_arrow_binary``: ``data_binary.parquet`` (``x: binary``)."""
-    return run_read_only(kernel, cfg, "data_binary.parquet")
-
-
-def run_read_only_raw(kernel: str, cfg: dict) -> dict:
-    """The I/O bound of the variants that ``pread`` each record from ``values.f32``.
-
-    The same ``RecordReader.read`` call per record as their ``ReadRecord`` DoFn, in a plain
-    loop: no Beam, no kernel, no output.
-    """
-    _warm(os.path.join(cfg["workdir"], "values.f32"))
-    reader = RecordReader(cfg["workdir"])
-    reader.open()
-    start = Clock()
-    rows = sum(len(reader.read(i)) > 0 for i in range(cfg["n"]))
-    times = start.stop()
-    reader.close()
-    if rows != cfg["n"]:
-        raise RuntimeError(f"read {rows} records, expected {cfg['n']}")
-    return {**times, "compiles": 0, "padding_ratio": 1.0}
 
 
 def _finish(p, start) -> dict:

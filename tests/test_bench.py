@@ -306,13 +306,14 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
     assert written.schema.field("embedding").type == pa.list_(
         pa.field("item", pa.float32(), nullable=False)
     )
-    assert len(written.column("embedding")[0]) == embed_text.DIM
+    embed_host = _bench_module("embed_host")
+    assert len(written.column("embedding")[0]) == embed_host.DIM
     assert report["ratios"]["host_only_vs_tokenize_then_write"] == pytest.approx(
         (variants["tokenize_only"]["seconds_median"] + variants["write_only"]["seconds_median"])
         / variants["host_only"]["seconds_median"]
     )
     texts = [t for _, t in builtin_corpus()][:60]
-    expected = embed_text.host_only_expected(texts)
+    expected = embed_host.host_only_expected(texts)
     assert len(set(expected[:, 0].tolist())) > 30  # the texts' outputs differ from each other
     for variant in ("host_only", "host_only_buckets"):
         files = sorted((tmp_path / "runs" / f"{variant}-0").glob("embeddings-*.parquet"))
@@ -326,29 +327,29 @@ def test_embed_text_bench_measures_the_host_alone(tmp_path):
 def test_embed_text_bench_drops_outputs_nothing_reads(tmp_path):
     """A variant's outputs are deleted once no one reads them: all of them, or all but the
     latest where the cosine reads it."""
-    embed_text = _bench_module("embed_text")
+    embed_runs = _bench_module("embed_runs")
     runs = []
     for i in range(3):
         (tmp_path / f"run-{i}").mkdir()
         (tmp_path / f"run-{i}" / "part.parquet").write_bytes(b"x")
         runs.append({"out": str(tmp_path / f"run-{i}")})
-    embed_text._drop_outputs(runs, compared=True)
+    embed_runs.drop_outputs(runs, compared=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run-2"]
-    embed_text._drop_outputs(runs, compared=False)
+    embed_runs.drop_outputs(runs, compared=False)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_embed_text_bench_tokenize_in_beam_counts_every_text_and_token(tmp_path):
     """The Beam job that only reads and tokenizes counts the texts and tokens its tokenize
     step put out, and fails when they are not the data's."""
-    embed_text = _bench_module("embed_text")
-    data = embed_text._write_data(tmp_path, 2500)  # three row groups of 1,024 rows
+    embed_runs, embed_variants = _bench_module("embed_runs"), _bench_module("embed_variants")
+    data = embed_runs.write_data(tmp_path, 2500)  # three row groups of 1,024 rows
     cfg = dict(data, out=str(tmp_path / "out"), pipeline_args=["--rows_per_part", "1024"])
-    got = embed_text._tokenize_in_beam(cfg)  # three parts, a row group each
+    got = embed_variants.tokenize_in_beam(cfg)  # three parts, a row group each
     assert got["tokens"] == data["tokens"]
     assert 0 < got["launch_s"] < got["seconds"] and got["run_cpu_s"] > 0
     with pytest.raises(AssertionError, match=f"tokenized 2500 texts into {data['tokens']}"):
-        embed_text._tokenize_in_beam(dict(cfg, n=2501))
+        embed_variants.tokenize_in_beam(dict(cfg, n=2501))
 
 
 def test_embed_text_bench_takes_the_host_steps_away_one_at_a_time(tmp_path):
@@ -380,7 +381,8 @@ def test_embed_text_bench_takes_the_host_steps_away_one_at_a_time(tmp_path):
         )
         assert report["cpu_bounds"][name]["run_cpu_s"] == variants[name]["run_cpu_s_median"]
     texts = [t for _, t in builtin_corpus()]
-    expected = embed_text.host_only_expected([texts[i % len(texts)] for i in range(n)])
+    embed_host = _bench_module("embed_host")
+    expected = embed_host.host_only_expected([texts[i % len(texts)] for i in range(n)])
     for name in taken:
         files = sorted((tmp_path / "runs" / f"{name}-0").glob("embeddings-*.parquet"))
         table = pa.concat_tables(pq.read_table(f) for f in files)
@@ -429,7 +431,7 @@ def test_embed_text_bench_flop_counts_match_the_encoder():
 
     from beam_jax.text import SentenceEncoder
 
-    embed_text = _bench_module("embed_text")
+    embed_report = _bench_module("embed_report")
     length = 32
     encoder = SentenceEncoder.from_dir()
     params = encoder.load_params()
@@ -437,22 +439,22 @@ def test_embed_text_bench_flop_counts_match_the_encoder():
     cost = jax.jit(encoder.element_fn).lower(params, element, {"L": np.int32(length)})
     cost = cost.compile().cost_analysis()
     xla = (cost[0] if isinstance(cost, list) else cost)["flops"]
-    ours = length * embed_text.flops_per_token(length)
+    ours = length * embed_report.flops_per_token(length)
     assert ours <= xla <= 1.1 * ours, (ours, xla)
     slots = {"32": 64 * 32, "128": 2 * 128}
-    assert embed_text.executed_flops(slots) == pytest.approx(
-        64 * 32 * embed_text.flops_per_token(32) + 2 * 128 * embed_text.flops_per_token(128)
+    assert embed_report.executed_flops(slots) == pytest.approx(
+        64 * 32 * embed_report.flops_per_token(32) + 2 * 128 * embed_report.flops_per_token(128)
     )
 
 
 def test_embed_text_bench_models_sentence_transformers_batching():
     """Texts sorted longest first by characters, batches padded to their longest in tokens."""
-    embed_text = _bench_module("embed_text")
+    embed_report = _bench_module("embed_report")
     texts = ["a", "bbbbbb", "cc", "dddd", "eee"]
     tokens = [3, 9, 4, 5, 7]
     # By characters: bbbbbb (9), dddd (5), eee (7) | cc (4), a (3)
-    assert embed_text.st_slots_by_length(texts, tokens, 3) == {"9": 27, "4": 8}
-    assert embed_text.st_slots_by_length(texts, tokens, 64) == {"9": 45}
+    assert embed_report.st_slots_by_length(texts, tokens, 3) == {"9": 27, "4": 8}
+    assert embed_report.st_slots_by_length(texts, tokens, 64) == {"9": 45}
 
 
 def test_embed_text_bench_runs_sentence_transformers_on_the_device_asked_for(tmp_path):
@@ -503,7 +505,7 @@ def test_embed_text_bench_runs_sentence_transformers_on_the_device_asked_for(tmp
 
 
 def test_embed_text_bench_sets_the_flagship_against_sentence_transformers_at_one_precision():
-    embed_text = _bench_module("embed_text")
+    embed_report = _bench_module("embed_report")
 
     def row(process, steady):
         return {"process_s_median": process, "seconds_median": steady}
@@ -515,7 +517,7 @@ def test_embed_text_bench_sets_the_flagship_against_sentence_transformers_at_one
         "sentence_transformers_bf16": row(12.0, 3.0),
         "runinference": row(1.0, 1.0),
     }
-    got = embed_text.same_precision_ratios(results)
+    got = embed_report.same_precision_ratios(results)
     assert got == {
         "pipeline_float32_vs_sentence_transformers":
             {"precision": "float32", "process": 1.5, "steady": 2.0},
@@ -523,9 +525,38 @@ def test_embed_text_bench_sets_the_flagship_against_sentence_transformers_at_one
             {"precision": "bfloat16", "process": 1.5, "steady": 1.5},
     }  # fmt: skip
     del results["sentence_transformers_bf16"]  # a pair with one side missing is left out
-    assert list(embed_text.same_precision_ratios(results)) == [
+    assert list(embed_report.same_precision_ratios(results)) == [
         "pipeline_float32_vs_sentence_transformers"
     ]
+
+
+def test_embed_text_bench_sets_the_flagship_against_the_encoders_limit(tmp_path):
+    """--limit_json: pipeline's warm median rate (rounds after the first) over the limit
+    that bench/encoder.py --flagship --json wrote; no figure without a warm round, and a
+    file without the limit refused before anything runs."""
+    embed_text, embed_report = _bench_module("embed_text"), _bench_module("embed_report")
+    path = tmp_path / "encoder.json"
+    path.write_text(
+        json.dumps({"flagship_limit": {"texts_per_s": 500.0, "texts": 2000, "seconds": 4.0}})
+    )
+    limit = embed_report.read_limit(str(path))
+    runs = {"pipeline": [{"seconds": 10.0}, {"seconds": 4.0}, {"seconds": 5.0}]}
+    cold_warm = embed_report.cold_warm(runs, {"pipeline": {"seconds_median": 5.0}})
+    assert cold_warm == {"pipeline_cold_s": 10.0, "pipeline_warm_s": 4.5}
+    ratio = embed_report.pipeline_vs_limit(limit, 2000, cold_warm)
+    assert ratio == pytest.approx(2000 / 4.5 / 500.0)
+    assert embed_text.limit_line(ratio, limit, 2000) == (
+        "pipeline vs encoder limit: 0.89x (warm median)"
+    )
+    assert embed_text.limit_line(ratio, limit, 300).endswith(
+        "; the limit was measured on 2000 texts, pipeline on 300"
+    )
+    one_round = embed_report.cold_warm({"pipeline": runs["pipeline"][:1]}, {})
+    assert embed_report.pipeline_vs_limit(limit, 2000, one_round) is None
+    assert "no warm round" in embed_text.limit_line(None, limit, 2000)
+    path.write_text(json.dumps({"rows": {}}))
+    with pytest.raises(ValueError, match=r"no flagship_limit .*found \['rows'\]"):
+        embed_text.main(["--limit_json", str(path), "--variants", "tokenize_only"])
 
 
 def test_embed_text_bench_stops_a_run_past_its_timeout_and_says_where_it_was():
@@ -545,7 +576,7 @@ def test_embed_text_bench_runs_the_flagship_packed_and_bucketed(tmp_path):
     """Both batchings and float32 matmuls run end to end side by side; each reports the
     dtype its dense matmuls ran in, its executed FLOPs per real token and MFU (against that
     dtype's peak), and packed is compared with buckets."""
-    embed_text = _bench_module("embed_text")
+    embed_text, embed_report = _bench_module("embed_text"), _bench_module("embed_report")
     report = embed_text.main(
         ["--variants", "pipeline_packed,pipeline_buckets,pipeline_float32", "--texts", "60",
          "--rounds", "1"]
@@ -556,7 +587,7 @@ def test_embed_text_bench_runs_the_flagship_packed_and_bucketed(tmp_path):
         assert variant["matmuls"] in ("float32", "bfloat16")
         assert variant["compiles"] >= 1 and 0 < variant["mfu"] < 1
         # Every real token costs at least the dense layers; padding and attention add.
-        assert variant["flops_per_real_token"] > embed_text.flops_per_token(1)
+        assert variant["flops_per_real_token"] > embed_report.flops_per_token(1)
         assert sum(variant["slots_by_length"].values()) >= report["tokens"]
     packed, buckets = report["variants"]["pipeline_packed"], report["variants"]["pipeline_buckets"]
     assert report["ratios"]["pipeline_packed_vs_pipeline_buckets"] == pytest.approx(
@@ -629,14 +660,14 @@ def test_embed_text_bench_runs_another_model_directory(tmp_path, monkeypatch):
 
     model = write_tiny_mpnet(tmp_path / "mpnet")
     monkeypatch.setenv("BEAM_JAX_BENCH_MODEL_DIR", "")  # restored (unset) after the test
-    embed_text = _bench_module("embed_text")
-    embed_text._encoder.cache_clear()  # an earlier test's model
+    embed_text, embed_report = _bench_module("embed_text"), _bench_module("embed_report")
+    embed_report._encoder.cache_clear()  # an earlier test's model
     try:
         report = embed_text.main(
             ["--model_dir", str(model), "--variants", "pipeline", "--texts", "30", "--rounds", "1"]
         )
     finally:
-        embed_text._encoder.cache_clear()  # the model of this process's later bench tests
+        embed_report._encoder.cache_clear()  # the model of this process's later bench tests
     from beam_jax.text import SentenceEncoder
 
     tiny, minilm = SentenceEncoder.from_dir(str(model)), SentenceEncoder.from_dir()
