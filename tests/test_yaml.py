@@ -66,6 +66,7 @@ def test_the_example_pipeline_runs_through_beams_yaml_main_on_parquet(tmp_path, 
     pq.write_table(
         pa.table({"id": pa.array([*TEXTS, 4], pa.int64()), "text": [*TEXTS.values(), None]}),
         source,
+        row_group_size=2,  # the bad row is the second group's second: row 3 of the file
     )
     output = tmp_path / "out" / "embeddings"
     variables = {"input": str(source), "output": str(output)}
@@ -77,8 +78,9 @@ def test_the_example_pipeline_runs_through_beams_yaml_main_on_parquet(tmp_path, 
     assert sorted(r["id"] for r in rows) == sorted(TEXTS)
     for r in rows:
         np.testing.assert_allclose(r["embedding"], expected[r["id"]], rtol=1e-5, atol=1e-6)
-    (dead,) = jobs.read_dead_letters(f"{output}-failed-*.jsonl")
+    (dead,) = [bj.FailedElement.from_dict(r) for r in _json_rows(f"{output}-failed-*.jsonl")]
     assert (dead.key, dead.stage, dead.error_type) == (4, "validation", "InvalidElementError")
+    assert (dead.source, dead.row) == (str(source), 3)  # ReadRowsWithOrigin: file and row
 
 
 def _json_pipeline(source, output) -> str:
