@@ -420,3 +420,68 @@ def test_the_check_fails_a_front_end_whose_steps_meet_outside_pcollections(tmp_p
 
     assert plain["results"] == collections.Counter((i, i) for i in range(6))
     assert broken["results"] != plain["results"]
+
+
+# --- the curation job: each of its pipelines with the breaks --------------------------------
+
+
+def _curate_outputs(out: pathlib.Path) -> dict[str, Any]:
+    """The run's records, scores and dead letters as multisets of rows; its parameters."""
+    from beam_jax.jobs import read_dead_letters
+
+    def rows(pattern: str) -> collections.Counter:
+        files = sorted(out.glob(pattern))
+        return collections.Counter(_canon(r) for f in files for r in pq.read_table(f).to_pylist())
+
+    dead = read_dead_letters(str(out / "_failed" / "*.jsonl"))
+    with np.load(out / "passes" / "params-001.npz") as npz:
+        params = {k: npz[k] for k in npz.files}
+    return {
+        "records": rows("data/records-*.parquet"),
+        "scores": rows("scores-*.parquet"),
+        "dead": collections.Counter(map(_canon, dead)),
+        "params": params,
+    }
+
+
+def test_the_curation_job_gives_the_same_output_with_a_break_between_every_step(
+    tmp_path, monkeypatch
+):
+    from beam_jax.text import labelled_corpus
+    from pipelines import curate
+    from pipelines.curate import passes
+
+    classes, rows = labelled_corpus(3)
+    lines = [json.dumps({"id": f"r{i}", "text": t, "label": lab}) for i, t, lab in rows[:24]]
+    lines += [
+        json.dumps({"id": "no-text", "label": classes[0]}),  # validation
+        json.dumps({"id": "empty", "text": "  ", "label": classes[1]}),  # tokenize
+        "not JSON",  # read
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    flags = ["--input", str(path), "--passes", "1", "--flip_fraction", "0.2"]
+    # Few shapes to compile: one bucket, one batch size, a small model.
+    flags += ["--num_buckets", "1", "--batch_size", "16", "--batch_sizes", "16"]
+    flags += ["--hash_bits", "6", "--dim", "8", "--runner=FnApiRunner"]
+
+    curate.run([*flags, "--output", str(tmp_path / "plain")])
+    run, stages = passes.run_pipeline, []
+
+    def broken_run(pipeline):
+        break_fusion(pipeline)
+        stages.extend(fused_steps(pipeline))
+        return run(pipeline)
+
+    monkeypatch.setattr(passes, "run_pipeline", broken_run)
+    curate.run([*flags, "--output", str(tmp_path / "broken")])
+
+    assert stages and all(len(steps) <= 1 for steps in stages), stages
+    plain, broken = _curate_outputs(tmp_path / "plain"), _curate_outputs(tmp_path / "broken")
+    assert sum(plain["dead"].values()) == 3 and sum(plain["scores"].values()) == 24
+    for name in ("records", "scores", "dead"):
+        assert broken[name] == plain[name], name
+    # The full-batch gradient sums the same rows, whichever batches they came in.
+    assert broken["params"].keys() == plain["params"].keys()
+    for name, value in plain["params"].items():
+        np.testing.assert_allclose(broken["params"][name], value, rtol=1e-6, err_msg=name)
