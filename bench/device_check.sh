@@ -10,7 +10,9 @@
 #                   used by everything below in its place (BEAM_JAX_MINILM_MANIFEST)
 #   3. device_test  tests/test_device.py with BEAM_JAX_REQUIRE_ACCELERATOR=1: fails where
 #                   JAX finds no accelerator; results against float64 references
-#   4. embed_text, encoder, peak, run: the benchmarks (bench/*.py), in one block below
+#   4. encoder, embed_text, peak, run: the benchmarks (bench/*.py), in one block below:
+#                   the encoder's --flagship limit (the flagship's packed batches alone, warm)
+#                   on the same texts as embed_text, which prints the flagship against it
 #
 # Each step has its own time limit (cut to what is left of TOTAL_LIMIT), its output kept
 # as it runs in $OUT/<step>.txt (and its figures in $OUT/<step>.json), and a row in the
@@ -26,7 +28,7 @@
 #   QUICK=1 PY=.venv/bin/python bash bench/device_check.sh   # small sizes, on a CPU
 #
 # Other settings: STEPS (comma-separated, default all: devices,model,device_test,embed_text,
-# encoder,peak,run), TOTAL_LIMIT, TEXTS, ROUNDS, ENCODER_TEXTS, ENCODER_ARGS, PEAK_SIZES,
+# encoder,embed_text,peak,run; the encoder before embed_text), TOTAL_LIMIT, TEXTS, ROUNDS, ENCODER_ARGS, PEAK_SIZES,
 # ELEMENTS, RUN_ARGS, the steps' limits (EMBED_TIMEOUT, ENCODER_TIMEOUT, PEAK_TIMEOUT,
 # RUN_TIMEOUT),
 # DEVICE_TEST_ARGS (extra pytest arguments), MODEL_ROOT (where the random model goes),
@@ -42,7 +44,7 @@ OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 QUICK=${QUICK:-0}
-STEPS=${STEPS:-devices,model,device_test,embed_text,encoder,peak,run}
+STEPS=${STEPS:-devices,model,device_test,encoder,embed_text,peak,run}
 if [ "$QUICK" = 1 ]; then TOTAL_LIMIT=${TOTAL_LIMIT:-1200}; else TOTAL_LIMIT=${TOTAL_LIMIT:-470}; fi
 if [ -z "${PY:-}" ]; then
   PY=.venv/bin/python
@@ -53,14 +55,14 @@ if [ -z "${PY:-}" ]; then
 fi
 PY=$(command -v "$PY") || { echo "PY=$PY is not an interpreter"; exit 2; }
 if [ "$QUICK" = 1 ]; then
-  TEXTS=${TEXTS:-300} ROUNDS=${ROUNDS:-1} ENCODER_TEXTS=${ENCODER_TEXTS:-200}
+  TEXTS=${TEXTS:-300} ROUNDS=${ROUNDS:-1}
   PEAK_SIZES=${PEAK_SIZES:-512} ELEMENTS=${ELEMENTS:-500}
   # One packed shape for the encoder, every run-benchmark variant in one process.
-  ENCODER_ARGS=${ENCODER_ARGS:---row_lengths 128 --rows 8} RUN_ARGS=${RUN_ARGS:---in-process}
+  ENCODER_ARGS=${ENCODER_ARGS:-} RUN_ARGS=${RUN_ARGS:---in-process}
   ENCODER_TIMEOUT=${ENCODER_TIMEOUT:-300}  # its compiles, twice (cold, cached), on a CPU
   export BEAM_JAX_DEVICE_TESTS_ON_CPU=1
 else
-  TEXTS=${TEXTS:-50000} ROUNDS=${ROUNDS:-2} ENCODER_TEXTS=${ENCODER_TEXTS:-10000}
+  TEXTS=${TEXTS:-50000} ROUNDS=${ROUNDS:-2}
   PEAK_SIZES=${PEAK_SIZES:-2048,8192} ELEMENTS=${ELEMENTS:-50000}
   ENCODER_ARGS=${ENCODER_ARGS:-} RUN_ARGS=${RUN_ARGS:-}
   export BEAM_JAX_REQUIRE_ACCELERATOR=1
@@ -144,10 +146,14 @@ elif name == "embed_text":
     mfu = (variants.get("pipeline") or {}).get("mfu")
     if mfu:
         parts.append(f"MFU {100 * mfu:.1f}%")
+    if data.get("pipeline_vs_limit"):
+        parts.append(f"{data['pipeline_vs_limit']:.2f}x the encoder limit (warm)")
     print("; ".join(parts) or "-")
 elif name == "encoder":
-    rows = data.get("rows", {})
-    if rows:
+    rows, limit = data.get("rows", {}), data.get("flagship_limit")
+    if limit:
+        print(f"flagship limit {limit['texts_per_s']:,.0f} texts/s, MFU {100 * limit['mfu']:.1f}%")
+    elif rows:
         best = max(rows, key=lambda k: rows[k].get("texts_per_s") or 0)
         r = rows[best]
         mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ""
@@ -205,13 +211,17 @@ if "$PY" -c "import sentence_transformers" 2>/dev/null; then
   variants=pipeline,sentence_transformers,host_only,tokenize_only
   if nvidia-smi -L >/dev/null 2>&1; then st_device=cuda; fi
 fi
+# The flagship's limit first (its own packed batches alone, warm, no Beam), on the same
+# texts; embed_text then prints the flagship against it (--limit_json).
+# shellcheck disable=SC2086  # ENCODER_ARGS and RUN_ARGS are lists of flags
+step encoder "${ENCODER_TIMEOUT:-150}" "$PY" bench/encoder.py --flagship --texts "$TEXTS" \
+  --rounds "$ROUNDS" --skip_torch --json "$OUT/encoder.json" $ENCODER_ARGS
+limit=()
+if [ -s "$OUT/encoder.json" ]; then limit=(--limit_json "$OUT/encoder.json"); fi
 # A run past --timeout is stopped with its threads' stacks printed, within the step's limit.
 step embed_text "${EMBED_TIMEOUT:-170}" "$PY" bench/embed_text.py --texts "$TEXTS" \
   --rounds "$ROUNDS" --variants "$variants" --st-python "$PY" --st-device "$st_device" \
-  --timeout "${RUN_LIMIT:-60}" --json "$OUT/embed_text.json"
-# shellcheck disable=SC2086  # ENCODER_ARGS and RUN_ARGS are lists of flags
-step encoder "${ENCODER_TIMEOUT:-100}" "$PY" bench/encoder.py --texts "$ENCODER_TEXTS" \
-  --rounds "$ROUNDS" --skip_torch --json "$OUT/encoder.json" $ENCODER_ARGS
+  --timeout "${RUN_LIMIT:-60}" --json "$OUT/embed_text.json" "${limit[@]}"
 step peak "${PEAK_TIMEOUT:-60}" "$PY" bench/peak.py --sizes "$PEAK_SIZES" --repeat 5 \
   --json "$OUT/peak.json"
 step run "${RUN_TIMEOUT:-120}" "$PY" bench/run.py --elements "$ELEMENTS" --kernels heavy,light \
