@@ -385,9 +385,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rows": [int(x) for x in args.rows.split(",") if x],
         "threads": args.threads,
         "max_length": encoder.max_length,
-        "flagship": flagship_packing(args.texts, args.parquet, args.column)
-        if args.flagship
-        else None,
+        "flagship": flagship_packing(texts) if args.flagship else None,
     }
     (work / "cfg.json").write_text(json.dumps(cfg))
     jax_argv = [

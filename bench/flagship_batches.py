@@ -12,18 +12,23 @@ import tempfile
 import numpy as np
 
 
-def flagship_packing(texts: int, parquet: str | None, column: str) -> dict:
-    """The packing the flagship plans for these texts on this machine (its launch plan:
-    ``pipelines.embed.plan.plan_for`` with the flagship's default flags), as JSON."""
+def flagship_packing(texts: list[str]) -> dict:
+    """The packing the flagship plans for ``texts`` on this machine (its launch plan:
+    ``pipelines.embed.plan.plan_for`` with the flagship's default flags, the texts as its
+    Parquet input), as JSON."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from beam_jax.jobs import local_platform
     from beam_jax.text import SentenceEncoder
     from pipelines.embed import plan
     from pipelines.embed.flags import parse_args
     from pipelines.embed.parts import Inputs
 
-    source = ["--input", parquet, "--text_column", column] if parquet else []
-    argv = source or ["--builtin_texts", str(texts)]
-    args, _ = parse_args([*argv, "--output", tempfile.mkdtemp(prefix="bench_encoder_plan_")])
+    work = tempfile.mkdtemp(prefix="bench_encoder_plan_")
+    table = pa.table({"id": pa.array(range(len(texts)), pa.int64()), "text": texts})
+    pq.write_table(table, f"{work}/texts.parquet")
+    args, _ = parse_args(["--input", f"{work}/texts.parquet", "--output", f"{work}/out"])
     model = SentenceEncoder.from_dir(matmuls=args.matmuls)
     launch = plan.plan_for(args, Inputs.from_args(args), local_platform().device_count, model)
     if launch.packing is None:
