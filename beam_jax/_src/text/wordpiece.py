@@ -177,7 +177,7 @@ class WordPiece:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Ids of texts laid out as ``data[offsets[i]:offsets[i+1]]``, printable ASCII
         (lower-cased already where the pipeline lower-cases), each byte's ``kinds`` given."""
-        pipeline, rows = self._pipeline, len(offsets) - 1
+        pipeline = self._pipeline
         space, punct = (kinds & _SPACE) != 0, (kinds & _PUNCT) != 0
         # A word starts at each punctuation mark, and at a letter after a space, a mark or
         # a text's start; it ends where the next non-letter or text starts.
@@ -214,21 +214,24 @@ class WordPiece:
         # Text r's words start at or after offsets[r], and its ids with its first word's.
         id_first = np.append(first, total)[np.searchsorted(starts, offsets)]
         counts = np.diff(id_first)
-        if counts.max(initial=0) > self._budget:
-            at = np.arange(total) - np.repeat(id_first[:-1], counts)
-            ids = ids[at < self._budget]
+        if counts.max(initial=0) > self._budget:  # (Arrow's slices run without the GIL)
+            texts = pa.LargeListArray.from_arrays(pa.array(id_first), pa.array(ids))
+            ids = pc.list_slice(texts, 0, self._budget).flatten().to_numpy()
             counts = np.minimum(counts, self._budget)
         head, tail = pipeline.first, pipeline.last
         lengths = counts + len(head) + len(tail)
         out_offsets = np.cumsum(lengths) - lengths
         out = np.empty(int(lengths.sum()), np.int32)
+        # Text r's ids fill the slots between its head and its tail: a mask of those slots,
+        # not an index per id (np.repeat of each text's row held the GIL).
+        is_id = np.ones(len(out), bool)
         for k, token in enumerate(head):
             out[out_offsets + k] = token
+            is_id[out_offsets + k] = False
         for k, token in enumerate(tail):
             out[out_offsets + len(head) + counts + k] = token
-        # Text r's ids follow its head and the special tokens of the texts before it.
-        row_of = np.repeat(np.arange(rows), counts)
-        out[np.arange(len(ids)) + row_of * (len(head) + len(tail)) + len(head)] = ids
+            is_id[out_offsets + len(head) + counts + k] = False
+        out[is_id] = ids
         return lengths, out
 
     def _word_numbers(self, distinct: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
