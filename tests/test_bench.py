@@ -616,6 +616,29 @@ def test_host_threads_bench_times_each_step_alone_and_beside_python(tmp_path):
             assert timed["slowdown"] == pytest.approx(timed["wall_s"] / step["alone"]["wall_s"])
 
 
+def test_host_cores_bench_sets_one_core_against_two_and_a_baseline(tmp_path, monkeypatch):
+    """Each checkout's host_only on one core and on two, the ratio of their medians, and no
+    lock figures when py-spy is left out."""
+    host_cores = _bench_module("host_cores")
+    monkeypatch.setattr(host_cores.os, "sched_getaffinity", lambda _: {0, 1})
+    out = tmp_path / "cores.json"
+    report = host_cores.main([
+        "--texts", "300", "--rounds", "1", "--no-gil", "--baseline", str(ROOT),
+        "--json", str(out),
+    ])  # fmt: skip
+    assert json.loads(out.read_text())["ratios"] == report["ratios"]
+    results = report["results"]
+    assert set(results) == {f"{t} {c} cores" for t in ("baseline", "this tree") for c in (1, 2)}
+    for tree in ("baseline", "this tree"):
+        one, two = results[f"{tree} 1 cores"], results[f"{tree} 2 cores"]
+        assert report["ratios"][tree] == pytest.approx(
+            one["seconds_median"] / two["seconds_median"]
+        )
+        assert 0 < one["launch_s_median"] < one["seconds_median"]
+        assert one["process_launch_s_median"] > one["launch_s_median"]
+        assert "gil_us_per_text" not in one
+
+
 def test_peak_prints_the_size_it_measured_at_and_the_fingerprint_keeps_it(capsys):
     peak = _bench_module("peak")
     out = peak.main(["--sizes", "128,256", "--repeat", "1", "--calls", "3"])

@@ -163,7 +163,7 @@ def test_the_word_cache_starts_again_when_full(variants, monkeypatch):
         handled, lengths, ids = wp.encode(pa.array(chunk))
         got = [x.tolist() for x in np.split(ids, np.cumsum(lengths)[:-1])]
         assert got == [rust.encode(t).ids for t, h in zip(chunk, handled, strict=True) if h]
-    assert len(wp._index) <= 50 * 40  # started again, not grown with every chunk
+    assert len(wp._words) <= 50 * 40  # started again, not grown with every chunk
 
 
 def test_threads_share_one_wordpiece(variants, monkeypatch):

@@ -106,7 +106,7 @@ class WordPiece:
         return None if pipeline is None else cls(pipeline, max_length)
 
     def _reset(self) -> None:
-        self._index: dict[str, int] = {}
+        self._words = pa.array([], pa.large_string())  # word j is the cache's j-th
         self._starts = np.zeros(1, np.int64)  # word j's ids: _ids[_starts[j]:_starts[j+1]]
         self._ids = np.zeros(0, np.int32)
 
@@ -177,7 +177,7 @@ class WordPiece:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Ids of texts laid out as ``data[offsets[i]:offsets[i+1]]``, printable ASCII
         (lower-cased already where the pipeline lower-cases), each byte's ``kinds`` given."""
-        pipeline, rows = self._pipeline, len(offsets) - 1
+        pipeline = self._pipeline
         space, punct = (kinds & _SPACE) != 0, (kinds & _PUNCT) != 0
         # A word starts at each punctuation mark, and at a letter after a space, a mark or
         # a text's start; it ends where the next non-letter or text starts.
@@ -199,55 +199,62 @@ class WordPiece:
             len(starts), pa.py_buffer(word_offsets), pa.py_buffer(data[~space])
         )
         encoded = words.dictionary_encode()
-        distinct, starts_of, ids_of = self._word_numbers(encoded.dictionary.to_pylist())
+        distinct, starts_of, ids_of = self._word_numbers(encoded.dictionary)
         number = distinct[encoded.indices.to_numpy()]
-        word_starts, word_counts = starts_of[number], np.diff(starts_of)[number]
-        # Each word's ids in order, then each text truncated to its budget.
-        total = int(word_counts.sum())
-        first = np.cumsum(word_counts) - word_counts
-        gather = np.arange(total) - np.repeat(first - word_starts, word_counts)
-        ids = ids_of[gather]
+        # Each word's ids in order (one Arrow take of the cache's lists, which runs without
+        # the GIL: np.repeat over every word held it for ~1 ms a part), then each text
+        # truncated to its budget.
+        cache = pa.LargeListArray.from_arrays(pa.array(starts_of), pa.array(ids_of))
+        taken = cache.take(pa.array(number))
+        first = taken.offsets.to_numpy()
+        first = first - first[0]
+        total = int(first[-1])
+        first = first[:-1]
+        ids = taken.flatten().to_numpy()
         # Text r's words start at or after offsets[r], and its ids with its first word's.
         id_first = np.append(first, total)[np.searchsorted(starts, offsets)]
         counts = np.diff(id_first)
-        if counts.max(initial=0) > self._budget:
-            at = np.arange(total) - np.repeat(id_first[:-1], counts)
-            ids = ids[at < self._budget]
+        if counts.max(initial=0) > self._budget:  # (Arrow's slices run without the GIL)
+            texts = pa.LargeListArray.from_arrays(pa.array(id_first), pa.array(ids))
+            ids = pc.list_slice(texts, 0, self._budget).flatten().to_numpy()
             counts = np.minimum(counts, self._budget)
         head, tail = pipeline.first, pipeline.last
         lengths = counts + len(head) + len(tail)
         out_offsets = np.cumsum(lengths) - lengths
         out = np.empty(int(lengths.sum()), np.int32)
+        # Text r's ids fill the slots between its head and its tail: a mask of those slots,
+        # not an index per id (np.repeat of each text's row held the GIL).
+        is_id = np.ones(len(out), bool)
         for k, token in enumerate(head):
             out[out_offsets + k] = token
+            is_id[out_offsets + k] = False
         for k, token in enumerate(tail):
             out[out_offsets + len(head) + counts + k] = token
-        # Text r's ids follow its head and the special tokens of the texts before it.
-        row_of = np.repeat(np.arange(rows), counts)
-        out[np.arange(len(ids)) + row_of * (len(head) + len(tail)) + len(head)] = ids
+            is_id[out_offsets + len(head) + counts + k] = False
+        out[is_id] = ids
         return lengths, out
 
-    def _word_numbers(self, distinct: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _word_numbers(self, distinct: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each distinct word's number in the cache, tokenizing (and caching) new ones; with
         the cache's ``starts`` and ``ids`` as they were then (another thread may start the
-        cache again once the lock is released)."""
+        cache again once the lock is released). The words are looked up by Arrow, without
+        the GIL; only new ones become Python strings."""
         with self._lock:
-            if len(self._index) + len(distinct) > _MAX_CACHED_WORDS:
+            if len(self._words) + len(distinct) > _MAX_CACHED_WORDS:
                 self._reset()
-            index = self._index
-            numbers = [index.get(w, -1) for w in distinct]
-            new = [w for w, k in zip(distinct, numbers, strict=True) if k < 0]
-            if new:
-                pieces = [self._pieces(w) for w in new]
-                base = len(index)
-                for k, w in enumerate(new):
-                    index[w] = base + k
+            found = pc.index_in(distinct, value_set=self._words)
+            numbers = found.fill_null(-1).to_numpy().astype(np.int64)
+            new_at = np.flatnonzero(numbers < 0)
+            if len(new_at):
+                new_words = distinct.take(pa.array(new_at))
+                pieces = [self._pieces(w) for w in new_words.to_pylist()]
+                numbers[new_at] = len(self._words) + np.arange(len(new_at))
+                self._words = pa.concat_arrays([self._words, new_words])
                 counts = np.fromiter(map(len, pieces), np.int64, len(pieces))
                 self._starts = np.concatenate([self._starts, self._starts[-1] + np.cumsum(counts)])
                 flat = [i for p in pieces for i in p]
                 self._ids = np.concatenate([self._ids, np.asarray(flat, np.int32)])
-                numbers = [index[w] for w in distinct]
-            return np.asarray(numbers, np.int64), self._starts, self._ids
+            return numbers, self._starts, self._ids
 
     def _pieces(self, word: str) -> list[int]:
         """One word's ids: the longest vocabulary prefix, then ``##``-prefixed pieces
