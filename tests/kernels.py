@@ -62,6 +62,15 @@ def failing_mean(params, element, lengths):
     }
 
 
+def failing_sum(params, element, lengths):
+    """The masked sum of ``x`` (``[L]``); raises at run time if the element holds SENTINEL."""
+    x = jax.pure_callback(
+        _check, jax.ShapeDtypeStruct(element["x"].shape, element["x"].dtype), element["x"],
+        vmap_method="broadcast_all",
+    )  # fmt: skip
+    return jnp.where(bj.length_mask(lengths["L"], x.shape[0]), x, 0.0).sum()
+
+
 def image_stats(params, element, lengths):
     """Two ragged axes: per-channel mean over the real H x W pixels, and the scaled image."""
     img = element["image"]

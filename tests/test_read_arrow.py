@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import beam_jax as bj
-from beam_jax._src.arrow.io import _ReadRowGroup
-from beam_jax.internal import origin_of
+from beam_jax._src.arrow.io import _ReadRowGroup, carry_origin, file_rows, row_origin
+from beam_jax.internal import origin_of, with_origin
 from tests.beam_helpers import pipeline, run
 
 
@@ -266,3 +266,21 @@ def test_runs_of_row_groups_cover_each_once_in_order_and_fill_greedily(counts, m
         assert len(r) == 1 or total <= max_rows
         if i + 1 < len(runs):  # the next row group did not fit
             assert total + counts[runs[i + 1][0]] > max_rows or total > max_rows
+
+
+def test_a_batch_made_of_some_rows_of_another_says_each_rows_file_row():
+    """``carry_origin``: all rows in order keep the first row (metadata only); a subset
+    carries a column of file rows, which a subset of it narrows again."""
+    batch = with_origin(pa.record_batch({"id": [10, 11, 12, 13]}), "in.parquet", 20)
+    whole = carry_origin(pa.record_batch({"k": [10, 11, 12, 13]}), batch)
+    assert whole.schema.names == ["k"] and row_origin(whole) == ("in.parquet", 20)
+    some = carry_origin(pa.record_batch({"k": [11, 13]}), batch, np.array([1, 3]))
+    path, at = row_origin(some)
+    assert (path, at.tolist(), origin_of(some)) == ("in.parquet", [21, 23], ("in.parquet", None))
+    fewer = carry_origin(some.slice(1), some, np.array([1]))
+    assert file_rows(row_origin(fewer)[1], 0) == 23 and file_rows(20, np.arange(2)).tolist() == [
+        20,
+        21,
+    ]
+    plain = pa.record_batch({"k": [1]})
+    assert carry_origin(plain, pa.record_batch({"id": [1]}), np.array([0])) is plain

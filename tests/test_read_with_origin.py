@@ -93,3 +93,22 @@ def test_embed_text_batches_are_runs_of_one_file_with_its_first_row():
     batches = list(_to_batch(entries, IdType.from_name("int")))
     got = [(b.column("id").to_pylist(), origin_of(b)) for b in batches]
     assert got == [([1, 2, 3], ("a", 0)), ([9], ("b", 5)), ([7], (None, None))]
+
+
+def test_run_kernel_on_rows_files_dead_letters_under_the_named_origin_fields(tmp_path):
+    from tests.kernels import SENTINEL
+
+    rows = [{"id": "a", "x": [1.0]}, {"id": "b", "x": [SENTINEL]}, {"id": "c", "x": [2.0]}]
+    path = str(write_json_lines(tmp_path / "in.jsonl", rows))
+    p = pipeline()
+    read = bj.ReadRowsWithOrigin(path, source_field="file", row_field="line")
+    run_kernel = bj.RunKernelOnRows(
+        "tests.kernels.failing_sum", {"x": {"shape": ["L"]}}, {"L": [4]}, source_field="file",
+        row_field="line", error_handling={"output": "failed"},
+    )  # fmt: skip
+    out = p | read | run_kernel
+    assert_that(out["output"] | beam.Map(lambda r: (r.id, r.output)),
+                equal_to([("a", [1.0]), ("c", [2.0])]), label="Good")  # fmt: skip
+    origins = out["failed"] | beam.Map(_dead_letter) | beam.Map(lambda d: (d.key, d.source, d.row))
+    assert_that(origins, equal_to([("b", path, 1)]), label="Origins")
+    run(p)

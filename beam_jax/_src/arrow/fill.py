@@ -99,10 +99,11 @@ class BucketFill:
         self,
         decoded: DecodedBatch,
         rows: np.ndarray,
-        origin: tuple[str | None, int | None] = (None, None),
+        origin: tuple[str | None, Any] = (None, None),
     ) -> None:
         """Copy ``rows`` of ``decoded`` (at most ``free``) into the next batch rows;
-        ``origin`` is the batch's file and the file row of its first row, when known.
+        ``origin`` is the batch's file and where its rows are in it (``row_origin``: the
+        file row of its first row, or of each row), when known.
 
         Short rows: one ``take`` per leaf writes the rows' whole padded block straight from
         the Arrow values (padding positions read whatever follows the row, clipped to the
@@ -132,9 +133,14 @@ class BucketFill:
                     _gather_rows(block, leaf, start, steps, per_row, spec.pad_value, ragged=True)
             self._dirty[j][at : at + k] = steps
         self.lengths[at : at + k] = lengths
-        path, first = origin
+        path, rows_at = origin
         self._files[at : at + k] = path
-        self._file_rows[at : at + k] = -1 if first is None else first + np.asarray(rows)
+        if rows_at is None:
+            self._file_rows[at : at + k] = -1
+        elif isinstance(rows_at, np.ndarray):  # each row's own (rows were dropped before)
+            self._file_rows[at : at + k] = rows_at[rows]
+        else:
+            self._file_rows[at : at + k] = rows_at + np.asarray(rows)
         if decoded.ids is not None:
             self.ids.append(decoded.ids_of(rows))
             self._id_type = decoded.ids.type

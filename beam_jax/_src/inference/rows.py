@@ -8,7 +8,8 @@ RunKernel's), and emits rows of the key field and the output as a flat list of f
 Failed rows follow Beam YAML's error handling: with ``error_handling: {output: NAME}`` each
 is one ``(element, msg, stack, dead_letter)`` row on ``NAME`` (``dead_letter`` the
 ``FailedElement``'s JSON line, which ``beam_jax.jobs.WriteDeadLetters`` writes to files);
-without it the pipeline fails.
+without it the pipeline fails. Rows read by ``ReadRowsWithOrigin`` (with its ``source`` and
+``row`` fields) give their dead letters that file and row.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from beam_jax._src.core.dead_letter import FailedElement
 from beam_jax._src.core.spec import ArraySpec
 from beam_jax._src.errors import InvalidElementError, SpecError
 from beam_jax._src.kernel.params import read_params
+from beam_jax._src.transforms.read_with_origin import OriginFields
 from beam_jax._src.transforms.run_kernel import RunKernel
 
 
@@ -72,12 +74,33 @@ def _element(row: Any, specs: Mapping[str, ArraySpec]) -> dict[str, Any]:
     return element
 
 
-def _keyed(row: Any, key_field: str, specs) -> tuple[Any, dict[str, np.ndarray]]:
-    return getattr(row, key_field, None), _element(row, specs)
+def _keyed(
+    row: Any, key_field: str, specs, origin: OriginFields | None
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """``(key, element)``; with ``origin``, the key is ``(key, file, row in file)`` so that
+    a dead letter can say where its row was read (:func:`_filed_by_origin`)."""
+    key = getattr(row, key_field, None)
+    if origin is not None:
+        key = (key, *origin.of(row))
+    return key, _element(row, specs)
 
 
-def _output_row(pair: tuple[Any, Any], key_field: str, output_field: str) -> beam.Row:
+def _filed_by_origin(record: FailedElement) -> FailedElement:
+    """A dead letter keyed ``(key, file, row)`` by :func:`_keyed`, filed under the row's
+    key, file and row. A key JSON cannot hold (bytes, say) made the triple a stand-in
+    (``key_type``): the record is then kept as it is, the triple's text in its key."""
+    if record.key_type is None and isinstance(record.key, tuple) and len(record.key) == 3:
+        key, source, row = record.key
+        return record.with_origin(key=key, source=source, row=row)
+    return record
+
+
+def _output_row(
+    pair: tuple[Any, Any], key_field: str, output_field: str, with_origin: bool = False
+) -> beam.Row:
     key, output = pair
+    if with_origin:
+        key = key[0]
     values = np.asarray(output, np.float64).reshape(-1).tolist()
     return beam.Row(**{key_field: key, output_field: values})
 
@@ -178,6 +201,10 @@ class RunKernelOnRows(beam.PTransform):
         params_path: a ``.safetensors`` or ``.npz`` parameter file, read once per worker.
         precompile: compile every listed shape when a worker starts.
         error_handling: Beam YAML's ``{output: NAME}``.
+        source_field: the field naming each row's file, as ``ReadRowsWithOrigin`` gives
+            it; with ``row_field``, a dead letter's ``source`` and ``row``. Rows without
+            the two fields have dead letters with the key only. ``None``: never read them.
+        row_field: the field holding each row's index in its file.
     """
 
     def __init__(
@@ -191,6 +218,8 @@ class RunKernelOnRows(beam.PTransform):
         params_path: str | None = None,
         precompile: bool = False,
         error_handling: Mapping[str, Any] | None = None,
+        source_field: str | None = "source",
+        row_field: str = "row",
     ):
         super().__init__()
         if not isinstance(fields, Mapping) or not fields:
@@ -211,6 +240,7 @@ class RunKernelOnRows(beam.PTransform):
         self._key_field = key_field
         self._output_field = output_field
         self._error_output = error_output(error_handling)
+        self._origin = None if source_field is None else OriginFields(source_field, row_field)
 
     def plan(self, num_devices: int = 1):
         """The batching plan (``plan().shapes()`` lists every shape the kernel compiles)."""
@@ -220,13 +250,20 @@ class RunKernelOnRows(beam.PTransform):
         key_type = Any
         if isinstance(rows.element_type, RowTypeConstraint):
             key_type = dict(rows.element_type._fields).get(self._key_field, Any)
-        pairs = rows | "ToArrays" >> beam.Map(_keyed, self._key_field, self._specs)
+        origin = self._origin
+        if origin is not None and not origin.carried_by(rows.element_type):
+            origin = None
+        pairs = rows | "ToArrays" >> beam.Map(_keyed, self._key_field, self._specs, origin)
         results, dead = pairs | "RunKernel" >> self._run
         schema = RowTypeConstraint.from_fields(
             [(self._key_field, key_type), (self._output_field, list[float])]
         )
         good = results | "ToRows" >> beam.Map(
-            _output_row, self._key_field, self._output_field
+            _output_row, self._key_field, self._output_field, origin is not None
         ).with_output_types(schema)
+        if origin is not None:
+            dead = dead | "FiledByOrigin" >> beam.Map(_filed_by_origin).with_output_types(
+                FailedElement
+            )
         bad = dead | "Errors" >> YamlErrors(self._error_output)
         return good if bad is None else {"output": good, self._error_output: bad}

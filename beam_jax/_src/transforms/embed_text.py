@@ -122,7 +122,8 @@ class EmbedBatches(beam.DoFn):
         yield _wrap(DEAD_LETTERS, record, windowed)
 
     def kernel_dead_letter(self, record: FailedElement, windowed) -> Iterator[Any]:
-        """A row the kernel failed (keyed by its ``carry`` value)."""
+        """A row the kernel failed (keyed by its ``carry`` value, with its file and row: the
+        tokenize step's batches say where their rows were read)."""
         yield _wrap(DEAD_LETTERS, record, windowed)
 
 
@@ -154,7 +155,7 @@ class EmbedText(beam.PTransform):
     ``RunKernelOnArrow`` in token-length buckets or packed rows. The output record batches
     hold the id column and ``embedding`` (``fixed_size_list<float32, dim>``); every row that
     cannot be embedded becomes one ``FailedElement`` keyed by its id (with its file and row
-    when the batch was read by ``ReadArrowBatches``).
+    when the batch was read by ``ReadArrowBatches``, at every stage, the model's included).
 
     Example:
         >>> from beam_jax.text import EmbedText, SentenceEncoder

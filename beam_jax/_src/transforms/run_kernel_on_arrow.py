@@ -17,7 +17,7 @@ from beam_jax._src.arrow.columns import ArrowColumns
 from beam_jax._src.arrow.decode import decode_batch
 from beam_jax._src.arrow.encode import outputs_to_arrow
 from beam_jax._src.arrow.fill import BucketFill, ColumnRecords
-from beam_jax._src.arrow.io import origin_of, source_of
+from beam_jax._src.arrow.io import file_rows, row_origin, source_of
 from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax._src.core.packed_plan import PackedPlan
@@ -85,10 +85,10 @@ class _ArrowFrontEnd(WorkerDoFn):
             yield from self._process_batch(batch, window)
 
     def _row_source(self, key, element, window, origin=(None, None), row=None) -> Source:
-        """A row's ``Source``; ``origin`` is its batch's file and first file row, ``row``
-        its row in the batch."""
-        path, first = origin
-        at = None if first is None or row is None else first + row
+        """A row's ``Source``; ``origin`` is its batch's file and where its rows are in it
+        (``row_origin``), ``row`` its row in the batch."""
+        path, rows_at = origin
+        at = None if row is None else file_rows(rows_at, row)
         return Source(key, element, window.max_timestamp(), window, path, at)
 
     def _process_batch(self, batch: pa.RecordBatch, window) -> Iterator[Any]:
@@ -112,7 +112,7 @@ class _ArrowFrontEnd(WorkerDoFn):
         # A row's dead letter names the file it came from, when the batch says.
         read_from = source_of(batch)
         where = {} if read_from is None else {"file": read_from}
-        origin = origin_of(batch)
+        origin = row_origin(batch)
         if error is not None:
             ids = batch.column(self._columns.id) if self._columns.id in batch.schema.names else None
             keys = [None if ids is None else ids[r].as_py() for r in range(batch.num_rows)]
@@ -162,10 +162,10 @@ class _ArrowFrontEnd(WorkerDoFn):
         if decoded.ids is not None:
             self._id_type = decoded.ids.type
         timestamp = window.max_timestamp()
-        path, first = origin
+        path, rows_at = origin
 
         def describe(key, row):
-            at = None if first is None else first + row
+            at = file_rows(rows_at, row)
             return Source(key, {"id": key, "row": row, **where}, timestamp, window, path, at)
 
         records = ColumnRecords.from_decoded(decoded, ok, *self._packed_leaves, describe)

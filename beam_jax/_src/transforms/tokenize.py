@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from beam_jax._src.arrow.ahead import WorkAhead
-from beam_jax._src.arrow.io import origin_of
+from beam_jax._src.arrow.io import carry_origin, file_rows, row_origin
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION, FailedElement
 from beam_jax._src.errors import InvalidElementError, SpecError
 from beam_jax._src.text.rows import IdType, python_values
@@ -49,11 +49,14 @@ class TokenizeBatches(beam.DoFn):
     """Checks and tokenizes record batches of ids and texts.
 
     Outputs: a record batch of ``carry`` and ``input_ids`` (``list<int32>``) for the rows
-    that tokenize (main); one ``FailedElement`` per row that does not (``DEAD_LETTERS``):
-    stage ``validation`` for a null or non-string text, a text that is not UTF-8, or an id
-    that is not of ``id_type``; stage ``tokenize`` for a text the tokenizer cannot cut or
-    rejects. Where the batch's columns have the expected types and valid UTF-8 (the usual
-    case), only nulls are looked for; otherwise the batch is checked value by value.
+    that tokenize (main), saying where they were read as the input batch says (its
+    metadata, and a ``ROW_COLUMN`` of file rows where rows were dropped), so the kernel's
+    dead letters name each row's file and row too; one ``FailedElement`` per row that does
+    not (``DEAD_LETTERS``): stage ``validation`` for a null or non-string text, a text that
+    is not UTF-8, or an id that is not of ``id_type``; stage ``tokenize`` for a text the
+    tokenizer cannot cut or rejects. Where the batch's columns have the expected types and
+    valid UTF-8 (the usual case), only nulls are looked for; otherwise the batch is checked
+    value by value.
 
     A batch's tokens (and its tokenizer's dead letters) come out while a later batch is
     processed, or when the bundle finishes: the tokenizer works up to two batches ahead in
@@ -125,7 +128,7 @@ class TokenizeBatches(beam.DoFn):
             )
         self._rows.inc(batch.num_rows)
         ids, text = batch.column(self._id), batch.column(self._text)
-        origin = origin_of(batch)
+        origin = row_origin(batch)
         want = self._id_type
         typed = _valid_strings(text) and (want is None or ids.type == want.arrow_type)
         if typed and (not pa.types.is_string(ids.type) or _valid_strings(ids)):
@@ -165,6 +168,10 @@ class TokenizeBatches(beam.DoFn):
             key = python_values(batch.column(self._id).slice(row, 1), "id")[0][0]
             yield self._dead(error, stage, key, texts[j].as_py(), origin, row)
         out = pa.RecordBatch.from_arrays([carried, input_ids], names=[self._carry, INPUT_IDS])
+        # The rows say where they were read, for the kernel's dead letters: by the batch's
+        # metadata while they are all its rows, else by a column of their file rows.
+        whole = len(rows) == batch.num_rows and not failures
+        out = carry_origin(out, batch, None if whole else rows)
         if failures:
             out = out.filter(input_ids.is_valid())
         if out.num_rows:
@@ -214,13 +221,8 @@ class TokenizeBatches(beam.DoFn):
 
     def _dead(self, error: Exception, stage: str, key: Any, text: Any, origin, row: int):
         self._rejected[stage].inc()
-        path, first = origin
+        path, at = origin
         record = FailedElement.from_exception(
-            error,
-            stage=stage,
-            element=text,
-            key=key,
-            source=path,
-            row=None if first is None else first + row,
+            error, stage=stage, element=text, key=key, source=path, row=file_rows(at, row)
         )
         return beam.pvalue.TaggedOutput(DEAD_LETTERS, record)
