@@ -14,6 +14,7 @@ import numpy as np
 
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.rule import Bucket, bucket_index, default_batch_sizes, round_up
+from beam_jax._src.core.batch_validation import validate_many
 from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
 from beam_jax._src.core.spec import Layout, as_layout
 from beam_jax._src.core.validation import Validated, Validation, validate
@@ -222,6 +223,17 @@ class Plan:
         return validate(
             self.layout,
             element,
+            validation=self.validation,
+            max_sizes=self.max_sizes,
+            truncate=self.bucketing.oversize == "truncate",
+        )
+
+    def validate_many(self, elements: Sequence[Any]) -> list[Validated | Exception]:
+        """``validate`` of each element, checked a batch at once (``validate_many``): its
+        ``Validated`` or the exception ``validate`` raises for it."""
+        return validate_many(
+            self.layout,
+            elements,
             validation=self.validation,
             max_sizes=self.max_sizes,
             truncate=self.bucketing.oversize == "truncate",
