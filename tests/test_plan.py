@@ -191,3 +191,29 @@ def test_pad_leaf_writes_values_and_pad_value_everywhere_else(spec, n, extra, da
     assert out.shape == shape and out.dtype == spec.dtype
     assert out.size == 0 or out.ctypes.data % 64 == 0  # XLA:CPU reads it in place
     np.testing.assert_array_equal(out, _fill_then_copy(shape, spec, values))
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        np.arange(24, dtype=np.float32).reshape(4, 6),  # one leaf: a bare array each
+        {"a": np.arange(24.0).reshape(4, 3, 2), "b": np.arange(8).reshape(4, 2)},
+        {"a": np.arange(4.0), "b": np.arange(8).reshape(4, 2)},  # a 1-D leaf: 0-d rows
+    ],
+    ids=["array", "dict", "with-1d-leaf"],
+)
+def test_split_outputs_gives_each_chosen_row_in_the_outputs_structure(outputs):
+    import jax
+
+    plan = Plan(ArraySpec(("L",), np.float32), Bucketing(boundaries={"L": (4,)}, batch_size=4))
+    items = [plan.validate(np.ones(n, np.float32)) for n in (1, 2, 3)]
+    rows = [0, 2, 3]
+    got = plan.split_outputs(plan.check_outputs(outputs, 4), rows, items)
+    assert len(got) == len(rows)
+    for row, result in zip(rows, got, strict=True):
+        want = jax.tree_util.tree_map(lambda leaf, row=row: leaf[row, ...], outputs)
+        assert jax.tree_util.tree_structure(result) == jax.tree_util.tree_structure(want)
+        leaves = jax.tree_util.tree_leaves
+        for a, b in zip(leaves(result), leaves(want), strict=True):
+            assert type(a) is np.ndarray and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
