@@ -218,7 +218,8 @@ class ElementFrontEnd:
         return self.outputs.check(outputs, batch)
 
     def emit(self, buffer: RowBuffer, rows, keep, outputs, batch) -> Iterator[Any]:
-        chosen = [buffer.items[int(rows[k])] for k in keep]
+        held = buffer.items
+        chosen = [held[row] for row in np.asarray(rows)[keep].tolist()]
         tags = [tag for tag, _ in chosen]
         items = [item for _, item in chosen]
         return self.outputs.emit(tags, items, outputs, keep, buffer.slot)
