@@ -120,3 +120,32 @@ def test_arrow_dead_letters_name_their_file_and_row(tmp_path):
         equal_to([(5, "validation", str(path), 5), (7, "kernel", str(path), 7)]),
     )
     run(p)
+
+
+def _log(params, element, lengths):
+    return jnp.log(element["x"][0]) * params
+
+
+def test_a_nonfinite_output_mid_batch_is_dead_lettered_and_its_batch_mates_keep_their_own():
+    """Row 1 of a batch of four gives NaN: keys 0, 2 and 3 get their own results (the kept
+    rows are matched to their elements by position), key 1 is one dead letter."""
+    values = [2.0, -1.0, 3.0, 5.0]
+    p = pipeline()
+    results, dead = (
+        p
+        | beam.Create([(i, {"x": np.full(2, v, np.float32)}) for i, v in enumerate(values)])
+        | bj.RunKernel(
+            _log,
+            spec=SPEC,
+            keyed=True,
+            bucketing=BUCKETING,
+            load_params=lambda: np.float32(1.0),
+            validation=bj.Validation(check_outputs_finite=True),
+        ).with_exception_handling()
+    )
+    got = results | beam.MapTuple(lambda k, v: (k, round(float(v), 5)))
+    want = [(i, round(float(np.log(np.float32(v))), 5)) for i, v in enumerate(values) if v > 0]
+    assert_that(got, equal_to(want), label="Results")
+    stages = dead | beam.Map(lambda r: (r.key, r.stage))
+    assert_that(stages, equal_to([(1, "output")]), label="Dead")
+    run(p)

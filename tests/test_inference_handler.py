@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import pickle
 
@@ -422,3 +423,57 @@ def test_a_kernel_failure_in_a_packed_batch_is_bisected_down_to_its_record():
     with pytest.raises(bj.InferenceBatchError, match=r"elements \[6\] failed") as info:
         handler.run_inference(batch, model)
     assert [(f.key, f.stage) for f in info.value.failures] == [(6, "kernel")]
+
+
+def test_a_beam_batch_of_several_buckets_runs_each_bucket_in_full_batches():
+    """A Beam batch that mixes buckets (no length buckets) and holds more than one batch
+    of a bucket: every element's result is its own, each bucket runs in batches of at most
+    the plan's size, and an invalid element is named alone with validate's message."""
+    records = _records(n=30, seed=11)
+    handler = bj.JaxModelHandler(recording_pool, **_handler_kwargs())
+    model = handler.load_model()
+    TRACED.clear()
+    jax.clear_caches()
+    calls = []
+    dispatch = model.kernel.dispatch
+    model.kernel.dispatch = lambda *a, **k: calls.append(len(a[1][0])) or dispatch(*a, **k)
+    batch = [{"x": x} for _, x in records]
+    results = handler.run_inference(batch, model)
+    params = attention_params()
+    for (_, x), r in zip(records, results, strict=True):
+        np.testing.assert_allclose(r.inference, reference_attention_pool(params, x), 1e-4, 1e-5)
+    _assert_only_listed_shapes(handler)
+    per_bucket = collections.Counter(model.plan.bucket_for((len(x),)) for _, x in records)
+    assert len(calls) == sum(-(-n // 8) for n in per_bucket.values()), (calls, per_bucket)
+    assert calls.count(8) == sum(n // 8 for n in per_bucket.values())  # full batches
+    bad = {"x": np.ones((3, D), np.float64)[:, :-1]}
+    want = model.plan.validate_many([bad])[0]
+    with pytest.raises(bj.InferenceBatchError, match=r"elements \[7\] failed") as info:
+        handler.run_inference([*batch[:7], bad, *batch[7:]], model)
+    (failure,) = info.value.failures
+    assert (failure.key, failure.stage, failure.message) == (7, "validation", str(want))
+
+
+def test_beam_batches_across_buckets_through_runinference_equal_the_reference():
+    records = _records(n=50, seed=13)
+    handler = bj.KeyedJaxModelHandler(
+        masked_attention_pool, spec=SPEC, bucketing=BUCKETING, load_params=attention_params,
+        max_batch_duration_secs=None,  # Beam's batches then mix every length
+    )  # fmt: skip
+    p = pipeline()
+    pairs = p | beam.Create([(i, {"x": x}) for i, x in records], reshuffle=False)
+    inferred = (
+        pairs
+        | RunInference(handler)
+        | "Unwrap" >> beam.MapTuple(lambda k, r: (k, np.asarray(r.inference)))
+    )
+    params = attention_params()
+    expected = {i: reference_attention_pool(params, x) for i, x in records}
+
+    def check(got):
+        assert sorted(k for k, _ in got) == sorted(expected)
+        for key, value in got:
+            np.testing.assert_allclose(value, expected[key], rtol=1e-4, atol=1e-5)
+
+    assert_that(inferred, check)
+    run(p)

@@ -136,6 +136,12 @@ def split_rows(outputs: BatchOutputs, rows: Any, items: Any) -> list[Any]:
     rows = np.asarray(rows, np.int64)
     # One writable host copy of each leaf's rows; elements get views into it.
     blocks = [np.array(leaf[rows]) for leaf in outputs.leaves]
+    if not any(outputs.cuts) and all(block.ndim > 1 for block in blocks):
+        # Nothing to cut: each element's rows as views, by numpy's own iteration.
+        columns = [list(block) for block in blocks]
+        if outputs.treedef.num_leaves == 1 and outputs.treedef.num_nodes == 1:
+            return columns[0]  # a bare array per element (the treedef is a leaf)
+        return [outputs.treedef.unflatten(per) for per in zip(*columns, strict=True)]
     result = []
     for i, item in enumerate(items):
         per = []

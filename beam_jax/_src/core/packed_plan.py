@@ -20,6 +20,7 @@ import numpy as np
 
 from beam_jax._src.bucketing.packing import Packing
 from beam_jax._src.bucketing.rule import Bucket, round_up
+from beam_jax._src.core.batch_validation import validate_many
 from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
 from beam_jax._src.core.packed_batch import PackedBatch, PackPlan, SegmentInfo
 from beam_jax._src.core.plan import cut_batch_sizes
@@ -203,6 +204,16 @@ class PackedPlan:
         return validate(
             self.layout,
             element,
+            validation=self.validation,
+            max_sizes=self.max_sizes,
+            truncate=False,
+        )
+
+    def validate_many(self, elements: Sequence[Any]) -> list[Validated | Exception]:
+        """``validate`` of each element, checked a batch at once (``validate_many``)."""
+        return validate_many(
+            self.layout,
+            elements,
             validation=self.validation,
             max_sizes=self.max_sizes,
             truncate=False,

@@ -14,6 +14,7 @@ import numpy as np
 
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.rule import Bucket, bucket_index, default_batch_sizes, round_up
+from beam_jax._src.core.batch_validation import validate_many
 from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
 from beam_jax._src.core.spec import Layout, as_layout
 from beam_jax._src.core.validation import Validated, Validation, validate
@@ -23,8 +24,8 @@ _ALIGN = 64
 _BUCKET_MEMO_SIZE = 1 << 16
 
 
-def aligned_full(shape: tuple[int, ...], value: Any, dtype: Any) -> np.ndarray:
-    """``np.full`` with the data 64-byte aligned.
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """``np.empty`` with the data 64-byte aligned.
 
     XLA:CPU reads an aligned host array in place, so a batch is not copied again on its
     way to the kernel (measured 0.5 ms per 8 MB batch on CPU; numpy alone aligns to 16).
@@ -33,8 +34,54 @@ def aligned_full(shape: tuple[int, ...], value: Any, dtype: Any) -> np.ndarray:
     nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     offset = (-raw.ctypes.data) % _ALIGN
-    out = raw[offset : offset + nbytes].view(dtype).reshape(shape)
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_full(shape: tuple[int, ...], value: Any, dtype: Any) -> np.ndarray:
+    """``np.full`` with the data 64-byte aligned (see ``aligned_empty``)."""
+    out = aligned_empty(shape, dtype)
     out.fill(value)
+    return out
+
+
+def pad_leaf(shape: tuple[int, ...], spec: Any, values: Sequence[np.ndarray]) -> np.ndarray:
+    """``values`` (validated leaves of one spec leaf) as the leading rows of one aligned
+    array of ``shape``, everything else ``spec.pad_value``.
+
+    With at most one ragged axis only the padding is written besides the values (each
+    row's tail past its length, then the unused rows), not the whole buffer filled first
+    and then overwritten: ``Plan.pad`` took 0.70x (bucket 512) to 0.95x (bucket 25) the
+    time of fill-then-copy for 40 or 64 float32 elements of (L, 64) on a CPU.
+    """
+    n = len(values)
+    ragged = [axis for axis, _ in spec.ragged_axes]
+    if len(ragged) > 1:
+        out = aligned_full(shape, spec.pad_value, spec.dtype)
+        for i, value in enumerate(values):
+            out[(i, *(slice(0, d) for d in value.shape))] = value
+        return out
+    out = aligned_empty(shape, spec.dtype)
+    pad = spec.pad_value
+    if not ragged:
+        if n:
+            np.stack(values, out=out[:n])
+    elif ragged[0] == 0:
+        full = shape[1]
+        for i, value in enumerate(values):
+            length = len(value)
+            out[i, :length] = value
+            if length < full:
+                out[i, length:] = pad
+    else:
+        axis = ragged[0]
+        full, lead = shape[axis + 1], (slice(None),) * axis
+        for i, value in enumerate(values):
+            length = value.shape[axis]
+            out[(i, *lead, slice(0, length))] = value
+            if length < full:
+                out[(i, *lead, slice(length, None))] = pad
+    if n < shape[0]:
+        out[n:] = pad
     return out
 
 
@@ -227,6 +274,17 @@ class Plan:
             truncate=self.bucketing.oversize == "truncate",
         )
 
+    def validate_many(self, elements: Sequence[Any]) -> list[Validated | Exception]:
+        """``validate`` of each element, checked a batch at once (``validate_many``): its
+        ``Validated`` or the exception ``validate`` raises for it."""
+        return validate_many(
+            self.layout,
+            elements,
+            validation=self.validation,
+            max_sizes=self.max_sizes,
+            truncate=self.bucketing.oversize == "truncate",
+        )
+
     def bucket_indices(self, lengths: np.ndarray) -> np.ndarray:
         """Per row of ``lengths`` (``int[n, num_axes]``), the index of its bucket in
         ``buckets``: the smallest boundary that fits, on every axis."""
@@ -277,25 +335,16 @@ class Plan:
         n = len(items)
         size = self.padded_batch_size(bucket, n)
         sizes = dict(zip(self.layout.axis_names, bucket, strict=True))
-        leaves = []
-        for j, spec in enumerate(self.layout.specs):
-            shape = (size, *spec.resolve(sizes))
-            if not spec.ragged_axes and size == n:
-                out = aligned_full(shape, spec.pad_value, spec.dtype)
-                np.stack([it.leaves[j] for it in items], out=out)
-                leaves.append(out)
-                continue
-            out = aligned_full(shape, spec.pad_value, spec.dtype)
-            for i, it in enumerate(items):
-                leaf = it.leaves[j]
-                out[(i, *(slice(0, d) for d in leaf.shape))] = leaf
-            leaves.append(out)
+        leaves = tuple(
+            pad_leaf((size, *spec.resolve(sizes)), spec, [it.leaves[j] for it in items])
+            for j, spec in enumerate(self.layout.specs)
+        )
         lengths = {}
         for k, name in enumerate(self.layout.axis_names):
             col = np.zeros((size,), np.int32)
             col[:n] = [it.lengths[k] for it in items]
             lengths[name] = col
-        return PaddedBatch(bucket, tuple(leaves), lengths, n, size)
+        return PaddedBatch(bucket, leaves, lengths, n, size)
 
     def unbatch(self, outputs: Any, batch: PaddedBatch, items: Sequence[Validated]) -> list[Any]:
         """Check batched kernel outputs and split them into one pytree per real element.

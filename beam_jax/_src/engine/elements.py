@@ -18,7 +18,7 @@ Beam's batch): the engine hands it back with the element's result or its failure
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -158,10 +158,33 @@ class ElementFrontEnd:
             errors.extend(self.engine.reject(e, VALIDATION, [tag]))
             return None
 
+    def validate_many(
+        self, tagged: Iterable[tuple[Any, Any]], errors: list[Any]
+    ) -> list[tuple[Any, Validated]]:
+        """``(tag, value)`` pairs validated a batch at once (``Plan.validate_many``, the
+        same results as ``validate`` of each): ``(tag, Validated)`` of those that pass, in
+        order; each other's dead letter appended to ``errors``."""
+        tags, values = [], []
+        for tag, value in tagged:
+            tags.append(tag)
+            values.append(value)
+        items = []
+        for tag, result in zip(tags, self._plan.validate_many(values), strict=True):
+            if isinstance(result, Validated):
+                items.append((tag, result))
+            else:
+                errors.extend(self.engine.reject(result, VALIDATION, [tag]))
+        return items
+
     def add(self, tag: Any, item: Validated, slot: Any = None) -> Iterator[Any]:
         """Buffer one validated element under its bucket (and ``slot`` when the strategy
         keeps windows apart), or stage it for packing; run a batch once full."""
         return self._stage.add(tag, item, slot)
+
+    def add_many(self, items: Sequence[tuple[Any, Validated]], slot: Any = None) -> Iterator[Any]:
+        """``add`` of each ``(tag, Validated)`` pair (``validate_many``'s), a buffer's room
+        at a time where the policy buckets."""
+        return self._stage.add_many(items, slot)
 
     def drain(self) -> Iterator[Any]:
         """Run what the policy still stages (packing: records not yet in a full batch);
@@ -176,13 +199,9 @@ class ElementFrontEnd:
         """Validate ``(tag, value)`` pairs of one bucket, run them now (bucketing: as one
         batch; packing: packed into as few batches as they fill), and wait for every batch
         (a cross-bundle flush)."""
-        items = []
-        for tag, value in tagged:
-            errors: list[Any] = []
-            item = self.validate(tag, value, errors)
-            yield from errors
-            if item is not None:
-                items.append((tag, item))
+        errors: list[Any] = []
+        items = self.validate_many(tagged, errors)
+        yield from errors
         yield from self._stage.run_now(bucket, slot, items)
         yield from self.engine.flush()
         yield from self.outputs.finish()
@@ -199,7 +218,8 @@ class ElementFrontEnd:
         return self.outputs.check(outputs, batch)
 
     def emit(self, buffer: RowBuffer, rows, keep, outputs, batch) -> Iterator[Any]:
-        chosen = [buffer.items[int(rows[k])] for k in keep]
+        held = buffer.items
+        chosen = [held[row] for row in np.asarray(rows)[keep].tolist()]
         tags = [tag for tag, _ in chosen]
         items = [item for _, item in chosen]
         return self.outputs.emit(tags, items, outputs, keep, buffer.slot)

@@ -18,7 +18,7 @@ call: within ``1 + 2 k ceil(log2 n)`` calls for ``k`` failing records among ``n`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -206,6 +206,11 @@ class PackedStage:
         if self._is_full(fresh):
             yield from self._pack(slot, final=False)
 
+    def add_many(self, items: Sequence[tuple[Any, Validated]], slot: Any = None) -> Iterator[Any]:
+        """``add`` of each ``(tag, Validated)`` pair, in order."""
+        for tag, item in items:
+            yield from self.add(tag, item, slot)
+
     def add_records(self, records: Any, slot: Any = None) -> Iterator[Any]:
         """Stage many records at once (``ItemRecords`` or a front end's columnar records);
         pack and run the full batches whenever enough wait, exactly where ``add`` record
@@ -303,6 +308,23 @@ class BucketStage:
         buffer = self._engine.buffer(bucket, slot if self._per_window else None)
         buffer.items.append((tag, item))
         yield from self._engine.added(buffer)
+
+    def add_many(self, items: Sequence[tuple[Any, Validated]], slot: Any = None) -> Iterator[Any]:
+        """``add`` of each ``(tag, Validated)`` pair, a buffer's room at a time: each bucket's
+        pairs in their order, the buckets in the order they first appear."""
+        slot = slot if self._per_window else None
+        groups: dict[Any, list[tuple[Any, Validated]]] = {}
+        bucket_for = self._plan.bucket_for
+        for pair in items:
+            groups.setdefault(bucket_for(pair[1].lengths), []).append(pair)
+        for bucket, group in groups.items():
+            start = 0
+            while start < len(group):
+                buffer = self._engine.buffer(bucket, slot)
+                take = max(1, self._engine.room(buffer))  # 0: a lowered limit, launch it now
+                buffer.items.extend(group[start : start + take])
+                start += take
+                yield from self._engine.added(buffer)
 
     def drain(self) -> Iterator[Any]:
         return iter(())

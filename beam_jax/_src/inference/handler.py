@@ -296,10 +296,11 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
             worker, metrics, front, handle_errors=True, report_compiles=report_compiles
         )
         metrics.elements_in.inc(len(batch))
-        items = [(index, front.validate(index, x, [])) for index, x in enumerate(batch)]
+        # The batch's checks once over all its elements; an element they do not pass is
+        # validated alone, so a bad one never changes the others' results.
+        items = front.validate_many(enumerate(batch), [])
         if not failures:  # the batch fails anyway: don't run the kernel for it
-            for index, item in items:
-                _drain(front.add(index, item))
+            _drain(front.add_many(items))
             _drain(front.drain())  # packing: the records still staged, packed and run
             _drain(front.engine.flush())
         if failures:
