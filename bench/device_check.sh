@@ -31,7 +31,9 @@
 # encoder,embed_text,peak,run; the encoder before embed_text), TOTAL_LIMIT, TEXTS, ROUNDS, ENCODER_ARGS, PEAK_SIZES,
 # ELEMENTS, RUN_ARGS, the steps' limits (EMBED_TIMEOUT, ENCODER_TIMEOUT, PEAK_TIMEOUT,
 # RUN_TIMEOUT),
-# DEVICE_TEST_ARGS (extra pytest arguments), MODEL_ROOT (where the random model goes),
+# DEVICE_TEST_ARGS (extra pytest arguments), PIPELINE_ARGS (the flagship's extra flags in
+# embed_text, e.g. "--direct_running_mode=multi_threading --direct_num_workers=8": bundles
+# in threads of the one process, as a Dataflow worker runs them), MODEL_ROOT (where the random model goes),
 # RANDOM_MODEL=1 (random weights even where the package is installed).
 # QUICK=1 runs the device tests on the CPU (BEAM_JAX_DEVICE_TESTS_ON_CPU=1) instead of
 # requiring an accelerator, with the benchmarks at small sizes: about 10 minutes on 2
@@ -221,7 +223,8 @@ if [ -s "$OUT/encoder.json" ]; then limit=(--limit_json "$OUT/encoder.json"); fi
 # A run past --timeout is stopped with its threads' stacks printed, within the step's limit.
 step embed_text "${EMBED_TIMEOUT:-170}" "$PY" bench/embed_text.py --texts "$TEXTS" \
   --rounds "$ROUNDS" --variants "$variants" --st-python "$PY" --st-device "$st_device" \
-  --timeout "${RUN_LIMIT:-60}" --json "$OUT/embed_text.json" "${limit[@]}"
+  --timeout "${RUN_LIMIT:-60}" --json "$OUT/embed_text.json" "${limit[@]}" \
+  ${PIPELINE_ARGS:+--pipeline-args "$PIPELINE_ARGS"}
 step peak "${PEAK_TIMEOUT:-60}" "$PY" bench/peak.py --sizes "$PEAK_SIZES" --repeat 5 \
   --json "$OUT/peak.json"
 step run "${RUN_TIMEOUT:-120}" "$PY" bench/run.py --elements "$ELEMENTS" --kernels heavy,light \
