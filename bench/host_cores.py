@@ -41,7 +41,10 @@ def _child(cfg_path: str) -> None:
     cfg = json.loads(Path(cfg_path).read_text())
     root = Path(cfg["root"])  # the checkout whose job runs (this one or --baseline)
     sys.path[:0] = [str(root / "bench"), str(root)]
-    import embed_text
+    try:  # this tree's variants, or an older checkout's embed_text before they moved
+        from embed_variants import host_only
+    except ImportError:
+        from embed_text import _host_only as host_only
 
     harness.pin(cfg["threads"])
     import pipelines.embed.job  # noqa: F401  (the imports before the clock: run() alone)
@@ -49,7 +52,7 @@ def _child(cfg_path: str) -> None:
     sampler = _Sampler(harness.py_spy(), cfg.get("gil_raw")) if cfg["gil"] else None
     if sampler is not None:
         time.sleep(0.3)  # py-spy attaches before the clock starts
-    out = embed_text._host_only(cfg, [])
+    out = host_only(cfg, [])
     out["gil_s"] = None if sampler is None else sampler.stop()
     out["gil_launch_s"] = None if sampler is None else sampler.launch_s
     harness.emit(out)
@@ -88,7 +91,7 @@ def _launch_samples(raw: str) -> int:
 
 
 def _run(setting: str, data: dict, how: tuple, tmp: Path, round_: int, args) -> dict:
-    import embed_text
+    import embed_runs
 
     root, cores, gil = how
     name = setting.replace(" ", "_").replace("/", "_")
@@ -106,12 +109,12 @@ def _run(setting: str, data: dict, how: tuple, tmp: Path, round_: int, args) -> 
     )
     cfg_path = tmp / f"{name}-{round_}.json"
     cfg_path.write_text(json.dumps(cfg))
-    os.sync()  # earlier runs' outputs flushed before this one (see embed_text._run)
+    os.sync()  # earlier runs' outputs flushed before this one (see embed_runs.run)
     launched = time.time()
     result = harness.run_child(
         [sys.executable, __file__, "--child", str(cfg_path)],
         timeout=args.timeout,
-        env=embed_text._env(cores),
+        env=embed_runs._env(cores),
         what=f"host_only on {setting}",
     )
     first = result.pop("first_part_epoch", None)
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if args.baseline and not (Path(args.baseline) / "pipelines" / "embed").is_dir():
         parser.error(f"--baseline must be a checkout of this project, got {args.baseline!r}")
-    import embed_text
+    import embed_runs
     from fingerprint import fingerprint, format_fingerprint
 
     gil = not args.no_gil and harness.py_spy() is not None
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
             settings[f"{prefix}{cores[-1]} cores, {GIL}"] = (root, cores[-1], True)
     with tempfile.TemporaryDirectory(prefix="bench_host_cores_") as tmp:
         tmp = Path(tmp)
-        data = embed_text._write_data(tmp, args.texts)
+        data = embed_runs.write_data(tmp, args.texts)
         data.pop("st_slots_by_length", None)
         for root in trees.values():  # not counted: the compilation cache filled, files cached
             _run("warm", data, (root, cores[-1], False), tmp, 0, args)

@@ -230,8 +230,7 @@ def test_a_local_run_on_a_gpu_runs_its_batches_whole(tmp_path, monkeypatch, caps
     """Where JAX's default device here is a GPU, a local run (whose workers run here) runs
     its batches whole, not in the CPU's chunks, without --accelerator, says so at launch,
     and embeds as a CPU run does. (JAX itself still runs on the CPU: only the backend it
-    reports is a GPU's, which nothing else in the job reads.)"""
-    import jax
+    reports is a GPU's: the platform local_platform answers, which nothing else reads.)"""
 
     from pipelines.embed import job
 
@@ -248,7 +247,12 @@ def test_a_local_run_on_a_gpu_runs_its_batches_whole(tmp_path, monkeypatch, caps
     pq.write_table(pa.table({"id": list(range(1000)), "text": ft.texts(1000)}), source)
     cpu = ft.run(source, tmp_path / "cpu", "--no-progress")
     assert "batches run whole" not in capsys.readouterr().out
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    from beam_jax.jobs import LocalPlatform
+    from pipelines.embed import flags
+
+    gpu_here = LocalPlatform("gpu", 1, "gpu", opened=True)
+    monkeypatch.setattr(flags, "local_platform", lambda: gpu_here)
+    monkeypatch.setattr(jobs, "local_platform", lambda: gpu_here)
     gpu = ft.run(source, tmp_path / "gpu", "--no-progress")
     assert "; batches run whole (no chunks) on this machine's gpu" in capsys.readouterr().out
     chunked = ft.run(source, tmp_path / "chunked", "--no-progress", "--tokens_per_chunk", "512")
