@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from flagship_batches import flagship_batches, flagship_packing
+from flagship_batches import flagship_batches, flagship_packing, packed_arrays, rows_of
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256)  # the flagship's fixed buckets
@@ -97,11 +97,7 @@ def pack_rows(lengths: np.ndarray, row_length: int, max_length: int) -> list[tup
     from beam_jax._src.bucketing.packing import assign_rows
 
     widths = sorted({row_length, max_length})
-    a = assign_rows(lengths, Packing(row_lengths=widths, pack_lengths=widths))
-    rows: list[tuple[int, list]] = [(int(w), []) for w in a.row_lengths]
-    for i in np.lexsort((a.segment, a.row)):  # each row's texts in segment order
-        rows[int(a.row[i])][1].append(int(i))
-    return rows
+    return rows_of(assign_rows(lengths, Packing(row_lengths=widths, pack_lengths=widths)))
 
 
 def packed_batches(ids: list, row_length: int, rows_per_batch: int, max_length: int) -> list:
@@ -115,24 +111,7 @@ def packed_batches(ids: list, row_length: int, rows_per_batch: int, max_length: 
         segments = -(-segments // 4) * 4  # a few fixed counts: fewer shapes to compile
         for start in range(0, len(mine), rows_per_batch):
             chunk = mine[start : start + rows_per_batch]
-            tok = np.zeros((rows_per_batch, width), np.int32)
-            seg = np.zeros_like(tok)
-            pos = np.zeros_like(tok)
-            counts = np.zeros(rows_per_batch, np.int32)
-            seg_lengths = np.zeros((rows_per_batch, segments), np.int32)
-            texts = []
-            for r, members in enumerate(chunk):
-                at = 0
-                for s, i in enumerate(members):
-                    n = len(ids[i])
-                    tok[r, at : at + n] = ids[i]
-                    seg[r, at : at + n] = s + 1
-                    pos[r, at : at + n] = np.arange(n)
-                    seg_lengths[r, s] = n
-                    at += n
-                counts[r] = len(members)
-                texts.append(members)
-            out.append((tok, seg, pos, counts, seg_lengths, texts))
+            out.append(packed_arrays(ids, chunk, rows_per_batch, width, segments))
     return out
 
 

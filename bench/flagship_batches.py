@@ -66,10 +66,7 @@ def flagship_batches(ids: list, plan: dict) -> list:
         a = assign_rows(lengths[first : first + step], packing)
         if len(a.refused):
             raise ValueError(f"{len(a.refused)} texts longer than the longest row")
-        mine: list[tuple[int, list]] = [(int(w), []) for w in a.row_lengths]
-        for i in np.lexsort((a.segment, a.row)):  # each row's texts in segment order
-            mine[int(a.row[i])][1].append(first + int(i))
-        rows += mine
+        rows += rows_of(a, first)
     out = []
     for width in packing.row_lengths:
         members = [m for w, m in rows if w == width]
@@ -77,17 +74,33 @@ def flagship_batches(ids: list, plan: dict) -> list:
         for start in range(0, len(members), sizes[-1]):
             chunk = members[start : start + sizes[-1]]
             n = next(size for size in sizes if size >= len(chunk))
-            tok = np.zeros((n, width), np.int32)
-            seg, pos = np.zeros_like(tok), np.zeros_like(tok)
-            counts = np.zeros(n, np.int32)
-            seg_lengths = np.zeros((n, packing.max_segments), np.int32)
-            for r, texts in enumerate(chunk):
-                at = 0
-                for k, i in enumerate(texts):
-                    m = len(ids[i])
-                    tok[r, at : at + m], seg[r, at : at + m] = ids[i], k + 1
-                    pos[r, at : at + m], seg_lengths[r, k] = np.arange(m), m
-                    at += m
-                counts[r] = len(texts)
-            out.append((tok, seg, pos, counts, seg_lengths, chunk))
+            out.append(packed_arrays(ids, chunk, n, width, packing.max_segments))
     return out
+
+
+def rows_of(assignment, first: int = 0) -> list[tuple[int, list]]:
+    """``[(row length, [text indices])]`` per row of an ``assign_rows`` result, each row's
+    texts in segment order, their indices offset by ``first``."""
+    rows: list[tuple[int, list]] = [(int(w), []) for w in assignment.row_lengths]
+    for i in np.lexsort((assignment.segment, assignment.row)):
+        rows[int(assignment.row[i])][1].append(first + int(i))
+    return rows
+
+
+def packed_arrays(ids: list, chunk: list, n: int, width: int, segments: int) -> tuple:
+    """One batch of ``n`` rows of ``width`` slots holding ``chunk``'s rows of texts:
+    ``(ids[n, width], seg[n, width], pos[n, width], counts[n], seg_lengths[n, segments],
+    chunk)``; rows past the chunk are empty."""
+    tok = np.zeros((n, width), np.int32)
+    seg, pos = np.zeros_like(tok), np.zeros_like(tok)
+    counts = np.zeros(n, np.int32)
+    seg_lengths = np.zeros((n, segments), np.int32)
+    for r, texts in enumerate(chunk):
+        at = 0
+        for k, i in enumerate(texts):
+            m = len(ids[i])
+            tok[r, at : at + m], seg[r, at : at + m] = ids[i], k + 1
+            pos[r, at : at + m], seg_lengths[r, k] = np.arange(m), m
+            at += m
+        counts[r] = len(texts)
+    return tok, seg, pos, counts, seg_lengths, chunk
