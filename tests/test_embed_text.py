@@ -248,10 +248,8 @@ def test_a_local_run_on_a_gpu_runs_its_batches_whole(tmp_path, monkeypatch, caps
     cpu = ft.run(source, tmp_path / "cpu", "--no-progress")
     assert "batches run whole" not in capsys.readouterr().out
     from beam_jax.jobs import LocalPlatform
-    from pipelines.embed import flags
 
     gpu_here = LocalPlatform("gpu", 1, "gpu", opened=True)
-    monkeypatch.setattr(flags, "local_platform", lambda: gpu_here)
     monkeypatch.setattr(jobs, "local_platform", lambda: gpu_here)
     gpu = ft.run(source, tmp_path / "gpu", "--no-progress")
     assert "; batches run whole (no chunks) on this machine's gpu" in capsys.readouterr().out

@@ -197,14 +197,14 @@ def test_a_local_run_on_a_gpu_defaults_to_whole_batches(monkeypatch):
     GPU or TPU, batches run whole (no chunks) without --accelerator; a remote runner's
     workers do so only with --accelerator. (The platform comes from ``local_platform``,
     which knows a TPU without opening it.)"""
+    from beam_jax import jobs
     from beam_jax.jobs import LocalPlatform
-    from pipelines.embed import flags
 
     cpu = _args()
     assert not cpu.on_accelerator and cpu.tokens_per_chunk == 1024
     for backend in ("gpu", "tpu"):
         here = LocalPlatform(backend, 1, backend, opened=backend == "gpu")
-        monkeypatch.setattr(flags, "local_platform", lambda here=here: here)
+        monkeypatch.setattr(jobs, "local_platform", lambda here=here: here)
         local = _args()
         assert local.on_accelerator, backend
         assert (local.batch_size, local.max_tokens_per_batch, local.tokens_per_chunk) == (

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions  # noqa: F401
 
 from beam_jax import jobs, text
-from beam_jax.jobs import DefaultsHelpFormatter, int_list, local_platform, positive_int
+from beam_jax.jobs import DefaultsHelpFormatter, int_list, positive_int
 
 __all__ = ["DEFAULT_BUCKETS", "DEFAULT_OUTPUT", "buckets_problem", "parse_args"]
 
@@ -249,4 +249,4 @@ def on_accelerator(accelerator: str | None, options: PipelineOptions) -> bool:
     (``local_platform``): the device opens in the background while the job reads."""
     if accelerator or not jobs.is_local(options.view_as(StandardOptions).runner):
         return bool(accelerator)
-    return local_platform().accelerator
+    return jobs.local_platform().accelerator
