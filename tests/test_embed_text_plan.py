@@ -217,3 +217,29 @@ def test_a_local_run_on_a_gpu_defaults_to_whole_batches(monkeypatch):
     remote = ["--runner=DataflowRunner", "--project=p", "--region=r", "--temp_location=gs://b/t"]
     assert not _args(*remote).on_accelerator  # the launcher's GPU is not the workers'
     assert _args(*remote, "--accelerator", "type:nvidia-l4;count:1").on_accelerator
+
+
+@pytest.mark.parametrize(
+    ("flags", "here", "bundles", "one_worker"),
+    [
+        (["--runner=FnApiRunner"], True, 1, True),
+        (["--runner=FnApiRunner", "--direct_num_workers=3"], True, 3, False),
+        (["--runner=FnApiRunner", "--direct_num_workers=0"], True, "cpus", False),
+        (["--runner=DirectRunner", "--direct_running_mode=multi_threading"], True, 1, True),
+        (["--runner=FnApiRunner", "--direct_running_mode=multi_processing"], False, 1, False),
+        (["--runner=PrismRunner"], False, 1, False),
+    ],
+)
+def test_where_the_workers_run_and_how_many_bundles_at_once(flags, here, bundles, one_worker):
+    import os
+
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.embed import plan
+
+    options = PipelineOptions(flags)
+    bundles = (os.cpu_count() or 1) if bundles == "cpus" else bundles  # 0: Beam's "one per CPU"
+
+    assert plan.workers_here(options) is here
+    assert plan.bundle_workers(options) == bundles
+    assert plan.in_process(options) is one_worker

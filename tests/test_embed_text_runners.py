@@ -80,6 +80,19 @@ def test_a_reshuffle_between_every_pair_of_steps_writes_the_same_bytes(
     # As on a multi-worker runner: the reader's paths and batches, and the parts, each
     # cross a Reshuffle; the model's worker starts in the pipeline's first stage.
     monkeypatch.setattr(embed_text.launch_plan, "in_process", lambda options: False)
+    monkeypatch.setattr(embed_text.launch_plan, "workers_here", lambda options: False)
+    graph = _spy_graph(monkeypatch)
+
+    ft.run(source, tmp_path / "out", "--rows_per_part", "4")
+
+    shuffles = [label for label in graph if label.endswith("Reshuffle") or "Spread" in label]
+    assert "StartEmbedWorker" in graph and "Read/SpreadParts" in graph, sorted(graph)
+    assert len(shuffles) >= 2, shuffles
+    assert _files(tmp_path / "out") == _files(reference)
+
+
+def _spy_graph(monkeypatch) -> list[str]:
+    """The labels of every transform the job builds (filled when it is built)."""
     graph = []
     build = embed_text._build
 
@@ -93,13 +106,37 @@ def test_a_reshuffle_between_every_pair_of_steps_writes_the_same_bytes(
         return out
 
     monkeypatch.setattr(embed_text, "_build", spy)
+    return graph
 
-    ft.run(source, tmp_path / "out", "--rows_per_part", "4")
 
-    shuffles = [label for label in graph if label.endswith("Reshuffle") or "Spread" in label]
-    assert "StartEmbedWorker" in graph and "Read/SpreadParts" in graph, sorted(graph)
-    assert len(shuffles) >= 2, shuffles
-    assert _files(tmp_path / "out") == _files(reference)
+def test_bundles_in_threads_of_this_process_write_the_same_embeddings(
+    source, reference, tmp_path, monkeypatch
+):
+    # The in-memory FnApiRunner running 3 bundles at once, as an accelerator worker's one
+    # SDK process runs bundles in its harness threads: the parts are spread over them,
+    # and the worker this process started (the model loaded, its shapes compiled) is the
+    # one every thread's step takes.
+    from beam_jax._src.transforms import base
+
+    started = []
+    monkeypatch.setattr(base, "_start", lambda *a, f=base._start: started.append(a[0]) or f(*a))
+    graph = _spy_graph(monkeypatch)
+
+    summary = ft.run(source, tmp_path / "out", "--rows_per_part", "4", "--direct_num_workers=3")
+
+    assert summary.conserved and summary.results == 24
+    assert "Read/SpreadParts" in graph and "StartEmbedWorker" not in graph, sorted(graph)
+    assert len(started) == 1, started  # started once, here, before the pipeline ran
+    got, want = _files(tmp_path / "out"), _files(reference)
+    assert sorted(got) == sorted(want)
+    assert {n: b for n, b in got.items() if n.startswith("_failed/")} == {
+        n: b for n, b in want.items() if n.startswith("_failed/")
+    }
+    for name, rows in _parquet(reference).items():  # other batches: the last bits may differ
+        threaded = pq.read_table(tmp_path / "out" / name)
+        assert threaded.column("id").to_pylist() == [r["id"] for r in rows], name
+        vectors = np.array(threaded.column("embedding").to_pylist())
+        np.testing.assert_allclose(vectors, [r["embedding"] for r in rows], atol=1e-5)
 
 
 def _prism_binary() -> str | None:

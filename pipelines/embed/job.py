@@ -191,9 +191,10 @@ def _build(
     # forever (measured: a SIGKILL in the writing step hung a multi-process run, Beam 2.77).
     _ = names | "KeyPartNames" >> beam.WithKeys(None) | "GatherPartNames" >> beam.GroupByKey()
     _ = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
-    if launch.planned and not launch_plan.in_process(pipeline.options):
+    if launch.planned and not launch_plan.workers_here(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the
-        # pipeline's first stage; in-process runners start it in run()).
+        # pipeline's first stage; runners whose workers run in this process start it in
+        # run()).
         _ = pipeline | "StartEmbedWorker" >> on_accelerator(embed.start_workers(), args.accelerator)
     return embed
 
@@ -327,9 +328,10 @@ def run(
     embed = _build(pipeline, args, model, inputs, id_type, *where)
     try:
         with console:
-            if launch.planned and launch_plan.in_process(options):
-                # This process runs the pipeline: the model loads and the planned shapes
-                # compile while Beam starts and reads the input.
+            if launch.planned and launch_plan.workers_here(options):
+                # This process runs the pipeline's workers (one, or bundles in threads): the
+                # model loads and the planned shapes compile while Beam starts and reads the
+                # input.
                 embed.start_worker_here()
             result = pipeline.run()
             result.wait_until_finish()

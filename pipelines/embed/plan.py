@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,17 +142,27 @@ def local_devices(options: Any) -> int:
     return jobs.local_platform().device_count
 
 
-def in_process(options: Any) -> bool:
-    """Whether the runner runs the pipeline in this process (FnApiRunner in its default,
-    in-memory mode), so a worker built here is the one the job uses."""
+def workers_here(options: Any) -> bool:
+    """Whether the runner runs the job's workers in this process (the FnApiRunner in memory
+    or in threads), so a worker built here is the one the job uses."""
     runner = options.view_as(StandardOptions).runner
     name = runner if isinstance(runner, str) else type(runner).__name__
-    direct = options.view_as(DirectOptions)
-    return (
-        name.rsplit(".", 1)[-1] in ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner")
-        and (direct.direct_running_mode or "in_memory") == "in_memory"
-        and (direct.direct_num_workers or 1) == 1
-    )
+    mode = options.view_as(DirectOptions).direct_running_mode or "in_memory"
+    local = name.rsplit(".", 1)[-1] in ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner")
+    return local and mode in ("in_memory", "multi_threading")
+
+
+def bundle_workers(options: Any) -> int:
+    """The bundles the local FnApiRunner runs at once (``--direct_num_workers``; 0 is one per
+    CPU, as Beam reads it)."""
+    num = options.view_as(DirectOptions).direct_num_workers
+    return (os.cpu_count() or 1) if num == 0 else (num or 1)
+
+
+def in_process(options: Any) -> bool:
+    """Whether the whole job runs as one worker in this process (the FnApiRunner in memory,
+    one bundle at a time): no other worker to spread its parts to."""
+    return workers_here(options) and bundle_workers(options) == 1
 
 
 def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None) -> LaunchPlan:
