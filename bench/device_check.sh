@@ -29,7 +29,8 @@
 #
 # Other settings: STEPS (comma-separated, default all: devices,model,device_test,embed_text,
 # encoder,embed_text,peak,run; the encoder before embed_text), TOTAL_LIMIT, TEXTS, ROUNDS, ENCODER_ARGS, PEAK_SIZES,
-# ELEMENTS, RUN_ARGS, the steps' limits (EMBED_TIMEOUT, ENCODER_TIMEOUT, PEAK_TIMEOUT,
+# ELEMENTS, RUN_ARGS, EMBED_VARIANTS (embed_text's --variants, e.g.
+# "pipeline,pipeline_threads,host_only_threads,tokenize_only"), the steps' limits (EMBED_TIMEOUT, ENCODER_TIMEOUT, PEAK_TIMEOUT,
 # RUN_TIMEOUT),
 # DEVICE_TEST_ARGS (extra pytest arguments), PIPELINE_ARGS (the flagship's extra flags in
 # embed_text, e.g. "--direct_running_mode=multi_threading --direct_num_workers=8": bundles
@@ -141,7 +142,7 @@ elif name == "device_test":
 elif name == "embed_text":
     variants, n = data.get("variants", {}), data.get("texts")
     parts = []
-    for v in ("pipeline", "host_only", "tokenize_only"):
+    for v in ("pipeline", "pipeline_threads", "host_only", "host_only_threads", "tokenize_only"):
         r = variants.get(v)
         if r and n and r.get("seconds_median"):
             parts.append(f"{v} {n / r['seconds_median']:,.0f} texts/s")
@@ -213,6 +214,7 @@ if "$PY" -c "import sentence_transformers" 2>/dev/null; then
   variants=pipeline,sentence_transformers,host_only,tokenize_only
   if nvidia-smi -L >/dev/null 2>&1; then st_device=cuda; fi
 fi
+variants=${EMBED_VARIANTS:-$variants}
 # The flagship's limit first (its own packed batches alone, warm, no Beam), on the same
 # texts; embed_text then prints the flagship against it (--limit_json).
 # shellcheck disable=SC2086  # ENCODER_ARGS and RUN_ARGS are lists of flags

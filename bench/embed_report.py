@@ -129,6 +129,9 @@ PAIRS = (
     ("tokenize_in_beam", "tokenize_only"),
     ("host_only", "tokenize_in_beam"),
     ("pipeline_packed", "pipeline_buckets"),
+    ("pipeline_threads", "pipeline"),
+    ("host_only_threads", "host_only"),
+    ("host_only_threads", "tokenize_only"),
 )
 
 

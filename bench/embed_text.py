@@ -89,13 +89,16 @@ gathering results, is what is left):
   (``1 / (1/tokenize + 1/write)``, the serial bound the Arrow benchmark uses for reading
   and computing).
 
-Three more run the flagship with its batching or its matmuls chosen (side by side with
-``pipeline``, which lets the flagship choose both), each with a compilation cache of its
-own (round 1 cold):
+More run the flagship with its batching, its matmuls or its bundle threads chosen (side by
+side with ``pipeline``, which lets the flagship choose), each with a compilation cache of
+its own (round 1 cold):
 
 * ``pipeline_packed``: ``--batching packed`` (several texts per row, a few row lengths).
 * ``pipeline_buckets``: ``--batching buckets`` (each text padded to its length bucket).
 * ``pipeline_float32``: ``--matmuls float32`` (where ``auto`` takes bfloat16's).
+* ``pipeline_threads`` (and ``host_only_threads``): bundles in ``--threads`` threads of
+  the one process (``--direct_num_workers``), as an accelerator worker's one SDK process
+  runs them in its harness threads.
 
 For every model variant the table gives the executed FLOPs per real token (``FLOP/tok``,
 in MFLOP: attention included, at the lengths the kernel actually ran, padding and empty

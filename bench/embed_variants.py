@@ -37,8 +37,14 @@ VARIANTS = (
     "pipeline_packed",
     "pipeline_buckets",
     "pipeline_float32",
+    "pipeline_threads",
+    "host_only_threads",
 )
-HOST_ONLY = {"host_only": [], "host_only_buckets": ["--batching", "buckets"]}
+HOST_ONLY = {
+    "host_only": [],
+    "host_only_buckets": ["--batching", "buckets"],
+    "host_only_threads": [],
+}
 # host_only with background steps taken away (see taken_away).
 HOST_WITHOUT = {
     "host_only_pretokenized": ("tokenize",),
@@ -54,7 +60,12 @@ FLAGSHIPS = {
     "pipeline_packed": ["--batching", "packed"],
     "pipeline_buckets": ["--batching", "buckets"],
     "pipeline_float32": ["--matmuls", "float32"],
+    "pipeline_threads": [],
 }
+# Bundles in threads of the one process, as an accelerator worker runs them (one SDK
+# process, its harness threads): the in-memory FnApiRunner running one bundle per
+# benchmark core at once (``bundle_threads``).
+THREADED = ("pipeline_threads", "host_only_threads")
 # sentence-transformers in each precision: the torch dtype it computes in.
 ST_VARIANTS = {"sentence_transformers": "float32", "sentence_transformers_bf16": "bfloat16"}
 MODEL_VARIANTS = (*FLAGSHIPS, *ST_VARIANTS, "runinference")
@@ -402,10 +413,17 @@ def _embeddings_table(rows, schema):
     return embeddings_table(pa.array([k for k, _ in rows]), vectors, schema)
 
 
+def bundle_threads(cfg: dict) -> list[str]:
+    """The flags of the ``THREADED`` variants: one bundle worker per benchmark core."""
+    return [f"--direct_num_workers={cfg['threads']}"]
+
+
 def child(variant: str, cfg_path: str) -> None:
     """Runs ``variant`` on the config the parent wrote, pinned to its CPUs; prints the result."""
     cfg = json.loads(Path(cfg_path).read_text())
     harness.pin(cfg["threads"])
+    if variant in THREADED:
+        cfg["pipeline_args"] = cfg["pipeline_args"] + bundle_threads(cfg)
     if variant in HOST_ONLY:
         out = host_only(cfg, HOST_ONLY[variant])
     elif variant in HOST_WITHOUT:
