@@ -108,6 +108,7 @@ class EmbedTextSummary:
             f"{self.padding_ratio:.2f}x over {self.batches} batches; "
             f"{self.compiles} compiles ({self.compile_seconds:.1f} s, "
             f"{self.compile_wait_seconds:.1f} s of it waited for); "
+            f"results waited for {self.kernel.result_wait_seconds:.1f} s; "
             f"{self.sentences_per_second:.1f} sentences/s, {self.wall_seconds:.1f} s wall"
         )
 

@@ -312,10 +312,12 @@ class BatchEngine:
         inflight = self._inflight.popleft()
         rows = np.arange(inflight.buffer.size)
         error = None
+        waited = time.perf_counter()
         try:
             outputs = jax.device_get(inflight.outputs)
         except Exception as e:  # noqa: BLE001 - an error raised while running
             error = e
+        self._metrics.result_wait_us.inc(int((time.perf_counter() - waited) * 1e6))
         if error is not None:
             yield from self._failed(error, inflight.buffer, rows)
         else:

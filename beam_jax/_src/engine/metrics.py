@@ -36,6 +36,9 @@ class KernelMetrics:
         self.compiles = c("compiles")
         self.compile_ms = c("compile_ms")
         self.compile_wait_ms = c("compile_wait_ms")
+        # Time the host waited for the results of batches it had dispatched: the device's
+        # time on the critical path (none where the device keeps ahead of the host).
+        self.result_wait_us = c("result_wait_us")
         self.kernel_calls = c("kernel_calls")
         self.kernel_retries = c("kernel_retries")
         self.out_of_memory = c("out_of_memory")
@@ -224,6 +227,11 @@ class Summary:
             ``BufferingSummary``.
         compile_wait_seconds: compile time on the critical path: how long batches waited
             for their shape to compile (or compiled it themselves).
+        result_wait_seconds: how long the host waited for the results of batches it had
+            dispatched (the run and the copy back): the device's time on the host's
+            critical path. Near 0 where the host is the bottleneck; near the kernel's
+            time where the device is. JAX's CPU client may run a batch while it is
+            dispatched: that time is not counted here.
     """
 
     elements: int
@@ -244,6 +252,7 @@ class Summary:
     batch_fill: float = float("nan")
     buffering: BufferingSummary | None = None
     compile_wait_seconds: float = 0.0
+    result_wait_seconds: float = 0.0
 
     @property
     def compile_overlapped_seconds(self) -> float:
@@ -327,6 +336,7 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
         ),
         buffering=_buffering(totals, waits),
         compile_wait_seconds=totals.get("compile_wait_ms", 0) / 1000.0,
+        result_wait_seconds=totals.get("result_wait_us", 0) / 1e6,
     )
 
 
