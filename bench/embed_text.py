@@ -406,7 +406,8 @@ def _print_cold_warm(report: dict, runs: dict) -> None:
                   f"{r['compile_seconds']:.1f} s compiling, {r['compile_wait_seconds']:.2f} s of "
                   f"it on the critical path "
                   f"(waited for), {max(0.0, r['compile_seconds'] - r['compile_wait_seconds']):.1f}"
-                  f" s overlapped; padding {r['padding_ratio']:.3f}")  # fmt: skip
+                  f" s overlapped; padding {r['padding_ratio']:.3f}; results waited for "
+                  f"{r.get('result_wait_seconds', float('nan')):.2f} s")  # fmt: skip
     cold_warm = report["cold_warm"]
     for variant in (*FLAGSHIPS, "runinference"):
         if f"{variant}_cold_s" not in cold_warm:

@@ -138,6 +138,8 @@ def pipeline(cfg: dict, encoder=None) -> dict:
         # Compile time batches waited for (the critical path), apart from the rest, which
         # ran in background threads while the job read and tokenized.
         "compile_wait_seconds": summary.compile_wait_seconds,
+        # How long the job waited for the device's results: the device on the critical path.
+        "result_wait_seconds": summary.kernel.result_wait_seconds,
         "padding_ratio": summary.padding_ratio,
         "load_at_end": os.getloadavg()[0],
         # The cyclic garbage collector during the run: full passes walk every live object.
