@@ -29,7 +29,8 @@
 #
 # Other settings: STEPS (comma-separated, default all: devices,model,device_test,embed_text,
 # encoder,embed_text,peak,run; the encoder before embed_text), TOTAL_LIMIT, TEXTS, ROUNDS,
-# ENCODER_TEXTS (default TEXTS, at most 200,000), ENCODER_ARGS, PEAK_SIZES,
+# ENCODER_TEXTS (default TEXTS, at most 200,000), ENCODER_ARGS (e.g. "--busy_host 2": the
+# limit's batches also beside 2 threads tokenizing, then writing, as the job does), PEAK_SIZES,
 # ELEMENTS, RUN_ARGS, EMBED_VARIANTS (embed_text's --variants, e.g.
 # "pipeline,pipeline_threads,host_only_threads,tokenize_only"), the steps' limits (EMBED_TIMEOUT, ENCODER_TIMEOUT, PEAK_TIMEOUT,
 # RUN_TIMEOUT),
@@ -156,7 +157,9 @@ elif name == "embed_text":
 elif name == "encoder":
     rows, limit = data.get("rows", {}), data.get("flagship_limit")
     if limit:
-        print(f"flagship limit {limit['texts_per_s']:,.0f} texts/s, MFU {100 * limit['mfu']:.1f}%")
+        beside = [f"{k.split('_')[0]} beside {data[k]:.2f}x" for k in data if k.endswith("_vs_alone")]
+        print("; ".join([f"flagship limit {limit['texts_per_s']:,.0f} texts/s, "
+                         f"MFU {100 * limit['mfu']:.1f}%", *beside]))
     elif rows:
         best = max(rows, key=lambda k: rows[k].get("texts_per_s") or 0)
         r = rows[best]

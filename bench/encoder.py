@@ -4,6 +4,7 @@
     python bench/encoder.py --texts 2000 --rounds 5 --row_lengths 128,256 --rows 8,16,32
     python bench/encoder.py --parquet texts.parquet --column text --skip_torch
     python bench/encoder.py --flagship --texts 200000 --skip_torch --json limit.json
+    python bench/encoder.py --flagship --busy_host 2 --texts 200000 --skip_torch
 
 No Beam, no reading or writing: the same tokenized texts go through
 
@@ -24,6 +25,11 @@ No Beam, no reading or writing: the same tokenized texts go through
   no Beam, no reading or writing: the flagship's limit on this device, which
   ``bench/embed_text.py --limit_json`` sets the flagship against (``flagship_limit`` in the
   JSON; MFU against the peak of the matmuls' dtype);
+* ``flagship, tokenizing`` and ``flagship, writing``: with ``--flagship --busy_host N``,
+  the same batches while ``N`` threads of the same process tokenize the texts over and
+  over (``Tokenizer.encode_arrow``, the job's tokenize step) or write Parquet files of
+  embeddings (the job's write step): the chip's rate when the host works beside it, as it
+  does in the job, against ``flagship`` alone;
 * ``sentence_transformers``: ``SentenceTransformer.encode(texts, batch_size=64)`` with
   torch, in a child process of ``--st_python`` (torch is never imported here).
 
@@ -52,12 +58,20 @@ import time
 from pathlib import Path
 
 import numpy as np
-from flagship_batches import flagship_batches, flagship_packing, packed_arrays, rows_of
+from flagship_batches import (
+    flagship_batches,
+    flagship_packing,
+    host_busy,
+    packed_arrays,
+    rows_of,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256)  # the flagship's fixed buckets
 MAX_TOKENS = 2048  # the flagship's --max_tokens_per_batch
 BATCH_SIZE = 64
+# The flagship's batches beside --busy_host threads doing the job's tokenizing or writing.
+BUSY = {"flagship, tokenizing": "tokenize", "flagship, writing": "write"}
 DEFAULT_ST_PYTHON = next(
     (p for p in ("/tmp/refvenv/bin/python", "/tmp/stvenv/bin/python") if Path(p).exists()),
     sys.executable,
@@ -149,7 +163,7 @@ def st_executed_tokens(lengths: np.ndarray) -> list[tuple[int, int]]:
 class JaxVariants:
     """Every JAX variant's batches, kernels and vectors, in one process."""
 
-    def __init__(self, ids: list, row_lengths, rows_list, encoder, flagship=None):
+    def __init__(self, ids: list, row_lengths, rows_list, encoder, flagship=None, busy=(0, None)):
         import jax
 
         from beam_jax._src.core.packed_batch import SegmentInfo
@@ -159,6 +173,7 @@ class JaxVariants:
         self.n = len(ids)
         self.in_flight = 1
         self.variants: dict[str, tuple] = {}
+        self.busy_threads, self.busy_texts = busy  # for BUSY: threads, and the texts
         packed = jax.jit(jax.vmap(encoder.packed_fn, in_axes=(None, 0, 0)))
         if flagship is not None:  # the flagship's batches alone, two in flight
             self.in_flight = 2
@@ -167,6 +182,8 @@ class JaxVariants:
                 for tok, seg, pos, counts, seg_lengths, texts in flagship_batches(ids, flagship)
             ]
             self.variants["flagship"] = ("packed", packed, calls)
+            for name in BUSY if self.busy_threads else ():
+                self.variants[name] = ("packed", packed, calls)
             return
         for r in row_lengths:
             for rows in rows_list:
@@ -196,6 +213,8 @@ class JaxVariants:
         """Per variant: shapes, and the seconds its first calls took beyond a steady call."""
         out = {}
         for name, (_, fn, calls) in self.variants.items():
+            if name in BUSY:  # the flagship's own program and shapes, compiled with it
+                continue
             seen: dict[tuple, float] = {}
             for element, second, _ in calls:
                 shape = (
@@ -214,6 +233,11 @@ class JaxVariants:
         return out
 
     def run(self, name: str) -> tuple[float, np.ndarray]:
+        threads = self.busy_threads if name in BUSY else 0
+        with host_busy(BUSY.get(name), self.encoder.tokenizer(), self.busy_texts, threads):
+            return self._run(name)
+
+    def _run(self, name: str) -> tuple[float, np.ndarray]:
         kind, fn, calls = self.variants[name]
         vectors = np.zeros((self.n, self.encoder.dim), np.float32)
         start = time.perf_counter()
@@ -250,7 +274,9 @@ def _jax_worker(cfg: dict) -> None:
     matmuls = flagship["matmuls"] if flagship else "float32"
     encoder = SentenceEncoder.from_dir(cfg["model_dir"], matmuls=matmuls)
     ids = [np.asarray(x, np.int32) for x in json.load(open(cfg["ids"]))]
-    jv = JaxVariants(ids, cfg["row_lengths"], cfg["rows"], encoder, flagship)
+    threads = cfg.get("busy_host", 0)
+    busy = (threads, json.loads(Path(cfg["texts"]).read_text()) if threads else None)
+    jv = JaxVariants(ids, cfg["row_lengths"], cfg["rows"], encoder, flagship, busy)
     compiled = jv.compile_all()
     slots = {name: jv.executed_slots(name) for name in jv.variants}
     print("READY " + json.dumps({"compile": compiled, "slots": slots}), flush=True)
@@ -335,8 +361,16 @@ def main(argv: list[str] | None = None) -> dict:
         action="store_true",
         help="the flagship's own packed batches alone, warm: its limit on this device",
     )
+    parser.add_argument(
+        "--busy_host",
+        type=int,
+        default=0,
+        help="with --flagship: also its batches while this many threads tokenize beside them",
+    )
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
+    if args.busy_host and not args.flagship:
+        parser.error(f"--busy_host needs --flagship (got --busy_host {args.busy_host} alone)")
 
     sys.path.insert(0, str(ROOT / "bench"))
     from fingerprint import fingerprint, format_fingerprint
@@ -365,6 +399,7 @@ def main(argv: list[str] | None = None) -> dict:
         "threads": args.threads,
         "max_length": encoder.max_length,
         "flagship": flagship_packing(texts) if args.flagship else None,
+        "busy_host": args.busy_host,
     }
     (work / "cfg.json").write_text(json.dumps(cfg))
     jax_argv = [
@@ -470,6 +505,10 @@ def main(argv: list[str] | None = None) -> dict:
             f"{f['max_segments']} texts a row at most; {f['matmuls']} matmuls), warm, two in flight"
         )
         result["flagship_limit"] = {**r, "texts": len(texts), "plan": f, "peak_dtype": dtype}
+        for name in (b for b in BUSY if b in rows):
+            busy = rows[name]["texts_per_s"] / r["texts_per_s"]
+            print(f"{name} ({args.busy_host} threads beside): {busy:.2f}x its batches alone")
+            result[f"{BUSY[name]}_beside_vs_alone"] = busy
     harness.write_json(args.json, result)
     return result
 

@@ -2,12 +2,16 @@
 
 :func:`flagship_packing` asks the flagship's launch plan which packing it would choose for
 some texts on this machine; :func:`flagship_batches` packs token ids with it as the
-flagship's parts pack them, into the batches its kernel would see.
+flagship's parts pack them, into the batches its kernel would see; :func:`host_busy`
+keeps threads doing the job's tokenizing or writing beside them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import tempfile
+import threading
 
 import numpy as np
 
@@ -104,3 +108,48 @@ def packed_arrays(ids: list, chunk: list, n: int, width: int, segments: int) -> 
             at += m
         counts[r] = len(texts)
     return tok, seg, pos, counts, seg_lengths, chunk
+
+
+@contextlib.contextmanager
+def host_busy(kind: str | None, tokenizer, texts: list[str] | None, threads: int):
+    """``threads`` threads doing the job's host work over and over while the block runs:
+    ``"tokenize"`` one part (8,192) of ``texts`` (``Tokenizer.encode_arrow``), or
+    ``"write"`` a Parquet file of that many 384-float embeddings (uncompressed, as the
+    job writes them)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stop = threading.Event()
+    work = tempfile.TemporaryDirectory(prefix="bench_host_busy_")
+
+    def tokenize() -> None:
+        part = pa.array(texts[:8192], pa.large_string())
+        while True:  # once at least, however soon the block ends
+            tokenizer.encode_arrow(part)
+            if stop.is_set():
+                return
+
+    def write(i: int) -> None:
+        rng = np.random.default_rng(i)
+        values = pa.array(rng.standard_normal(8192 * 384, dtype=np.float32))
+        table = pa.table(
+            {"id": np.arange(8192), "embedding": pa.FixedSizeListArray.from_arrays(values, 384)}
+        )
+        while True:
+            pq.write_table(table, f"{work.name}/{i}.parquet", compression="none")
+            if stop.is_set():
+                return
+
+    targets = [
+        tokenize if kind == "tokenize" else functools.partial(write, i) for i in range(threads)
+    ]
+    workers = [threading.Thread(target=t, daemon=True) for t in targets]
+    for w in workers:
+        w.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+        work.cleanup()

@@ -71,3 +71,32 @@ def test_jax_variants_give_the_same_vectors():
     _, packed = variants.run("packed 32 x2")
     _, bucketed = variants.run("bucketed")
     np.testing.assert_allclose(np.sum(packed * bucketed, axis=1), 1.0, atol=1e-5)
+
+
+def test_the_flagships_batches_beside_a_busy_host_give_its_vectors(monkeypatch):
+    encoder = _bench_module("encoder")
+    from beam_jax.text import SentenceEncoder
+
+    model = SentenceEncoder.from_dir(max_length=64)
+    texts = ["A cat sat on the mat.", "Packing rows of text", "x " * 80, "short"] * 3
+    ids = model.tokenizer().encode_batch(texts)
+    plan = {"row_lengths": [32, 64], "rows_per_batch": {"32": [2], "64": [2]},
+            "max_segments": 4, "algorithm": "first_fit_decreasing", "pack_lengths": [32, 64],
+            "buffer_size": 8192}  # fmt: skip
+    calls = []
+    tokenizer = model.tokenizer()
+    encode = type(tokenizer).encode_arrow
+    monkeypatch.setattr(type(tokenizer), "encode_arrow", lambda *a: calls.append(1) or encode(*a))
+    variants = encoder.JaxVariants(ids, [], [], model, plan, busy=(2, texts))
+
+    assert set(variants.variants) == {"flagship", *encoder.BUSY}
+    variants.compile_all()
+    _, alone = variants.run("flagship")
+    before = len(calls)
+    _, tokenizing = variants.run("flagship, tokenizing")
+    _, writing = variants.run("flagship, writing")
+
+    assert len(calls) > before  # the threads tokenized while the batches ran
+    np.testing.assert_allclose(tokenizing, alone, atol=1e-6)
+    np.testing.assert_allclose(writing, alone, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(alone, axis=1), 1.0, atol=1e-5)
