@@ -166,10 +166,8 @@ def _read_and_tokenize(pipeline, args, model, inputs, id_type, done=frozenset())
 
 def _read(pipeline, args, inputs, id_type, done=frozenset()):
     """Read parts (those not in ``done``) -> spread (unless one worker runs here)."""
-    # One worker in this process: nowhere to spread the parts to.
     spread = not launch_plan.in_process(pipeline.options)
-    read = ReadParts(inputs, args.rows_per_part, done, id_type, spread=spread)
-    return pipeline | "Read" >> read
+    return pipeline | "Read" >> ReadParts(inputs, args.rows_per_part, done, id_type, spread=spread)
 
 
 def _build(
@@ -187,15 +185,14 @@ def _build(
     writer = write.PartWriter(staging, inputs, write.embeddings_schema(id_type))
     step = beam.ParDo(EmbedParts(tokenize, embed, writer, progress))
     names = parts | "Embed" >> on_accelerator(step, args.accelerator)
-    # A consumer for the parts' names across a shuffle: the local FnApiRunner then reads
-    # the step's output, and so fails when a worker dies there, instead of waiting for it
-    # forever (measured: a SIGKILL in the writing step hung a multi-process run, Beam 2.77).
+    # A consumer for the parts' names across a shuffle: the local FnApiRunner then fails
+    # when a worker dies there instead of waiting forever (a SIGKILL in the writing step
+    # hung a multi-process run, Beam 2.77).
     _ = names | "KeyPartNames" >> beam.WithKeys(None) | "GatherPartNames" >> beam.GroupByKey()
     _ = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
     if launch.planned and not launch_plan.workers_here(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the
-        # pipeline's first stage; runners whose workers run in this process start it in
-        # run()).
+        # first stage; where the workers run in this process, run() starts it).
         _ = pipeline | "StartEmbedWorker" >> on_accelerator(embed.start_workers(), args.accelerator)
     return embed
 
@@ -330,9 +327,7 @@ def run(
     try:
         with console:
             if launch.planned and launch_plan.workers_here(options):
-                # This process runs the pipeline's workers (one, or bundles in threads): the
-                # model loads and the planned shapes compile while Beam starts and reads the
-                # input.
+                # The workers run here: the model loads and compiles while Beam starts.
                 embed.start_worker_here()
             result = pipeline.run()
             result.wait_until_finish()

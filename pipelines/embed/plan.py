@@ -146,22 +146,20 @@ def workers_here(options: Any) -> bool:
     """Whether the runner runs the job's workers in this process (the FnApiRunner in memory
     or in threads), so a worker built here is the one the job uses."""
     runner = options.view_as(StandardOptions).runner
-    name = runner if isinstance(runner, str) else type(runner).__name__
+    name = (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1]
     mode = options.view_as(DirectOptions).direct_running_mode or "in_memory"
-    local = name.rsplit(".", 1)[-1] in ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner")
+    local = name in ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner")
     return local and mode in ("in_memory", "multi_threading")
 
 
 def bundle_workers(options: Any) -> int:
-    """The bundles the local FnApiRunner runs at once (``--direct_num_workers``; 0 is one per
-    CPU, as Beam reads it)."""
+    """Bundles the local FnApiRunner runs at once (``--direct_num_workers``; 0: one a CPU)."""
     num = options.view_as(DirectOptions).direct_num_workers
     return (os.cpu_count() or 1) if num == 0 else (num or 1)
 
 
 def in_process(options: Any) -> bool:
-    """Whether the whole job runs as one worker in this process (the FnApiRunner in memory,
-    one bundle at a time): no other worker to spread its parts to."""
+    """Whether the job runs as one worker in this process, one bundle at a time."""
     return workers_here(options) and bundle_workers(options) == 1
 
 
