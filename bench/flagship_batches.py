@@ -114,10 +114,11 @@ def packed_arrays(ids: list, chunk: list, n: int, width: int, segments: int) -> 
 def host_busy(kind: str | None, tokenizer, texts: list[str] | None, threads: int):
     """``threads`` threads doing the job's host work over and over while the block runs:
     ``"tokenize"`` one part (8,192) of ``texts`` (``Tokenizer.encode_arrow``), or
-    ``"write"`` a Parquet file of that many 384-float embeddings (uncompressed, as the
-    job writes them)."""
+    ``"write"`` a Parquet file of that many 384-float embeddings (the job's own writer,
+    ``pipelines.embed.write.write_embeddings``)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from pipelines.embed import write as job_write
 
     stop = threading.Event()
     work = tempfile.TemporaryDirectory(prefix="bench_host_busy_")
@@ -130,13 +131,11 @@ def host_busy(kind: str | None, tokenizer, texts: list[str] | None, threads: int
                 return
 
     def write(i: int) -> None:
-        rng = np.random.default_rng(i)
-        values = pa.array(rng.standard_normal(8192 * 384, dtype=np.float32))
-        table = pa.table(
-            {"id": np.arange(8192), "embedding": pa.FixedSizeListArray.from_arrays(values, 384)}
-        )
+        vectors = np.random.default_rng(i).standard_normal((8192, 384), dtype=np.float32)
+        schema = job_write.embeddings_schema(pa.int64())
+        table = job_write.embeddings_table(pa.array(np.arange(8192)), vectors, schema)
         while True:
-            pq.write_table(table, f"{work.name}/{i}.parquet", compression="none")
+            job_write.write_embeddings(table, f"{work.name}/{i}.parquet")
             if stop.is_set():
                 return
 
