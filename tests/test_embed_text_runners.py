@@ -127,15 +127,21 @@ def test_bundles_in_threads_of_this_process_write_the_same_embeddings(
     assert summary.conserved and summary.results == 24
     assert "Read/SpreadParts" in graph and "StartEmbedWorker" not in graph, sorted(graph)
     assert len(started) == 1, started  # started once, here, before the pipeline ran
-    got, want = _files(tmp_path / "out"), _files(reference)
+    _assert_same_embeddings(tmp_path / "out", reference)  # other batches: last bits differ
+
+
+def _assert_same_embeddings(out: pathlib.Path, reference: pathlib.Path) -> None:
+    """The same files, dead letters byte for byte, each part's ids in order and its vectors
+    within 1e-5 (batched otherwise, they round otherwise in the last bits)."""
+    got, want = _files(out), _files(reference)
     assert sorted(got) == sorted(want)
     assert {n: b for n, b in got.items() if n.startswith("_failed/")} == {
         n: b for n, b in want.items() if n.startswith("_failed/")
     }
-    for name, rows in _parquet(reference).items():  # other batches: the last bits may differ
-        threaded = pq.read_table(tmp_path / "out" / name)
-        assert threaded.column("id").to_pylist() == [r["id"] for r in rows], name
-        vectors = np.array(threaded.column("embedding").to_pylist())
+    for name, rows in _parquet(reference).items():
+        table = pq.read_table(out / name)
+        assert table.column("id").to_pylist() == [r["id"] for r in rows], name
+        vectors = np.array(table.column("embedding").to_pylist())
         np.testing.assert_allclose(vectors, [r["embedding"] for r in rows], atol=1e-5)
 
 
@@ -158,16 +164,7 @@ def test_on_prism_the_accelerator_hint_writes_the_same_bytes(source, reference, 
     ft.run(source, tmp_path / "hinted", "--rows_per_part", "4", *flags, "--accelerator", T4)
 
     assert _files(tmp_path / "hinted") == _files(tmp_path / "plain")
-    got, want = _files(tmp_path / "hinted"), _files(reference)
-    assert sorted(got) == sorted(want)
-    assert {n: b for n, b in got.items() if n.startswith("_failed/")} == {
-        n: b for n, b in want.items() if n.startswith("_failed/")
-    }
-    for name, rows in _parquet(reference).items():
-        hinted = pq.read_table(tmp_path / "hinted" / name)
-        assert hinted.column("id").to_pylist() == [r["id"] for r in rows], name
-        vectors = np.array(hinted.column("embedding").to_pylist())
-        np.testing.assert_allclose(vectors, [r["embedding"] for r in rows], atol=1e-5)
+    _assert_same_embeddings(tmp_path / "hinted", reference)
 
 
 def test_dead_letters_are_failed_elements_with_their_origin(reference):
