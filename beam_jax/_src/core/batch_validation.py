@@ -14,6 +14,7 @@ Checks that read every value (``Validation(nonfinite="reject")``, an ``ArraySpec
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,37 +41,45 @@ def _fast_rows(
     """``(ok, lengths)``: which elements pass every batch check (``bool[n]``) and their
     ragged lengths (``int64[n, num_axes]``, axes in ``layout.axis_names`` order)."""
     n = len(flat)
-    ok = np.fromiter((leaves is not None for leaves in flat), bool, n)
     names = layout.axis_names
     lengths = np.zeros((n, len(names)), np.int64)
     seen = np.zeros(len(names), bool)
     nbytes = np.zeros(n, np.int64)
-    rows = np.flatnonzero(ok)
+    # One pass of Python per leaf over the rows still passing, the rest numpy over them:
+    # a RunInference batch's arrays are cold in cache, and each small numpy call costs
+    # more than the loop (2.7 against 1.4 µs per record over 64-record batches).
+    rows = [i for i, leaves in enumerate(flat) if leaves is not None]
     for j, spec in enumerate(layout.specs):
         want, rank = spec.dtype, len(spec.shape)
-        leaves = [flat[i][j] for i in rows]
-        # Exactly an ndarray of the spec's dtype: validate would return it as it is.
-        typed = [type(x) is np.ndarray and x.dtype == want and x.ndim == rank for x in leaves]
-        ok[rows[~np.asarray(typed, bool)]] = False
-        rows = np.flatnonzero(ok)
-        if not len(rows):
+        kept: list[int] = []
+        dims: list[int] = []
+        for i in rows:
+            x = flat[i][j]
+            # Exactly an ndarray of the spec's dtype: validate would return it as it is.
+            if type(x) is np.ndarray and (x.dtype is want or x.dtype == want) and x.ndim == rank:
+                kept.append(i)
+                dims.extend(x.shape)
+        if not kept:
+            rows = kept
             break
-        shapes = np.asarray([flat[i][j].shape for i in rows], np.int64).reshape(len(rows), rank)
-        good = np.ones(len(rows), bool)
+        index = np.asarray(kept, np.intp)
+        shapes = np.fromiter(dims, np.int64, len(dims)).reshape(len(kept), rank)
+        good = np.ones(len(kept), bool)
         for axis, dim in enumerate(spec.shape):
             got = shapes[:, axis]
             if isinstance(dim, str):
                 k = names.index(dim)
                 if seen[k]:
-                    good &= lengths[rows, k] == got
+                    good &= lengths[index, k] == got
                 else:
-                    lengths[rows, k] = got
+                    lengths[index, k] = got
                     seen[k] = True
             else:
                 good &= got == dim
-        nbytes[rows] += np.prod(shapes, axis=1) * want.itemsize
-        ok[rows[~good]] = False
-        rows = np.flatnonzero(ok)
+        nbytes[index] += np.prod(shapes, axis=1) * want.itemsize
+        rows = kept if good.all() else index[good].tolist()
+    ok = np.zeros(n, bool)
+    ok[rows] = True
     if names:
         limits = np.asarray([max_sizes[name] for name in names], np.int64)
         fits = (lengths <= limits).all(axis=1)
@@ -80,6 +89,56 @@ def _fast_rows(
     if validation.max_element_bytes is not None:
         ok &= nbytes <= validation.max_element_bytes
     return ok, lengths
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedBatch:
+    """A batch's elements after the batch checks, as columns (no object per element).
+
+    Attributes:
+        flat: each element's leaves in the spec's order, ``None`` where its structure is
+            not the spec's.
+        ok: ``bool[n]``, the elements that pass every check: ``validate`` returns exactly
+            ``Validated(tuple(flat[i]), tuple(lengths[i]))`` for them.
+        lengths: ``int64[n, num_axes]``, their ragged lengths (axes in
+            ``layout.axis_names`` order).
+    """
+
+    flat: list[list[Any] | None]
+    ok: np.ndarray
+    lengths: np.ndarray
+
+
+def check_batch(
+    layout: Layout,
+    elements: Sequence[Any],
+    *,
+    validation: Validation,
+    max_sizes: Mapping[str, int],
+) -> CheckedBatch | None:
+    """The batch checks of ``validate_many`` alone, over all of ``elements`` at once;
+    ``None`` when the spec asks for checks that read every value (or there are no
+    elements): then every element needs ``validate`` itself.
+
+    Example:
+        >>> from beam_jax import ArraySpec
+        >>> from beam_jax._src.core.spec import as_layout
+        >>> layout = as_layout({"x": ArraySpec(("L", 2), np.float32)})
+        >>> good, bad = {"x": np.ones((3, 2), np.float32)}, {"x": np.ones((3, 5), np.float32)}
+        >>> checked = check_batch(layout, [good, bad], validation=Validation(),
+        ...                       max_sizes={"L": 8})
+        >>> checked.ok.tolist(), checked.lengths[0].tolist()
+        ([True, False], [3])
+    """
+    if not len(elements) or not _batch_checkable(layout, validation):
+        return None
+    treedef = layout.treedef
+    flat: list[list[Any] | None] = []
+    for element in elements:
+        leaves, structure = jax.tree_util.tree_flatten(element)
+        flat.append(leaves if structure == treedef else None)
+    ok, lengths = _fast_rows(layout, flat, validation, max_sizes)
+    return CheckedBatch(flat, ok, lengths)
 
 
 def validate_many(
@@ -111,17 +170,12 @@ def validate_many(
         One entry per element, in order.
     """
     results: list[Validated | Exception] = [None] * len(elements)  # type: ignore[list-item]
-    if _batch_checkable(layout, validation) and len(elements):
-        treedef = layout.treedef
-        flat: list[list[Any] | None] = []
-        for element in elements:
-            leaves, structure = jax.tree_util.tree_flatten(element)
-            flat.append(leaves if structure == treedef else None)
-        ok, lengths = _fast_rows(layout, flat, validation, max_sizes)
-        rows = lengths.tolist()
-        for i in np.flatnonzero(ok).tolist():
-            results[i] = Validated(tuple(flat[i]), tuple(rows[i]))
-        todo = np.flatnonzero(~ok).tolist()
+    checked = check_batch(layout, elements, validation=validation, max_sizes=max_sizes)
+    if checked is not None:
+        rows = checked.lengths.tolist()
+        for i in np.flatnonzero(checked.ok).tolist():
+            results[i] = Validated(tuple(checked.flat[i]), tuple(rows[i]))
+        todo = np.flatnonzero(~checked.ok).tolist()
     else:
         todo = range(len(elements))
     for i in todo:

@@ -123,15 +123,19 @@ def all_finite(tree: Any) -> bool:
     )
 
 
-def split_rows(outputs: BatchOutputs, rows: Any, items: Any) -> list[Any]:
+def split_rows(
+    outputs: BatchOutputs, rows: Any, items: Any = None, lengths: Any = None
+) -> list[Any]:
     """Split checked batch outputs into one pytree for each of ``rows``.
 
-    Output axes with a cut are cut to each element's own length (``item.lengths``).
+    Output axes with a cut are cut to each element's own length (``item.lengths``, or its
+    row of ``lengths``).
 
     Args:
         outputs: the batch's outputs, from ``check_outputs``.
         rows: which batch rows to return.
         items: the validated elements of those rows, in the same order.
+        lengths: instead of ``items``, those rows' ragged lengths (``int[n, num_axes]``).
     """
     rows = np.asarray(rows, np.int64)
     # One writable host copy of each leaf's rows; elements get views into it.
@@ -142,15 +146,19 @@ def split_rows(outputs: BatchOutputs, rows: Any, items: Any) -> list[Any]:
         if outputs.treedef.num_leaves == 1 and outputs.treedef.num_nodes == 1:
             return columns[0]  # a bare array per element (the treedef is a leaf)
         return [outputs.treedef.unflatten(per) for per in zip(*columns, strict=True)]
+    if lengths is None:
+        lengths = [item.lengths for item in items]
+    else:
+        lengths = np.asarray(lengths).tolist()
     result = []
-    for i, item in enumerate(items):
+    for i, own in enumerate(lengths):
         per = []
         for block, cut in zip(blocks, outputs.cuts, strict=True):
             row = block[i, ...]
             if cut:
                 index = [slice(None)] * row.ndim
                 for axis, k in cut:
-                    index[axis] = slice(0, item.lengths[k])
+                    index[axis] = slice(0, own[k])
                 row = row[tuple(index)]
             per.append(row)
         result.append(outputs.treedef.unflatten(per))

@@ -332,19 +332,34 @@ class Plan:
 
     def pad(self, bucket: Bucket, items: Sequence[Validated]) -> PaddedBatch:
         """Pad ``items`` (all of ``bucket``) into one batch of an allowed size."""
-        n = len(items)
+        return self.pad_columns(
+            bucket,
+            [[it.leaves[j] for it in items] for j in range(len(self.layout.specs))],
+            [[it.lengths[k] for it in items] for k in range(len(self.layout.axis_names))],
+        )
+
+    def pad_columns(
+        self,
+        bucket: Bucket,
+        leaves: Sequence[Sequence[np.ndarray]],
+        lengths: Sequence[Sequence[int]],
+    ) -> PaddedBatch:
+        """``pad`` of elements given as columns: per spec leaf, the elements' validated
+        leaves; per ragged axis, their lengths (a list, or a column of ``int[n, num_axes]``).
+        """
+        n = len(leaves[0])
         size = self.padded_batch_size(bucket, n)
         sizes = dict(zip(self.layout.axis_names, bucket, strict=True))
-        leaves = tuple(
-            pad_leaf((size, *spec.resolve(sizes)), spec, [it.leaves[j] for it in items])
+        padded = tuple(
+            pad_leaf((size, *spec.resolve(sizes)), spec, leaves[j])
             for j, spec in enumerate(self.layout.specs)
         )
-        lengths = {}
+        columns = {}
         for k, name in enumerate(self.layout.axis_names):
             col = np.zeros((size,), np.int32)
-            col[:n] = [it.lengths[k] for it in items]
-            lengths[name] = col
-        return PaddedBatch(bucket, leaves, lengths, n, size)
+            col[:n] = lengths[k]
+            columns[name] = col
+        return PaddedBatch(bucket, padded, columns, n, size)
 
     def unbatch(self, outputs: Any, batch: PaddedBatch, items: Sequence[Validated]) -> list[Any]:
         """Check batched kernel outputs and split them into one pytree per real element.
