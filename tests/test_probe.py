@@ -95,7 +95,7 @@ def test_a_local_platform_is_validated():
 
 _LAUNCH = textwrap.dedent(
     """
-    import json, sys, threading, time
+    import dataclasses, json, sys, threading, time
 
     import jax.numpy as jnp
     from jax._src import xla_bridge
@@ -116,13 +116,30 @@ _LAUNCH = textwrap.dedent(
         return backends(*a, **k)
 
     xla_bridge.backends = opening
+    # Opening the devices takes seconds here, as a TPU's does, holding JAX's lock.
+    cpu = xla_bridge._backend_factories["cpu"]
+
+    def slow_open(*a, **k):
+        time.sleep(3)
+        events.append(["opened", time.monotonic()])
+        return cpu.factory(*a, **k)
+
+    xla_bridge._backend_factories["cpu"] = dataclasses.replace(cpu, factory=slow_open)
     encode = Tokenizer.encode_arrow
 
     def encode_arrow(tokenizer, texts):
-        events.append(["tokenize", threading.current_thread().name])
+        events.append(["tokenize", threading.current_thread().name, time.monotonic()])
         return encode(tokenizer, texts)
 
     Tokenizer.encode_arrow = encode_arrow
+    from_dir = job.SentenceEncoder.from_dir.__func__
+
+    def load_model(cls, *a, **k):
+        opener = any(t.name == "beam_jax-open-devices" for t in threading.enumerate())
+        events.append(["model", opener or xla_bridge.backends_are_initialized()])
+        return from_dir(cls, *a, **k)
+
+    job.SentenceEncoder.from_dir = classmethod(load_model)
 
     def element_fn(params, element, lengths):
         return jnp.zeros((384,), jnp.float32) + lengths["L"]
@@ -152,7 +169,35 @@ def test_the_flagship_launch_never_waits_for_the_tpu_to_open(tmp_path):
     events = [tuple(e) for e in record["events"]]
     opens = [e for e in events if e[0] == "open"]
     assert len(opens) == 1, events
-    # Opened once, by the worker's background start, never by the launching thread; the
-    # job's own tokenize step (a thread of its own) tokenized its parts meanwhile.
-    assert opens == [("open", "beam_jax-worker-start")], events
+    # Opened once, on a thread of its own started before the model loads, never by the
+    # launching thread; the job's own tokenize step (a thread of its own) tokenized its
+    # parts.
+    assert opens == [("open", "beam_jax-open-devices")], events
+    assert ("model", True) in events, events
     assert any(e[0] == "tokenize" and e[1].startswith("beam_jax-tokenize") for e in events)
+    # The launch went on while the devices opened: its plan tokenized its sample, and the
+    # job its first part, before the opening ended.
+    opened = next(e[1] for e in events if e[0] == "opened")
+    before = [e for e in events if e[0] == "tokenize" and e[2] < opened]
+    assert {e[1].startswith("beam_jax-tokenize") for e in before} == {False, True}, events
+
+
+def test_open_local_devices_opens_them_on_a_thread_the_process_waits_for():
+    code = textwrap.dedent(
+        """
+        from jax._src import xla_bridge
+        from beam_jax.jobs import open_local_devices
+        before = xla_bridge.backends_are_initialized()
+        thread = open_local_devices()
+        print(before, thread.name, thread.daemon)
+        thread.join()
+        print(xla_bridge.backends_are_initialized())
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "beam_jax-open-devices", "False", "True"]

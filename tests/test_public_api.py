@@ -154,6 +154,7 @@ JOBS = {
     "text_sample",
     "LocalPlatform",
     "local_platform",
+    "open_local_devices",
     "DEFAULT_COMPILATION_CACHE",
     "DefaultsHelpFormatter",
     "add_compilation_cache_flag",

@@ -176,8 +176,7 @@ def _build(
     """Adds the job to ``pipeline``; returns its embedding transform (to start its worker).
 
     read parts -> spread (unless one worker runs here) -> tokenize, embed and write each
-    part in one step (``EmbedParts``, on the accelerator if asked for): no step depends on
-    how the runner fuses them.
+    part in one step (``EmbedParts``, on the accelerator if asked for): fusion-proof.
     """
     parts, unreadable = _read(pipeline, args, inputs, id_type, done)
     embed = embed_kernel(args, model, launch, encoder or Encoder())
@@ -185,9 +184,8 @@ def _build(
     writer = write.PartWriter(staging, inputs, write.embeddings_schema(id_type))
     step = beam.ParDo(EmbedParts(tokenize, embed, writer, progress))
     names = parts | "Embed" >> on_accelerator(step, args.accelerator)
-    # A consumer for the parts' names across a shuffle: the local FnApiRunner then fails
-    # when a worker dies there instead of waiting forever (a SIGKILL in the writing step
-    # hung a multi-process run, Beam 2.77).
+    # A consumer across a shuffle: the local FnApiRunner then fails when a worker dies
+    # there instead of waiting forever (a SIGKILL in the writing step hung it, Beam 2.77).
     _ = names | "KeyPartNames" >> beam.WithKeys(None) | "GatherPartNames" >> beam.GroupByKey()
     _ = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
     if launch.planned and not launch_plan.workers_here(pipeline.options):
@@ -283,6 +281,8 @@ def run(
     """
     started = time.perf_counter()
     args, options = parse_args(argv)
+    if launch_plan.workers_here(options) and not jobs.is_dry_run(options):
+        jobs.open_local_devices()  # opening a TPU takes seconds: overlap it with the launch
     # A tampered or incomplete model fails the launch, naming the file.
     model = SentenceEncoder.from_dir(
         args.model_dir, manifest=args.model_manifest, matmuls=args.matmuls
