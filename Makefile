@@ -9,6 +9,9 @@
 # `make upgrade` moves the lock (then runs the suite); `make lock` re-resolves it keeping the
 # pins that still fit pyproject.toml. `make wheelhouse` downloads the locked wheels for a host
 # with no package index (PYTHON_VERSION, PLATFORM, EXTRAS, DEST; see docs/docker.md).
+# `make test` runs the suite in TEST_WORKERS processes (pytest-xdist, a test file to each):
+# 2, CI's cores; more on a larger machine (`make test TEST_WORKERS=8`).
+TEST_WORKERS ?= 2
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -49,7 +52,7 @@ runners: $(VENV)/.installed
 	PYTHON=$(PY) bash tools/runners.sh fetch prism
 
 test: lint docs runners
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The lock's resolver (uv) at the lock's version.
 lock: $(VENV)/.installed

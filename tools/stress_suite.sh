@@ -6,7 +6,8 @@
 #   tools/stress_suite.sh 2          # 2 runs
 #   PYTEST_ARGS="tests/test_soak.py -k catches" tools/stress_suite.sh 1   # a subset
 #
-# Uses the project's virtual environment ($VENV, default .venv, as `make test` creates it).
+# Uses the project's virtual environment ($VENV, default .venv, as `make test` creates it),
+# and runs the suite as `make test` does: in $TEST_WORKERS processes (default 2), a file each.
 # Prints PASS/FAIL per run (with the failing tests) and a tally; exits 1 if any run failed.
 # Each run's full pytest output is kept in $LOG_DIR (default: a new directory under /tmp).
 set -uo pipefail
@@ -17,6 +18,7 @@ VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
 read -r -a ARGS <<<"${PYTEST_ARGS:-}"
 CORES=$(nproc)
+WORKERS=${TEST_WORKERS:-2}
 
 if ! [[ "$RUNS" =~ ^[1-9][0-9]*$ ]]; then
     echo "usage: $0 [RUNS]  (RUNS a positive integer, got '$RUNS')" >&2
@@ -57,7 +59,7 @@ for run in $(seq "$RUNS"); do
     log="$LOG_DIR/run-$run.log"
     start=$SECONDS
     # In the background and waited for, so that an interrupt stops it and the load at once.
-    "$PY" -m pytest -q -p no:cacheprovider "${ARGS[@]}" >"$log" 2>&1 &
+    "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadfile "${ARGS[@]}" >"$log" 2>&1 &
     TEST_PID=$!
     wait "$TEST_PID"
     status=$?
