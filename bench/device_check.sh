@@ -13,6 +13,9 @@
 #   4. encoder, embed_text, peak, run: the benchmarks (bench/*.py), in one block below:
 #                   the encoder's --flagship limit (the flagship's packed batches alone, warm)
 #                   on the same texts as embed_text, which prints the flagship against it
+#   5. timeline     (only when STEPS names it) bench/launch_timeline.py --trace: a fresh
+#                   flagship process phase by phase (imports, the device's opening, first
+#                   batch, last result) and the device's busy share of a traced warm run
 #
 # Each step has its own time limit (cut to what is left of TOTAL_LIMIT), its output kept
 # as it runs in $OUT/<step>.txt (and its figures in $OUT/<step>.json), and a row in the
@@ -33,7 +36,7 @@
 # limit's batches also beside 2 threads tokenizing, then writing, as the job does), PEAK_SIZES,
 # ELEMENTS, RUN_ARGS, EMBED_VARIANTS (embed_text's --variants, e.g.
 # "pipeline,pipeline_threads,host_only_threads,tokenize_only"), the steps' limits (EMBED_TIMEOUT, ENCODER_TIMEOUT, PEAK_TIMEOUT,
-# RUN_TIMEOUT),
+# RUN_TIMEOUT, TIMELINE_TIMEOUT),
 # DEVICE_TEST_ARGS (extra pytest arguments), PIPELINE_ARGS (the flagship's extra flags in
 # embed_text, e.g. "--direct_running_mode=multi_threading --direct_num_workers=8": bundles
 # in threads of the one process, as a Dataflow worker runs them), MODEL_ROOT (where the random model goes),
@@ -173,6 +176,14 @@ elif name == "peak":
         f"{k} {v / 1000:.1f} TFLOP/s" if v >= 1000 else f"{k} {v:.0f} GFLOP/s"
         for k, v in peak.items()
     ) or "-")
+elif name == "timeline":
+    warm = [m for k, m in data.get("runs", {}).items() if k.startswith("warm")]
+    trace = data.get("trace") or {}
+    parts = [f"first batch {m['first_dispatch']:.1f} s, devices open {m['open']:.1f} s, "
+             f"process {m['exited']:.1f} s" for m in warm[-1:]]
+    if trace.get("batches"):
+        parts.append(f"device busy {trace['busy_s'] / trace['window_s']:.0%} of its window")
+    print("; ".join(parts) or "-")
 elif name == "run":
     parts = []
     for kernel, variants in data.get("results", {}).items():
@@ -238,6 +249,9 @@ step peak "${PEAK_TIMEOUT:-60}" "$PY" bench/peak.py --sizes "$PEAK_SIZES" --repe
   --json "$OUT/peak.json"
 step run "${RUN_TIMEOUT:-120}" "$PY" bench/run.py --elements "$ELEMENTS" --kernels heavy,light \
   --repeat 1 --variants limit,read_only,beam_jax_arrow --json "$OUT/run.json" $RUN_ARGS
+# Not in the default STEPS (four flagship processes): STEPS=devices,model,timeline.
+step timeline "${TIMELINE_TIMEOUT:-240}" "$PY" bench/launch_timeline.py --texts "$TEXTS" \
+  --runs "$ROUNDS" --trace --json "$OUT/timeline.json"
 # ---- end of the benchmarks -----------------------------------------------------------------
 
 {
