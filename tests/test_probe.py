@@ -116,11 +116,14 @@ _LAUNCH = textwrap.dedent(
         return backends(*a, **k)
 
     xla_bridge.backends = opening
-    # Opening the devices takes seconds here, as a TPU's does, holding JAX's lock.
+    # Opening the devices takes long here, as a TPU's does, holding JAX's lock: until the
+    # launch's plan and the job's tokenize step have both tokenized (a launch that waits
+    # for the devices never does: then the opening ends after 120 s and the test fails).
     cpu = xla_bridge._backend_factories["cpu"]
+    launched, tokenized = threading.Event(), threading.Event()
 
     def slow_open(*a, **k):
-        time.sleep(3)
+        launched.wait(120) and tokenized.wait(120)
         events.append(["opened", time.monotonic()])
         return cpu.factory(*a, **k)
 
@@ -128,7 +131,9 @@ _LAUNCH = textwrap.dedent(
     encode = Tokenizer.encode_arrow
 
     def encode_arrow(tokenizer, texts):
-        events.append(["tokenize", threading.current_thread().name, time.monotonic()])
+        name = threading.current_thread().name
+        events.append(["tokenize", name, time.monotonic()])
+        (tokenized if name.startswith("beam_jax-tokenize") else launched).set()
         return encode(tokenizer, texts)
 
     Tokenizer.encode_arrow = encode_arrow
