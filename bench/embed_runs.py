@@ -36,17 +36,26 @@ def _env(threads: int) -> dict[str, str]:
     return env
 
 
-def write_data(workdir: Path, n: int) -> dict:
-    """The first ``n`` built-in texts (cycled if more) as Parquet and as a JSON list."""
+def write_builtin_texts(path: Path, n: int) -> list[str]:
+    """The first ``n`` built-in texts (cycled if more), written to ``path`` as Parquet
+    (``id``, ``text``; row groups of 1,024); returns them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from beam_jax.text import SentenceEncoder, builtin_corpus, packaged_model_dir
+    from beam_jax.text import builtin_corpus
 
     texts = [t for _, t in builtin_corpus()]
     texts = [texts[i % len(texts)] for i in range(n)]
     table = pa.table({"id": pa.array(range(n), pa.int64()), "text": pa.array(texts)})
-    pq.write_table(table, workdir / "texts.parquet", row_group_size=1024)
+    pq.write_table(table, path, row_group_size=1024)
+    return texts
+
+
+def write_data(workdir: Path, n: int) -> dict:
+    """The first ``n`` built-in texts (cycled if more) as Parquet and as a JSON list."""
+    from beam_jax.text import SentenceEncoder, packaged_model_dir
+
+    texts = write_builtin_texts(workdir / "texts.parquet", n)
     (workdir / "texts.json").write_text(json.dumps(texts))
     lengths = [
         len(ids) for ids in SentenceEncoder.from_dir(model_dir()).tokenizer().encode_batch(texts)

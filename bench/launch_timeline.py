@@ -38,6 +38,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 import harness  # noqa: E402
+from embed_runs import write_builtin_texts  # noqa: E402
 
 PHASES = (
     ("jax", "jax imported"),
@@ -165,19 +166,6 @@ def _run_child(cfg: dict, work: Path, timeout: float) -> dict:
     return out
 
 
-def _write_texts(path: Path, n: int) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from beam_jax.text import builtin_corpus
-
-    texts = [t for _, t in builtin_corpus()]
-    table = pa.table(
-        {"id": pa.array(range(n), pa.int64()), "text": [texts[i % len(texts)] for i in range(n)]}
-    )
-    pq.write_table(table, path, row_group_size=1024)
-
-
 def _table(runs: list[tuple[str, dict]]) -> str:
     width = max(len(label) for _, label in PHASES) + 2
     lines = [f"{'s from the process start':<{width + 2}}" + "".join(f"{n:>9}" for n, _ in runs)]
@@ -205,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--texts and --runs must be >= 1, got {args.texts} and {args.runs}")
     with tempfile.TemporaryDirectory(prefix="launch_timeline_") as tmp:
         work = Path(tmp)
-        _write_texts(work / "texts.parquet", args.texts)
+        write_builtin_texts(work / "texts.parquet", args.texts)
         cfg = {
             "parquet": str(work / "texts.parquet"),
             "output": str(work / "out"),
