@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pipeline-args", default="", help="the flagship's extra flags")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--cache-dir", help="the compilation cache, kept (default: a new one, removed)"
+    )
     args = parser.parse_args(argv)
     if args.texts < 1 or args.runs < 1:
         parser.error(f"--texts and --runs must be >= 1, got {args.texts} and {args.runs}")
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = {
             "parquet": str(work / "texts.parquet"),
             "output": str(work / "out"),
-            "cache": str(work / "cache"),
+            "cache": args.cache_dir or str(work / "cache"),
             "extra": args.pipeline_args.split(),
             "trace": False,
             "trace_dir": str(work / "trace"),

@@ -56,8 +56,9 @@ def test_a_trace_without_a_device_line_says_so_and_no_trace_fails(tmp_path):
 @pytest.mark.slow
 def test_a_warm_process_phases_come_in_order_and_a_traced_run_is_measured(tmp_path):
     report = launch_timeline.main(
-        ["--texts", "300", "--runs", "1", "--no-cold", "--trace", "--json", str(tmp_path / "r")]
-    )
+        ["--texts", "300", "--runs", "1", "--no-cold", "--trace", "--json", str(tmp_path / "r"),
+         "--cache-dir", str(tmp_path / "cache")]
+    )  # fmt: skip
     marks = report["runs"]["warm 1"]
     keys = [key for key, _ in launch_timeline.PHASES]
     assert all(marks[k] is not None for k in keys), marks
@@ -66,3 +67,4 @@ def test_a_warm_process_phases_come_in_order_and_a_traced_run_is_measured(tmp_pa
     assert 0 < marks["jax"] < marks["exited"]
     assert report["trace"]["wall_s"] > 0
     assert (tmp_path / "r").exists()
+    assert any((tmp_path / "cache").iterdir())  # the compilation cache it was given, kept

@@ -95,7 +95,7 @@ def test_a_local_platform_is_validated():
 
 _LAUNCH = textwrap.dedent(
     """
-    import dataclasses, json, sys, threading, time
+    import dataclasses, json, os, sys, threading, time
 
     import jax.numpy as jnp
     from jax._src import xla_bridge
@@ -124,7 +124,7 @@ _LAUNCH = textwrap.dedent(
 
     def slow_open(*a, **k):
         launched.wait(120) and tokenized.wait(120)
-        events.append(["opened", time.monotonic()])
+        events.append(["opened", time.monotonic(), os.environ.get("TPU_PREMAPPED_BUFFER_SIZE")])
         return cpu.factory(*a, **k)
 
     xla_bridge._backend_factories["cpu"] = dataclasses.replace(cpu, factory=slow_open)
@@ -161,8 +161,14 @@ _LAUNCH = textwrap.dedent(
 )
 
 
+def _without_host_buffer(env: dict) -> dict:
+    for name in (probe._HOST_BUFFER, probe._HOST_BUFFER_THRESHOLD):
+        env.pop(name, None)
+    return env
+
+
 def test_the_flagship_launch_never_waits_for_the_tpu_to_open(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="")
+    env = _without_host_buffer(dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS=""))
     done = subprocess.run(
         [sys.executable, "-c", _LAUNCH, str(tmp_path / "out")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
@@ -185,6 +191,8 @@ def test_the_flagship_launch_never_waits_for_the_tpu_to_open(tmp_path):
     opened = next(e[1] for e in events if e[0] == "opened")
     before = [e for e in events if e[0] == "tokenize" and e[2] < opened]
     assert {e[1].startswith("beam_jax-tokenize") for e in before} == {False, True}, events
+    # The devices opened with the TPU's host buffer sized (libtpu reads it as it opens).
+    assert next(e[2] for e in events if e[0] == "opened") == str(probe.TPU_HOST_BUFFER_BYTES)
 
 
 def test_open_local_devices_opens_them_on_a_thread_the_process_waits_for():
@@ -206,3 +214,63 @@ def test_open_local_devices_opens_them_on_a_thread_the_process_waits_for():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["False", "beam_jax-open-devices", "False", "True"]
+
+
+def test_the_tpu_host_buffer_is_sized_where_the_environment_leaves_it(monkeypatch):
+    for name in (probe._HOST_BUFFER, probe._HOST_BUFFER_THRESHOLD):
+        monkeypatch.delenv(name, raising=False)
+    assert probe.size_tpu_host_buffer(64 * 2**20) == 64 * 2**20
+    assert (
+        os.environ[probe._HOST_BUFFER]
+        == os.environ[probe._HOST_BUFFER_THRESHOLD]
+        == str(64 * 2**20)
+    )
+    # A size already there (the user's, the image's, or the first call's) is kept.
+    assert probe.size_tpu_host_buffer() == 64 * 2**20
+    monkeypatch.setenv(probe._HOST_BUFFER, str(2**32))
+    assert probe.size_tpu_host_buffer() == 2**32
+    assert os.environ[probe._HOST_BUFFER_THRESHOLD] == str(64 * 2**20)
+    # Only a threshold set: the size stays libtpu's own.
+    monkeypatch.delenv(probe._HOST_BUFFER)
+    monkeypatch.setenv(probe._HOST_BUFFER_THRESHOLD, "1048576")
+    assert probe.size_tpu_host_buffer() is None
+    assert probe._HOST_BUFFER not in os.environ
+
+
+@pytest.mark.parametrize("nbytes", [0, 2**20 - 1, True, 1.5e9, "256M"])
+def test_a_tpu_host_buffer_size_is_validated(nbytes):
+    with pytest.raises(ValueError, match=rf"at least 1 MiB \(1048576\), got {nbytes!r}"):
+        probe.size_tpu_host_buffer(nbytes)
+
+
+_WORKER_OPENS = textwrap.dedent(
+    """
+    import dataclasses, os
+    from jax._src import xla_bridge
+    from beam_jax._src.kernel.devices import select_devices
+
+    cpu = xla_bridge._backend_factories["cpu"]
+    seen = []
+
+    def opening(*a, **k):
+        seen.append(os.environ.get("TPU_PREMAPPED_BUFFER_SIZE"))
+        return cpu.factory(*a, **k)
+
+    xla_bridge._backend_factories["cpu"] = dataclasses.replace(cpu, factory=opening)
+    select_devices()
+    print(seen)
+    """
+)
+
+
+@pytest.mark.parametrize("preset", [None, "8388608"])
+def test_a_worker_opens_its_devices_with_the_tpu_host_buffer_sized(preset):
+    env = _without_host_buffer(dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"))
+    if preset is not None:
+        env[probe._HOST_BUFFER] = preset
+    done = subprocess.run(
+        [sys.executable, "-c", _WORKER_OPENS], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [f"['{preset or probe.TPU_HOST_BUFFER_BYTES}']"]

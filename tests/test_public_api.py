@@ -155,6 +155,7 @@ JOBS = {
     "LocalPlatform",
     "local_platform",
     "open_local_devices",
+    "size_tpu_host_buffer",
     "DEFAULT_COMPILATION_CACHE",
     "DefaultsHelpFormatter",
     "add_compilation_cache_flag",

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from beam_jax._src.core.probe import size_tpu_host_buffer
 from beam_jax._src.errors import SpecError
 
 
@@ -19,7 +20,10 @@ def select_devices(devices: Sequence[jax.Device] | str | None = None) -> tuple[j
             (``"cpu"``, ``"gpu"``, ``"tpu"``) for all local devices of that platform, or an
             explicit sequence of devices or of indices into ``jax.local_devices()`` (indices
             are what a pipeline ships to its workers: device objects cannot be pickled).
+
+    Where this opens a TPU, its host buffer is sized first (:func:`size_tpu_host_buffer`).
     """
+    size_tpu_host_buffer()
     if devices is None:
         return tuple(jax.local_devices())
     if isinstance(devices, str):
