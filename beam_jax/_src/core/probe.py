@@ -1,7 +1,8 @@
 """What JAX will run on in this process, known without opening a device.
 
-Opening a TPU takes seconds (about 8 s for one v5e chip, more for several), and until it is
-open ``jax.devices()``, ``jax.default_backend()`` and ``jax.local_device_count()`` block.
+Opening a TPU takes seconds (about 2 s for one v5e chip with the host buffer
+:func:`size_tpu_host_buffer` gives it, 6-8 s with libtpu's default), and until it is open
+``jax.devices()``, ``jax.default_backend()`` and ``jax.local_device_count()`` block.
 A job launch asks what it runs on to choose its defaults (chunk sizes, matmul precision,
 batch sizes per device) long before it needs the device itself; :func:`local_platform`
 answers from what is already known, so the launch can read and tokenize while the device
@@ -107,7 +108,7 @@ def open_local_devices() -> threading.Thread:
     """Start opening this process's JAX devices on a thread of their own; returns it.
 
     A job whose workers run in its own process (the in-process FnApiRunner) calls it first
-    thing, so that the devices open (8-10 s for one TPU v5e chip) while the launch loads the
+    thing, so that the devices open (seconds on a TPU) while the launch loads the
     model, plans its batches and builds its graph (:func:`local_platform` answers meanwhile
     without waiting for them); whatever needs the devices waits only for what is left of
     the opening (JAX opens its backends once per process). An error while opening is not
