@@ -37,7 +37,8 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   so a launch can choose its defaults while the device opens in the background, and
   :func:`open_local_devices` starts that opening first thing, after
   :func:`size_tpu_host_buffer` has sized the host buffer a TPU maps as it opens (seconds
-  of its opening with libtpu's default).
+  of its opening with libtpu's default), and :func:`tpu_host_buffer_advice` says what to
+  set where a batch outgrows it.
 - :func:`freeze_startup_objects` keeps the objects alive at a job's launch (imported
   modules) out of the garbage collector's passes while the job runs, and
   :func:`prompt_bundle_ends` ends each bundle of the in-process runners when its work ends.
@@ -57,6 +58,7 @@ from beam_jax._src.core.probe import LocalPlatform as LocalPlatform
 from beam_jax._src.core.probe import local_platform as local_platform
 from beam_jax._src.core.probe import open_local_devices as open_local_devices
 from beam_jax._src.core.probe import size_tpu_host_buffer as size_tpu_host_buffer
+from beam_jax._src.core.probe import tpu_host_buffer_advice as tpu_host_buffer_advice
 from beam_jax._src.jobs.bundle_ends import prompt_bundle_ends as prompt_bundle_ends
 from beam_jax._src.jobs.console import RunConsole as RunConsole
 from beam_jax._src.jobs.console import add_flags as add_flags

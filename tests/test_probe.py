@@ -9,17 +9,25 @@ first part was tokenized: the device opens in the worker's background start.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import apache_beam as beam
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from apache_beam.testing.util import assert_that, equal_to
 
+import beam_jax as bj
 from beam_jax._src.core import probe
+from beam_jax._src.engine import worker
 from beam_jax.jobs import LocalPlatform, local_platform
+from tests.beam_helpers import pipeline, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -274,3 +282,54 @@ def test_a_worker_opens_its_devices_with_the_tpu_host_buffer_sized(preset):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == [f"['{preset or probe.TPU_HOST_BUFFER_BYTES}']"]
+
+
+def test_a_transfer_larger_than_the_tpu_host_buffer_gets_advice(monkeypatch):
+    monkeypatch.delenv(probe._HOST_BUFFER, raising=False)
+    assert probe.tpu_host_buffer_advice(4 * 2**30) is None  # libtpu's own 4 GiB holds it
+    advice = probe.tpu_host_buffer_advice(4 * 2**30 + 1)
+    assert "4,096 MiB to a TPU" in advice and "TPU_PREMAPPED_BUFFER_SIZE=4294967296" in advice
+    monkeypatch.setenv(probe._HOST_BUFFER, str(256 * 2**20))
+    assert probe.tpu_host_buffer_advice(256 * 2**20) is None
+    advice = probe.tpu_host_buffer_advice(300 * 2**20)
+    assert "300 MiB" in advice and "(TPU_PREMAPPED_BUFFER_SIZE=268435456 bytes, 256 MiB)" in advice
+    assert f"to at least {300 * 2**20} in the worker's environment" in advice
+
+
+def _scaled_sum(params, element, lengths):
+    mask = bj.length_mask(lengths["L"], element.shape[0])
+    return params * jnp.where(mask, element, jnp.float32(0)).sum()
+
+
+@pytest.mark.parametrize("advised", [True, False])
+def test_a_tpu_worker_whose_batches_outgrow_its_host_buffer_says_so(advised, monkeypatch, caplog):
+    # The kernel's devices taken for a TPU; its largest batch leaf (4 rows x 8 x float32,
+    # 128 bytes) split over the local devices, against a host buffer a byte smaller than
+    # each device's share (advice) or just as large (none).
+    share = -(-128 // len(jax.local_devices()))
+    buffer = share - 1 if advised else share
+    monkeypatch.setattr(worker, "_platform", lambda kernel: "tpu")
+    monkeypatch.setenv(probe._HOST_BUFFER, str(buffer))
+    values = [np.ones(n, np.float32) for n in range(1, 9)]
+    p = pipeline()
+    out = (
+        p
+        | beam.Create(values)
+        | bj.RunKernel(
+            _scaled_sum,
+            spec=bj.ArraySpec(("L",), np.float32),
+            bucketing=bj.Bucketing(boundaries={"L": (4, 8)}, batch_size=4),
+            load_params=lambda: np.float32(2.0),
+        )
+        | beam.Map(float)
+    )
+    assert_that(out, equal_to([2.0 * n for n in range(1, 9)]))
+    with caplog.at_level(logging.WARNING, logger=worker.__name__):
+        run(p)
+    said = [r.getMessage() for r in caplog.records if "host buffer" in r.getMessage()]
+    if advised:
+        assert len(said) == 1, said
+        assert f"(TPU_PREMAPPED_BUFFER_SIZE={buffer} bytes" in said[0], said
+        assert f"to at least {share} in the worker's environment" in said[0], said
+    else:
+        assert said == []

@@ -156,6 +156,7 @@ JOBS = {
     "local_platform",
     "open_local_devices",
     "size_tpu_host_buffer",
+    "tpu_host_buffer_advice",
     "DEFAULT_COMPILATION_CACHE",
     "DefaultsHelpFormatter",
     "add_compilation_cache_flag",

@@ -172,6 +172,33 @@ def size_tpu_host_buffer(nbytes: int = TPU_HOST_BUFFER_BYTES) -> int | None:
     return int(size) if size and size.strip().isdigit() else None
 
 
+def tpu_host_buffer_advice(largest_transfer: int) -> str | None:
+    """What to do where one transfer to a TPU outgrows the host buffer it opens with.
+
+    Args:
+        largest_transfer: the bytes of the largest array moved to one device at once (one
+            leaf of the largest padded batch, over the devices it is split across).
+
+    Returns:
+        ``None`` where the buffer this process's environment gives the TPU holds it
+        (libtpu's 4 GiB where the environment sets none); otherwise a message that says
+        how large the transfer and the buffer are, what it costs and how to fix it.
+    """
+    size = os.environ.get(_HOST_BUFFER, "").strip()
+    buffer = int(size) if size.isdigit() else 4 * 2**30
+    if largest_transfer <= buffer:
+        return None
+    mib = 2**20
+    return (
+        f"one batch moves an array of {largest_transfer / mib:,.0f} MiB to a TPU, larger than "
+        f"the TPU's host buffer ({_HOST_BUFFER}={buffer} bytes, {buffer / mib:,.0f} MiB): "
+        "transfers larger than the buffer run about 20x slower. Set "
+        f"{_HOST_BUFFER} and {_HOST_BUFFER_THRESHOLD} to at least {largest_transfer} in the "
+        "worker's environment, before its TPU opens, or make the batches smaller "
+        "(Bucketing(batch_size=..., max_padded_size=...))."
+    )
+
+
 def _open_quietly() -> None:
     import jax
 

@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from beam_jax._src.bucketing.rule import Bucket
+from beam_jax._src.core.probe import tpu_host_buffer_advice
 from beam_jax._src.engine.fit import FitReport, fit_batch_limits
 from beam_jax._src.engine.options import KernelOptions, make_kernel
 from beam_jax._src.kernel.cache import enable_compilation_cache
 from beam_jax._src.kernel.precompile import BackgroundCompile
+
+_LOG = logging.getLogger(__name__)
+
+
+def _platform(kernel) -> str:
+    """The platform the kernel's devices are (``"cpu"``, ``"gpu"``, ``"tpu"``, ...)."""
+    return str(kernel.devices[0].platform)
 
 
 class Worker:
     """Per-process state shared by all DoFn instances and threads of one transform.
 
     Built once per process through ``apache_beam.utils.shared``: parameters are loaded and
-    placed on the devices once, and every shape is compiled once.
+    placed on the devices once, and every shape is compiled once. On a TPU it logs a
+    warning where its largest batch moves an array larger than the TPU's host buffer
+    (:func:`~beam_jax.jobs.tpu_host_buffer_advice`).
 
     Args:
         fn: the function the kernel runs (per element, or batched per ``options.batched``).
@@ -40,6 +53,10 @@ class Worker:
             self.plan = self.plan.with_batch_limits(
                 self.fit.limits, one_size=options.fit_to_memory.one_size
             )
+        if _platform(self.kernel) == "tpu":
+            advice = tpu_host_buffer_advice(self._largest_transfer())
+            if advice is not None:
+                _LOG.warning("beam_jax: %s", advice)
         self._lock = threading.Lock()
         self._limits = {b: self.plan.max_batch(b) for b in self.plan.buckets}
         self._reported = (0, 0.0, 0.0)
@@ -54,6 +71,18 @@ class Worker:
             self._background = BackgroundCompile(
                 self.kernel, self.params, self._listed_shapes(), self.plan.kernel_treedef
             )
+
+    def _largest_transfer(self) -> int:
+        """The bytes of the largest leaf of any padded batch, per device it is split over."""
+        devices = max(1, len(self.kernel.devices))
+        return max(
+            (
+                -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // devices)
+                for b, s in self.plan.shapes()
+                for shape, dtype in self.plan.leaf_shapes(b, s)
+            ),
+            default=0,
+        )
 
     def _listed_shapes(self) -> list:
         """Every listed shape, those full batches use (each bucket's largest size) first."""
