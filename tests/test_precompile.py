@@ -274,3 +274,25 @@ def test_run_kernel_on_arrow_takes_the_worker_started_here(tmp_path):
     finally:
         embed.forget_worker_here()
     assert sum(loader.calls().values()) == 1
+
+
+def test_shapes_started_together_lower_one_at_a_time():
+    # Each tracing waits (up to 0.3 s) for another to begin beside it: shapes that lowered
+    # side by side would record two at once.
+    lock, tracing, most = threading.Lock(), [0], [0]
+    company = threading.Condition(lock)
+
+    def fn(p, x, lengths):
+        with company:
+            tracing[0] += 1
+            most[0] = max(most[0], tracing[0])
+            company.notify_all()
+            company.wait_for(lambda: tracing[0] > 1, timeout=0.3)
+            tracing[0] -= 1
+        return x.sum()
+
+    kernel = Kernel(fn, batched=True)
+    job = BackgroundCompile(kernel, None, _shapes([1, 2, 3, 4]), None, threads=4)
+    assert job.wait(60)
+    assert kernel.compiles == 4
+    assert most[0] == 1

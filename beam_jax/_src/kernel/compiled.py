@@ -149,6 +149,11 @@ class Kernel:
         # caller of one shape waits for that shape only, while others compile in parallel.
         self._compiling: dict[Any, threading.Event] = {}
         self._lock = threading.Lock()
+        # Lowering (tracing ``fn`` into XLA's input) holds the interpreter lock throughout,
+        # and compiling does not: shapes lower one at a time and compile in parallel, so
+        # of the shapes started together the first is ready first (with a warm compilation
+        # cache, mostly lowering) instead of all of them last, sharing the lock.
+        self._lowering = threading.Lock()
         self.compiles = 0
         self.compile_seconds = 0.0
         self.wait_seconds = 0.0
@@ -234,8 +239,10 @@ class Kernel:
         start = time.perf_counter()
         error = None
         try:
+            with self._lowering:
+                lowered = self._jitted.lower(params, element, lengths)
             # XLA releases the GIL while it compiles, so compiles in threads overlap.
-            exe = self._jitted.lower(params, element, lengths).compile()
+            exe = lowered.compile()
         except Exception as e:  # noqa: BLE001 - any trace/compile failure is per shape
             error = e
         with self._lock:

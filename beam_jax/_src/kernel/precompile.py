@@ -1,7 +1,9 @@
 """Compile a kernel's listed batch shapes in background threads, several at once.
 
 XLA releases the GIL while it compiles, so compiles in threads run in parallel with each
-other and with the worker reading and tokenizing. A batch whose shape is not ready waits
+other and with the worker reading and tokenizing. Lowering a shape (tracing the kernel)
+holds the GIL, so the kernel lowers one shape at a time, in the order the threads take
+them: the shape listed first is ready first. A batch whose shape is not ready waits
 for that shape alone (``Kernel._executable``); one whose shape no thread has started yet
 compiles it itself, so the background never makes a batch wait longer than a compile.
 """
