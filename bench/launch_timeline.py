@@ -10,8 +10,11 @@ prints when its phases began, in seconds from the process's start: ``jax`` impor
 ``pipelines.embed`` imported (Beam, pyarrow, the tokenizer), ``run()`` called, the devices
 opening and open (and which thread opened them), the first batch dispatched, the last
 result fetched, ``run()`` returned and the process ended. A TPU takes seconds to open
-(about 8-10 s for one v5e chip); the launch should plan, read and tokenize meanwhile, and
-the first batch should follow the opening by no more than the compiled programs' loading.
+(one v5e chip: about 2 s with the host buffer beam_jax gives it, 6-8 s with libtpu's
+4 GiB); the launch should plan, read and tokenize meanwhile, and the first batch should
+follow the opening by no more than the compiled programs' loading. ``--cache-dir`` keeps
+the compilation cache, so that runs of several invocations (e.g. with other environment
+settings) are warm alike.
 
 With ``--trace``, one more process runs the job twice and traces the second run with
 ``jax.profiler``: the batches the device ran (its trace's ``XLA Modules`` line, one event
