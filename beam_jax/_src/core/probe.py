@@ -34,6 +34,7 @@ __all__ = [
     "local_platform",
     "open_local_devices",
     "size_tpu_host_buffer",
+    "tpu_host_buffer_advice",
 ]
 
 _GOOGLE_PCI_VENDOR = "0x1ae0"
