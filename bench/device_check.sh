@@ -16,6 +16,8 @@
 #   5. timeline     (only when STEPS names it) bench/launch_timeline.py --trace: a fresh
 #                   flagship process phase by phase (imports, the device's opening, first
 #                   batch, last result) and the device's busy share of a traced warm run
+#   6. tpu_open     (only when STEPS names it) bench/tpu_open.py: the opening, the process
+#                   and transfers by the size of the TPU's host buffer (TPU_BUFFERS)
 #
 # Each step has its own time limit (cut to what is left of TOTAL_LIMIT), its output kept
 # as it runs in $OUT/<step>.txt (and its figures in $OUT/<step>.json), and a row in the
@@ -31,7 +33,8 @@
 #   QUICK=1 PY=.venv/bin/python bash bench/device_check.sh   # small sizes, on a CPU
 #
 # Other settings: STEPS (comma-separated, default all: devices,model,device_test,embed_text,
-# encoder,embed_text,peak,run; the encoder before embed_text), TOTAL_LIMIT, TEXTS, ROUNDS,
+# encoder,embed_text,peak,run; the encoder before embed_text; opt-in: timeline, tpu_open),
+# TPU_BUFFERS (tpu_open's --buffers), TOTAL_LIMIT, TEXTS, ROUNDS,
 # ENCODER_TEXTS (default TEXTS, at most 200,000), ENCODER_ARGS (e.g. "--busy_host 2": the
 # limit's batches also beside 2 threads tokenizing, then writing, as the job does), PEAK_SIZES,
 # ELEMENTS, RUN_ARGS, EMBED_VARIANTS (embed_text's --variants, e.g.
@@ -184,6 +187,12 @@ elif name == "timeline":
     if trace.get("batches"):
         parts.append(f"device busy {trace['busy_s'] / trace['window_s']:.0%} of its window")
     print("; ".join(parts) or "-")
+elif name == "tpu_open":
+    runs = data.get("runs", {})
+    print("; ".join(
+        f"{k}: open {min(d['open_s'] for d in v):.1f} s, process {min(d['process_s'] for d in v):.1f} s"
+        for k, v in runs.items()
+    ) or "-")
 elif name == "run":
     parts = []
     for kernel, variants in data.get("results", {}).items():
@@ -252,6 +261,9 @@ step run "${RUN_TIMEOUT:-120}" "$PY" bench/run.py --elements "$ELEMENTS" --kerne
 # Not in the default STEPS (four flagship processes): STEPS=devices,model,timeline.
 step timeline "${TIMELINE_TIMEOUT:-240}" "$PY" bench/launch_timeline.py --texts "$TEXTS" \
   --runs "$ROUNDS" --trace --json "$OUT/timeline.json"
+# Not in the default STEPS: STEPS=devices,tpu_open (the opening by the TPU's host buffer).
+step tpu_open "${TPU_OPEN_TIMEOUT:-180}" "$PY" bench/tpu_open.py \
+  --buffers "${TPU_BUFFERS:-libtpu,256MiB,64MiB}" --rounds "$ROUNDS" --json "$OUT/tpu_open.json"
 # ---- end of the benchmarks -----------------------------------------------------------------
 
 {
