@@ -49,8 +49,9 @@ _TPU_CHIPS = {
 }
 _PCI_DEVICES = "/sys/bus/pci/devices"
 
-# The host buffer a TPU runtime maps for its transfers as it opens (libtpu's default: 4 GiB).
+# The host buffer a TPU runtime maps for its transfers as it opens: beam_jax's, libtpu's.
 TPU_HOST_BUFFER_BYTES = 256 * 2**20
+_LIBTPU_HOST_BUFFER_BYTES = 4 * 2**30
 _HOST_BUFFER = "TPU_PREMAPPED_BUFFER_SIZE"
 _HOST_BUFFER_THRESHOLD = "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES"
 
@@ -169,8 +170,13 @@ def size_tpu_host_buffer(nbytes: int = TPU_HOST_BUFFER_BYTES) -> int | None:
         )
     if _HOST_BUFFER not in os.environ and _HOST_BUFFER_THRESHOLD not in os.environ:
         os.environ[_HOST_BUFFER] = os.environ[_HOST_BUFFER_THRESHOLD] = str(nbytes)
-    size = os.environ.get(_HOST_BUFFER)
-    return int(size) if size and size.strip().isdigit() else None
+    return _host_buffer_in_env()
+
+
+def _host_buffer_in_env() -> int | None:
+    """The buffer size the environment gives the TPU's opening, or ``None`` (libtpu's)."""
+    size = os.environ.get(_HOST_BUFFER, "").strip()
+    return int(size) if size.isdigit() else None
 
 
 def tpu_host_buffer_advice(largest_transfer: int) -> str | None:
@@ -185,8 +191,8 @@ def tpu_host_buffer_advice(largest_transfer: int) -> str | None:
         (libtpu's 4 GiB where the environment sets none); otherwise a message that says
         how large the transfer and the buffer are, what it costs and how to fix it.
     """
-    size = os.environ.get(_HOST_BUFFER, "").strip()
-    buffer = int(size) if size.isdigit() else 4 * 2**30
+    buffer = _host_buffer_in_env()
+    buffer = _LIBTPU_HOST_BUFFER_BYTES if buffer is None else buffer
     if largest_transfer <= buffer:
         return None
     mib = 2**20
