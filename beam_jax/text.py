@@ -59,3 +59,4 @@ from beam_jax._src.transforms.tokenize import INPUT_IDS as INPUT_IDS
 from beam_jax._src.transforms.tokenize import TOKENIZE as TOKENIZE
 from beam_jax._src.transforms.tokenize import TOKENIZE_THREADS as TOKENIZE_THREADS
 from beam_jax._src.transforms.tokenize import TokenizeBatches as TokenizeBatches
+from beam_jax._src.transforms.tokenize import default_tokenize_threads as default_tokenize_threads

@@ -114,6 +114,7 @@ TEXT = {
     "INPUT_IDS",
     "TOKENIZE",
     "TOKENIZE_THREADS",
+    "default_tokenize_threads",
     "plan_batching",
     "BatchingChoice",
     "BertConfig",

@@ -10,23 +10,19 @@ compiles it itself, so the background never makes a batch wait longer than a com
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from beam_jax._src.cores import usable_cores
 from beam_jax._src.kernel.compiled import Kernel
 
 
 def default_threads() -> int:
     """Compile threads: one per CPU this process may use, at most 4."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(4, cpus))
+    return max(1, min(4, usable_cores()))
 
 
 # Compiles running when the interpreter exits: each thread finishes the shape it compiles

@@ -23,11 +23,18 @@ import pyarrow as pa
 from beam_jax._src.arrow.ahead import WorkAhead
 from beam_jax._src.arrow.io import carry_origin, file_rows, row_origin
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION, FailedElement
+from beam_jax._src.cores import usable_cores
 from beam_jax._src.errors import InvalidElementError, SpecError
 from beam_jax._src.text.rows import IdType, python_values
 from beam_jax._src.text.tokenizer import TextTooLongError
 
-__all__ = ["INPUT_IDS", "TOKENIZE", "TOKENIZE_THREADS", "TokenizeBatches"]
+__all__ = [
+    "INPUT_IDS",
+    "TOKENIZE",
+    "TOKENIZE_THREADS",
+    "TokenizeBatches",
+    "default_tokenize_threads",
+]
 
 TOKENIZE = "tokenize"  # the stage of a text the tokenizer cannot cut or rejects
 INPUT_IDS = "input_ids"
@@ -45,6 +52,24 @@ def _valid_strings(column: pa.Array) -> bool:
     return True
 
 
+def default_tokenize_threads() -> int:
+    """Batches a ``TokenizeBatches`` instance tokenizes at once by default: two where this
+    process may use four cores or more, else one.
+
+    On 13 cores two ran the flagship's host 1.06-1.09x as fast after its launch as one;
+    three, four and six no faster (the bundle's own thread is then the bound:
+    bench/RESULTS.md). On two cores the second thread only competes with the bundle's.
+    """
+    return 2 if usable_cores() >= 4 else 1
+
+
+def _work_ahead(threads: int) -> WorkAhead:
+    # Ahead by one batch more than the threads (two at least): the tokenizer keeps working
+    # while the kernel or the writer holds up a batch (two ahead measured 1.04x the host's
+    # throughput of one ahead with one thread; three no faster).
+    return WorkAhead(TOKENIZE_THREADS, depth=max(2, threads + 1), workers=threads)
+
+
 class TokenizeBatches(beam.DoFn):
     """Checks and tokenizes record batches of ids and texts.
 
@@ -59,8 +84,9 @@ class TokenizeBatches(beam.DoFn):
     value by value.
 
     A batch's tokens (and its tokenizer's dead letters) come out while a later batch is
-    processed, or when the bundle finishes: the tokenizer works up to two batches ahead in
-    a background thread (``WorkAhead``), its native work releasing the interpreter lock.
+    processed, or when the bundle finishes: the tokenizer works ahead in background threads
+    (``WorkAhead``), its native work releasing the interpreter lock, and the outputs keep
+    the batches' order.
 
     Example:
         >>> from beam_jax.text import SentenceEncoder, TokenizeBatches
@@ -77,8 +103,12 @@ class TokenizeBatches(beam.DoFn):
         metrics_namespace: Where ``rows`` and ``dead_letters_<stage>`` are counted.
         text_name: How messages name the text (default ``text_column``), e.g. the input's
             field where the batches renamed it.
+        threads: Batches tokenized at once, each in a background thread of the DoFn's
+            instance; default ``default_tokenize_threads()`` on the worker: two where its
+            process may use four cores or more, else one.
 
     Raises:
+        ValueError: ``threads`` is not a positive int (or None).
         SpecError: (when run) if a batch lacks one of the columns.
     """
 
@@ -92,10 +122,17 @@ class TokenizeBatches(beam.DoFn):
         carry: str | None = None,
         metrics_namespace: str = "beam_jax.text",
         text_name: str | None = None,
+        threads: int | None = None,
     ):
-        # Two ahead: the tokenizer keeps working while the kernel or the writer holds up a
-        # batch (measured 1.04x the host-only throughput of one ahead; three: no faster).
-        self._ahead = WorkAhead(TOKENIZE_THREADS, depth=2)
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise ValueError(
+                f"threads must be a positive int (batches tokenized at once) or None for "
+                f"the worker's default, got {threads!r}"
+            )
+        self._threads = threads
+        self._ahead = _work_ahead(threads or 1)  # sized again on the worker, in setup
         self._encoder = encoder
         self._text, self._id, self._carry = text_column, id_column, carry or id_column
         self._id_type = id_type
@@ -107,6 +144,7 @@ class TokenizeBatches(beam.DoFn):
         counter = functools.partial(beam.metrics.Metrics.counter, self._namespace)
         self._rows = counter("rows")
         self._rejected = {s: counter(f"dead_letters_{s}") for s in (VALIDATION, TOKENIZE)}
+        self._ahead = _work_ahead(self._threads or default_tokenize_threads())
         self._ahead.setup()
 
     def start_bundle(self):
