@@ -136,10 +136,10 @@ def test_assign_rows_matches_placing_records_one_at_a_time(case):
         assert getattr(got, name).dtype == np.int64, name
 
 
-@pytest.mark.parametrize("per_group", [0, 10**9], ids=["by_group", "by_run"])
+@pytest.mark.parametrize("per_group", [0, 10**9], ids=["by_block", "by_run"])
 @hypothesis.settings(max_examples=150, deadline=None)
 @hypothesis.given(case=_cases())
-def test_first_fit_places_alike_by_group_and_by_run(per_group, case):
+def test_first_fit_places_alike_by_block_and_by_run(per_group, case):
     # assign_rows picks one of two first-fit implementations by records per length;
     # each, forced, must agree with the reference on every case.
     lengths, packing = case

@@ -27,10 +27,9 @@ from beam_jax._src.errors import SpecError
 
 Algorithm = Literal["first_fit_decreasing", "best_fit"]
 ALGORITHMS = ("first_fit_decreasing", "best_fit")
-# First fit by group (``_first_fit_by_group``) from this many records per distinct length
-# with length classes, twice as many with one class (where short records fill fewer gaps
-# one by one, so placing by run stays cheaper for longer): measured, bench/RESULTS.md.
-_RECORDS_PER_GROUP = 32
+# First fit by blocks of rows (``_first_fit_by_block``) from this many records per distinct
+# length; below it, a step per run (``_first_fit``) costs less: measured, bench/RESULTS.md.
+_RECORDS_PER_GROUP = 6
 
 
 def _positive_ints(name: str, value: Any) -> tuple[int, ...]:
@@ -309,7 +308,7 @@ def _first_fit(groups, max_segments, most) -> _Rows:
 
 @dataclasses.dataclass(frozen=True)
 class _Placed:
-    """What ``_first_fit_by_group`` placed: the runs (as ``_Rows.runs``) and, per row, its
+    """What ``_first_fit_by_block`` placed: the runs (as ``_Rows.runs``) and, per row, its
     records and used slots."""
 
     runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -317,64 +316,100 @@ class _Placed:
     used: np.ndarray
 
 
-def _first_fit_by_group(groups, max_segments, most) -> _Placed:
-    """``_first_fit``'s placement, computed a group (one record length) at a time in numpy.
+def _first_fit_by_block(groups, max_segments, most) -> _Placed:
+    """``_first_fit``'s placement, with rows of the same state kept together as blocks.
 
-    First fit puts a group's records in the open rows that hold one, in row order, each row
-    taking as many as its room and segments allow, then opens rows for the rest: so one
-    group is a filter of the rows, a cumulative sum of what each takes, and a cut where it
-    reaches the group's count. That costs a few numpy calls per group, whatever the number
-    of runs, where ``_first_fit`` pays per run: faster on a buffer of many records per
-    length, slower on a small one (see ``assign_rows``).
+    Rows opened for one length start alike (each as full as the first, the last with the
+    rest), and first fit then treats rows alike alike: a length's records fill every row
+    with room for one, in row order, each taking as many as its room and segments allow,
+    until the length's count runs out inside one row. So the rows are held as blocks of
+    consecutive rows in one state (room, records, used slots), split only where a length's
+    count runs out; a length costs a step per block with room for it, not per row. Blocks
+    with room are found by room (a sorted list of the room values held, a list of blocks
+    per value), and placed in row order. The flagship's buffers of 8,192 records (204
+    lengths) come to about 385 blocks against 3,300 rows. ``most`` is unused.
     """
-    size = max(most, 1)  # each row holds at least one record
-    free = np.empty(size, np.int64)  # per row, its room; -1 once it holds max_segments
-    used = np.empty(size, np.int64)
-    counts = np.empty(size, np.int64)
-    rows = 0
-    runs: list[tuple[np.ndarray, ...]] = []
+    del most
+    blocks: dict[int, tuple[int, int, int, int]] = {}  # first row -> (rows, room, held, used)
+    by_room: dict[int, list[int]] = {}  # room -> the first rows of the blocks with it
+    rooms: list[int] = []  # the keys of by_room, sorted
+    runs: list[tuple[int, int, int, int, int]] = []  # (first row, rows, take, held, used)
+    total_rows = 0
+
+    def put(first: int, n: int, room: int, held: int, used: int) -> None:
+        blocks[first] = (n, room if held < max_segments else -1, held, used)
+        if held < max_segments:
+            firsts = by_room.get(room)
+            if firsts is None:
+                firsts = by_room[room] = []
+                bisect.insort(rooms, room)
+            firsts.append(first)
+
+    def take_out(first: int, room: int) -> None:
+        firsts = by_room[room]
+        firsts.remove(first)
+        if not firsts:
+            del by_room[room]
+            del rooms[bisect.bisect_left(rooms, room)]
+
     for need, left, capacity in groups:
-        if rows:
-            at = np.flatnonzero(free[:rows] >= need)[:left]  # each takes one at least
-            if len(at):
-                held, room = counts[at], free[at]
+        k = bisect.bisect_left(rooms, need)
+        if k < len(rooms):
+            for first in sorted(f for room in rooms[k:] for f in by_room[room]):
+                n, room, held, used = blocks[first]
                 take = max_segments - held
-                if need:
-                    np.minimum(take, room // need, out=take)
-                total = np.cumsum(take)
-                if total[-1] >= left:  # the group ends in row at[k - 1]
-                    k = int(np.searchsorted(total, left)) + 1
-                    at, take, held, room = at[:k], take[:k], held[:k], room[:k]
-                    take[-1] -= int(total[k - 1]) - left
-                    left = 0
-                else:
-                    left -= int(total[-1])
-                spent = take * need
-                slots = used[at]
-                runs.append((at, take, held, slots))
-                held = held + take
-                counts[at] = held
-                used[at] = slots + spent
-                room -= spent
-                room[held >= max_segments] = -1
-                free[at] = room
-        if left:  # each new row as full as the first, the last with the rest
+                if need and room // need < take:
+                    take = room // need
+                take_out(first, room)
+                if take * n <= left:  # every row of the block takes as many
+                    runs.append((first, n, take, held, used))
+                    put(first, n, room - take * need, held + take, used + take * need)
+                    left -= take * n
+                    if not left:
+                        break
+                    continue
+                full, rest = divmod(left, take)  # the count runs out in row first + full
+                if full:
+                    runs.append((first, full, take, held, used))
+                    put(first, full, room - take * need, held + take, used + take * need)
+                if rest:
+                    runs.append((first + full, 1, rest, held, used))
+                    put(first + full, 1, room - rest * need, held + rest, used + rest * need)
+                after = full + (1 if rest else 0)
+                if after < n:
+                    put(first + after, n - after, room, held, used)
+                left = 0
+                break
+        if left:  # new rows, each as full as the first, the last with the rest
             per_row = max_segments if need == 0 else min(capacity // need, max_segments)
             k = -(-left // per_row)
-            take = np.full(k, per_row, np.int64)
-            take[-1] = left - per_row * (k - 1)
-            new = slice(rows, rows + k)
-            zeros = np.zeros(k, np.int64)
-            runs.append((np.arange(rows, rows + k), take, zeros, zeros))
-            counts[new] = take
-            used[new] = take * need
-            free[new] = np.where(take < max_segments, capacity - take * need, -1)
-            rows += k
+            last = left - per_row * (k - 1)
+            if k > 1:
+                runs.append((total_rows, k - 1, per_row, 0, 0))
+                put(total_rows, k - 1, capacity - per_row * need, per_row, per_row * need)
+            runs.append((total_rows + k - 1, 1, last, 0, 0))
+            put(total_rows + k - 1, 1, capacity - last * need, last, last * need)
+            total_rows += k
     if not runs:
         empty = np.zeros(0, np.int64)
         return _Placed((empty, empty, empty, empty), empty, empty)
-    columns = tuple(np.concatenate(column) for column in zip(*runs, strict=True))
-    return _Placed(columns, counts[:rows].copy(), used[:rows].copy())
+    # Each run of a block is one run per row of it, in row order.
+    run = np.array(runs, np.int64)
+    run_row = _expand(run[:, 0], run[:, 1])
+    columns = (run_row, *(np.repeat(run[:, j], run[:, 1]) for j in (2, 3, 4)))
+    state = np.array([(first, *values) for first, values in blocks.items()], np.int64)
+    rows = _expand(state[:, 0], state[:, 1])
+    counts = np.empty(total_rows, np.int64)
+    used = np.empty(total_rows, np.int64)
+    counts[rows] = np.repeat(state[:, 3], state[:, 1])
+    used[rows] = np.repeat(state[:, 4], state[:, 1])
+    return _Placed(columns, counts, used)
+
+
+def _expand(first: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The rows ``first[i] .. first[i] + n[i] - 1`` of every block, in order."""
+    starts = np.cumsum(n) - n
+    return np.repeat(first - starts, n) + np.arange(int(n.sum()), dtype=np.int64)
 
 
 def _best_fit(groups, max_segments, most) -> _Rows:
@@ -459,8 +494,8 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     groups = zip(needs.tolist(), np.diff(bounds).tolist(), capacities.tolist(), strict=True)
     if packing.algorithm == "best_fit":
         place = _best_fit
-    elif len(order) >= _RECORDS_PER_GROUP * len(needs) * (1 if len(classes) > 1 else 2):
-        place = _first_fit_by_group  # many records per length: a few numpy calls a group
+    elif len(order) >= _RECORDS_PER_GROUP * len(needs):
+        place = _first_fit_by_block  # many records per length: a step per block of rows
     else:
         place = _first_fit  # few: a Python step per run beats numpy's cost per call
     rows = place(groups, packing.max_segments, len(order))
