@@ -11,6 +11,10 @@ only the order of what happened).
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
 import threading
 import uuid
 
@@ -188,3 +192,67 @@ def test_a_bundle_without_elements_does_not_wait_for_the_worker():
         threading.Event().wait(0.1)
     events = EVENTS[key]
     assert events.index("pipeline finished") < events.index("load finished"), events
+
+
+_FAILS_WHILE_THE_WORKER_BUILDS = """
+import pathlib, sys, time
+import apache_beam as beam
+import jax.numpy as jnp
+import numpy as np
+from apache_beam.options.pipeline_options import PipelineOptions
+import beam_jax as bj
+from beam_jax._src.kernel.compiled import Kernel
+
+out = pathlib.Path(sys.argv[1])
+precompile = Kernel.precompile
+
+def recorded(self, *args, background=False, **kw):
+    if background:
+        (out / "compiled in the background").touch()
+    return precompile(self, *args, background=background, **kw)
+
+Kernel.precompile = recorded
+
+def load_params():
+    time.sleep(1.5)  # the job fails, and the interpreter begins to exit, meanwhile
+    (out / "parameters loaded").touch()
+    return np.float32(2.0)
+
+def scaled_sum(params, element, lengths):
+    mask = bj.length_mask(lengths["L"], element.shape[0])
+    return params * jnp.where(mask, element, jnp.float32(0)).sum()
+
+def broken(x):
+    raise RuntimeError("the reader broke (simulated)")
+
+transform = bj.RunKernel(
+    scaled_sum,
+    spec=bj.ArraySpec(("L",), np.float32),
+    bucketing=bj.Bucketing(boundaries={"L": (4, 8)}, batch_size=4),
+    load_params=load_params,
+    precompile=True,
+)
+transform.start_worker_here()
+p = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
+_ = p | beam.Create([np.ones(3, np.float32)]) | beam.Map(broken) | transform
+p.run().wait_until_finish()
+"""
+
+
+def test_a_job_failing_while_its_worker_builds_exits_with_its_error_after_the_build(tmp_path):
+    # The worker's thread is inside XLA or load_params as the interpreter exits: exit waits
+    # for it (a daemon thread there was cut off, aborting the process), and the compiles
+    # the finished build then starts compile nothing.
+    root = pathlib.Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAILS_WHILE_THE_WORKER_BUILDS, str(tmp_path)],
+        env=dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert "the reader broke (simulated)" in proc.stderr
+    assert "terminate called" not in proc.stderr
+    assert (tmp_path / "parameters loaded").exists(), "exit did not wait for the build"
+    assert not (tmp_path / "compiled in the background").exists(), "compiled during exit"

@@ -159,7 +159,9 @@ class WorkerStart:
     Building a worker opens the devices (seconds on a TPU), loads and places the
     parameters, fits batch limits to memory and starts the precompiles. None of that is
     needed to read, decode, tokenize or bucket the first elements, so the caller goes on
-    with that work and waits (``get``) only when a batch must run on the device.
+    with that work and waits (``get``) only when a batch must run on the device. A process
+    that exits meanwhile (a job that failed) waits for the build to end, then exits with
+    its own status.
 
     Example:
         >>> import numpy as np, beam_jax as bj
@@ -177,8 +179,13 @@ class WorkerStart:
         self._done = threading.Event()
         self._worker: Worker | None = None
         self._error: BaseException | None = None
+        # Not a daemon: a daemon thread inside XLA (opening the devices, placing the
+        # parameters) as the interpreter finalizes is cut off as it returns, which aborted
+        # a failed job's process at exit ("terminate called after throwing", status 134)
+        # instead of ending with its error. Exit waits for the build; the compiles it then
+        # starts compile nothing (``precompile``).
         self._thread = threading.Thread(
-            target=self._build, args=(fn, spec, options), name="beam_jax-worker-start", daemon=True
+            target=self._build, args=(fn, spec, options), name="beam_jax-worker-start"
         )
         self._thread.start()
 

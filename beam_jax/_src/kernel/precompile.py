@@ -31,9 +31,13 @@ def default_threads() -> int:
 # aborted the process at exit (status 134, "terminate called after throwing", or 139)
 # after a job failed while its shapes compiled; exit now waits for the compiles running.
 _RUNNING: weakref.WeakSet[BackgroundCompile] = weakref.WeakSet()
+# Set as the interpreter starts to exit: a compile started after that (by a worker still
+# being built, which exit waits for) compiles nothing.
+_EXITING = threading.Event()
 
 
 def _stop_all() -> None:
+    _EXITING.set()
     for job in list(_RUNNING):
         job.stop()
 
@@ -76,7 +80,7 @@ class BackgroundCompile:
         self._todo: queue.SimpleQueue = queue.SimpleQueue()
         for shape in shapes:
             self._todo.put(shape)
-        self._stopped = False
+        self._stopped = _EXITING.is_set()
         count = min(threads or default_threads(), max(1, len(shapes)))
         self._threads = [
             threading.Thread(target=self._work, name=f"beam_jax-compile-{i}", daemon=False)
