@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 
 from beam_jax._src.arrow.columns import leaf_key
-from beam_jax._src.arrow.fill import ragged_index
 from beam_jax._src.core.outputs import BatchOutputs
 from beam_jax._src.errors import KernelError
+from beam_jax._src.ragged import ragged_index
 
 
 def _to_arrow_type_safe(values: np.ndarray) -> np.ndarray:

@@ -20,18 +20,7 @@ from beam_jax._src.arrow.decode import DecodedBatch
 from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.packed_plan import PackedPlan, PackedRows
 from beam_jax._src.core.plan import PaddedBatch, Plan, aligned_full
-
-
-def ragged_index(steps: np.ndarray, base: np.ndarray) -> np.ndarray:
-    """``base[i] + t`` for every row ``i`` and ``t < steps[i]``, concatenated."""
-    total = int(steps.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    begin = np.cumsum(steps) - steps
-    # base[i] + t = (base[i] - begin[i]) + (begin[i] + t): a shift per row, plus a count.
-    out = np.repeat(np.asarray(base, np.int64) - begin, steps)
-    out += np.arange(total, dtype=np.int64)
-    return out
+from beam_jax._src.ragged import ragged_index
 
 
 class BucketFill:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from beam_jax._src.errors import SpecError
+from beam_jax._src.ragged import ragged_index
 
 Algorithm = Literal["first_fit_decreasing", "best_fit"]
 ALGORITHMS = ("first_fit_decreasing", "best_fit")
@@ -395,21 +396,15 @@ def _first_fit_by_block(groups, max_segments, most) -> _Placed:
         return _Placed((empty, empty, empty, empty), empty, empty)
     # Each run of a block is one run per row of it, in row order.
     run = np.array(runs, np.int64)
-    run_row = _expand(run[:, 0], run[:, 1])
+    run_row = ragged_index(run[:, 1], run[:, 0])
     columns = (run_row, *(np.repeat(run[:, j], run[:, 1]) for j in (2, 3, 4)))
     state = np.array([(first, *values) for first, values in blocks.items()], np.int64)
-    rows = _expand(state[:, 0], state[:, 1])
+    rows = ragged_index(state[:, 1], state[:, 0])
     counts = np.empty(total_rows, np.int64)
     used = np.empty(total_rows, np.int64)
     counts[rows] = np.repeat(state[:, 3], state[:, 1])
     used[rows] = np.repeat(state[:, 4], state[:, 1])
     return _Placed(columns, counts, used)
-
-
-def _expand(first: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """The rows ``first[i] .. first[i] + n[i] - 1`` of every block, in order."""
-    starts = np.cumsum(n) - n
-    return np.repeat(first - starts, n) + np.arange(int(n.sum()), dtype=np.int64)
 
 
 def _best_fit(groups, max_segments, most) -> _Rows:
