@@ -80,6 +80,17 @@ else
 fi
 # This tree's beam_jax, pipelines and tools first; the machine's JAX stays where it is.
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# Compiled as an install compiles them: where the host sets PYTHONDONTWRITEBYTECODE (TPU hosts
+# do) and the wheels went in with --no-compile, every process would compile Beam's modules
+# again at import (1.0 s of a 3.6 s import on one TPU v5e host, bench/imports.py), and the
+# launch timed here would be slower than a worker image's. The tree's own packages and the
+# other writable folders on PYTHONPATH; the benchmarks print what is still not compiled.
+compile_dirs=("$ROOT/beam_jax" "$ROOT/pipelines" "$ROOT/bench" "$ROOT/tools")
+IFS=: read -ra path_dirs <<< "$PYTHONPATH"
+for d in "${path_dirs[@]}"; do
+  if [ -d "$d" ] && [ -w "$d" ] && [ "$(cd "$d" && pwd)" != "$ROOT" ]; then compile_dirs+=("$d"); fi
+done
+"$PY" -m compileall -q -j 0 "${compile_dirs[@]}" >/dev/null 2>&1 || true
 # JAX may use every platform it finds (tests/conftest.py and the benchmarks' children pin
 # JAX to the CPU only where JAX_PLATFORMS is unset).
 export JAX_PLATFORMS="${JAX_PLATFORMS:-}"

@@ -109,6 +109,47 @@ def child_env(*paths: str) -> dict:
     return env
 
 
+LAUNCH_PACKAGES = ("numpy", "jax", "pyarrow", "tokenizers", "apache_beam", "beam_jax")
+
+
+def uncompiled(packages: Sequence[str] = LAUNCH_PACKAGES, env: dict | None = None) -> list[str]:
+    """The ``packages`` whose modules a fresh process with ``env`` would compile at import:
+    their ``__init__`` has no cached bytecode where that process looks for it.
+
+    An install compiles its modules (pip does by default) and a process writes what it
+    compiled beside the source, so this is empty unless both fail: packages installed
+    without compiling (``pip install --no-compile``) where ``PYTHONDONTWRITEBYTECODE`` is
+    set or the folder is read-only. Then every process compiles them again (Beam's modules
+    added 1.0 s to a 3.6 s import on one TPU v5e host: ``bench/imports.py``), and a launch
+    timed there is slower than a worker image's.
+    """
+    code = (
+        "import importlib.util, json, os, sys\n"
+        "out = []\n"
+        "for name in json.loads(sys.argv[1]):\n"
+        "    spec = importlib.util.find_spec(name)\n"
+        "    if spec is not None and spec.cached and not os.path.exists(spec.cached):\n"
+        "        out.append(name)\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(list(packages))],
+        capture_output=True, text=True, env=env, timeout=60, check=True,
+    )  # fmt: skip
+    return json.loads(proc.stdout)
+
+
+def bytecode_line(missing: Sequence[str]) -> str:
+    """One line on :func:`uncompiled`'s answer, for a benchmark's table."""
+    if not missing:
+        return "bytecode: cached for every package the launch imports"
+    return (
+        f"bytecode: NOT cached for {', '.join(missing)}: every process here compiles them at "
+        "import (installed without compiling, and PYTHONDONTWRITEBYTECODE set or the folder "
+        "read-only); `python -m compileall -q FOLDER` first, as an install that compiles would"
+    )
+
+
 def write_json(path: str | None, report: dict) -> None:
     if path:
         Path(path).write_text(json.dumps(report, indent=2, default=str))

@@ -210,8 +210,10 @@ def main(argv: list[str] | None = None) -> dict:
         }
         labels = ([] if args.no_cold else ["cold"]) + [f"warm {i + 1}" for i in range(args.runs)]
         runs = [(label, _run_child(cfg, work, args.timeout)["marks"]) for label in labels]
-        report: dict = {"texts": args.texts, "runs": dict(runs)}
+        missing = harness.uncompiled(env=harness.child_env(str(ROOT)))
+        report: dict = {"texts": args.texts, "runs": dict(runs), "uncompiled": missing}
         print(f"{args.texts:,} texts; a new process per run\n" + _table(runs))
+        print(harness.bytecode_line(missing))
         if args.trace:
             trace = _run_child({**cfg, "trace": True}, work, args.timeout)["trace"]
             report["trace"] = trace
