@@ -59,18 +59,19 @@ def _child(modules: list[str]) -> None:
         start = time.perf_counter()
         importlib.import_module(name)
         seconds[name] = time.perf_counter() - start
-    versions = {}
-    for dist in VERSIONS:
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = "-"
-    # The version metadata reads can disagree with what was imported (a folder first on
-    # the path that holds the module but not its metadata): the module's own wins.
-    mld = sys.modules.get("ml_dtypes")
-    if mld is not None:
-        versions["ml-dtypes"] = getattr(mld, "__version__", versions["ml-dtypes"])
-    harness.emit({"seconds": seconds, "versions": versions})
+    harness.emit({"seconds": seconds, "versions": {d: _version(d) for d in VERSIONS}})
+
+
+def _version(dist: str) -> str:
+    """The version this process imported: the module's own where it was imported (a folder
+    first on the path may hold a module without its metadata), else the metadata's."""
+    module = sys.modules.get(dist.replace("-", "_"))
+    if getattr(module, "__version__", None):
+        return module.__version__
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "-"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -95,12 +96,14 @@ def main(argv: list[str] | None = None) -> dict:
             f"({args.modules!r}) and each --against must be a folder (not found: {missing})"
         )
     variants = {"installed": None, **{Path(d).name or d: d for d in args.against}}
+    envs = {
+        label: harness.child_env(*filter(None, [d, str(ROOT)])) for label, d in variants.items()
+    }
 
     def run_one(label: str, _round: int) -> dict:
-        env = harness.child_env(*filter(None, [variants[label], str(ROOT)]))
         argv_child = [sys.executable, __file__, "--child", json.dumps(modules)]
         start = time.perf_counter()
-        out = harness.run_child(argv_child, timeout=args.timeout, env=env, what=label)
+        out = harness.run_child(argv_child, timeout=args.timeout, env=envs[label], what=label)
         out["process_s"] = time.perf_counter() - start
         return out
 
@@ -108,12 +111,9 @@ def main(argv: list[str] | None = None) -> dict:
     from fingerprint import fingerprint, format_fingerprint
 
     info = fingerprint()
-    missing = {
-        label: harness.uncompiled(env=harness.child_env(*filter(None, [d, str(ROOT)])))
-        for label, d in variants.items()
-    }
+    uncompiled = {label: harness.uncompiled(env=env) for label, env in envs.items()}
     print(format_fingerprint(info))
-    for label, names in missing.items():
+    for label, names in uncompiled.items():
         print(f"{label}: {harness.bytecode_line(names)}")
     print(f"{args.rounds} rounds, a fresh process per variant and round, the order rotated")
     names = " | ".join(modules)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
         "variants": variants,
         "runs": runs,
         "orders": orders,
-        "uncompiled": missing,
+        "uncompiled": uncompiled,
         "fingerprint": info,
     }
     harness.write_json(args.json, report)
