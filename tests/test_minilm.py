@@ -156,11 +156,19 @@ def test_matmuls_are_checked_and_auto_follows_the_devices_bfloat16_units(monkeyp
     # Decided from what the device is, the same however often it is asked.
     assert len({auto.resolved_matmuls() for _ in range(3)}) == 1
     cpu = jax.devices("cpu")[0]
-    amx = "amx_bf16" in matmuls_module._cpu_flags()
-    assert matmuls_module.resolve("auto", cpu) == ("bfloat16" if amx else "float32")
-    for flags, chosen in (({"avx512f", "amx_bf16"}, "bfloat16"), ({"avx512_bf16"}, "float32")):
+    flags, vendor = matmuls_module._cpu_flags(), matmuls_module._cpu_vendor()
+    units = "amx_bf16" in flags or ("avx512_bf16" in flags and vendor == "AuthenticAMD")
+    assert matmuls_module.resolve("auto", cpu) == ("bfloat16" if units else "float32")
+    for flags, vendor, chosen in (
+        ({"avx512f", "amx_bf16"}, "GenuineIntel", "bfloat16"),
+        ({"avx512f", "avx512_bf16"}, "AuthenticAMD", "bfloat16"),  # Zen 4 and later
+        ({"avx512f", "avx512_bf16"}, "GenuineIntel", "float32"),  # no AMX: bf16 is slower
+        ({"avx512f", "avx2"}, "AuthenticAMD", "float32"),
+        ({"avx2"}, "", "float32"),
+    ):
         monkeypatch.setattr(matmuls_module, "_cpu_flags", lambda f=frozenset(flags): f)
-        assert matmuls_module.resolve("auto", cpu) == chosen
+        monkeypatch.setattr(matmuls_module, "_cpu_vendor", lambda v=vendor: v)
+        assert matmuls_module.resolve("auto", cpu) == chosen, (flags, vendor)
     device = types.SimpleNamespace
     for dev, units in (
         (device(platform="tpu", device_kind="TPU v5 lite"), True),
@@ -178,16 +186,26 @@ def test_matmuls_are_checked_and_auto_follows_the_devices_bfloat16_units(monkeyp
 
 def test_cpu_flags_are_read_from_cpuinfo(monkeypatch, tmp_path):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 amx_bf16 amx_tile\n\nprocessor\t: 1\n")
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx512_bf16\n\n"
+        "processor\t: 1\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu\n"
+    )
     monkeypatch.setattr(matmuls_module, "_CPUINFO", str(info))
-    matmuls_module._cpu_flags.cache_clear()
+    cached = (matmuls_module._cpu_flags, matmuls_module._cpu_vendor)
+    for f in cached:
+        f.cache_clear()
     try:
-        assert matmuls_module._cpu_flags() == {"fpu", "sse2", "amx_bf16", "amx_tile"}
-        matmuls_module._cpu_flags.cache_clear()
+        assert matmuls_module._cpu_flags() == {"fpu", "sse2", "avx512_bf16"}
+        assert matmuls_module._cpu_vendor() == "AuthenticAMD"
+        assert matmuls_module.resolve("auto", jax.devices("cpu")[0]) == "bfloat16"
+        for f in cached:
+            f.cache_clear()
         monkeypatch.setattr(matmuls_module, "_CPUINFO", str(tmp_path / "absent"))
         assert matmuls_module._cpu_flags() == frozenset()  # not Linux: no units known
+        assert matmuls_module._cpu_vendor() == ""
     finally:
-        matmuls_module._cpu_flags.cache_clear()
+        for f in cached:
+            f.cache_clear()
 
 
 # --- tokenizer --------------------------------------------------------------------

@@ -177,8 +177,9 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="the encoder's dense matmuls: float32; bfloat16 (inputs rounded to bfloat16, "
         "sums in float32: cosine >= 0.99997 with float32 on MiniLM); or auto (default): "
-        "bfloat16 where the workers' device has bfloat16 matrix units (Intel AMX, NVIDIA "
-        "compute capability >= 8.0, TPU), decided at launch for local runners",
+        "bfloat16 where the workers' device has bfloat16 matrix units (Intel AMX, AMD "
+        "AVX-512 bfloat16, NVIDIA compute capability >= 8.0, TPU), decided at launch for "
+        "local runners",
     )
     add(
         "--model_manifest",

@@ -1,9 +1,10 @@
 """The dtype of the encoder's dense matmuls: float32, or bfloat16 inputs with float32 sums.
 
-Where a device multiplies bfloat16 much faster than float32 (Intel AMX, GPU tensor cores,
-TPUs), the dense layers' weights and inputs can be rounded to bfloat16 and multiplied with
-float32 accumulation, as TPUs do for float32 matmuls by default. Everything else (the
-attention scores, softmax, layer norms, residuals, pooling) stays float32. On
+Where a device multiplies bfloat16 much faster than float32 (Intel AMX, AMD's AVX-512
+bfloat16, GPU tensor cores, TPUs), the dense layers' weights and inputs can be rounded to
+bfloat16 and multiplied with float32 accumulation, as TPUs do for float32 matmuls by
+default. Everything else (the attention scores, softmax, layer norms, residuals, pooling)
+stays float32. On
 all-MiniLM-L6-v2 the embeddings keep a cosine of at least 0.99997 with sentence-transformers'
 float32 ones (the reference corpora, ``tests/test_text_model.py``).
 
@@ -51,10 +52,12 @@ def has_bfloat16_units(device: Any = None) -> bool:
     hardware at several times its float32 rate.
 
     True for a TPU, an NVIDIA GPU of compute capability 8.0 or later (bfloat16 tensor
-    cores: A100, L4, H100 and later) and a CPU with Intel AMX (the ``amx_bf16`` flag, on
-    which XLA's bfloat16 matmuls ran 3.5-5x float32). False elsewhere: CPUs without AMX,
-    where XLA's bfloat16 runs from slower than float32 (AVX2) to not much faster, older
-    GPUs, and devices this does not know (pass ``matmuls="bfloat16"`` to use it there).
+    cores: A100, L4, H100 and later), a CPU with Intel AMX (the ``amx_bf16`` flag) and an
+    AMD CPU with AVX-512 bfloat16 dot products (``avx512_bf16``: Zen 4 and later). False
+    elsewhere: CPUs with neither, where XLA's bfloat16 runs slower than its float32 (AVX2,
+    and Intel's ``avx512_bf16`` without AMX), older GPUs, and devices this does not know
+    (pass ``matmuls="bfloat16"`` to use it there). ``bench/RESULTS.md`` ("bfloat16 on
+    CPUs, by feature") holds the matmul peaks each rule rests on.
     """
     return _bfloat16_units(device)[0]
 
@@ -79,23 +82,46 @@ def _bfloat16_units(device: Any) -> tuple[bool, str]:
             return True, f"{kind}: compute capability {capability} (bfloat16 tensor cores)"
         return False, f"{kind}: compute capability {capability or 'unknown'} (< 8.0)"
     if platform == "cpu":
-        if "amx_bf16" in _cpu_flags():
-            return True, "CPU with Intel AMX (amx_bf16)"
-        return False, "CPU without Intel AMX"
+        return _cpu_bfloat16_units(_cpu_flags(), _cpu_vendor())
     return False, f"{kind}: bfloat16 matrix units not known"
+
+
+def _cpu_bfloat16_units(flags: frozenset[str], vendor: str) -> tuple[bool, str]:
+    # By feature, never by timing. XLA's bfloat16 matmuls ran 3.5-5x its float32 with AMX
+    # and about 1.9x on AMD's AVX-512 bfloat16 (Zen 4), but about 0.6x on an Intel CPU
+    # with avx512_bf16 and no AMX, so the vendor decides for avx512_bf16.
+    if "amx_bf16" in flags:
+        return True, "CPU with Intel AMX (amx_bf16)"
+    if "avx512_bf16" in flags and vendor == "AuthenticAMD":
+        return True, "AMD CPU with AVX-512 bfloat16 (avx512_bf16)"
+    if "avx512_bf16" in flags:
+        return False, f"CPU with avx512_bf16 but no AMX ({vendor or 'vendor unknown'})"
+    return False, "CPU without bfloat16 matrix units (no amx_bf16 or avx512_bf16)"
+
+
+def _cpuinfo_field(name: str) -> str:
+    """The first ``name : value`` line's value in ``/proc/cpuinfo`` ("" where there is none)."""
+    try:
+        with open(_CPUINFO, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
 
 
 @functools.cache
 def _cpu_flags() -> frozenset[str]:
     """This machine's CPU feature flags (Linux; empty where ``/proc/cpuinfo`` is not)."""
-    try:
-        with open(_CPUINFO, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset(_cpuinfo_field("flags").split())
+
+
+@functools.cache
+def _cpu_vendor() -> str:
+    """This machine's CPU vendor (``GenuineIntel``, ``AuthenticAMD``; "" where unknown)."""
+    return _cpuinfo_field("vendor_id")
 
 
 def cast_dense(params: dict[str, Any], matmuls: str) -> dict[str, Any]:

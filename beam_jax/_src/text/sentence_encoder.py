@@ -61,8 +61,8 @@ class SentenceEncoder:
             weights rounded to bfloat16, sums in float32: several times faster where the
             device has bfloat16 units, cosine >= 0.99997 with float32 on MiniLM); or
             ``"auto"``: bfloat16 where the device has bfloat16 matrix units (TPU, NVIDIA
-            compute capability >= 8.0, Intel AMX), decided from the device, not timed, by
-            each worker process when it loads the weights (see
+            compute capability >= 8.0, Intel AMX, AMD AVX-512 bfloat16), decided from the
+            device, not timed, by each worker process when it loads the weights (see
             ``beam_jax._src.text.matmuls``).
     """
 
