@@ -51,9 +51,9 @@ from bench._lib import embed_variants as ev  # noqa: E402
 from bench._lib import harness  # noqa: E402
 
 DEFAULT_ST_PYTHON = "/tmp/refvenv/bin/python"
-# Ratios printed under the table: ours over theirs, from their warm medians (else medians).
 # The variants that compile inside their clock (their first round with an empty cache).
 COMPILING = ("pipeline", "pipeline_float32", "runinference", "host_only")
+# Ratios printed under the table: ours over theirs, from their warm medians (else medians).
 PAIRS = (
     ("pipeline", "limit"),
     ("host_only", "limit"),
@@ -115,8 +115,9 @@ def write_data(work: Path, args) -> dict:
     from beam_jax.text import SentenceEncoder, builtin_corpus
 
     if args.parquet:
-        texts = pq.read_table(args.parquet, columns=[args.column]).column(0).to_pylist()
-        source = f"{args.parquet} ({args.column})"
+        column = pq.read_table(args.parquet, columns=[args.column]).column(0).to_pylist()
+        texts = [t for t in column if t is not None]  # a null is no text: the job dead-letters it
+        source = f"{args.parquet} ({args.column}, {len(column) - len(texts)} nulls left out)"
     else:
         texts, source = [t for _, t in builtin_corpus()], "the built-in texts"
     n = args.texts or (len(texts) if args.parquet else 2000)
@@ -248,7 +249,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.model_dir:
         args.pipeline_args += f" --model_dir {shlex.quote(os.path.abspath(args.model_dir))}"
     if args.profile:
-        return profile(args)
+        from bench._lib import profile
+
+        with tempfile.TemporaryDirectory(prefix="bench_profile_") as tmp:
+            report = profile.run(args, write_data(Path(tmp), args), Path(tmp))
+        harness.write_json(args.json, report)
+        return report
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in ev.VARIANTS]
     if unknown:
@@ -314,63 +320,6 @@ def main(argv: list[str] | None = None) -> dict:
     report["summary"] = "; ".join(headline + limits)  # the device check's key figure
     _print_table(report)
     print(f"total {time.perf_counter() - started:.0f} s")
-    harness.write_json(args.json, report)
-    return report
-
-
-def profile(args) -> dict:
-    """``--profile``: the flagship's whole processes, cold then warm, phase by phase."""
-    from bench._lib import profile as prof
-
-    with tempfile.TemporaryDirectory(prefix="bench_profile_") as tmp:
-        work = Path(tmp)
-        data = write_data(work, args)
-        traces = Path(args.profile_dir or work / "traces")
-        labels = ([] if args.no_cold else ["cold"]) + [f"warm {i + 1}" for i in range(args.runs)]
-        print(
-            f"{data['n']} texts from {data['source']}; a new process per run: {', '.join(labels)}",
-            flush=True,
-        )
-        runs = []
-        for label in labels:
-            out = work / "out"
-            shutil.rmtree(out, ignore_errors=True)  # each run writes a new output
-            cfg = dict(
-                data,
-                out=str(out),
-                threads=len(os.sched_getaffinity(0)),
-                pipeline_args=shlex.split(args.pipeline_args),
-                t0=time.time(),
-                cache_dir=args.cache_dir or str(work / "cache"),
-                trace_dir=str(traces / label.replace(" ", "_")),
-            )
-            (work / "cfg.json").write_text(json.dumps(cfg))
-            argv = [
-                sys.executable,
-                "-m",
-                "bench.embed",
-                "--child",
-                "profile",
-                str(work / "cfg.json"),
-            ]
-            r = harness.run_child(argv, timeout=args.timeout, env=harness.child_env(), what=label)
-            r["marks"]["exited"] = time.time() - cfg["t0"]
-            print(f"  {label}: process {r['marks']['exited']:.2f} s on {r['device']}", flush=True)
-            runs.append((label, r))
-        missing = harness.uncompiled(env=harness.child_env())
-    print(prof.table(runs))
-    print(harness.bytecode_line(missing))
-    if args.profile_dir:
-        print(
-            f"traces kept in {traces} (one folder per run; TensorBoard's profile plugin or XProf)"
-        )
-    report = {
-        "texts": data["n"],
-        "source": data["source"],
-        "runs": dict(runs),
-        "uncompiled": missing,
-        "summary": prof.summary(runs),
-    }
     harness.write_json(args.json, report)
     return report
 

@@ -282,11 +282,12 @@ def main(argv: list[str] | None = None) -> dict:
         for v, r in rows.items()
         if peers[k] and v not in STOCK and v not in READ_ONLY
     }
+    named = ", ".join(f"{k}: {v or 'none ran'}" for k, v in peers.items())
     devices = sorted({r["device"] for rows in results.values() for r in rows.values()})
     print("\n" + _table(results))
     print(f"\nmedians of {args.repeat} rounds, each in a rotated order, every variant on the same "
           f"{meta['n']} records, timed on {', '.join(devices)}; x stock: against the fastest "
-          f"stock Beam variant ({', '.join(f'{k}: {v}' for k, v in peers.items())}); "
+          f"stock Beam variant ({named}); "
           f"{format_fingerprint(machine)}")  # fmt: skip
     for key, value in ratios.items():
         print(f"  {key}: {value:.2f}x")

@@ -97,7 +97,7 @@ def test_a_users_corpus_of_longer_texts_the_limit_and_the_host_on_this_device(tm
     )  # fmt: skip
     assert json.loads((tmp_path / "r.json").read_text())["ratios"] == report["ratios"]
     assert report["texts"] == 40 and report["tokens"] / 40 >= 90  # long texts, all of them
-    assert report["source"] == f"{corpus} (body)"
+    assert report["source"] == f"{corpus} (body, 0 nulls left out)"
     rows = report["variants"]
     for name in ("limit", "pipeline", "host_only"):
         assert rows[name]["device"].startswith("cpu ("), name
@@ -115,7 +115,7 @@ def test_a_users_corpus_of_longer_texts_the_limit_and_the_host_on_this_device(tm
     assert report["min_cosine"]["reference"] == "pipeline"
     assert report["min_cosine"]["limit"] > 0.9999
     out = capsys.readouterr().out
-    assert f"40 texts from {corpus} (body)" in out
+    assert f"40 texts from {corpus} (body, 0 nulls left out)" in out
     for name in ("limit", "pipeline", "host_only"):
         assert f"round 1 {name}: " in out and " on cpu (" in out
     assert "    | limit: 40 texts in " in out and " ready in " in out  # the child, as it runs
@@ -132,6 +132,10 @@ def test_a_corpus_is_cycled_or_cut_to_the_texts_asked_for(tmp_path):
     written = pq.read_table(data["parquet"])
     assert written.column("text").to_pylist() == [texts[i % 5] for i in range(12)]
     assert written.column("id").to_pylist() == list(range(12)) and data["n"] == 12
+    pq.write_table(pa.table({"body": ["a cat", None, "a dog"]}), corpus)  # a null is no text
+    data = embed.write_data(tmp_path, argparse.Namespace(**{**vars(args), "texts": None}))
+    assert pq.read_table(data["parquet"]).column("text").to_pylist() == ["a cat", "a dog"]
+    assert data["source"] == f"{corpus} (body, 1 nulls left out)"
 
 
 def test_sentence_transformers_runs_on_the_device_asked_for(tmp_path):

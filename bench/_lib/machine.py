@@ -160,7 +160,10 @@ def main(argv: list[str] | None = None) -> dict:
         "by_size": by_size,
         "sizes": sizes,
         "fingerprint": info,
-        "summary": ", ".join(f"{k} {v / 1000:.1f} TFLOP/s" for k, v in info["peak_gflops"].items()),
+        "summary": ", ".join(
+            f"{k} {v / 1000:.1f} TFLOP/s" if v >= 1000 else f"{k} {v:.0f} GFLOP/s"
+            for k, v in info["peak_gflops"].items()
+        ),
     }
     if args.json:
         import json

@@ -17,11 +17,17 @@ with ``--profile_dir`` (for TensorBoard or XProf).
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import shutil
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
+
+from bench._lib import harness
 
 PHASES = (
     ("jax", "jax imported"),
@@ -68,9 +74,36 @@ def profiled_run(cfg: dict) -> dict:
     at, first, last = (trace.pop(k, None) for k in ("anchor_at", "first_s", "last_s"))
     if at is not None and first is not None:  # the trace's clock, placed by the anchor
         marks["first_batch"], marks["last_batch"] = first + anchor - at, last + anchor - at
-    from bench._lib.harness import device
+    return {"marks": marks, "trace": trace, "device": harness.device()}
 
-    return {"marks": marks, "trace": trace, "device": device()}
+
+def run(args, data: dict, work: Path) -> dict:
+    """The runs ``args`` asks for (cold, then ``--runs`` warm), each a new process; prints
+    the table and returns the report."""
+    traces = Path(args.profile_dir or work / "traces")
+    labels = ([] if args.no_cold else ["cold"]) + [f"warm {i + 1}" for i in range(args.runs)]
+    print(f"{data['n']} texts from {data['source']}; a new process per run: "
+          f"{', '.join(labels)}", flush=True)  # fmt: skip
+    runs = []
+    for label in labels:
+        shutil.rmtree(work / "out", ignore_errors=True)  # each run writes a new output
+        cfg = dict(data, out=str(work / "out"), threads=len(os.sched_getaffinity(0)),
+                   pipeline_args=shlex.split(args.pipeline_args), t0=time.time(),
+                   cache_dir=args.cache_dir or str(work / "cache"),
+                   trace_dir=str(traces / label.replace(" ", "_")))  # fmt: skip
+        (work / "cfg.json").write_text(json.dumps(cfg))
+        argv = [sys.executable, "-m", "bench.embed", "--child", "profile", str(work / "cfg.json")]
+        r = harness.run_child(argv, timeout=args.timeout, env=harness.child_env(), what=label)
+        r["marks"]["exited"] = time.time() - cfg["t0"]
+        print(f"  {label}: process {r['marks']['exited']:.2f} s on {r['device']}", flush=True)
+        runs.append((label, r))
+    missing = harness.uncompiled(env=harness.child_env())
+    print(table(runs))
+    print(harness.bytecode_line(missing))
+    if args.profile_dir:
+        print(f"traces kept in {traces}, a folder per run (TensorBoard's profile plugin, XProf)")
+    return {"texts": data["n"], "source": data["source"], "runs": dict(runs),
+            "uncompiled": missing, "summary": summary(runs)}  # fmt: skip
 
 
 def device_batches(trace_dir: str) -> dict:
