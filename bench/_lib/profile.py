@@ -7,12 +7,14 @@ flagship's defaults) on the benchmark's texts: a first one with an empty compila
 output. A run marks, in seconds from its process's start: ``jax`` imported,
 ``pipelines.embed`` imported (Beam, pyarrow, the tokenizer), ``run()`` called, the devices
 open (``beam_jax.jobs.open_local_devices``, started as ``run()`` is called, as ``run()``
-itself starts it), ``run()`` returned and the process ended. ``run()`` is traced with
-``jax.profiler`` (its Python tracer off): from the trace come the first batch's start and
-the last batch's end on the device (its ``XLA Modules`` line, one event per batch), the
-batches' median, and the device's busy time over the window from its first batch to its
-last. A CPU's trace has no device line: those cells then say ``-``. The traces are kept
-with ``--profile_dir`` (for TensorBoard or XProf).
+itself starts it), ``run()`` returned and the process ended. From the devices' opening to
+``run()``'s end the process is traced with ``jax.profiler`` (its Python tracer off): from
+the trace come the first batch's start and the last batch's end on the device (its ``XLA
+Modules`` line, one event per batch), the batches' median, and the device's busy time over
+the window from its first batch to its last (a batch before the trace started, within
+the programs' loading after the opening, would be missed). A CPU's trace has no device
+line: those cells then say ``-``. ``--profile_dir`` keeps the traces (for TensorBoard or
+XProf).
 """
 
 from __future__ import annotations
@@ -58,22 +60,34 @@ def profiled_run(cfg: dict) -> dict:
     mark("job")
     argv = ["--input", cfg["parquet"], "--output", cfg["out"], "--runner=FnApiRunner",
             "--compilation_cache_dir", cfg["cache_dir"], *cfg["pipeline_args"]]  # fmt: skip
-    options = jax.profiler.ProfileOptions()
-    options.python_tracer_level = 0
-    options.host_tracer_level = 1  # user events (the anchor) and the host's dispatches
-    jax.profiler.start_trace(cfg["trace_dir"], profiler_options=options)
-    with jax.profiler.TraceAnnotation(ANCHOR):
-        anchor = time.time() - t0
+    anchor: list[float] = []
+
+    def trace_once_open(opening: threading.Thread) -> None:
+        opening.join()
+        mark("open")
+        # JAX opens its backends as a trace starts: started once the job's own opening (its
+        # TPU host buffer sized first) is done, so the trace changes nothing before it.
+        options = jax.profiler.ProfileOptions()
+        options.python_tracer_level = 0
+        options.host_tracer_level = 1  # user events (the anchor) and the host's dispatches
+        jax.profiler.start_trace(cfg["trace_dir"], profiler_options=options)
+        with jax.profiler.TraceAnnotation(ANCHOR):
+            anchor.append(time.time() - t0)
+
     mark("run")
-    opening = jobs.open_local_devices()
-    threading.Thread(target=lambda: (opening.join(), mark("open")), daemon=True).start()
-    job.run(argv)
+    tracer = threading.Thread(target=trace_once_open, args=(jobs.open_local_devices(),))
+    tracer.start()
+    job.run(argv)  # it opens the devices as the benchmark did: JAX opens them once
     mark("returned")
+    tracer.join()
+    if not anchor:
+        raise RuntimeError("the trace did not start: the devices did not open (see above)")
     jax.profiler.stop_trace()
     trace = device_batches(cfg["trace_dir"])
     at, first, last = (trace.pop(k, None) for k in ("anchor_at", "first_s", "last_s"))
     if at is not None and first is not None:  # the trace's clock, placed by the anchor
-        marks["first_batch"], marks["last_batch"] = first + anchor - at, last + anchor - at
+        shift = anchor[0] - at
+        marks["first_batch"], marks["last_batch"] = first + shift, last + shift
     return {"marks": marks, "trace": trace, "device": harness.device()}
 
 
