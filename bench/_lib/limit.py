@@ -43,9 +43,11 @@ def run_limit(cfg: dict) -> dict:
     import jax
     import pyarrow.parquet as pq
 
+    from beam_jax import jobs
     from beam_jax.internal import PackPlan
     from bench._lib.harness import device
 
+    jobs.size_tpu_host_buffer()  # as the job's worker does before it opens a TPU
     jax.config.update("jax_compilation_cache_dir", cfg["cache_dir"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     _, model, packing = flagship_plan(cfg)
