@@ -10,14 +10,13 @@
 #                   used by everything below in its place (BEAM_JAX_MINILM_MANIFEST)
 #   3. device_test  tests/test_device.py with BEAM_JAX_REQUIRE_ACCELERATOR=1: fails where
 #                   JAX finds no accelerator; results against float64 references
-#   4. encoder, embed_text, peak, run: the benchmarks (bench/*.py), in one block below:
-#                   the encoder's --flagship limit (the flagship's packed batches alone, warm)
-#                   on the same texts as embed_text, which prints the flagship against it
-#   5. timeline     (only when STEPS names it) bench/launch_timeline.py --trace: a fresh
-#                   flagship process phase by phase (imports, the device's opening, first
-#                   batch, last result) and the device's busy share of a traced warm run
-#   6. tpu_open     (only when STEPS names it) bench/tpu_open.py: the opening, the process
-#                   and transfers by the size of the TPU's host buffer (TPU_BUFFERS)
+#   4. embed, peak, run: the benchmarks, in one block below: bench/embed.py (the flagship
+#                   against its limit, its own packed batches alone and warm, and against
+#                   its peers, on the same texts), the matmul peak (bench/_lib/machine.py),
+#                   bench/run.py (the library against the limit and stock Beam)
+#   5. profile      (only when STEPS names it) bench/embed.py --profile: fresh flagship
+#                   processes phase by phase (imports, the device's opening, first batch,
+#                   last batch, exit), each traced: the device's busy share of each run
 #
 # Each step has its own time limit (cut to what is left of TOTAL_LIMIT), its output kept
 # as it runs in $OUT/<step>.txt (and its figures in $OUT/<step>.json), and a row in the
@@ -32,17 +31,13 @@
 #   OUT=/tmp/out bash bench/device_check.sh      # results elsewhere (default bench/results)
 #   QUICK=1 PY=.venv/bin/python bash bench/device_check.sh   # small sizes, on a CPU
 #
-# Other settings: STEPS (comma-separated, default all: devices,model,device_test,embed_text,
-# encoder,embed_text,peak,run; the encoder before embed_text; opt-in: timeline, tpu_open),
-# TPU_BUFFERS (tpu_open's --buffers), TOTAL_LIMIT, TEXTS, ROUNDS,
-# ENCODER_TEXTS (default TEXTS, at most 200,000), ENCODER_ARGS (e.g. "--busy_host 2": the
-# limit's batches also beside 2 threads tokenizing, then writing, as the job does), PEAK_SIZES,
-# ELEMENTS, RUN_ARGS, EMBED_VARIANTS (embed_text's --variants, e.g.
-# "pipeline,pipeline_threads,host_only_threads,tokenize_only"), the steps' limits (EMBED_TIMEOUT, ENCODER_TIMEOUT, PEAK_TIMEOUT,
-# RUN_TIMEOUT, TIMELINE_TIMEOUT),
-# DEVICE_TEST_ARGS (extra pytest arguments), PIPELINE_ARGS (the flagship's extra flags in
-# embed_text, e.g. "--direct_running_mode=multi_threading --direct_num_workers=8": bundles
-# in threads of the one process, as a Dataflow worker runs them), MODEL_ROOT (where the random model goes),
+# Other settings: STEPS (comma-separated, default all: devices,model,device_test,embed,peak,
+# run; opt-in: profile), TOTAL_LIMIT, TEXTS, ROUNDS, PEAK_SIZES, ELEMENTS, RUN_ARGS,
+# EMBED_VARIANTS (bench/embed.py's --variants, e.g. "limit,pipeline,pipeline_float32"), the
+# steps' limits (EMBED_TIMEOUT, PEAK_TIMEOUT, RUN_TIMEOUT, PROFILE_TIMEOUT), DEVICE_TEST_ARGS
+# (extra pytest arguments), PIPELINE_ARGS (the flagship's extra flags, e.g.
+# "--direct_running_mode=multi_threading --direct_num_workers=8": bundles in threads of the
+# one process, as a Dataflow worker runs them), MODEL_ROOT (where the random model goes),
 # RANDOM_MODEL=1 (random weights even where the package is installed).
 # QUICK=1 runs the device tests on the CPU (BEAM_JAX_DEVICE_TESTS_ON_CPU=1) instead of
 # requiring an accelerator, with the benchmarks at small sizes: about 10 minutes on 2
@@ -55,7 +50,7 @@ OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 QUICK=${QUICK:-0}
-STEPS=${STEPS:-devices,model,device_test,encoder,embed_text,peak,run}
+STEPS=${STEPS:-devices,model,device_test,embed,peak,run}
 if [ "$QUICK" = 1 ]; then TOTAL_LIMIT=${TOTAL_LIMIT:-1200}; else TOTAL_LIMIT=${TOTAL_LIMIT:-470}; fi
 if [ -z "${PY:-}" ]; then
   PY=.venv/bin/python
@@ -68,21 +63,20 @@ PY=$(command -v "$PY") || { echo "PY=$PY is not an interpreter"; exit 2; }
 if [ "$QUICK" = 1 ]; then
   TEXTS=${TEXTS:-300} ROUNDS=${ROUNDS:-1}
   PEAK_SIZES=${PEAK_SIZES:-512} ELEMENTS=${ELEMENTS:-500}
-  # One packed shape for the encoder, every run-benchmark variant in one process.
-  ENCODER_ARGS=${ENCODER_ARGS:-} RUN_ARGS=${RUN_ARGS:---in-process}
-  ENCODER_TIMEOUT=${ENCODER_TIMEOUT:-300}  # its compiles, twice (cold, cached), on a CPU
+  # Every run-benchmark variant in one process; the flagship's compiles on a CPU.
+  RUN_ARGS=${RUN_ARGS:---in-process} EMBED_TIMEOUT=${EMBED_TIMEOUT:-400}
   export BEAM_JAX_DEVICE_TESTS_ON_CPU=1
 else
   TEXTS=${TEXTS:-50000} ROUNDS=${ROUNDS:-2}
   PEAK_SIZES=${PEAK_SIZES:-2048,8192} ELEMENTS=${ELEMENTS:-50000}
-  ENCODER_ARGS=${ENCODER_ARGS:-} RUN_ARGS=${RUN_ARGS:-}
+  RUN_ARGS=${RUN_ARGS:-}
   export BEAM_JAX_REQUIRE_ACCELERATOR=1
 fi
 # This tree's beam_jax, pipelines and tools first; the machine's JAX stays where it is.
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # Compiled as an install compiles them: where the host sets PYTHONDONTWRITEBYTECODE (TPU hosts
 # do) and the wheels went in with --no-compile, every process would compile Beam's modules
-# again at import (1.0 s of a 3.6 s import on one TPU v5e host, bench/imports.py), and the
+# again at import (1.0 s of a 3.6 s import on one TPU v5e host, bench/RESULTS.md), and the
 # launch timed here would be slower than a worker image's. The tree's own packages and the
 # other writable folders on PYTHONPATH; the benchmarks print what is still not compiled.
 compile_dirs=("$ROOT/beam_jax" "$ROOT/pipelines" "$ROOT/bench" "$ROOT/tools")
@@ -91,8 +85,8 @@ for d in "${path_dirs[@]}"; do
   if [ -d "$d" ] && [ -w "$d" ] && [ "$(cd "$d" && pwd)" != "$ROOT" ]; then compile_dirs+=("$d"); fi
 done
 "$PY" -m compileall -q -j 0 "${compile_dirs[@]}" >/dev/null 2>&1 || true
-# JAX may use every platform it finds (tests/conftest.py and the benchmarks' children pin
-# JAX to the CPU only where JAX_PLATFORMS is unset).
+# JAX may use every platform it finds (tests/conftest.py pins JAX to the CPU only where
+# JAX_PLATFORMS is unset; the benchmarks time the default backend, as the job would).
 export JAX_PLATFORMS="${JAX_PLATFORMS:-}"
 # The benchmarks start one process after another while their parent holds JAX too: each
 # takes the accelerator's memory as it needs it instead of 75% of it up front.
@@ -133,7 +127,8 @@ step() {
   ROWS+=("$name|$status|$took|$(figure "$name")")
 }
 
-# figure NAME: the step's key figure, read from its outputs (defensive: '-' if absent).
+# figure NAME: the step's key figure, read from its outputs (defensive: '-' if absent); a
+# benchmark's is the "summary" of the JSON it wrote.
 figure() {
   "$PY" - "$OUT" "$1" <<'PYTHON' 2>/dev/null || echo "-"
 import json, pathlib, re, sys
@@ -143,12 +138,6 @@ text = (out / f"{name}.txt").read_text(errors="replace") if (out / f"{name}.txt"
 data = {}
 if (out / f"{name}.json").exists():
     data = json.loads((out / f"{name}.json").read_text())
-
-
-def rate(r):
-    return r.get("texts_per_s") or (r["texts"] / r["seconds_median"] if "texts" in r else None)
-
-
 if name == "devices":
     line = [s for s in text.splitlines() if s.startswith("backend")]
     print(line[-1].removeprefix("backend ") if line else "-")
@@ -158,59 +147,8 @@ elif name == "model":
 elif name == "device_test":
     found = re.findall(r"^=*\s*(\d+ \w+.*) in [\d.]+s", text, re.M)
     print(found[-1].strip(" =") if found else "-")
-elif name == "embed_text":
-    variants, n = data.get("variants", {}), data.get("texts")
-    parts = []
-    for v in ("pipeline", "pipeline_threads", "host_only", "host_only_threads", "tokenize_only"):
-        r = variants.get(v)
-        if r and n and r.get("seconds_median"):
-            parts.append(f"{v} {n / r['seconds_median']:,.0f} texts/s")
-    mfu = (variants.get("pipeline") or {}).get("mfu")
-    if mfu:
-        parts.append(f"MFU {100 * mfu:.1f}%")
-    if data.get("pipeline_vs_limit"):
-        parts.append(f"{data['pipeline_vs_limit']:.2f}x the encoder limit (warm)")
-    print("; ".join(parts) or "-")
-elif name == "encoder":
-    rows, limit = data.get("rows", {}), data.get("flagship_limit")
-    if limit:
-        beside = [f"{k.split('_')[0]} beside {data[k]:.2f}x" for k in data if k.endswith("_vs_alone")]
-        print("; ".join([f"flagship limit {limit['texts_per_s']:,.0f} texts/s, "
-                         f"MFU {100 * limit['mfu']:.1f}%", *beside]))
-    elif rows:
-        best = max(rows, key=lambda k: rows[k].get("texts_per_s") or 0)
-        r = rows[best]
-        mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ""
-        print(f"best {best}: {r.get('texts_per_s', 0):,.0f} texts/s{mfu}")
-    else:
-        print("-")
-elif name == "peak":
-    peak = data.get("peak_gflops", {})
-    print(", ".join(
-        f"{k} {v / 1000:.1f} TFLOP/s" if v >= 1000 else f"{k} {v:.0f} GFLOP/s"
-        for k, v in peak.items()
-    ) or "-")
-elif name == "timeline":
-    warm = [m for k, m in data.get("runs", {}).items() if k.startswith("warm")]
-    trace = data.get("trace") or {}
-    parts = [f"first batch {m['first_dispatch']:.1f} s, devices open {m['open']:.1f} s, "
-             f"process {m['exited']:.1f} s" for m in warm[-1:]]
-    if trace.get("batches"):
-        parts.append(f"device busy {trace['busy_s'] / trace['window_s']:.0%} of its window")
-    print("; ".join(parts) or "-")
-elif name == "tpu_open":
-    runs = data.get("runs", {})
-    print("; ".join(
-        f"{k}: open {min(d['open_s'] for d in v):.1f} s, process {min(d['process_s'] for d in v):.1f} s"
-        for k, v in runs.items()
-    ) or "-")
-elif name == "run":
-    parts = []
-    for kernel, variants in data.get("results", {}).items():
-        r = variants.get("beam_jax_arrow") or {}
-        if r.get("ratio_to_limit") is not None:
-            parts.append(f"{kernel}: beam_jax_arrow {r['ratio_to_limit']:.2f}x limit")
-    print("; ".join(parts) or "-")
+else:  # a benchmark: the one-line summary its JSON holds
+    print(data.get("summary") or "-")
 PYTHON
 }
 
@@ -242,39 +180,28 @@ fi
 step device_test 200 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_device.py \
   ${DEVICE_TEST_ARGS:-}
 
-# ---- the benchmarks (bench/*.py): their flags as the scripts define them ------------------
-variants=pipeline,host_only,tokenize_only
+# ---- the benchmarks: their flags as bench/*.py define them ---------------------------------
+variants=limit,pipeline,host_only,tokenize_only
 st_device=cpu
 if "$PY" -c "import sentence_transformers" 2>/dev/null; then
-  variants=pipeline,sentence_transformers,host_only,tokenize_only
+  variants=limit,pipeline,sentence_transformers,host_only,tokenize_only
   if nvidia-smi -L >/dev/null 2>&1; then st_device=cuda; fi
 fi
 variants=${EMBED_VARIANTS:-$variants}
-# The flagship's limit first (its own packed batches alone, warm, no Beam), on the same
-# texts; embed_text then prints the flagship against it (--limit_json).
-# shellcheck disable=SC2086  # ENCODER_ARGS and RUN_ARGS are lists of flags
-# Its rate per text on the first ENCODER_TEXTS of them (default 200,000 at most: 1,000,000
-# ran past the step's limit, its rounds being whole passes over them).
-ENCODER_TEXTS=${ENCODER_TEXTS:-$((TEXTS < 200000 ? TEXTS : 200000))}
-step encoder "${ENCODER_TIMEOUT:-150}" "$PY" bench/encoder.py --flagship --texts "$ENCODER_TEXTS" \
-  --rounds "$ROUNDS" --skip_torch --json "$OUT/encoder.json" $ENCODER_ARGS
-limit=()
-if [ -s "$OUT/encoder.json" ]; then limit=(--limit_json "$OUT/encoder.json"); fi
-# A run past --timeout is stopped with its threads' stacks printed, within the step's limit.
-step embed_text "${EMBED_TIMEOUT:-170}" "$PY" bench/embed_text.py --texts "$TEXTS" \
-  --rounds "$ROUNDS" --variants "$variants" --st-python "$PY" --st-device "$st_device" \
-  --timeout "${RUN_LIMIT:-60}" --json "$OUT/embed_text.json" "${limit[@]}" \
+# The flagship against its limit (its own packed batches alone, warm) and its peers, on the
+# same texts; a run past --timeout is stopped with its threads' stacks printed.
+step embed "${EMBED_TIMEOUT:-320}" "$PY" bench/embed.py --texts "$TEXTS" --rounds "$ROUNDS" \
+  --variants "$variants" --st-python "$PY" --st-device "$st_device" \
+  --timeout "${RUN_LIMIT:-150}" --json "$OUT/embed.json" \
   ${PIPELINE_ARGS:+--pipeline-args "$PIPELINE_ARGS"}
-step peak "${PEAK_TIMEOUT:-60}" "$PY" bench/peak.py --sizes "$PEAK_SIZES" --repeat 5 \
+step peak "${PEAK_TIMEOUT:-60}" "$PY" -m bench._lib.machine --sizes "$PEAK_SIZES" --repeat 5 \
   --json "$OUT/peak.json"
+# shellcheck disable=SC2086  # RUN_ARGS is a list of flags
 step run "${RUN_TIMEOUT:-120}" "$PY" bench/run.py --elements "$ELEMENTS" --kernels heavy,light \
   --repeat 1 --variants limit,read_only,beam_jax_arrow --json "$OUT/run.json" $RUN_ARGS
-# Not in the default STEPS (four flagship processes): STEPS=devices,model,timeline.
-step timeline "${TIMELINE_TIMEOUT:-240}" "$PY" bench/launch_timeline.py --texts "$TEXTS" \
-  --runs "$ROUNDS" --trace --json "$OUT/timeline.json"
-# Not in the default STEPS: STEPS=devices,tpu_open (the opening by the TPU's host buffer).
-step tpu_open "${TPU_OPEN_TIMEOUT:-180}" "$PY" bench/tpu_open.py \
-  --buffers "${TPU_BUFFERS:-libtpu,256MiB,64MiB}" --rounds "$ROUNDS" --json "$OUT/tpu_open.json"
+# Not in the default STEPS (several flagship processes): STEPS=devices,model,profile.
+step profile "${PROFILE_TIMEOUT:-240}" "$PY" bench/embed.py --profile --texts "$TEXTS" \
+  --runs "$ROUNDS" --json "$OUT/profile.json" ${PIPELINE_ARGS:+--pipeline-args "$PIPELINE_ARGS"}
 # ---- end of the benchmarks -----------------------------------------------------------------
 
 {

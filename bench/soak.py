@@ -1,5 +1,6 @@
 """Soak: a million small records, 1% of them bad, through the multi-process runner; none lost.
 
+    python bench/soak.py --quick                              # 20,000 records
     python bench/soak.py --records 50000                      # about a minute on 2 cores
     python bench/soak.py --records 1000000 --baseline 100000  # the figures in reliability.md
     python bench/soak.py --records 1000000 --json soak.json
@@ -19,6 +20,8 @@ Memory is the peak of the summed RSS (and PSS) of the process that runs the pipe
 its descendants (the SDK worker processes), sampled from /proc every 0.2 s. Throughput over
 time comes from each worker counting the outputs it writes per wall-clock second.
 ``--baseline N`` first runs N records, each size in a fresh process, and prints the ratios.
+The workers compute on their default backend (each says which): on a host with one
+accelerator, which one process at a time may hold, run the soak with ``JAX_PLATFORMS=cpu``.
 """
 
 from __future__ import annotations
@@ -26,278 +29,34 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import glob
 import json
 import logging
-import math
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(ROOT)]
+if not __package__:  # python bench/soak.py: the repository's root in the place of bench/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import apache_beam as beam  # noqa: E402
-import harness  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
-import beam_jax as bj  # noqa: E402
 from beam_jax.testing import assert_conserved  # noqa: E402
-
-D = 4
-BOUNDARIES = (4, 8, 16)
-BATCH = 64
-FAULT = 13.0  # a record holding this value makes the kernel raise at run time
-KINDS = ("wrong_dtype", "wrong_rank", "nan", "too_long", "kernel_fault")
-STAGE_OF = {kind: "kernel" if kind == "kernel_fault" else "validation" for kind in KINDS}
-SPEC = {"x": bj.ArraySpec(("L", D), np.float32)}
-# The kernel faults are expected, and JAX logs each failing callback with its traceback at
-# ERROR level in the worker; thousands of those would drown the soak's output.
-logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
-
-
-# ---- records ---------------------------------------------------------------------------
-
-
-def bad_records(n: int, seed: int, fraction: float = 0.01) -> dict[int, str]:
-    """``{id: kind}`` for the bad records: ``round(n * fraction)`` seeded random ids, the kinds
-    dealt out evenly in random order."""
-    rng = np.random.default_rng(seed)
-    count = round(n * fraction)
-    ids = rng.choice(n, size=count, replace=False)
-    kinds = np.resize(np.arange(len(KINDS)), count)
-    rng.shuffle(kinds)
-    return {int(i): KINDS[k] for i, k in zip(ids, kinds, strict=True)}
-
-
-def id_ranges(n: int, chunk: int, bad: dict[int, str]) -> list[tuple[int, int, dict[int, str]]]:
-    """``(lo, hi, {bad id in [lo, hi): kind})``: the pipeline's only input, a few KB."""
-    by_chunk: dict[int, dict[int, str]] = collections.defaultdict(dict)
-    for i, kind in bad.items():
-        by_chunk[i // chunk][i] = kind
-    return [(lo, min(lo + chunk, n), by_chunk[lo // chunk]) for lo in range(0, n, chunk)]
-
-
-def _bad_element(kind: str, x: np.ndarray) -> dict[str, np.ndarray]:
-    if kind == "wrong_dtype":
-        return {"x": x.astype(np.complex64)}
-    if kind == "wrong_rank":
-        return {"x": x[:, 0].copy()}
-    if kind == "nan":
-        x = x.copy()
-        x[-1, -1] = np.nan
-        return {"x": x}
-    if kind == "too_long":
-        return {"x": np.ones((BOUNDARIES[-1] + 1 + len(x), D), np.float32)}
-    x = x.copy()
-    x[0, 0] = FAULT
-    return {"x": x}
-
-
-def make_records(seed: int, id_range: tuple[int, int, dict[int, str]]) -> Iterator[Any]:
-    """The records ``lo..hi-1``, deterministic in ``seed`` and ``lo``, generated on a worker."""
-    lo, hi, bad = id_range
-    rng = np.random.default_rng([seed, lo])
-    lengths = rng.integers(1, BOUNDARIES[-1] + 1, size=hi - lo)
-    values = rng.standard_normal((int(lengths.sum()), D), dtype=np.float32)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    for j, i in enumerate(range(lo, hi)):
-        x = values[offsets[j] : offsets[j + 1]]
-        yield (i, _bad_element(bad[i], x) if i in bad else {"x": x})
-
-
-# ---- kernel ----------------------------------------------------------------------------
-
-
-def load_params() -> np.ndarray:
-    return np.float32(2.0)
-
-
-def _refuse_fault(x):
-    if np.any(x == FAULT):
-        raise ValueError(f"kernel refuses the value {FAULT} (a simulated kernel-time fault)")
-    return x
-
-
-def scaled_mean(params, element, lengths):
-    """``params`` times the mean of the real rows; raises at run time on FAULT."""
-    x = jax.pure_callback(
-        _refuse_fault,
-        jax.ShapeDtypeStruct(element["x"].shape, element["x"].dtype),
-        element["x"],
-        vmap_method="broadcast_all",
-    )
-    mask = bj.length_mask(lengths["L"], x.shape[0]).astype(jnp.float32)
-    return jnp.sum(x * mask[:, None], axis=0) / lengths["L"].astype(jnp.float32) * params
-
-
-def soak_transform(threshold: float = 0.02) -> bj.RunKernel:
-    return bj.RunKernel(
-        scaled_mean,
-        spec=SPEC,
-        bucketing=bj.Bucketing(
-            boundaries={"L": BOUNDARIES}, batch_size=BATCH, batch_sizes=(BATCH,)
-        ),
-        validation=bj.Validation(nonfinite="reject"),
-        load_params=load_params,
-        keyed=True,
-    ).with_exception_handling(threshold=threshold)
-
-
-# ---- writing, with completions per second --------------------------------------------------
-
-
-class WriteLine(beam.DoFn):
-    """Formats each output as one line and counts outputs per wall-clock second.
-
-    The counts go to one small JSON file per bundle in ``tick_dir``; the driver sums them into
-    throughput per time slice.
-    """
-
-    def __init__(self, tick_dir: str, dead_letters: bool):
-        self._tick_dir = tick_dir
-        self._dead_letters = dead_letters
-
-    def start_bundle(self):
-        self._counts: collections.Counter[int] = collections.Counter()
-
-    def process(self, element):
-        self._counts[int(time.time())] += 1
-        yield element.to_json() if self._dead_letters else str(element[0])
-
-    def finish_bundle(self):
-        if self._counts:
-            path = os.path.join(self._tick_dir, f"{uuid.uuid4().hex}.json")
-            with open(path, "w") as f:
-                json.dump({str(k): v for k, v in self._counts.items()}, f)
-
-
-def build(p: beam.Pipeline, n: int, workdir: Path, seed: int, bad: dict[int, str], chunk: int):
-    ranges = id_ranges(n, chunk, bad)
-    results, dead = (
-        p
-        | "IdRanges" >> beam.Create(ranges)
-        | "Records" >> beam.FlatMap(make_records_for, seed)
-        | "RunKernel" >> soak_transform()
-    )
-    tick_dir = str(workdir / "ticks")
-    _ = (
-        results
-        | "ResultLines" >> beam.ParDo(WriteLine(tick_dir, dead_letters=False))
-        | "WriteResults" >> beam.io.WriteToText(str(workdir / "results" / "part"))
-    )
-    _ = (
-        dead
-        | "DeadLines" >> beam.ParDo(WriteLine(tick_dir, dead_letters=True))
-        | "WriteDead" >> beam.io.WriteToText(str(workdir / "dead" / "part"))
-    )
-
-
-def make_records_for(id_range, seed):
-    return make_records(seed, id_range)
-
-
-# ---- checking what was written -----------------------------------------------------------
-
-
-def read_written(workdir: Path) -> tuple[np.ndarray, list[tuple[Any, str]]]:
-    """The result ids and the dead letters' ``(key, stage)`` as written to ``workdir``."""
-    parts = [
-        np.loadtxt(path, dtype=np.int64, ndmin=1)
-        for path in sorted(glob.glob(str(workdir / "results" / "part*")))
-        if os.path.getsize(path)
-    ]
-    result_ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    dead = []
-    for path in sorted(glob.glob(str(workdir / "dead" / "part*"))):
-        with open(path) as f:
-            for line in f:
-                record = json.loads(line)
-                dead.append((record["key"], record["stage"]))
-    return result_ids, dead
-
-
-def check_conservation(
-    result_ids: np.ndarray, dead: list[tuple[Any, str]], n: int, bad: dict[int, str]
-) -> None:
-    """Every id in ``range(n)`` written exactly once; the dead letters exactly ``bad``.
-
-    Raises:
-        AssertionError: naming the first offending ids of each kind of violation.
-    """
-    problems = []
-    ids, counts = np.unique(result_ids, return_counts=True)
-    if (counts > 1).any():
-        problems.append(f"result ids written more than once: {ids[counts > 1][:10].tolist()}")
-    dead_keys = collections.Counter(key for key, _ in dead)
-    twice = [k for k, c in dead_keys.items() if c > 1]
-    if twice:
-        problems.append(f"ids dead-lettered more than once: {sorted(twice)[:10]}")
-    both = np.intersect1d(ids, np.fromiter(dead_keys, np.int64, len(dead_keys)))
-    if both.size:
-        problems.append(f"ids both in results and dead letters: {both[:10].tolist()}")
-    missing = np.setdiff1d(np.arange(n), np.union1d(ids, list(dead_keys)))
-    if missing.size:
-        problems.append(f"{missing.size} ids missing, e.g. {missing[:10].tolist()}")
-    extra = ids[(ids < 0) | (ids >= n)]
-    if extra.size:
-        problems.append(f"result ids out of range: {extra[:10].tolist()}")
-    want = {(i, STAGE_OF[kind]) for i, kind in bad.items()}
-    got = set(dead)
-    if got != want:
-        problems.append(
-            f"dead letters differ from the bad records: unexpected {sorted(got - want)[:10]}, "
-            f"missing {sorted(want - got)[:10]}"
-        )
-    if problems:
-        raise AssertionError("conservation broken: " + "; ".join(problems))
-
-
-# ---- throughput over time ----------------------------------------------------------------
-
-
-def throughput(tick_dir: Path, slice_seconds: float | None = None) -> dict[str, Any]:
-    """Outputs written per second, per time slice, from the workers' per-second counts."""
-    per_second: collections.Counter[int] = collections.Counter()
-    for path in glob.glob(str(tick_dir / "*.json")):
-        with open(path) as f:
-            per_second.update({int(k): v for k, v in json.load(f).items()})
-    if not per_second:
-        return {"slice_seconds": 0, "slices": [], "late_over_early": float("nan")}
-    first, last = min(per_second), max(per_second)
-    span = last - first + 1
-    width = int(slice_seconds or max(1, math.ceil(span / 20)))
-    slices = []
-    for start in range(first, last + 1, width):
-        end = min(start + width, last + 1)
-        count = sum(per_second.get(s, 0) for s in range(start, end))
-        slices.append({"t": start - first, "records_per_s": round(count / (end - start))})
-    # The first slice holds worker start-up and compiles, the last the drain: leave them out
-    # and compare the first and last thirds of the rest.
-    steady = [s["records_per_s"] for s in slices[1:-1]]
-    third = len(steady) // 3
-    ratio = float(np.mean(steady[-third:]) / np.mean(steady[:third])) if third else float("nan")
-    return {"slice_seconds": width, "slices": slices, "late_over_early": round(ratio, 3)}
-
+from bench._lib import harness, soak_job  # noqa: E402
 
 # ---- running -----------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
 def _workers_can_import_this_module():
-    # Worker processes unpickle the DoFns and functions above by reference to `soak`.
+    # Worker processes unpickle the job's DoFns and functions from `bench._lib.soak_job`.
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(ROOT), old]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.ROOT), old]))
     try:
         yield
     finally:
@@ -305,6 +64,18 @@ def _workers_can_import_this_module():
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = old
+
+
+def _progress(tick_dir: Path, records: int, stop: threading.Event, every: float = 10) -> None:
+    """Prints the outputs written so far every ``every`` seconds while the soak runs."""
+    start = time.perf_counter()
+    while not stop.wait(every):
+        written = 0
+        for path in tick_dir.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError):  # a file being written
+                written += sum(json.loads(path.read_text()).values())
+        print(f"  {written:,} of {records:,} records written after "
+              f"{time.perf_counter() - start:.0f} s", flush=True)  # fmt: skip
 
 
 def run_soak(
@@ -328,7 +99,7 @@ def run_soak(
             # Outputs of an earlier run would be counted as this run's.
             raise FileExistsError(f"{workdir / sub} exists; give an empty or new --workdir")
         (workdir / sub).mkdir(parents=True)
-    bad = bad_records(records, seed, bad_fraction)
+    bad = soak_job.bad_records(records, seed, bad_fraction)
     options = PipelineOptions(
         [
             "--runner=FnApiRunner",
@@ -337,18 +108,25 @@ def run_soak(
         ]
     )
     p = beam.Pipeline(options=options)
-    build(p, records, workdir, seed, bad, chunk)
+    soak_job.build(p, records, workdir, seed, bad, chunk)
+    stop = threading.Event()
+    progress = threading.Thread(target=_progress, args=(workdir / "ticks", records, stop))
     with _workers_can_import_this_module(), harness.TreeMemory() as memory:
         start = time.perf_counter()
-        result = p.run()
-        result.wait_until_finish()
+        progress.start()
+        try:
+            result = p.run()
+            result.wait_until_finish()
+        finally:
+            stop.set()
+            progress.join()
         seconds = time.perf_counter() - start
     summary = assert_conserved(result)
     assert summary.elements == records, (summary.elements, records)
     assert summary.dead_letters == len(bad), (summary.dead_letters, len(bad))
     check_start = time.perf_counter()
-    result_ids, dead = read_written(workdir)
-    check_conservation(result_ids, dead, records, bad)
+    result_ids, dead = soak_job.read_written(workdir)
+    soak_job.check_conservation(result_ids, dead, records, bad)
     by_kind = collections.Counter(bad.values())
     return {
         "records": records,
@@ -368,7 +146,8 @@ def run_soak(
         "peak_tree_pss_mb": round(memory.peak_pss_kb / 1024),
         "peak_processes": memory.peak_processes,
         "memory_samples": memory.samples,
-        "throughput": throughput(workdir / "ticks", slice_seconds),
+        "throughput": soak_job.throughput(workdir / "ticks", slice_seconds),
+        "devices": sorted({p.read_text() for p in (workdir / "ticks").glob("device-*.txt")}),
     }
 
 
@@ -379,7 +158,8 @@ def _print_report(report: dict[str, Any]) -> None:
         f"{report['workers']} workers in {report['seconds']} s = "
         f"{report['records_per_s']:,} records/s; conservation checked on written ids "
         f"({report['results_written']:,} results + {report['dead_letters_written']:,} dead "
-        f"letters {report['dead_letters_by_stage']})"
+        f"letters {report['dead_letters_by_stage']}); the workers computed on "
+        f"{', '.join(report['devices'])}"
     )
     print(
         f"peak memory of the process tree ({report['peak_processes']} processes): RSS "
@@ -393,7 +173,7 @@ def _print_report(report: dict[str, Any]) -> None:
 def _run_child(records: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     out = workdir / f"report-{records}.json"
     command = [
-        sys.executable, str(Path(__file__).resolve()),
+        sys.executable, "-m", "bench.soak",
         "--records", str(records),
         "--workers", str(args.workers),
         "--seed", str(args.seed),
@@ -403,13 +183,14 @@ def _run_child(records: int, args: argparse.Namespace, workdir: Path) -> dict[st
     ]  # fmt: skip
     if args.slice_seconds:
         command += ["--slice-seconds", str(args.slice_seconds)]
-    subprocess.run(command, check=True)
+    subprocess.run(command, check=True, env=harness.child_env())
     return json.loads(out.read_text())
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--quick", action="store_true", help="20,000 records")
     parser.add_argument(
         "--baseline",
         type=int,
@@ -423,6 +204,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--workdir", help="where outputs go (default: a temporary directory)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.records = 20_000
     logging.getLogger().setLevel(logging.WARNING)
     with contextlib.ExitStack() as stack:
         if args.workdir:
@@ -460,8 +243,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    # Re-import under the module name, so what Beam pickles refers to `soak` (importable by
-    # the worker processes) and not to `__main__`.
-    import soak
-
-    soak.main()
+    main()

@@ -339,19 +339,3 @@ def test_threshold_applies_in_cross_bundle_mode():
     _ = p | beam.Create(bad) | run_kernel  # fmt: skip
     with pytest.raises(Exception, match="3 of 6 elements failed"):
         run(p)
-
-
-def test_small_bundles_benchmark_runs_and_cross_bundle_fills_batches():
-    import pathlib
-    import sys
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
-    import small_bundles
-
-    results = small_bundles.main(
-        ["--elements", "60", "--batch-size", "8", "--num-buckets", "2",
-         "--modes", "large_bundle,small_bundle,cross_bundle", "--max-wait-s", "60"]
-    )  # fmt: skip
-    assert results["cross_bundle"]["batch_fill"] > results["small_bundle"]["batch_fill"]
-    assert results["cross_bundle"]["batches"] < results["small_bundle"]["batches"]
-    assert sum(results["cross_bundle"]["flushes"].values()) == results["cross_bundle"]["batches"]

@@ -24,12 +24,9 @@ import beam_jax as bj
 from beam_jax.text import EmbedText, SentenceEncoder, read_model_dir
 from tests.beam_helpers import pipeline, run
 from tests.tiny_bert import sample_texts
+from tools import make_random_minilm as rm
 
 ROOT = pathlib.Path(__file__).parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import make_random_minilm as rm  # noqa: E402
-
-sys.path.pop(0)
 
 
 def test_a_vocabulary_has_berts_special_ids_characters_and_the_frequent_words():

@@ -390,29 +390,6 @@ def test_out_of_memory_after_a_fitted_choice_says_how_far_the_analysis_was_off()
     assert summary.fit_missed_by_pct == value.min > 10_000
 
 
-@pytest.mark.slow
-def test_bench_fit_batch_runs_end_to_end_and_outputs_agree(tmp_path):
-    import sys
-    from pathlib import Path
-
-    bench = str(Path(__file__).resolve().parent.parent / "bench")
-    sys.path.insert(0, bench)
-    try:
-        import fit_batch
-    finally:
-        sys.path.remove(bench)
-    out = tmp_path / "fit.json"
-    results = fit_batch.main(
-        ["--elements", "150", "--repeat", "1", "--fixed", "16", "--budgets-mib", "4",
-         "--candidates", "4,8,16,32", "--workdir", str(tmp_path / "data"), "--json", str(out)]
-    )  # fmt: skip
-    assert set(results) == {"fixed 32", "fixed 16", "fit 4 MiB"}
-    fit = results["fit 4 MiB"]
-    assert fit["check"].startswith("max |diff|")  # outputs equal fixed 32's (else it raises)
-    assert len(fit["limits"]) == 8 and fit["compiles"] >= 8
-    assert all(t <= 4 or s == 4 for s, t in zip(fit["limits"], fit["total_mib"], strict=True))
-
-
 def test_plan_with_batch_limits_cuts_each_bucket_at_its_limit():
     plan = Plan(SPEC, bj.Bucketing(boundaries={"L": (8, 16)}, batch_size=8))
     cut = plan.with_batch_limits({(8,): 4, (16,): 2})

@@ -387,15 +387,3 @@ def test_runners_script_starts_and_stops_prism(prism_binary, tmp_path):
     assert wait_until(lambda: not group_members(pid), 30)
     assert not port_open(port)
     assert not (tmp_path / "prism.pid").exists()
-
-
-def test_small_bundles_benchmark_runs_on_prism(prism):
-    from bench import prism_small_bundles
-
-    rows = prism_small_bundles.main(
-        ["--job-endpoint", prism, "--elements", "60", "--repeats", "1", "--max-wait-s", "0.5"]
-    )
-    by_mode = {row["mode"]: row for row in rows}
-    assert set(by_mode) == set(prism_small_bundles.MODES)
-    assert by_mode["small_bundle"]["batches"] > by_mode["cross_bundle"]["batches"]
-    assert by_mode["cross_bundle"]["batch_fill"] > by_mode["small_bundle"]["batch_fill"]

@@ -12,7 +12,7 @@ from beam_jax import jobs
 
 DEFAULT_OUTPUT = "output/curate"
 DEFAULT_CLASSES = 10
-# Measured on the built-in corpus (bench/curate_steps.py): with Adam at 0.05 the scores
+# Measured on the built-in corpus (bench/RESULTS.md: curate_steps.py): with Adam at 0.05 the scores
 # separate flipped from clean labels best after 14-20 full-batch steps.
 DEFAULT_PASSES = 14
 DEFAULT_LEARNING_RATE = 0.05

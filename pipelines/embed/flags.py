@@ -31,7 +31,7 @@ DEFAULT_SHAPE_COST = 2000.0
 # call, so fewer, larger calls feed the model faster: with 32k-token batches instead of 8k
 # (245 kernel calls instead of 976 for 200,000 texts) the host alone ran 1.04-1.15x as fast
 # on 2 cores with 0.83-0.93x the CPU, and the model as fast, since a CPU runs a batch in
-# cache-sized chunks (bench/RESULTS.md, 2026-12-04, first section). At 32k tokens a
+# cache-sized chunks (bench/RESULTS.md, "32k-token batches on every device"). At 32k tokens a
 # batch's largest activations (attention scores, float32) stay under ~0.5 GB on an
 # accelerator, which runs it whole.
 DEFAULT_BATCH_SIZE = 1024
@@ -40,7 +40,7 @@ DEFAULT_MAX_TOKENS = 32768
 # inside the one call (about 1k tokens keep a layer's activations in a CPU's cache: 2k-token
 # chunks ran ~8% slower, 4k ~20%); an accelerator (--accelerator, or a local run on a GPU
 # or TPU) runs batches whole (on an H200, 32k-token batches whole ran 1.26x as fast as
-# 8k-token batches in chunks: bench/RESULTS.md, 2026-12-04, second section).
+# 8k-token batches in chunks: bench/RESULTS.md, "On a GPU").
 DEFAULT_TOKENS_PER_CHUNK = 1024
 # Rows per output part (~12 MB of embeddings): the most a crash makes a rerun redo.
 DEFAULT_ROWS_PER_PART = 8192

@@ -116,8 +116,8 @@ class EmbedTextSummary:
 @dataclasses.dataclass(frozen=True)
 class Encoder:
     """Functions that replace the model's in the embedding step, e.g. a kernel that takes
-    no time, for measuring the host alone (``bench/embed_text.py``); they keep the model's
-    tokenizer and output shape. ``None`` keeps the model's own.
+    no time, for measuring the host alone (``bench/embed.py --variants host_only``); they
+    keep the model's tokenizer and output shape. ``None`` keeps the model's own.
 
     Attributes:
         element_fn: ``fn(params, element, lengths)``, for token-length buckets.

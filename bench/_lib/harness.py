@@ -1,12 +1,9 @@
-"""What every benchmark here shares: rounds in rotated order, medians with their spread,
-fresh processes, core pinning, a process tree's memory, the clock (wall, CPU, cores busy,
-interpreter lock held) and the JSON a run leaves.
+"""Rounds in rotated order, medians with their spread, child processes that print as they
+run, core pinning, a process tree's memory, the clock, and the JSON a run leaves.
 
-A benchmark names its variants; ``run_rounds`` runs each of them ``repeat`` times, every
-round in a rotated order (round ``r`` starts at variant ``r mod k``), so no variant always
-runs first (cold caches) or last (a machine warmed by the others), and a noisy spell on a
-shared host falls on all of them alike. ``summarize`` reports the median run, its spread
-((slowest - fastest) / median) and every run's time.
+``run_rounds`` runs each variant ``repeat`` times, round ``r`` starting at variant ``r mod
+k``, so none always runs first (cold caches) or last (a machine warmed by the others), and
+a noisy spell on a shared host falls on all alike.
 """
 
 from __future__ import annotations
@@ -25,9 +22,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
 RESULT = "RESULT "  # the line a child prints its result on
 
 
@@ -47,9 +45,8 @@ def run_rounds(
     runs: dict[str, list[dict]] = {name: [] for name in names}
     orders = []
     for r in range(repeat):
-        order = rotated(names, r)
-        orders.append(order)
-        for name in order:
+        orders.append(rotated(names, r))
+        for name in orders[-1]:
             runs[name].append(run_one(name, r))
     return runs, orders
 
@@ -73,14 +70,27 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def write_json(path: str | None, report: dict) -> None:
+    if path:
+        Path(path).write_text(json.dumps(report, indent=2, default=str))
+
+
+def device() -> str:
+    """The device this process's JAX computes on (its default backend), e.g. ``tpu (1 x TPU
+    v5 lite)``: what a benchmark says it timed."""
+    import jax
+
+    devices = jax.devices()
+    return f"{jax.default_backend()} ({len(devices)} x {devices[0].device_kind})"
+
+
 # --- processes ----------------------------------------------------------------------------
 
 
 def pin(cores: int | None) -> None:
     """Restricts this process (and what it starts) to its first ``cores`` usable cores."""
     if cores:
-        usable = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, usable[:cores])
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
 
 
 def emit(result: dict) -> None:
@@ -88,41 +98,75 @@ def emit(result: dict) -> None:
     print(RESULT + json.dumps(result), flush=True)
 
 
+def child_env(**variables: str) -> dict:
+    """This environment with the repository first on PYTHONPATH (and ``variables`` set).
+
+    JAX_PLATFORMS is left as it is: a child computes on the default backend, the device
+    the job would use."""
+    env = dict(os.environ, **variables)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
 def run_child(
     argv: Sequence[str], *, timeout: float, env: dict | None = None, what: str = "a child"
 ) -> dict:
-    """Runs ``argv`` in a fresh process and returns the result it ``emit``-ted; raises with
-    the end of its stderr when it fails or says nothing."""
-    proc = subprocess.run(
-        list(argv), capture_output=True, text=True, env=env, timeout=timeout, check=False
+    """Runs ``argv`` in a fresh process, its output printed as it comes (indented), and
+    returns the result it ``emit``-ted.
+
+    Past ``timeout`` seconds the child is stopped with SIGABRT, which makes Python print
+    every thread's stack (``PYTHONFAULTHANDLER`` is set): the error then says where it was.
+
+    Raises:
+        RuntimeError: the child failed, said nothing, or ran past ``timeout``.
+    """
+    env = dict(env if env is not None else os.environ, PYTHONFAULTHANDLER="1")
+    proc = subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(lines[-1][len(RESULT) :])
+    tail: collections.deque[str] = collections.deque(maxlen=400)
+    results: list[str] = []
 
+    def read() -> None:
+        for line in proc.stdout:
+            if line.startswith(RESULT):
+                results.append(line[len(RESULT) :])
+            else:
+                tail.append(line)
+                print(f"    | {line}", end="", flush=True)
 
-def child_env(*paths: str) -> dict:
-    """This environment with ``paths`` first on PYTHONPATH."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH")]))
-    return env
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+        text = "".join(tail)
+        top = text.rfind("Fatal Python error")  # the stacks, from their top
+        dump = text[top:][:12000] if top >= 0 else text[-8000:]
+        raise RuntimeError(
+            f"{what} ran past its timeout of {timeout:g} s and was stopped; where its threads "
+            f"were:\n{dump}"
+        ) from None
+    reader.join()
+    if proc.returncode or not results:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{''.join(tail)[-4000:]}")
+    return json.loads(results[-1])
 
 
 LAUNCH_PACKAGES = ("numpy", "jax", "pyarrow", "tokenizers", "apache_beam", "beam_jax")
 
 
 def uncompiled(packages: Sequence[str] = LAUNCH_PACKAGES, env: dict | None = None) -> list[str]:
-    """The ``packages`` whose modules a fresh process with ``env`` would compile at import:
-    their ``__init__`` has no cached bytecode where that process looks for it.
-
-    An install compiles its modules (pip does by default) and a process writes what it
-    compiled beside the source, so this is empty unless both fail: packages installed
-    without compiling (``pip install --no-compile``) where ``PYTHONDONTWRITEBYTECODE`` is
-    set or the folder is read-only. Then every process compiles them again (Beam's modules
-    added 1.0 s to a 3.6 s import on one TPU v5e host: ``bench/imports.py``), and a launch
-    timed there is slower than a worker image's.
-    """
+    """The ``packages`` a fresh process with ``env`` would compile at import (no cached
+    bytecode: installed with ``--no-compile`` where ``PYTHONDONTWRITEBYTECODE`` is set):
+    a launch timed there is slower than a worker image's (1.0 s of 3.6 s on a TPU host)."""
     code = (
         "import importlib.util, json, os, sys\n"
         "out = []\n"
@@ -145,59 +189,40 @@ def bytecode_line(missing: Sequence[str]) -> str:
         return "bytecode: cached for every package the launch imports"
     return (
         f"bytecode: NOT cached for {', '.join(missing)}: every process here compiles them at "
-        "import (installed without compiling, and PYTHONDONTWRITEBYTECODE set or the folder "
-        "read-only); `python -m compileall -q FOLDER` first, as an install that compiles would"
+        "import; `python -m compileall -q FOLDER` first, as an install that compiles would"
     )
-
-
-def write_json(path: str | None, report: dict) -> None:
-    if path:
-        Path(path).write_text(json.dumps(report, indent=2, default=str))
 
 
 # --- process-tree memory ------------------------------------------------------------------
 
 
-def _children() -> dict[int, list[int]]:
+def _tree(root: int) -> list[int]:
     children: dict[int, list[int]] = collections.defaultdict(list)
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
-            with open(stat) as f:
-                text = f.read()
+            text = Path(stat).read_text()
         except OSError:
             continue  # the process ended
         # The command name may hold spaces and parentheses; fields resume after the last ")".
-        ppid = int(text[text.rindex(")") + 2 :].split()[1])
-        children[ppid].append(int(text[: text.index(" ")]))
-    return children
-
-
-def _tree(root: int) -> list[int]:
-    children, out, todo = _children(), [], [root]
+        children[int(text[text.rindex(")") + 2 :].split()[1])].append(int(text.split()[0]))
+    out, todo = [], [root]
     while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, ()))
+        out.append(todo.pop())
+        todo.extend(children.get(out[-1], ()))
     return out
 
 
 def _kb(path: str, field: str) -> int:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1])
-    except OSError:
-        pass  # the process ended between listing and reading
+    with contextlib.suppress(OSError):  # the process ended between listing and reading
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1])
     return 0
 
 
 class TreeMemory:
-    """Samples the summed RSS and PSS of a process and all its descendants from /proc.
-
-    RSS counts pages shared between processes (libraries, copy-on-write) once per process, so
-    the summed RSS is an upper bound; PSS splits each shared page between its sharers.
-    """
+    """Samples the summed RSS and PSS of a process and all its descendants from /proc (the
+    summed RSS counts shared pages once per process; PSS splits them between sharers)."""
 
     def __init__(self, root: int | None = None, interval: float = 0.2):
         self.root = root or os.getpid()
@@ -213,10 +238,12 @@ class TreeMemory:
 
     def sample(self):
         pids = _tree(self.root)
-        rss = sum(_kb(f"/proc/{p}/status", "VmRSS:") for p in pids)
-        pss = sum(_kb(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
-        self.peak_rss_kb = max(self.peak_rss_kb, rss)
-        self.peak_pss_kb = max(self.peak_pss_kb, pss)
+        self.peak_rss_kb = max(
+            self.peak_rss_kb, sum(_kb(f"/proc/{p}/status", "VmRSS:") for p in pids)
+        )
+        self.peak_pss_kb = max(
+            self.peak_pss_kb, sum(_kb(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
+        )
         self.peak_processes = max(self.peak_processes, len(pids))
         self.samples += 1
 
@@ -249,7 +276,6 @@ class _GilSampler:
     RATE = 250
 
     def __init__(self, exe: str):
-        self.exe = exe
         self.out = tempfile.NamedTemporaryFile(suffix=".txt", delete=False).name
         # py-spy runs as this process's child; Yama lets a child trace its parent only
         # when the parent says so.
@@ -292,23 +318,3 @@ class Clock:
         cpu = time.process_time() - self.cpu
         gil = self._gil.stop() if self._gil is not None else None
         return {"elapsed_s": wall, "cpu_s": cpu, "cores_busy": cpu / wall, "gil_s": gil}
-
-
-def per_item_us(result: dict, items: int) -> dict:
-    """CPU and interpreter-lock microseconds per item from a ``Clock`` result."""
-    gil = result.get("gil_s")
-    return {
-        "cpu_us_per_item": 1e6 * result["cpu_s"] / items,
-        "gil_us_per_item": None if gil is None else 1e6 * gil / items,
-    }
-
-
-@contextlib.contextmanager
-def timed() -> Iterator[dict]:
-    """``with timed() as t:`` ... ``t["s"]``: wall seconds of the block."""
-    out: dict = {}
-    start = time.perf_counter()
-    try:
-        yield out
-    finally:
-        out["s"] = time.perf_counter() - start
