@@ -108,7 +108,7 @@ def test_column_records_lay_out_as_records_one_by_one(lengths, seed):
         used, count = used + lengths[i], count + 1
     hypothesis.assume(row < 2)
     got = records.lay_out(plan, index, rows, 8).packed
-    want = plan.pack_plan.lay_out([leaves[i] for i in index.tolist()], rows, 8)
+    want = plan.packer.lay_out([leaves[i] for i in index.tolist()], rows, 8)
     for a, b in zip((*got.leaves, *got.segments), (*want.leaves, *want.segments), strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(got.lengths, want.lengths)

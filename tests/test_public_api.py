@@ -96,7 +96,8 @@ INTERNAL = {
     "YamlErrors",
     "OriginFields",
     "error_output",
-    "PackPlan",
+    "Packer",
+    "PackPlan",  # Packer's former name, kept importable for now
     "KernelMetrics",
 }
 

@@ -386,4 +386,4 @@ class ColumnRecords:
     def lay_out(self, plan: PackedPlan, index: np.ndarray | None, rows, row_length: int):
         """Records ``index`` (all by default) as one packed batch, in the batch rows given."""
         chosen = self if index is None else self.take(index)
-        return PackedRows(plan.pack_plan.lay_out(chosen, rows, row_length, chosen.lengths))
+        return PackedRows(plan.packer.lay_out(chosen, rows, row_length, chosen.lengths))

@@ -4,7 +4,7 @@ Bucketing pads every record to its bucket's boundary; packing instead lays recor
 end along their one ragged axis in rows of a fixed length, so a row holds several records
 (segments) and little padding. ``Packing`` is the policy; ``assign_rows`` places one
 buffer's records in rows from their lengths alone, and ``batch_rows`` groups the rows into
-batches of the listed sizes. Both are shared by the packer (``packed_batch.PackPlan``) and
+batches of the listed sizes. Both are shared by the packer (``packed_batch.Packer``) and
 the planner (``packing_plan``), so what the planner predicts is what the packer does.
 
 Example:

@@ -5,7 +5,7 @@ end along their one ragged axis in rows of a fixed length, so a row holds severa
 (segments) and little padding. The kernel receives each packed row with the segment id of
 every slot (0 on empty slots, 1..S within a row), the position of every slot within its own
 segment, and the number of segments in the row, and returns one output per segment,
-``[rows, max_segments, ...]``; :meth:`PackPlan.unpack` turns those back into one result
+``[rows, max_segments, ...]``; :meth:`Packer.unpack` turns those back into one result
 per record, in input order.
 
 A record longer than the longest row is refused on its own (a dead letter, never a whole
@@ -19,7 +19,7 @@ segments holding the leaf's pad value. A leaf with the ragged axis twice (a pair
 Example:
     >>> import numpy as np
     >>> from beam_jax import ArraySpec, Packing
-    >>> plan = PackPlan(ArraySpec(("L",), np.int32), Packing(row_lengths=8, rows_per_batch=2))
+    >>> plan = Packer(ArraySpec(("L",), np.int32), Packing(row_lengths=8, rows_per_batch=2))
     >>> result = plan.pack([np.arange(5), np.arange(3), np.arange(2)])
     >>> [b.segment_ids.tolist() for b in result.batches]
     [[[1, 1, 1, 1, 1, 2, 2, 2], [1, 1, 0, 0, 0, 0, 0, 0]]]
@@ -166,7 +166,7 @@ def _map_tree(fn, tree):
     return fn(tree)
 
 
-class PackPlan:
+class Packer:
     """Packing for one element spec: checks the spec once, packs buffers, unpacks outputs.
 
     The counterpart of ``Plan`` for the packing policy: the spec must have exactly one
@@ -175,7 +175,7 @@ class PackPlan:
     Example:
         >>> import numpy as np
         >>> from beam_jax import ArraySpec, Packing
-        >>> plan = PackPlan(ArraySpec(("L",), np.float32), Packing(row_lengths=8, max_segments=2))
+        >>> plan = Packer(ArraySpec(("L",), np.float32), Packing(row_lengths=8, max_segments=2))
         >>> result = plan.pack([np.full(3, 2.0), np.full(4, 1.0), np.full(6, 5.0)])
         >>> def segment_sums(x, ids):  # the kernel: [rows, max_segments]
         ...     return np.stack([np.bincount(i, w, minlength=3)[1:] for w, i in zip(x, ids)])

@@ -22,7 +22,7 @@ from beam_jax._src.bucketing.packing import Packing
 from beam_jax._src.bucketing.rule import Bucket, round_up
 from beam_jax._src.core.batch_validation import validate_many
 from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
-from beam_jax._src.core.packed_batch import PackedBatch, PackPlan, SegmentInfo
+from beam_jax._src.core.packed_batch import PackedBatch, Packer, SegmentInfo
 from beam_jax._src.core.plan import cut_batch_sizes
 from beam_jax._src.core.spec import Layout, as_layout
 from beam_jax._src.core.validation import Validated, Validation, validate
@@ -124,9 +124,9 @@ class PackedPlan:
         }
         self.packing = dataclasses.replace(packing, rows_per_batch=sizes)
         self._spec = spec
-        self.pack_plan = PackPlan(spec, self.packing)
-        self.layout: Layout = self.pack_plan.layout
-        self.axis = self.pack_plan.axis
+        self.packer = Packer(spec, self.packing)
+        self.layout: Layout = self.packer.layout
+        self.axis = self.packer.axis
         self.validation = validation or Validation()
         self.output_layout = None if output_spec is None else as_layout(output_spec)
         if self.output_layout is not None and self.output_layout.axis_names:
@@ -171,7 +171,7 @@ class PackedPlan:
         }
         out = copy.copy(self)
         out.packing = dataclasses.replace(self.packing, rows_per_batch=sizes)
-        out.pack_plan = PackPlan(self._spec, out.packing)
+        out.packer = Packer(self._spec, out.packing)
         return out
 
     def max_batch(self, bucket: Bucket) -> int:
@@ -195,7 +195,7 @@ class PackedPlan:
         n, m = bucket[0], self.packing.max_segments
         i32 = np.dtype(np.int32)
         segments = [((size, n), i32), ((size, n), i32), ((size,), i32), ((size, m), i32)]
-        return [*self.pack_plan.leaf_shapes(n, size), *segments]
+        return [*self.packer.leaf_shapes(n, size), *segments]
 
     # --- elements and outputs -----------------------------------------------------------
 
@@ -220,8 +220,8 @@ class PackedPlan:
         )
 
     def lay_out(self, items: Sequence[Validated], rows: Sequence[int], row_length: int):
-        """``items`` as one ``PackedRows`` batch, in the rows given (``PackPlan.lay_out``)."""
-        packed = self.pack_plan.lay_out(
+        """``items`` as one ``PackedRows`` batch, in the rows given (``Packer.lay_out``)."""
+        packed = self.packer.lay_out(
             [it.leaves for it in items], rows, row_length, [it.lengths[0] for it in items]
         )
         return PackedRows(packed)

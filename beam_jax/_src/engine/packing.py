@@ -12,7 +12,7 @@ everything staged runs.
 
 A ``PackedBuffer``'s rows (for the engine) are its records, ordered by batch row then
 segment; ``padded(rows)`` lays a subset out again in at most the same batch rows
-(``PackPlan.lay_out``), so bisection halves a failed batch's records, each half one kernel
+(``Packer.lay_out``), so bisection halves a failed batch's records, each half one kernel
 call: within ``1 + 2 k ceil(log2 n)`` calls for ``k`` failing records among ``n``.
 """
 
