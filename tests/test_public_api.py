@@ -38,10 +38,12 @@ TOP_LEVEL = {
     "default_boundaries",
     "plan_boundaries",
     "plan_bucketing",
-    "BucketingPlan",
+    "BucketingChoice",
+    "BucketingPlan",  # BucketingChoice's former name, kept importable for now
     "Packing",
     "plan_packing",
-    "PackingPlan",
+    "PackingChoice",
+    "PackingPlan",  # PackingChoice's former name, kept importable for now
     # inside a kernel
     "length_mask",
     "BatchLengths",

@@ -27,7 +27,7 @@ _SEGMENT_MULTIPLE = 8
 
 
 @dataclasses.dataclass(frozen=True)
-class PackingStats:
+class PackingSimulation:
     """What packing a sample buffer by buffer gives (see ``simulate_packing``).
 
     Attributes:
@@ -61,7 +61,7 @@ def _buffers(lengths: np.ndarray, buffer_size: int | None):
 
 def simulate_packing(
     lengths: Sequence[int] | np.ndarray, packing: Packing, *, buffer_size: int | None = None
-) -> PackingStats:
+) -> PackingSimulation:
     """Packs a sample of lengths buffer by buffer, as a job would, and counts the padding.
 
     Example:
@@ -96,11 +96,11 @@ def simulate_packing(
             empty += size - len(members)
             batches += 1
             shapes.add((length, size))
-    return PackingStats(real, padded, rows, empty, batches, most, tuple(sorted(shapes)))
+    return PackingSimulation(real, padded, rows, empty, batches, most, tuple(sorted(shapes)))
 
 
 @dataclasses.dataclass(frozen=True)
-class PackingPlan:
+class PackingChoice:
     """What ``plan_packing`` chose, and what packing the sample with it gives.
 
     Attributes:
@@ -114,7 +114,7 @@ class PackingPlan:
     packing: Packing
     shapes: int
     padding_ratio: float
-    stats: PackingStats
+    stats: PackingSimulation
     buffer_size: int | None
 
 
@@ -199,7 +199,7 @@ def plan_packing(
     num_devices: int = 1,
     slot_costs: Mapping[int, float] | None = None,
     length_classes: bool = True,
-) -> PackingPlan:
+) -> PackingChoice:
     """Row lengths and rows per batch that minimise the executed slots of a sample.
 
     Every candidate longest row ``T >= max_size``, alone or with shorter length classes
@@ -332,4 +332,4 @@ def plan_packing(
                                          pack_lengths=(*classes, top)))  # fmt: skip
     packing = best[1]
     stats = simulate_packing(sample, packing, buffer_size=buffer_size)
-    return PackingPlan(packing, len(packing.shapes()), stats.padding_ratio, stats, buffer_size)
+    return PackingChoice(packing, len(packing.shapes()), stats.padding_ratio, stats, buffer_size)

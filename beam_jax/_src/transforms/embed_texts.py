@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.packing import Packing
-from beam_jax._src.bucketing.packing_plan import PackingPlan
+from beam_jax._src.bucketing.packing_plan import PackingChoice
 from beam_jax._src.core.dead_letter import (
     DEAD_LETTERS,
     VALIDATION,
@@ -147,7 +147,7 @@ class EmbedTexts(beam.PTransform):
         model_dir: SentenceEncoder | str | None = None,
         *,
         max_batch_size: int = 1024,
-        batching: Bucketing | Packing | PackingPlan | None = None,
+        batching: Bucketing | Packing | PackingChoice | None = None,
         compilation_cache_dir: str | None = None,
         precompile: bool = False,
         accelerator: str | None = None,
