@@ -11,7 +11,7 @@ import pytest
 
 import beam_jax as bj
 from beam_jax._src.bucketing.packing import assign_rows, batch_rows
-from beam_jax._src.bucketing.packing_plan import simulate_packing
+from beam_jax._src.bucketing.packing_choice import simulate_packing
 from beam_jax._src.core.packed_batch import SegmentInfo
 from beam_jax.internal import Packer
 

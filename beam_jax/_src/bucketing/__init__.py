@@ -4,7 +4,7 @@
   one rule every path uses, and the default boundaries and batch sizes;
 - ``buckets.py``: ``Bucketing``, the configuration (boundaries, batch sizes, oversize);
 - ``boundaries.py``: ``plan_boundaries``, boundaries that minimise padding for a budget;
-- ``bucket_plan.py``: ``plan_bucketing``, boundaries and batch sizes together;
+- ``bucketing_choice.py``: ``plan_bucketing``, boundaries and batch sizes together;
 - ``fit.py``: ``FitToMemory`` and ``search_limits``, batch sizes fitted to analysed bytes.
 
 A policy that shapes batches differently (e.g. packing several short records into one row)

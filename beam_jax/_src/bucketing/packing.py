@@ -5,7 +5,7 @@ end along their one ragged axis in rows of a fixed length, so a row holds severa
 (segments) and little padding. ``Packing`` is the policy; ``assign_rows`` places one
 buffer's records in rows from their lengths alone, and ``batch_rows`` groups the rows into
 batches of the listed sizes. Both are shared by the packer (``packed_batch.Packer``) and
-the planner (``packing_plan``), so what the planner predicts is what the packer does.
+the planner (``packing_choice``), so what the planner predicts is what the packer does.
 
 Example:
     >>> a = assign_rows([5, 3, 2], Packing(row_lengths=8, rows_per_batch=2))

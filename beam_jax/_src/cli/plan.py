@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from beam_jax._src.bucketing.boundaries import boundaries_per_budget
-from beam_jax._src.bucketing.packing_plan import plan_packing
+from beam_jax._src.bucketing.packing_choice import plan_packing
 from beam_jax._src.bucketing.rule import boundary_index
 from beam_jax._src.cli import lengths as lens
 from beam_jax._src.cli import memory as mem

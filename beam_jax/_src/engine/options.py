@@ -11,7 +11,7 @@ import numpy as np
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.fit import FitToMemory
 from beam_jax._src.bucketing.packing import Packing
-from beam_jax._src.bucketing.packing_plan import PackingChoice
+from beam_jax._src.bucketing.packing_choice import PackingChoice
 from beam_jax._src.core.packed_plan import PackedPlan
 from beam_jax._src.core.plan import Plan
 from beam_jax._src.core.validation import Validation

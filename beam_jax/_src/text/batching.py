@@ -22,9 +22,9 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from beam_jax._src.bucketing.bucket_plan import BucketingChoice, plan_bucketing
+from beam_jax._src.bucketing.bucketing_choice import BucketingChoice, plan_bucketing
 from beam_jax._src.bucketing.packing import assign_rows, batch_rows
-from beam_jax._src.bucketing.packing_plan import PackingChoice, plan_packing
+from beam_jax._src.bucketing.packing_choice import PackingChoice, plan_packing
 from beam_jax._src.errors import SpecError
 
 __all__ = ["BatchingChoice", "plan_batching"]

@@ -14,7 +14,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_jax._src.arrow.columns import ArrowColumns
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.packing import Packing
-from beam_jax._src.bucketing.packing_plan import PackingChoice
+from beam_jax._src.bucketing.packing_choice import PackingChoice
 from beam_jax._src.bucketing.rule import default_boundaries
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, FailedElement
 from beam_jax._src.errors import SpecError

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.packing import Packing
-from beam_jax._src.bucketing.packing_plan import PackingChoice
+from beam_jax._src.bucketing.packing_choice import PackingChoice
 from beam_jax._src.core.dead_letter import (
     DEAD_LETTERS,
     VALIDATION,
