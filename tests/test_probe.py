@@ -24,7 +24,7 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
-from beam_jax._src.core import probe
+from beam_jax._src import probe
 from beam_jax._src.engine import worker
 from beam_jax.jobs import LocalPlatform, local_platform
 from tests.beam_helpers import pipeline, run
@@ -108,7 +108,7 @@ _LAUNCH = textwrap.dedent(
     import jax.numpy as jnp
     from jax._src import xla_bridge
 
-    from beam_jax._src.core import probe
+    from beam_jax._src import probe
     from beam_jax.jobs import LocalPlatform
     from beam_jax.text import Tokenizer
     from pipelines.embed import job

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 
 from beam_jax._src.bucketing.rule import Bucket
-from beam_jax._src.core.probe import tpu_host_buffer_advice
 from beam_jax._src.engine.fit import FitReport, fit_batch_limits
 from beam_jax._src.engine.options import KernelOptions, make_kernel
 from beam_jax._src.kernel.cache import enable_compilation_cache
 from beam_jax._src.kernel.precompile import BackgroundCompile
+from beam_jax._src.probe import tpu_host_buffer_advice
 
 _LOG = logging.getLogger(__name__)
 
