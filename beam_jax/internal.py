@@ -21,8 +21,8 @@ Examples:
     [3.0]
 """
 
-from beam_jax._src.arrow.io import origin_of as origin_of
-from beam_jax._src.arrow.io import with_origin as with_origin
+from beam_jax._src.arrow.origin import origin_of as origin_of
+from beam_jax._src.arrow.origin import with_origin as with_origin
 from beam_jax._src.bucketing.boundaries import padding_ratio as padding_ratio
 from beam_jax._src.core.packed_batch import Packer as Packer
 from beam_jax._src.core.plan import PaddedBatch as PaddedBatch

@@ -22,7 +22,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.typehints import arrow_type_compatibility, schemas
 from apache_beam.typehints.row_type import RowTypeConstraint
 
-from beam_jax._src.arrow.io import ReadArrowBatches, origin_of
+from beam_jax._src.arrow.io import ReadArrowBatches
+from beam_jax._src.arrow.origin import origin_of
 from beam_jax._src.errors import SpecError
 
 

@@ -17,7 +17,7 @@ from beam_jax._src.arrow.columns import ArrowColumns
 from beam_jax._src.arrow.decode import decode_batch
 from beam_jax._src.arrow.encode import outputs_to_arrow
 from beam_jax._src.arrow.fill import BucketFill, ColumnRecords
-from beam_jax._src.arrow.io import file_rows, row_origin, source_of
+from beam_jax._src.arrow.origin import file_rows, row_origin, source_of
 from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax._src.core.packed_plan import PackedPlan

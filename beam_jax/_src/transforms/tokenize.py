@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from beam_jax._src.arrow.ahead import WorkAhead
-from beam_jax._src.arrow.io import carry_origin, file_rows, row_origin
+from beam_jax._src.arrow.origin import carry_origin, file_rows, row_origin
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION, FailedElement
 from beam_jax._src.cores import usable_cores
 from beam_jax._src.errors import InvalidElementError, SpecError
