@@ -202,7 +202,8 @@ def test_segment_info_positions_and_non_ragged_leaves():
     assert batch.segment_counts.tolist() == [2, 1]
     assert batch.segments.lengths.tolist() == [[4, 2, 0], [3, 0, 0]]
     assert isinstance(batch.segments, SegmentInfo)
-    tag, x = batch.leaves  # leaves in the spec's (sorted-key) order
+    tag, x = batch.element_leaves  # leaves in the spec's (sorted-key) order
+    assert batch.leaves == (tag, x, *batch.segments)  # what the kernel receives
     assert x.shape == (2, 2, 6) and x[1, 0].tolist() == [9, 9, 9, -1, -1, -1]
     assert tag.tolist() == [[10, 20, -7], [30, -7, -7]]
     assert (batch.empty_slots, batch.empty_rows, batch.padded_volume) == (3, 0, 12)
@@ -288,17 +289,18 @@ def test_every_record_once_no_segment_crosses_a_row_and_round_trip(lengths, pack
     for b in result.batches:
         assert (b.row_length, b.size) in packing.shapes()
         assert b.leaves[0].shape == (b.size, b.row_length)
-        assert np.all(b.offsets + b.lengths <= b.row_length)  # no segment crosses a row
+        assert np.all(b.offsets + b.record_lengths <= b.row_length)  # no segment crosses a row
         assert np.all(b.segment < packing.max_segments)
         for r in range(b.size):
             ids = b.segment_ids[r]
             mine = b.rows == r
             assert b.segment_counts[r] == mine.sum()
             # Slots of each segment are contiguous and exactly its record's length.
-            for s, o, n in zip(b.segment[mine], b.offsets[mine], b.lengths[mine], strict=True):
+            runs = zip(b.segment[mine], b.offsets[mine], b.record_lengths[mine], strict=True)
+            for s, o, n in runs:
                 assert np.all(ids[o : o + n] == s + 1)
                 assert b.positions[r, o : o + n].tolist() == list(range(n))
-            assert (ids > 0).sum() == b.lengths[mine].sum()
+            assert (ids > 0).sum() == b.record_lengths[mine].sum()
         assert b.num_rows == len(set(b.rows.tolist()))
         for i, leaves in zip(b.indices, plan.unpack_inputs(b), strict=True):
             np.testing.assert_array_equal(leaves[0], records[i])
@@ -500,7 +502,7 @@ def test_pytrees_of_mixed_leaves_round_trip_and_unpack_per_segment(lengths, pack
     names = plan.layout.names
     outputs = []
     for b in result.batches:
-        leaves = dict(zip(names, b.leaves, strict=True))
+        leaves = dict(zip(names, b.element_leaves, strict=True))
         w, t, ids = leaves["['w']"], leaves["['t']"], b.segment_ids
         sums = np.zeros((b.size, b.max_segments + 1), np.int64)
         rows = np.arange(b.size)[:, None].repeat(ids.shape[1], 1)

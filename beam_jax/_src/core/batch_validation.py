@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from beam_jax._src.core.spec import Layout
+from beam_jax._src.core.spec import ArraySpec, Layout
 from beam_jax._src.core.validation import Validated, Validation, validate
 
 
@@ -132,11 +132,20 @@ def check_batch(
     """
     if not len(elements) or not _batch_checkable(layout, validation):
         return None
-    treedef = layout.treedef
-    flat: list[list[Any] | None] = []
-    for element in elements:
-        leaves, structure = jax.tree_util.tree_flatten(element)
-        flat.append(leaves if structure == treedef else None)
+    tree = layout.tree
+    if type(tree) is dict and all(isinstance(v, ArraySpec) for v in tree.values()):
+        # A dict of arrays (the usual spec): its leaves by key. An element that is not
+        # such a dict fails here as it does the pytree comparison (``validate`` explains).
+        keys = [path[0].key for path in layout.paths]
+        flat: list[list[Any] | None] = [
+            [e[k] for k in keys] if type(e) is dict and e.keys() == tree.keys() else None
+            for e in elements
+        ]
+    else:
+        treedef, flat = layout.treedef, []
+        for element in elements:
+            leaves, structure = jax.tree_util.tree_flatten(element)
+            flat.append(leaves if structure == treedef else None)
     ok, lengths = _fast_rows(layout, flat, validation, max_sizes)
     return CheckedBatch(flat, ok, lengths)
 

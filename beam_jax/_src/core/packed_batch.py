@@ -19,8 +19,8 @@ segments holding the leaf's pad value. A leaf with the ragged axis twice (a pair
 Example:
     >>> import numpy as np
     >>> from beam_jax import ArraySpec, Packing
-    >>> plan = Packer(ArraySpec(("L",), np.int32), Packing(row_lengths=8, rows_per_batch=2))
-    >>> result = plan.pack([np.arange(5), np.arange(3), np.arange(2)])
+    >>> packer = Packer(ArraySpec(("L",), np.int32), Packing(row_lengths=8, rows_per_batch=2))
+    >>> result = packer.pack([np.arange(5), np.arange(3), np.arange(2)])
     >>> [b.segment_ids.tolist() for b in result.batches]
     [[[1, 1, 1, 1, 1, 2, 2, 2], [1, 1, 0, 0, 0, 0, 0, 0]]]
 """
@@ -58,34 +58,64 @@ class SegmentInfo(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PackedBatch:
-    """One batch of packed rows, ready for the kernel.
+    """One batch of packed rows, as the kernel runs it: packing's ``PaddedBatch``.
+
+    Its ``bucket``, ``leaves``, ``lengths``, ``num_real``, ``size`` and volumes are what the
+    engine asks of any batch; the rest says where each of its records sits.
 
     Attributes:
         row_length: slots per row.
         size: rows in the batch (the compiled batch dimension), empty rows included.
         max_segments: the kernel's outputs per row.
-        leaves: the packed leaves: ragged ones ``[size, ...row_length...]``, others carried
-            per segment ``[size, max_segments, ...]``.
+        element_leaves: the packed element's leaves: ragged ones ``[size, ...row_length...]``,
+            others carried per segment ``[size, max_segments, ...]``.
         segments: segment ids, positions and counts of the batch (``SegmentInfo``).
         indices: the records in this batch, as indices into the packed buffer, ascending.
         rows: per record of ``indices``, its row in the batch.
         segment: per record of ``indices``, its segment in the row, from 0.
         offsets: per record of ``indices``, its first slot in the row.
-        lengths: per record of ``indices``, its length.
-        num_rows: rows that hold at least one record (the others are empty).
+        record_lengths: per record of ``indices``, its length.
+        num_rows: rows that hold at least one record (the leading ones; the others are empty).
     """
 
     row_length: int
     size: int
     max_segments: int
-    leaves: tuple[np.ndarray, ...]
+    element_leaves: tuple[np.ndarray, ...]
     segments: SegmentInfo
     indices: np.ndarray
     rows: np.ndarray
     segment: np.ndarray
     offsets: np.ndarray
-    lengths: np.ndarray
+    record_lengths: np.ndarray
     num_rows: int
+
+    @property
+    def bucket(self) -> tuple[int]:
+        return (self.row_length,)
+
+    @property
+    def leaves(self) -> tuple[np.ndarray, ...]:
+        """The kernel's flat leaves: the packed element's, then ``SegmentInfo``'s."""
+        return (*self.element_leaves, *self.segments)
+
+    @property
+    def lengths(self) -> dict[str, np.ndarray]:
+        """No per-axis lengths: the segments say where each record is."""
+        return {}
+
+    @property
+    def num_real(self) -> int:
+        """Rows holding a record (the kernel's ``valid`` rows)."""
+        return self.num_rows
+
+    @property
+    def num_records(self) -> int:
+        return len(self.indices)
+
+    def lengths_matrix(self, names: Sequence[str]) -> np.ndarray:
+        """``int[records, 1]``: each record's length along the packed axis."""
+        return self.record_lengths.reshape(-1, 1)
 
     @property
     def segment_ids(self) -> np.ndarray:
@@ -107,7 +137,7 @@ class PackedBatch:
     @property
     def real_volume(self) -> int:
         """Slots holding a record."""
-        return int(self.lengths.sum())
+        return int(self.record_lengths.sum())
 
     @property
     def empty_slots(self) -> int:
@@ -167,20 +197,19 @@ def _map_tree(fn, tree):
 
 
 class Packer:
-    """Packing for one element spec: checks the spec once, packs buffers, unpacks outputs.
+    """Packs records of one element spec into rows, and cuts each record's output back out.
 
-    The counterpart of ``Plan`` for the packing policy: the spec must have exactly one
-    ragged axis name, which becomes the packed axis.
+    The spec must have exactly one ragged axis name, which becomes the packed axis.
 
     Example:
         >>> import numpy as np
         >>> from beam_jax import ArraySpec, Packing
-        >>> plan = Packer(ArraySpec(("L",), np.float32), Packing(row_lengths=8, max_segments=2))
-        >>> result = plan.pack([np.full(3, 2.0), np.full(4, 1.0), np.full(6, 5.0)])
+        >>> packer = Packer(ArraySpec(("L",), np.float32), Packing(row_lengths=8, max_segments=2))
+        >>> result = packer.pack([np.full(3, 2.0), np.full(4, 1.0), np.full(6, 5.0)])
         >>> def segment_sums(x, ids):  # the kernel: [rows, max_segments]
         ...     return np.stack([np.bincount(i, w, minlength=3)[1:] for w, i in zip(x, ids)])
         >>> outputs = [segment_sums(b.leaves[0], b.segment_ids) for b in result.batches]
-        >>> sums = [float(v) for v in plan.unpack(result, outputs)]
+        >>> sums = [float(v) for v in packer.unpack(result, outputs)]
         >>> sums
         [6.0, 4.0, 30.0]
 
@@ -532,9 +561,11 @@ class Packer:
     def unpack_inputs(self, batch: PackedBatch) -> list[list[np.ndarray]]:
         """The records of ``batch`` cut back out of its packed leaves (``indices`` order)."""
         out = []
-        for r, s, o, n in zip(batch.rows, batch.segment, batch.offsets, batch.lengths, strict=True):
+        for r, s, o, n in zip(
+            batch.rows, batch.segment, batch.offsets, batch.record_lengths, strict=True
+        ):
             leaves = []
-            for leaf, axis in zip(batch.leaves, self.ragged_axis, strict=True):
+            for leaf, axis in zip(batch.element_leaves, self.ragged_axis, strict=True):
                 if axis is None:
                     leaves.append(leaf[r, s])
                 else:

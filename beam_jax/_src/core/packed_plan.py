@@ -1,10 +1,10 @@
-"""The packed counterpart of ``Plan``: what the engine needs to run packed batches (pure numpy).
+"""``PackedPlan``: a worker's plan when a transform packs (pure numpy).
 
-``PackedPlan`` answers the engine's questions the way ``Plan`` does for buckets: the
-element validation, the compile set (one ``((row_length,), rows)`` pair per listed shape),
-batch sizes per row length, the kernel's input structure (the packed element and its
-``SegmentInfo``), and the output check (one output per segment, gathered per record).
-``PackedRows`` is one packed batch as the engine runs it.
+It answers the engine's questions the way ``Plan`` does for buckets: the element
+validation, the compile set (one ``((row_length,), rows)`` pair per listed shape), batch
+sizes per row length, the kernel's input structure (the packed element and its
+``SegmentInfo``), and the output check (one output per segment, gathered per record). Its
+batches are ``PackedBatch``es, laid out by its ``Packer``.
 """
 
 from __future__ import annotations
@@ -23,56 +23,33 @@ from beam_jax._src.bucketing.rule import Bucket, round_up
 from beam_jax._src.core.batch_validation import validate_many
 from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
 from beam_jax._src.core.packed_batch import PackedBatch, Packer, SegmentInfo
-from beam_jax._src.core.plan import cut_batch_sizes
+from beam_jax._src.core.plan import OwnRows, cut_batch_sizes
 from beam_jax._src.core.spec import Layout, as_layout
 from beam_jax._src.core.validation import Validated, Validation, validate
 from beam_jax._src.errors import KernelError, SpecError
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class PackedRows:
-    """One packed batch as the engine runs it: the kernel's flat leaves (the packed element's,
-    then ``SegmentInfo``'s), no per-axis lengths, and where each record sits.
+class SharedRows(OwnRows):
+    """Packing's batch rows: a buffer's records share rows (``PackedPlan.row_policy``); its
+    ``row_of`` gives each record's batch row, non-decreasing."""
 
-    Attributes:
-        packed: the ``PackedBatch``; its records are the engine's rows, in order.
-    """
+    shares_rows = True
 
-    packed: PackedBatch
+    def units(self, buffer: Any, rows: np.ndarray | None = None) -> int:
+        chosen = buffer.row_of if rows is None else buffer.row_of[rows]
+        if len(chosen) < 2:
+            return len(chosen)
+        steps = np.diff(chosen)
+        if (steps >= 0).all():  # in row order, as the packer makes them: no sort
+            return 1 + int(np.count_nonzero(steps))
+        return len(np.unique(chosen))
 
-    @property
-    def bucket(self) -> Bucket:
-        return (self.packed.row_length,)
-
-    @property
-    def leaves(self) -> tuple[np.ndarray, ...]:
-        return (*self.packed.leaves, *self.packed.segments)
-
-    @property
-    def lengths(self) -> dict[str, np.ndarray]:
-        return {}
-
-    @property
-    def num_real(self) -> int:
-        """Rows holding a record (the kernel's ``valid`` rows); the others are empty."""
-        return self.packed.num_rows
-
-    @property
-    def size(self) -> int:
-        return self.packed.size
-
-    @property
-    def num_records(self) -> int:
-        return len(self.packed.indices)
-
-    @property
-    def padded_volume(self) -> int:
-        """Slots the kernel runs over, empty slots and empty rows included."""
-        return self.packed.padded_volume
-
-    @property
-    def real_volume(self) -> int:
-        return self.packed.real_volume
+    def take(self, buffer: Any, rows: np.ndarray, limit: int) -> int:
+        chosen = buffer.row_of[rows]
+        new = np.ones(len(chosen), bool)
+        new[1:] = chosen[1:] != chosen[:-1]
+        # A row's records are adjacent: cut after ``limit`` rows (at least one record).
+        return max(1, int(np.searchsorted(np.cumsum(new), limit, side="right")))
 
 
 class PackedPlan:
@@ -101,6 +78,8 @@ class PackedPlan:
         SpecError: the spec has no ragged axis or several, a leaf repeats it, or the
             ``output_spec`` names an axis.
     """
+
+    row_policy = SharedRows()
 
     def __init__(
         self,
@@ -219,14 +198,15 @@ class PackedPlan:
             truncate=False,
         )
 
-    def lay_out(self, items: Sequence[Validated], rows: Sequence[int], row_length: int):
-        """``items`` as one ``PackedRows`` batch, in the rows given (``Packer.lay_out``)."""
-        packed = self.packer.lay_out(
+    def lay_out(
+        self, items: Sequence[Validated], rows: Sequence[int], row_length: int
+    ) -> PackedBatch:
+        """``items`` as one packed batch, in the rows given (``Packer.lay_out``)."""
+        return self.packer.lay_out(
             [it.leaves for it in items], rows, row_length, [it.lengths[0] for it in items]
         )
-        return PackedRows(packed)
 
-    def row_outputs(self, outputs: Any, batch: PackedRows) -> tuple[BatchOutputs, np.ndarray]:
+    def row_outputs(self, outputs: Any, batch: PackedBatch) -> tuple[BatchOutputs, np.ndarray]:
         """The outputs of ``batch`` checked and gathered per record (``[records, ...]``),
         and the records' lengths (``int[records, 1]``).
 
@@ -234,8 +214,7 @@ class PackedPlan:
             KernelError: an output leaf does not start with ``[rows, max_segments]``, or the
                 outputs differ from ``output_spec``.
         """
-        packed = batch.packed
-        expected = (packed.size, packed.max_segments)
+        expected = (batch.size, batch.max_segments)
         for leaf in jax.tree_util.tree_leaves(outputs):
             shape = np.shape(leaf)
             if tuple(shape[:2]) != expected:
@@ -247,13 +226,13 @@ class PackedPlan:
                 )
         # One index into [rows * max_segments, ...]: np.take copies whole slots, faster
         # than indexing two axes (0.37 against 0.70 ms per 512-row batch of 8 x 384 floats).
-        slots = packed.rows * packed.max_segments + packed.segment
+        slots = batch.rows * batch.max_segments + batch.segment
         gathered = jax.tree_util.tree_map(
             lambda leaf: np.take(np.asarray(leaf).reshape(-1, *np.shape(leaf)[2:]), slots, axis=0),
             outputs,
         )
-        checked = check_outputs(gathered, len(packed.rows), self.output_layout, ())
-        return checked, packed.lengths.reshape(-1, 1)
+        checked = check_outputs(gathered, batch.num_records, self.output_layout, ())
+        return checked, batch.lengths_matrix(())
 
     def split_outputs(
         self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]

@@ -126,6 +126,25 @@ class PaddedBatch:
         return np.stack([self.lengths[n][: self.num_real] for n in names], axis=1)
 
 
+class OwnRows:
+    """Bucketing's batch rows: each record of a buffer is one batch row (``Plan.row_policy``).
+
+    The engine asks its plan's row policy how many batch rows a buffer's records take; a
+    buffer is anything with a ``size`` (its records).
+    """
+
+    shares_rows = False
+    """Whether records share a batch row (and so its computation)."""
+
+    def units(self, buffer: Any, rows: np.ndarray | None = None) -> int:
+        """Batch rows that records ``rows`` of ``buffer`` (all by default) take."""
+        return buffer.size if rows is None else len(rows)
+
+    def take(self, buffer: Any, rows: np.ndarray, limit: int) -> int:
+        """How many leading records ``rows`` of ``buffer`` fit in ``limit`` batch rows."""
+        return min(limit, len(rows))
+
+
 def cut_batch_sizes(
     allowed: tuple[int, ...], limit: int | None, one_size: bool, where: str
 ) -> tuple[int, ...]:
@@ -166,6 +185,8 @@ class Plan:
         num_devices: batch sizes are rounded up to a multiple of this, so batches shard
             evenly over the worker's devices.
     """
+
+    row_policy = OwnRows()
 
     def __init__(
         self,
