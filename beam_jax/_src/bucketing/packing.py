@@ -28,9 +28,6 @@ from beam_jax._src.ragged import ragged_index
 
 Algorithm = Literal["first_fit_decreasing", "best_fit"]
 ALGORITHMS = ("first_fit_decreasing", "best_fit")
-# First fit by blocks of rows (``_first_fit_by_block``) from this many records per distinct
-# length; below it, a step per run (``_first_fit``) costs less: measured, bench/RESULTS.md.
-_RECORDS_PER_GROUP = 6
 
 
 def _positive_ints(name: str, value: Any) -> tuple[int, ...]:
@@ -225,91 +222,9 @@ class _Rows:
         return self.counts[r] < self.max_segments
 
 
-def _first_fit(groups, max_segments, most) -> _Rows:
-    """Runs by first fit: a max-tree over the rows' room finds the first row with room.
-
-    Records of one length go to the first row with room, which keeps taking them until it
-    is full or out of segments; then the next such row; the rest open rows of their own:
-    so a group's records are placed as one run per row, the tree searched once per run, not
-    per record. Once no row has room for a length, its remaining records open their rows
-    all at once (each as full as the first, the last with the rest), and the tree learns
-    their room level by level. ``groups`` holds ``(length, count, row length)`` per
-    length, longest first, and ``most`` bounds the rows (the records). The loop is inlined
-    (no ``_Rows`` method calls): it runs once per run, about once per record.
-    """
-    size = 1 << max(1, most.bit_length())
-    tree = [-1] * (2 * size)  # room per row; -1: no row, or a full one
-    rows = _Rows(max_segments)
-    room, counts, used = rows.room, rows.counts, rows.used
-    run_row, run_take, run_segment, run_slot = rows.runs
-    for need, left, capacity in groups:
-        per_row = max_segments if need == 0 else min(capacity // need, max_segments)
-        while left:
-            if tree[1] < need and left > 8 * per_row:  # no room, and many rows to open
-                first, k = len(room), -(-left // per_row)
-                takes = [per_row] * k
-                takes[-1] = left - per_row * (k - 1)
-                filled = [take * need for take in takes]
-                run_row.extend(range(first, first + k))
-                run_take.extend(takes)
-                run_segment.extend([0] * k)
-                run_slot.extend([0] * k)
-                counts.extend(takes)
-                used.extend(filled)
-                room.extend(capacity - f for f in filled)
-                lo = first + size
-                tree[lo : lo + k] = [
-                    capacity - f if take < max_segments else -1
-                    for take, f in zip(takes, filled, strict=True)
-                ]
-                lo, hi = lo >> 1, (lo + k - 1) >> 1
-                while lo:  # the new leaves' ancestors, level by level
-                    for node in range(lo, hi + 1):
-                        a, b = tree[2 * node], tree[2 * node + 1]
-                        tree[node] = a if a > b else b
-                    lo, hi = lo >> 1, hi >> 1
-                break
-            if tree[1] < need:  # one new row holds the rest
-                node = len(room) + size
-                room.append(capacity)
-                counts.append(0)
-                used.append(0)
-            else:
-                node = 1
-                while node < size:
-                    node <<= 1
-                    if tree[node] < need:
-                        node += 1
-            r = node - size
-            count = counts[r]
-            take = max_segments - count
-            if need and room[r] // need < take:
-                take = room[r] // need
-            if left < take:
-                take = left
-            run_row.append(r)
-            run_take.append(take)
-            run_segment.append(count)
-            run_slot.append(used[r])
-            room[r] -= take * need
-            used[r] += take * need
-            counts[r] = count + take
-            left -= take
-            tree[node] = room[r] if count + take < max_segments else -1
-            node >>= 1
-            while node:
-                a, b = tree[2 * node], tree[2 * node + 1]
-                top = a if a > b else b
-                if tree[node] == top:
-                    break  # the ancestors' maxima are unchanged too
-                tree[node] = top
-                node >>= 1
-    return rows
-
-
 @dataclasses.dataclass(frozen=True)
 class _Placed:
-    """What ``_first_fit_by_block`` placed: the runs (as ``_Rows.runs``) and, per row, its
+    """What ``_first_fit`` placed: the runs (as ``_Rows.runs``) and, per row, its
     records and used slots."""
 
     runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -317,20 +232,18 @@ class _Placed:
     used: np.ndarray
 
 
-def _first_fit_by_block(groups, max_segments, most) -> _Placed:
-    """``_first_fit``'s placement, with rows of the same state kept together as blocks.
+def _first_fit(groups, max_segments) -> _Placed:
+    """Runs by first fit: each record, longest first, into the first row with room for it.
 
-    Rows opened for one length start alike (each as full as the first, the last with the
-    rest), and first fit then treats rows alike alike: a length's records fill every row
-    with room for one, in row order, each taking as many as its room and segments allow,
-    until the length's count runs out inside one row. So the rows are held as blocks of
-    consecutive rows in one state (room, records, used slots), split only where a length's
-    count runs out; a length costs a step per block with room for it, not per row. Blocks
-    with room are found by room (a sorted list of the room values held, a list of blocks
-    per value), and placed in row order. The flagship's buffers of 8,192 records (204
-    lengths) come to about 385 blocks against 3,300 rows. ``most`` is unused.
+    A length's records fill every row with room for one, in row order, each taking as many
+    as its room and segments allow, until the length's count runs out inside one row; the
+    rest open rows of their own, each as full as the first, the last with the rest. So rows
+    in the same state (room, records, used slots) are held together as blocks of
+    consecutive rows, split only where a length's count runs out, and a length costs a step
+    per block with room for it, not per row or record. Blocks with room are found by room
+    (a sorted list of the room values held, a list of blocks per value), and placed in row
+    order.
     """
-    del most
     blocks: dict[int, tuple[int, int, int, int]] = {}  # first row -> (rows, room, held, used)
     by_room: dict[int, list[int]] = {}  # room -> the first rows of the blocks with it
     rooms: list[int] = []  # the keys of by_room, sorted
@@ -407,7 +320,7 @@ def _first_fit_by_block(groups, max_segments, most) -> _Placed:
     return _Placed(columns, counts, used)
 
 
-def _best_fit(groups, max_segments, most) -> _Rows:
+def _best_fit(groups, max_segments) -> _Rows:
     """Runs by best fit: the open row with the least room that still holds the record.
 
     That row stays the least roomy that holds one until it is spent, so, as in
@@ -416,7 +329,6 @@ def _best_fit(groups, max_segments, most) -> _Rows:
     the room values held in a short sorted list: rooms are at most the longest row, so a
     search and an update cost the same however many rows are open.
     """
-    del most
     rows = _Rows(max_segments)
     by_room: dict[int, list[int]] = {}  # room -> heap of the open rows with that room
     rooms: list[int] = []  # the keys of by_room, sorted
@@ -474,7 +386,7 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     n = len(lengths)
     fits = lengths <= packing.max_row_length
     # Longest first; a stable sort keeps equal lengths in input order. Records of one
-    # length are placed together, one run per row they land in (see ``_first_fit``).
+    # length are placed together, one run per row they land in.
     order = np.argsort(-lengths, kind="stable")
     order = order[fits[order]]
     by_length = lengths[order]
@@ -487,13 +399,8 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     needs = by_length[bounds[:-1]]
     capacities = classes[np.searchsorted(classes, needs, side="left")]
     groups = zip(needs.tolist(), np.diff(bounds).tolist(), capacities.tolist(), strict=True)
-    if packing.algorithm == "best_fit":
-        place = _best_fit
-    elif len(order) >= _RECORDS_PER_GROUP * len(needs):
-        place = _first_fit_by_block  # many records per length: a step per block of rows
-    else:
-        place = _first_fit  # few: a Python step per run beats numpy's cost per call
-    rows = place(groups, packing.max_segments, len(order))
+    place = _best_fit if packing.algorithm == "best_fit" else _first_fit
+    rows = place(groups, packing.max_segments)
     run_row, run_take, run_segment, run_slot = (np.asarray(x, np.int64) for x in rows.runs)
     # The runs cover the records in placement order (``order``): the k-th record of a run
     # is its row's segment ``first + k``, at slot ``first slot + k * length``.
