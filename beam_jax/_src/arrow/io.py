@@ -4,6 +4,7 @@ carries them."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import glob
 import itertools
@@ -478,8 +479,7 @@ class ReadArrowBatches(beam.PTransform):
         pair; dead letters are ``FailedElement`` records whose ``source`` is the file's
         path.
         """
-        clone = type(self).__new__(type(self))
-        clone.__dict__.update(self.__dict__)
+        clone = copy.copy(self)
         clone._handle_errors = True
         return clone
 

@@ -8,6 +8,7 @@ rows back into pairs, so a Beam user needs no Arrow.
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import pickle
 from collections.abc import Iterator
@@ -170,8 +171,7 @@ class EmbedTexts(beam.PTransform):
     def with_exception_handling(self) -> EmbedTexts:
         """A copy that returns ``RunKernelResult(vectors, dead_letters)`` instead of failing
         the pipeline on an element it cannot embed."""
-        clone = type(self).__new__(type(self))
-        clone.__dict__.update(self.__dict__)
+        clone = copy.copy(self)
         clone._handle_errors = True
         return clone
 
