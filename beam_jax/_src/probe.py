@@ -28,6 +28,8 @@ import os
 import threading
 from pathlib import Path
 
+from beam_jax._src.compat.jax import backends_opened
+
 __all__ = [
     "TPU_HOST_BUFFER_BYTES",
     "LocalPlatform",
@@ -216,26 +218,13 @@ def _open_quietly() -> None:
 
 
 def _from_open_backends() -> LocalPlatform | None:
-    from jax._src import xla_bridge
-
-    # JAX holds this lock while it opens its backends, and backends_are_initialized()
-    # waits for it: asked during an opening (seconds on a TPU), answer without them.
-    lock = getattr(xla_bridge, "_backend_lock", None)
-    if lock is None:  # another JAX: its public reading
-        return _open() if xla_bridge.backends_are_initialized() else None
-    if not lock.acquire(blocking=False):
-        return None
-    try:
-        opened = bool(xla_bridge._backends)
-    finally:
-        lock.release()
-    return _open() if opened else None
+    # Asked while JAX opens its backends (seconds on a TPU): answered without them.
+    return _open() if backends_opened() else None
 
 
 def _open() -> LocalPlatform:
     import jax
 
-    size_tpu_host_buffer()
     devices = jax.local_devices()
     platform = "gpu" if devices[0].platform in ("cuda", "rocm") else devices[0].platform
     return LocalPlatform(

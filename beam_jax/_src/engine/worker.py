@@ -122,8 +122,7 @@ class Worker:
         if self._background is not None and not self._background.done():
             start = time.perf_counter()
             self._background.wait()
-            with self.kernel._lock:
-                self.kernel.wait_seconds += time.perf_counter() - start
+            self.kernel.count_wait(time.perf_counter() - start)
 
     def limit(self, bucket: Bucket) -> int:
         """How many elements a batch of ``bucket`` may hold now (lowered after OOM)."""

@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from beam_jax._src.compat.beam import default_sampling_period
+
 __all__ = ["prompt_bundle_ends"]
 
 
@@ -39,15 +41,5 @@ def prompt_bundle_ends(period_ms: int = 10) -> Iterator[None]:
     """
     if isinstance(period_ms, bool) or not isinstance(period_ms, int) or period_ms < 1:
         raise ValueError(f"period_ms must be a positive int (milliseconds), got {period_ms!r}")
-    from apache_beam.runners.worker import statesampler
-
-    init = statesampler.StateSampler.__init__
-    default = getattr(statesampler, "DEFAULT_SAMPLING_PERIOD_MS", None)
-    if init.__defaults__ != (default,):
+    with default_sampling_period(period_ms):
         yield
-        return
-    init.__defaults__ = (period_ms,)
-    try:
-        yield
-    finally:
-        init.__defaults__ = (default,)

@@ -58,7 +58,7 @@ def analyse_shape(
     """
     try:
         # The kernel's per-shape cache: compiles here are the ones a batch would do.
-        exe = kernel._executable(params, list(leaf_shapes), tuple(sorted(names)), treedef)
+        exe = kernel.executable(params, list(leaf_shapes), tuple(sorted(names)), treedef)
     except CompileError:
         return None
     m = exe.memory_analysis()
