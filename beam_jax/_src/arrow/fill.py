@@ -34,9 +34,9 @@ class BucketFill:
 
     Rows of a ragged leaf whose padded row holds at least ``row_copy_values`` values are
     copied row by row, their real values only, and only the steps the buffer's previous
-    batch left beyond a row's length are re-padded. For long rows this moves about a fifth
-    less memory than gathering whole padded rows and then masking their padding; below a
-    few KB per row, Python's per-row work costs more than it saves.
+    batch left beyond a row's length are re-padded. For long rows this moves less memory
+    than gathering whole padded rows and then masking their padding; for short ones,
+    Python's per-row work costs more than it saves.
 
     Args:
         plan: the batching plan.

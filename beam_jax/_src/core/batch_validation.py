@@ -1,8 +1,8 @@
 """Checking a whole batch of elements against the spec at once (numpy over the batch).
 
 ``validate_many`` gives exactly what ``validate`` gives element by element (the same
-``Validated``, the same leaf objects, the same errors), at a few microseconds per element
-instead of about fifteen: the checks run once per batch over the elements' shapes
+``Validated``, the same leaf objects, the same errors), with far less work per element:
+the checks run once per batch over the elements' shapes
 (structure by the pytree definition, leaf types and dtypes, ranks, fixed sizes, ragged
 lengths that agree, empty and too-long axes, element bytes), and only an element that does
 not pass them all goes through ``validate`` itself, which then casts, truncates or explains.

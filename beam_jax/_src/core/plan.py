@@ -28,7 +28,7 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """``np.empty`` with the data 64-byte aligned.
 
     XLA:CPU reads an aligned host array in place, so a batch is not copied again on its
-    way to the kernel (measured 0.5 ms per 8 MB batch on CPU; numpy alone aligns to 16).
+    way to the kernel (numpy alone aligns to 16).
     """
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
@@ -50,8 +50,7 @@ def pad_leaf(shape: tuple[int, ...], spec: Any, values: Sequence[np.ndarray]) ->
 
     With at most one ragged axis only the padding is written besides the values (each
     row's tail past its length, then the unused rows), not the whole buffer filled first
-    and then overwritten: ``Plan.pad`` took 0.70x (bucket 512) to 0.95x (bucket 25) the
-    time of fill-then-copy for 40 or 64 float32 elements of (L, 64) on a CPU.
+    and then overwritten: each byte is written once.
     """
     n = len(values)
     ragged = [axis for axis, _ in spec.ragged_axes]

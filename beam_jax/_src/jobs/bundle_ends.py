@@ -3,9 +3,8 @@
 Each bundle a Beam SDK worker runs starts a state sampler: a thread that times the
 bundle's steps, sleeping between samples, its sleep growing from 2 ms to 200 ms over the
 bundle's first second. The bundle ends only once that thread has woken and seen it is done,
-so a bundle longer than a second ends 0-200 ms after its last step, ~100 ms on average
-(measured on the FnApiRunner, Beam 2.77: 0.03-0.23 s from the last part written to the
-stage's end). :func:`prompt_bundle_ends` caps the sleep while a job runs.
+so a bundle longer than a second ends up to 200 ms after its last step.
+:func:`prompt_bundle_ends` caps the sleep while a job runs.
 
 Example:
     >>> from apache_beam.runners.worker import statesampler

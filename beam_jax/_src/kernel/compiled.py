@@ -363,8 +363,8 @@ def in_chunks(
     A batch the chunks do not divide (a planned size fitted to the data, say 511 rows in
     chunks of 16) is made up to a whole number of chunks with copies of its last row, whose
     outputs are dropped, when that adds at most an eighth to it: run whole, such a batch's
-    activations outgrow the caches the chunks are sized for (all-MiniLM-L6-v2 on a CPU ran
-    1.2-1.7x slower per token whole), while the copies cost at most an eighth. A batch that
+    activations outgrow the caches the chunks are sized for, while the copies cost at most
+    an eighth. A batch that
     would need more (a few rows over one or two chunks), or no larger than one chunk, runs
     whole. Either way the program holds one traced copy of ``fn``.
 

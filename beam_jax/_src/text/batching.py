@@ -8,9 +8,8 @@ input, plus ``shape_cost`` tokens' worth of FLOPs per compiled shape.
 Within packing, row lengths are priced by their time per token slot, not their FLOPs
 alone: attention's softmax, masks and layout make it cost more time than its matmul FLOPs
 say, so a slot of a short row is cheaper than its FLOPs predict. ``attention_time`` weighs
-attention's FLOPs against the dense layers' (measured: about 2.25 for MiniLM on a 2-core
-x86 CPU, where rows of 128 tokens ran about 10% faster per token than rows of 256 while
-their FLOPs differ by 5%); it decides whether short texts get short rows of their own
+attention's FLOPs against the dense layers' (its default is measured on MiniLM, see
+bench/RESULTS.md); it decides whether short texts get short rows of their own
 (``Packing.pack_lengths``).
 """
 

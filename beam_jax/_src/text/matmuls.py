@@ -51,8 +51,8 @@ def has_bfloat16_units(device: Any = None) -> bool:
     hardware at several times its float32 rate.
 
     True for a TPU, an NVIDIA GPU of compute capability 8.0 or later (bfloat16 tensor
-    cores: A100, L4, H100 and later) and a CPU with Intel AMX (the ``amx_bf16`` flag, on
-    which XLA's bfloat16 matmuls ran 3.5-5x float32). False elsewhere: CPUs without AMX,
+    cores: A100, L4, H100 and later) and a CPU with Intel AMX (the ``amx_bf16`` flag).
+    False elsewhere: CPUs without AMX,
     where XLA's bfloat16 runs from slower than float32 (AVX2) to not much faster, older
     GPUs, and devices this does not know (pass ``matmuls="bfloat16"`` to use it there).
     """
