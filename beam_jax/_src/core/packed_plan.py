@@ -9,7 +9,6 @@ batches are ``PackedBatch``es, laid out by its ``Packer``.
 
 from __future__ import annotations
 
-import bisect
 import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
@@ -20,12 +19,11 @@ import numpy as np
 
 from beam_jax._src.bucketing.packing import Packing
 from beam_jax._src.bucketing.rule import Bucket, round_up
-from beam_jax._src.core.batch_validation import validate_many
-from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
+from beam_jax._src.core.outputs import BatchOutputs, check_outputs
 from beam_jax._src.core.packed_batch import PackedBatch, Packer, SegmentInfo
-from beam_jax._src.core.plan import OwnRows, cut_batch_sizes
+from beam_jax._src.core.plan import OwnRows, PlanBase, cut_batch_sizes
 from beam_jax._src.core.spec import Layout, as_layout
-from beam_jax._src.core.validation import Validated, Validation, validate
+from beam_jax._src.core.validation import Validated, Validation
 from beam_jax._src.errors import KernelError, SpecError
 
 
@@ -52,7 +50,7 @@ class SharedRows(OwnRows):
         return max(1, int(np.searchsorted(np.cumsum(new), limit, side="right")))
 
 
-class PackedPlan:
+class PackedPlan(PlanBase):
     """Everything about packed batches that can be decided before the job starts.
 
     Built by ``make_plan`` when a transform is given ``packing=``; ``shapes()`` lists the
@@ -80,6 +78,7 @@ class PackedPlan:
     """
 
     row_policy = SharedRows()
+    truncate = False  # a record longer than the longest row is refused
 
     def __init__(
         self,
@@ -115,7 +114,6 @@ class PackedPlan:
                 "shapes, or use bucketing for per-position outputs."
             )
         self.max_sizes = {self.axis: self.packing.max_row_length}
-        self.truncate = False  # a record longer than the longest row is refused
         self.buckets: tuple[Bucket, ...] = tuple((n,) for n in self.packing.row_lengths)
         element = self.layout.treedef.unflatten([0] * len(self.layout.specs))
         self.kernel_treedef = jax.tree_util.tree_structure((element, SegmentInfo(0, 0, 0, 0)))
@@ -153,18 +151,6 @@ class PackedPlan:
         out.packer = Packer(self._spec, out.packing)
         return out
 
-    def max_batch(self, bucket: Bucket) -> int:
-        """How many rows fill a batch of row length ``bucket[0]``."""
-        return self.batch_sizes(bucket)[-1]
-
-    def padded_batch_size(self, bucket: Bucket, n: int) -> int:
-        """The smallest listed batch (in rows) holding ``n`` rows."""
-        sizes = self.batch_sizes(bucket)
-        i = bisect.bisect_left(sizes, n)
-        if i == len(sizes):
-            raise SpecError(f"{n} rows exceed the largest batch size {sizes[-1]}.")
-        return sizes[i]
-
     def shapes(self) -> list[tuple[Bucket, int]]:
         """Every ``((row_length,), rows)`` the kernel can see: the complete compile set."""
         return [((n,), s) for n, s in self.packing.shapes()]
@@ -177,26 +163,6 @@ class PackedPlan:
         return [*self.packer.leaf_shapes(n, size), *segments]
 
     # --- elements and outputs -----------------------------------------------------------
-
-    def validate(self, element: Any) -> Validated:
-        """Validate one element; longer than the longest row is refused (no truncation)."""
-        return validate(
-            self.layout,
-            element,
-            validation=self.validation,
-            max_sizes=self.max_sizes,
-            truncate=False,
-        )
-
-    def validate_many(self, elements: Sequence[Any]) -> list[Validated | Exception]:
-        """``validate`` of each element, checked a batch at once (``validate_many``)."""
-        return validate_many(
-            self.layout,
-            elements,
-            validation=self.validation,
-            max_sizes=self.max_sizes,
-            truncate=False,
-        )
 
     def lay_out(
         self, items: Sequence[Validated], rows: Sequence[int], row_length: int
@@ -233,9 +199,3 @@ class PackedPlan:
         )
         checked = check_outputs(gathered, batch.num_records, self.output_layout, ())
         return checked, batch.lengths_matrix(())
-
-    def split_outputs(
-        self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]
-    ) -> list[Any]:
-        """One output pytree for each of ``rows`` (records) of gathered outputs."""
-        return split_rows(outputs, rows, items)

@@ -165,7 +165,67 @@ def cut_batch_sizes(
     return (limit,) if one_size else tuple(s for s in allowed if s <= limit)
 
 
-class Plan:
+class PlanBase:
+    """What ``Plan`` and ``PackedPlan`` answer alike, from their ``layout``, ``validation``,
+    ``max_sizes``, ``truncate`` and ``batch_sizes(bucket)``."""
+
+    layout: Layout
+    validation: Validation
+    max_sizes: dict[str, int]
+    truncate: bool
+
+    def batch_sizes(self, bucket: Bucket) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def max_batch(self, bucket: Bucket) -> int:
+        """How many rows fill a batch of ``bucket``."""
+        return self.batch_sizes(bucket)[-1]
+
+    def padded_batch_size(self, bucket: Bucket, n: int) -> int:
+        """The smallest allowed batch dimension holding ``n`` rows."""
+        sizes = self.batch_sizes(bucket)
+        i = bisect.bisect_left(sizes, n)
+        if i == len(sizes):
+            raise SpecError(f"{n} rows exceed the largest batch size {sizes[-1]}.")
+        return sizes[i]
+
+    def validate(self, element: Any) -> Validated:
+        """Validate one element; see ``beam_jax.Validation``."""
+        return validate(
+            self.layout,
+            element,
+            validation=self.validation,
+            max_sizes=self.max_sizes,
+            truncate=self.truncate,
+        )
+
+    def validate_many(self, elements: Sequence[Any]) -> list[Validated | Exception]:
+        """``validate`` of each element, checked a batch at once (``validate_many``): its
+        ``Validated`` or the exception ``validate`` raises for it."""
+        return validate_many(
+            self.layout,
+            elements,
+            validation=self.validation,
+            max_sizes=self.max_sizes,
+            truncate=self.truncate,
+        )
+
+    def split_outputs(
+        self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]
+    ) -> list[Any]:
+        """Split checked batch outputs into one pytree for each of ``rows``.
+
+        Output axes named in ``output_spec`` are cut to each element's own length.
+
+        Args:
+            outputs: the batch's outputs, from ``check_outputs``.
+            rows: which batch rows to return.
+            items: the validated elements of those rows, in the same order.
+        """
+        return split_rows(outputs, rows, items)
+
+
+class Plan(PlanBase):
     """Everything about batching that can be decided before the job starts.
 
     Examples:
@@ -259,18 +319,6 @@ class Plan:
         out._sizes = sizes
         return out
 
-    def max_batch(self, bucket: Bucket) -> int:
-        """How many real elements fill a batch of ``bucket``."""
-        return self._sizes[bucket][-1]
-
-    def padded_batch_size(self, bucket: Bucket, n: int) -> int:
-        """The smallest allowed batch dimension holding ``n`` elements."""
-        sizes = self._sizes[bucket]
-        i = bisect.bisect_left(sizes, n)
-        if i == len(sizes):
-            raise SpecError(f"{n} elements exceed the largest batch size {sizes[-1]}.")
-        return sizes[i]
-
     def records_per_flush(self, bucket: Bucket, limit: int) -> int:
         """Elements that make a cross-bundle buffer of ``bucket`` full: its batch limit."""
         return limit
@@ -283,27 +331,6 @@ class Plan:
         """The padded shape and dtype of every leaf for one batch shape."""
         sizes = dict(zip(self.layout.axis_names, bucket, strict=True))
         return [((size, *s.resolve(sizes)), s.dtype) for s in self.layout.specs]
-
-    def validate(self, element: Any) -> Validated:
-        """Validate one element; see ``beam_jax.Validation``."""
-        return validate(
-            self.layout,
-            element,
-            validation=self.validation,
-            max_sizes=self.max_sizes,
-            truncate=self.bucketing.oversize == "truncate",
-        )
-
-    def validate_many(self, elements: Sequence[Any]) -> list[Validated | Exception]:
-        """``validate`` of each element, checked a batch at once (``validate_many``): its
-        ``Validated`` or the exception ``validate`` raises for it."""
-        return validate_many(
-            self.layout,
-            elements,
-            validation=self.validation,
-            max_sizes=self.max_sizes,
-            truncate=self.bucketing.oversize == "truncate",
-        )
 
     def bucket_indices(self, lengths: np.ndarray) -> np.ndarray:
         """Per row of ``lengths`` (``int[n, num_axes]``), the index of its bucket in
@@ -389,17 +416,3 @@ class Plan:
         """
         checked = self.check_outputs(outputs, batch.size)
         return self.split_outputs(checked, np.arange(len(items)), items)
-
-    def split_outputs(
-        self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]
-    ) -> list[Any]:
-        """Split checked batch outputs into one pytree for each of ``rows``.
-
-        Output axes named in ``output_spec`` are cut to each element's own length.
-
-        Args:
-            outputs: the batch's outputs, from ``check_outputs``.
-            rows: which batch rows to return.
-            items: the validated elements of those rows, in the same order.
-        """
-        return split_rows(outputs, rows, items)
