@@ -163,73 +163,14 @@ class Assignment:
     refused: np.ndarray
 
 
-class _Rows:
-    """The rows of one buffer and the runs placed in them, for ``_first_fit`` and
-    ``_best_fit``: per row its room, records and used slots; per run ``(row, records, first
-    segment, first slot)``. Plain Python lists: numpy scalar indexing costs several times
-    more per step.
-    """
-
-    __slots__ = (
-        "counts",
-        "max_segments",
-        "room",
-        "run_row",
-        "run_segment",
-        "run_slot",
-        "run_take",
-        "used",
-    )
-
-    def __init__(self, max_segments: int):
-        self.max_segments = max_segments
-        self.room: list[int] = []
-        self.counts: list[int] = []
-        self.used: list[int] = []
-        self.run_row: list[int] = []
-        self.run_take: list[int] = []
-        self.run_segment: list[int] = []
-        self.run_slot: list[int] = []
-
-    @property
-    def runs(self) -> tuple[list[int], list[int], list[int], list[int]]:
-        return self.run_row, self.run_take, self.run_segment, self.run_slot
-
-    def open(self, capacity: int) -> int:
-        """A new empty row of ``capacity`` slots; returns its index."""
-        self.room.append(capacity)
-        self.counts.append(0)
-        self.used.append(0)
-        return len(self.room) - 1
-
-    def place(self, r: int, need: int, left: int) -> int:
-        """Puts as many of ``left`` records of length ``need`` in row ``r`` as its room and
-        segments allow, as one run; returns how many."""
-        counts, used, room = self.counts, self.used, self.room
-        count = counts[r]
-        slots = self.max_segments - count
-        take = min(left, slots if need == 0 else min(room[r] // need, slots))
-        self.run_row.append(r)
-        self.run_take.append(take)
-        self.run_segment.append(count)
-        self.run_slot.append(used[r])
-        room[r] -= take * need
-        used[r] += take * need
-        counts[r] = count + take
-        return take
-
-    def has_segments(self, r: int) -> bool:
-        return self.counts[r] < self.max_segments
-
-
 @dataclasses.dataclass(frozen=True)
 class _Placed:
-    """What ``_first_fit`` placed: the runs (as ``_Rows.runs``) and, per row, its
-    records and used slots."""
+    """What a placement gave: per run (records of one length placed together in one row)
+    its row, records, first segment and first slot; per row its records and used slots."""
 
-    runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-    counts: np.ndarray
-    used: np.ndarray
+    runs: tuple[Sequence[int], Sequence[int], Sequence[int], Sequence[int]]
+    counts: Sequence[int]
+    used: Sequence[int]
 
 
 def _first_fit(groups, max_segments) -> _Placed:
@@ -320,16 +261,20 @@ def _first_fit(groups, max_segments) -> _Placed:
     return _Placed(columns, counts, used)
 
 
-def _best_fit(groups, max_segments) -> _Rows:
+def _best_fit(groups, max_segments) -> _Placed:
     """Runs by best fit: the open row with the least room that still holds the record.
 
     That row stays the least roomy that holds one until it is spent, so, as in
     ``_first_fit``, a group's records are placed as one run per row. The open rows are kept
     by room (a heap of row indices per room value, the first row among equals first), and
     the room values held in a short sorted list: rooms are at most the longest row, so a
-    search and an update cost the same however many rows are open.
+    search and an update cost the same however many rows are open. Plain Python lists:
+    numpy scalar indexing costs several times more per step.
     """
-    rows = _Rows(max_segments)
+    room: list[int] = []  # per row
+    counts: list[int] = []
+    used: list[int] = []
+    runs: tuple[list[int], ...] = ([], [], [], [])  # row, records, first segment, first slot
     by_room: dict[int, list[int]] = {}  # room -> heap of the open rows with that room
     rooms: list[int] = []  # the keys of by_room, sorted
     for need, left, capacity in groups:
@@ -340,18 +285,27 @@ def _best_fit(groups, max_segments) -> _Rows:
                 r = heapq.heappop(heap)
                 if not heap:
                     del by_room[rooms.pop(k)]
-            else:
-                r = rows.open(capacity)
-            left -= rows.place(r, need, left)
-            if rows.has_segments(r):
-                room = rows.room[r]
-                heap = by_room.get(room)
+            else:  # a new row
+                r = len(room)
+                room.append(capacity)
+                counts.append(0)
+                used.append(0)
+            free = max_segments - counts[r]
+            take = min(left, free if need == 0 else min(room[r] // need, free))
+            for run, value in zip(runs, (r, take, counts[r], used[r]), strict=True):
+                run.append(value)
+            room[r] -= take * need
+            used[r] += take * need
+            counts[r] += take
+            left -= take
+            if counts[r] < max_segments:
+                heap = by_room.get(room[r])
                 if heap is None:
-                    by_room[room] = [r]
-                    bisect.insort(rooms, room)
+                    by_room[room[r]] = [r]
+                    bisect.insort(rooms, room[r])
                 else:
                     heapq.heappush(heap, r)
-    return rows
+    return _Placed(runs, counts, used)
 
 
 def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assignment:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 from collections.abc import Mapping, Sequence
 
@@ -252,7 +253,7 @@ def plan_packing(
     )  # fmt: skip
     sample = np.minimum(_check_lengths(lengths), max_size)
     candidates, tops = _candidates(row_lengths, max_size, slot_costs)
-    price = _Price(attention_cost, slot_costs, shape_cost, num_devices)
+    weight = functools.partial(_weight, attention_cost, slot_costs)
     caps = {
         n: _rows_cap(n, max_rows_per_batch, max_tokens_per_batch, num_devices) for n in candidates
     }
@@ -261,7 +262,8 @@ def plan_packing(
         used, seen = _pack_sample(sample, buffer_size, (*classes, top), max_segments, algorithm)
         segments = max_segments or min(top, _round_up(max(seen, 1), _SEGMENT_MULTIPLE))
         for allowed in _cut_lengths(candidates, top, classes, compile_budget):
-            sizes, cost = _sizes_and_cost(used, allowed, caps, compile_budget, price)
+            sizes, cost = _sizes_and_cost(used, allowed, caps, compile_budget, weight, shape_cost,
+                                          num_devices)  # fmt: skip
             shapes = sum(len(s) for s in sizes.values())
             key = (cost + shape_cost * shapes, shapes, len(classes), top)
             if best is None or key < best[0]:
@@ -327,19 +329,12 @@ def _candidates(row_lengths, max_size: int, slot_costs) -> tuple[list[int], list
     return candidates, tops
 
 
-@dataclasses.dataclass(frozen=True)
-class _Price:
-    """What a row of each length costs (``weight``), and one more compiled shape."""
-
-    attention_cost: float
-    slot_costs: Mapping[int, float] | None
-    shape_cost: float
-    num_devices: int
-
-    def weight(self, n: int) -> float:
-        if self.slot_costs is not None:
-            return n * float(self.slot_costs[n])
-        return n * (1.0 + self.attention_cost * n)
+def _weight(attention_cost: float, slot_costs: Mapping[int, float] | None, n: int) -> float:
+    """What a row of length ``n`` costs: its slots, each at its measured cost or growing
+    with the row length as attention's does."""
+    if slot_costs is not None:
+        return n * float(slot_costs[n])
+    return n * (1.0 + attention_cost * n)
 
 
 def _rows_cap(n: int, max_rows: int, max_tokens: int | None, num_devices: int) -> int:
@@ -367,7 +362,7 @@ def _cut_lengths(candidates, top: int, classes, budget: int):
             yield (*sorted((*classes, *extra)), top)
 
 
-def _sizes_and_cost(used, allowed, caps, budget, price: _Price):
+def _sizes_and_cost(used, allowed, caps, budget, weight, shape_cost, num_devices):
     """Each row length's rows per batch for the packed sample, its rows cut to ``allowed``
     lengths, and the weighted rows the batches run."""
     lengths = np.asarray(allowed, np.int64)
@@ -376,9 +371,7 @@ def _sizes_and_cost(used, allowed, caps, budget, price: _Price):
         cut = lengths[np.searchsorted(lengths, u, side="left")]
         for n, c in zip(*np.unique(cut, return_counts=True), strict=True):
             counts[int(n)][b] = c
-    sizes = _choose_sizes(
-        counts, list(allowed), [caps[n] for n in allowed], budget, price.weight,
-        price.shape_cost, price.num_devices,
-    )  # fmt: skip
-    cost = sum(_padded_rows(counts[n], sizes[n]) * price.weight(n) for n in allowed)
+    caps = [caps[n] for n in allowed]
+    sizes = _choose_sizes(counts, list(allowed), caps, budget, weight, shape_cost, num_devices)
+    cost = sum(_padded_rows(counts[n], sizes[n]) * weight(n) for n in allowed)
     return sizes, cost

@@ -103,6 +103,14 @@ class PackedBuffer:
     def size(self) -> int:
         return len(self.records)
 
+    def source(self, i: int) -> Any:
+        """Record ``i``'s dead-letter source."""
+        return self.records.source(i)
+
+    def id_array(self, rows: np.ndarray) -> Any:
+        """The ids of records ``rows`` (columnar records with an id column)."""
+        return self.records.id_array(rows)
+
     def padded(self, rows: np.ndarray | None = None) -> PackedBatch:
         """All records, or ``rows`` of them, laid out as one packed batch."""
         if rows is None:

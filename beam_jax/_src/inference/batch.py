@@ -90,9 +90,6 @@ class BatchResults:
 
     # --- the engine's front end ---------------------------------------------------------
 
-    def new_buffer(self, bucket: Bucket, slot: Any, capacity: int) -> Columns:
-        raise AssertionError("a batch's buffers are launched whole, never filled")
-
     def release(self, buffer: Columns) -> None:
         pass
 

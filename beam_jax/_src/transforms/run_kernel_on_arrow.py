@@ -63,12 +63,6 @@ class _Buckets:
         fill.reset()
         self._spare[fill.bucket].append(fill)
 
-    def source(self, fill: BucketFill, row: int) -> Source:
-        return fill.source(row)
-
-    def id_array(self, fill: BucketFill, rows: np.ndarray) -> pa.Array | None:
-        return fill.id_array(rows)
-
 
 class _Packed:
     """Packing for record batches: the valid rows staged as they were decoded
@@ -94,12 +88,6 @@ class _Packed:
 
     def release(self, buffer: PackedBuffer) -> None:
         pass
-
-    def source(self, buffer: PackedBuffer, row: int) -> Source:
-        return buffer.records.source(row)
-
-    def id_array(self, buffer: PackedBuffer, rows: np.ndarray) -> pa.Array | None:
-        return buffer.records.id_array(rows)
 
 
 class _ArrowFrontEnd(WorkerDoFn):
@@ -210,7 +198,7 @@ class _ArrowFrontEnd(WorkerDoFn):
         self._policy.release(buffer)
 
     def source(self, buffer, row: int) -> Source:
-        return self._policy.source(buffer, row)
+        return buffer.source(row)
 
     def check(self, outputs, batch):
         return check_row_outputs(self._plan, outputs, batch)
@@ -221,7 +209,7 @@ class _ArrowFrontEnd(WorkerDoFn):
             return
         lengths = batch.lengths_matrix(self._plan.layout.axis_names)[keep]
         names, arrays = outputs_to_arrow(outputs, keep, lengths)
-        ids = self._policy.id_array(buffer, rows[keep])
+        ids = buffer.id_array(rows[keep])
         if ids is not None:
             names, arrays = [self._columns.id, *names], [ids, *arrays]
         self._metrics.results.inc(len(keep))
