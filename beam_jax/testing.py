@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from beam_jax._src.compat.beam import direct_runner_clock, metrics_per_bundle, new_test_clock
+from beam_jax._src.compat.beam import direct_runner_clock, metrics_per_bundle
 from beam_jax._src.engine.metrics import NAMESPACE, Summary, summarize
 
 
@@ -87,7 +87,9 @@ class VirtualClock:
     """
 
     def __init__(self):
-        self._clock = new_test_clock()
+        from apache_beam.runners.direct.clock import TestClock
+
+        self._clock = TestClock()
         self._key = uuid.uuid4().hex
         _CLOCKS[self._key] = self
 

@@ -123,6 +123,7 @@ def test_backends_opened_answers_without_waiting_for_an_opening():
 
 def test_the_beam_adapters_give_back_what_they_change():
     from apache_beam.runners.direct import direct_runner
+    from apache_beam.runners.direct.clock import TestClock
     from apache_beam.runners.worker import statesampler
 
     before = (
@@ -130,7 +131,7 @@ def test_the_beam_adapters_give_back_what_they_change():
         direct_runner.TestClock,
         statesampler.StateSampler.scoped_state,
     )
-    clock = compat_beam.new_test_clock()
+    clock = TestClock()
     with compat_beam.default_sampling_period(7) as applied:
         assert applied and statesampler.StateSampler("stage", None).sampling_period_ms == 7
         with compat_beam.default_sampling_period(9) as nested:  # set otherwise already

@@ -168,8 +168,7 @@ class BucketFill:
         self.size = 0
 
     def source(self, row: int) -> Any:
-        """Filled row ``row``'s dead-letter source (``None`` where ``add`` had no
-        ``describe``)."""
+        """Filled row ``row``'s dead-letter source (``None`` without ``add``'s ``describe``)."""
         describe = self._describe[int(self._batch[row])]
         ids = self.id_column()
         key = None if ids is None else ids[row].as_py()

@@ -9,9 +9,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-# Record batches carry where they were read from in their schema metadata, so a row's
-# dead letter can say: the file and row group (for the echo), the file, and the file row of
-# the batch's first row.
 SOURCE_KEY = b"beam_jax.source"
 FILE_KEY = b"beam_jax.file"
 FIRST_ROW_KEY = b"beam_jax.first_row"

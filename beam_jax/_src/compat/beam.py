@@ -31,16 +31,9 @@ def default_sampling_period(period_ms: int) -> Iterator[bool]:
         init.__defaults__ = (default,)
 
 
-def new_test_clock() -> Any:
-    """A ``TestClock`` of Beam's direct runner: the processing time ``TestStream`` advances."""
-    from apache_beam.runners.direct.clock import TestClock
-
-    return TestClock()
-
-
 @contextlib.contextmanager
 def direct_runner_clock(clock: Any) -> Iterator[None]:
-    """The direct runner's ``TestStream`` pipelines run on ``clock`` (``new_test_clock()``)
+    """The direct runner's ``TestStream`` pipelines run on ``clock`` (its ``TestClock``)
     while the block runs, so a test reads the time its timers fire at.
 
     Public API to move to: a clock argument of the direct runner (Beam 2.78 builds its own

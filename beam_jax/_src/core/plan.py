@@ -126,11 +126,8 @@ class PaddedBatch:
 
 
 class OwnRows:
-    """Bucketing's batch rows: each record of a buffer is one batch row (``Plan.row_policy``).
-
-    The engine asks its plan's row policy how many batch rows a buffer's records take; a
-    buffer is anything with a ``size`` (its records).
-    """
+    """Bucketing's batch rows, ``Plan.row_policy``: each record of a buffer (anything with a
+    ``size``) is one batch row. The engine asks it how many batch rows records take."""
 
     shares_rows = False
     """Whether records share a batch row (and so its computation)."""
@@ -213,15 +210,8 @@ class PlanBase:
     def split_outputs(
         self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]
     ) -> list[Any]:
-        """Split checked batch outputs into one pytree for each of ``rows``.
-
-        Output axes named in ``output_spec`` are cut to each element's own length.
-
-        Args:
-            outputs: the batch's outputs, from ``check_outputs``.
-            rows: which batch rows to return.
-            items: the validated elements of those rows, in the same order.
-        """
+        """Checked batch outputs (``row_outputs``) as one pytree for each of ``rows``, whose
+        elements are ``items``: axes named in ``output_spec`` cut to each one's length."""
         return split_rows(outputs, rows, items)
 
 

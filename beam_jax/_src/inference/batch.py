@@ -1,16 +1,15 @@
 """One RunInference batch through the engine, as columns: the handler's front end.
 
-Beam hands ``JaxModelHandler`` whole batches. Their elements are checked at once
-(``check_batch``: no ``Validated`` per element), grouped by bucket, and each bucket's rows
-launched as one ``Columns`` buffer through the ``BatchEngine``: its launch, landing,
-bisection, out-of-memory splitting and metrics, as for every transform. ``BatchResults``
-is the engine's front end: results go into a list by element index (no per-element
-generator), failures into another. With packing the handler uses the element front end
-instead (``ElementFrontEnd`` with its ``PackedStage``).
+A batch's elements are checked at once (``check_batch``: no ``Validated`` per element),
+grouped by bucket, and each bucket's rows launched as one ``Columns`` buffer through the
+``BatchEngine`` (its launch, landing, bisection and metrics); results go into a list by
+element index, with no generator per element. With packing the handler uses the element
+front end instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,17 +23,17 @@ from beam_jax._src.core.plan import PaddedBatch, Plan
 from beam_jax._src.engine.batching import BatchEngine, check_row_outputs
 
 
+@dataclasses.dataclass
 class Columns:
     """Rows of one bucket of a batch (a ``Buffer``): per leaf, the rows' arrays; per row,
     its ragged lengths and its element's index in the batch."""
 
-    def __init__(self, plan: Plan, bucket: Bucket, leaves: list[list], lengths, index):
-        self.bucket = bucket
-        self.slot = None
-        self.lengths = lengths
-        self.index = index
-        self._plan = plan
-        self._leaves = leaves
+    plan: Plan
+    bucket: Bucket
+    leaves: list[list]
+    lengths: np.ndarray
+    index: np.ndarray
+    slot: Any = None
 
     @property
     def size(self) -> int:
@@ -42,10 +41,10 @@ class Columns:
 
     def padded(self, rows: np.ndarray | None = None) -> PaddedBatch:
         if rows is None:
-            return self._plan.pad_columns(self.bucket, self._leaves, self.lengths.T)
+            return self.plan.pad_columns(self.bucket, self.leaves, self.lengths.T)
         picked = rows.tolist()
-        leaves = [[column[r] for r in picked] for column in self._leaves]
-        return self._plan.pad_columns(self.bucket, leaves, self.lengths[rows].T)
+        leaves = [[column[r] for r in picked] for column in self.leaves]
+        return self.plan.pad_columns(self.bucket, leaves, self.lengths[rows].T)
 
 
 class BatchResults:

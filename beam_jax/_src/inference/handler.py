@@ -48,8 +48,7 @@ handlers use ``BeamML_PyTorch`` and the like; the engine's go to ``options``' na
 
 def _length_at(getters: tuple, axis: int, element: Any) -> int:
     """The length of ``axis`` of the leaf ``getters`` reach; 0 for an element of the wrong
-    structure (it is rejected with a clear message when the batch is validated, not inside
-    Beam's batching)."""
+    structure (rejected with a message when its batch is validated, not in Beam's)."""
     try:
         for get in getters:
             element = get(element)
@@ -76,27 +75,21 @@ def _bucket_number(plan: Plan, axes: tuple, numbers: dict, element: Any) -> int:
 
 
 def _getters(path: tuple) -> tuple:
-    """Accessors of the entries of a pytree path (dict keys, indices, attributes)."""
-    out = []
-    for entry in path:
-        if hasattr(entry, "key"):
-            out.append(operator.itemgetter(entry.key))
-        elif hasattr(entry, "idx"):
-            out.append(operator.itemgetter(entry.idx))
-        else:
-            out.append(operator.attrgetter(entry.name))
-    return tuple(out)
+    """Accessors of the entries of a pytree path (attributes, dict keys, indices)."""
+    return tuple(
+        operator.attrgetter(e.name)
+        if hasattr(e, "name")
+        else operator.itemgetter(e.key if hasattr(e, "key") else e.idx)
+        for e in path
+    )
 
 
 def default_length_fn(plan: Plan) -> tuple[Callable[[Any], int] | None, list[int]]:
     """What Beam's ``BatchElements`` buckets elements by, and its boundaries, so that its
     length buckets are exactly the plan's: with one ragged axis, the axis's length (Beam's
     boundaries lower-inclusive, so ``b + 1`` for each of the plan's ``b``); with several,
-    the number of the element's bucket in ``plan.buckets`` (boundaries ``1, 2, ...``).
-    ``(None, [])`` when the plan has one bucket (nothing to group by).
-
-    Each ragged axis is read from the first leaf that has it.
-    """
+    the number of the element's bucket in ``plan.buckets`` (boundaries ``1, 2, ...``); each
+    axis read from the first leaf with it. ``(None, [])`` for one bucket (no grouping)."""
     if len(plan.buckets) < 2:
         return None, []
     first: dict[str, tuple[tuple, int]] = {}
