@@ -351,3 +351,12 @@ def test_the_text_layer_uses_no_beam():
     for path in root.glob("*.py"):
         beam = {m for m in _imports(path) if m.split(".")[0] == "apache_beam"}
         assert not beam, (path.name, beam)
+
+
+MAX_MODULE_LINES = 600  # a module past it holds two concepts: split it (the largest: ~560)
+
+
+def test_no_library_module_passes_the_size_of_one_concept():
+    root = pathlib.Path(bj.__file__).parent
+    sizes = {str(p.relative_to(root)): len(p.read_text().splitlines()) for p in root.rglob("*.py")}
+    assert max(sizes.values()) <= MAX_MODULE_LINES, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from beam_jax._src.arrow import coder  # noqa: F401 - registers ArrowCoder for record batches
 from beam_jax._src.arrow.ahead import WorkAhead
 from beam_jax._src.arrow.json_lines import (
     BadLine,
@@ -31,49 +32,6 @@ from beam_jax._src.arrow.json_lines import (
 from beam_jax._src.arrow.origin import stamp_origin
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, METRICS_NAMESPACE, FailedElement, Stage
 from beam_jax._src.errors import InputFileError, InputLineError, SpecError
-
-
-class ArrowCoder(beam.coders.Coder):
-    """Encodes ``pyarrow.Table`` and ``RecordBatch`` as Arrow IPC streams.
-
-    Registered for both types when ``beam_jax`` is imported. Beam samples the encoded size
-    of elements for its metrics; with the default pickle coder that re-serialises whole
-    tables (hundreds of MB per run), while this coder reports ``nbytes`` without encoding.
-    """
-
-    _TABLE, _BATCH = b"T", b"B"
-
-    def encode(self, value) -> bytes:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, value.schema) as writer:
-            writer.write(value)
-        kind = self._TABLE if isinstance(value, pa.Table) else self._BATCH
-        return kind + sink.getvalue().to_pybytes()
-
-    def decode(self, encoded: bytes):
-        reader = pa.ipc.open_stream(pa.py_buffer(encoded)[1:])
-        if encoded[:1] == self._TABLE:
-            return reader.read_all()
-        return reader.read_next_batch()
-
-    def estimate_size(self, value) -> int:
-        return int(value.nbytes)
-
-    def is_deterministic(self) -> bool:
-        return False
-
-    def to_type_hint(self):
-        return pa.Table | pa.RecordBatch
-
-    def __eq__(self, other):
-        return type(self) is type(other)
-
-    def __hash__(self):
-        return hash(type(self))
-
-
-beam.coders.registry.register_coder(pa.Table, ArrowCoder)
-beam.coders.registry.register_coder(pa.RecordBatch, ArrowCoder)
 
 
 class _ListRowGroups(beam.DoFn):

@@ -6,9 +6,7 @@ stage places them in rows (``assign_rows``, the policy the planner simulates) an
 the rows into batches (``batch_rows``); each full batch becomes a ``PackedBuffer`` the
 ``BatchEngine`` runs like any other, and the rest stay staged for the next records: the next
 pack puts their rows in its full batches first, so an input batch's records run soon after
-it comes (where the packs' full batches have room for them: one pack later on the
-flagship's 8,192-text parts) without a batch run less full. At the end of a bundle
-everything staged runs.
+it comes without a batch run less full. At the end of a bundle everything staged runs.
 
 A ``PackedBuffer``'s records are ordered by batch row then segment (the plan's
 ``SharedRows`` counts the batch rows they take); ``padded(rows)`` lays a subset out again in

@@ -73,7 +73,7 @@ class BatchResults:
             try:
                 item = plan.validate(batch[i])
             except Exception as e:  # noqa: BLE001 - every invalid element is reported
-                _drain(engine.reject(e, VALIDATION, [i]))
+                drain(engine.reject(e, VALIDATION, [i]))
                 continue
             flat[i], lengths[i] = item.leaves, item.lengths
         if self.failures or not len(batch):
@@ -84,8 +84,8 @@ class BatchResults:
             rows = group.tolist()
             leaves = [[flat[i][j] for i in rows] for j in range(len(layout.specs))]
             bucket = plan.buckets[int(index[group[0]])]
-            _drain(engine.launch(Columns(plan, bucket, leaves, lengths[group], group)))
-        _drain(engine.flush())
+            drain(engine.launch(Columns(plan, bucket, leaves, lengths[group], group)))
+        drain(engine.flush())
 
     # --- the engine's front end ---------------------------------------------------------
 
@@ -109,6 +109,7 @@ class BatchResults:
         self.failures.append((index, stage, error))
 
 
-def _drain(outputs: Iterator[Any]) -> None:
+def drain(outputs: Iterator[Any]) -> None:
+    """Run ``outputs`` to their end (the handler keeps no engine output)."""
     for _ in outputs:
         pass

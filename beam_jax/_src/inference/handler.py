@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -37,7 +37,7 @@ from beam_jax._src.engine.options import (
 )
 from beam_jax._src.engine.worker import Worker
 from beam_jax._src.errors import InferenceBatchError, SpecError
-from beam_jax._src.inference.batch import BatchResults
+from beam_jax._src.inference.batch import BatchResults, drain
 from beam_jax._src.kernel.params import read_params
 
 _SHOWN_FAILURES = 20
@@ -102,11 +102,6 @@ def default_length_fn(plan: Plan) -> tuple[Callable[[Any], int] | None, list[int
     numbers = {bucket: i for i, bucket in enumerate(plan.buckets)}
     bounds = list(range(1, len(plan.buckets)))
     return functools.partial(_bucket_number, plan, axes, numbers), bounds
-
-
-def _drain(outputs: Iterator[Any]) -> None:
-    for _ in outputs:
-        pass
 
 
 class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
@@ -335,9 +330,9 @@ def _run_packed(plan: PackedPlan, engine: Callable, batch: Sequence[Any]):
     # validated alone, so a bad one never changes the others' results.
     items = front.validate_many(enumerate(batch), [])
     if not failures:  # the batch fails anyway: don't run the kernel for it
-        _drain(front.add_many(items))
-        _drain(front.drain())  # the records still staged, packed and run
-        _drain(front.engine.flush())
+        drain(front.add_many(items))
+        drain(front.drain())  # the records still staged, packed and run
+        drain(front.engine.flush())
     return results, failures
 
 
