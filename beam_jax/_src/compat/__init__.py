@@ -1,4 +1,3 @@
-"""Adapters to the private names of the libraries beam_jax builds on: one module per
-library (``beam.py``, ``jax.py``), each use beside the public API to move to, and
-``tests/test_compat.py`` failing loudly on a release that moved one. Nothing else in
-beam_jax reaches into Beam's or JAX's internals."""
+"""The private names of Beam and JAX that beam_jax uses, one module per library, each beside
+the public API to move to; ``tests/test_compat.py`` fails on a release that moved one, and
+finds any use of their internals elsewhere in beam_jax."""

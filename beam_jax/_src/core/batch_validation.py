@@ -137,10 +137,12 @@ def check_batch(
         # A dict of arrays (the usual spec): its leaves by key. An element that is not
         # such a dict fails here as it does the pytree comparison (``validate`` explains).
         keys = [path[0].key for path in layout.paths]
+        n, spec_keys = len(keys), tree.keys()
         flat: list[list[Any] | None] = [
-            [e[k] for k in keys] if type(e) is dict and e.keys() == tree.keys() else None
+            [e[k] for k in keys] if type(e) is dict and len(e) == n and e.keys() == spec_keys
+            else None
             for e in elements
-        ]
+        ]  # fmt: skip
     else:
         treedef, flat = layout.treedef, []
         for element in elements:
