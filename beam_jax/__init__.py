@@ -10,13 +10,13 @@ from beam_jax._src.arrow.ahead import WorkAhead as WorkAhead
 from beam_jax._src.arrow.columns import ArrowColumns as ArrowColumns
 from beam_jax._src.arrow.io import ReadArrowBatches as ReadArrowBatches
 from beam_jax._src.bucketing.boundaries import plan_boundaries as plan_boundaries
-from beam_jax._src.bucketing.bucket_plan import BucketingPlan as BucketingPlan
-from beam_jax._src.bucketing.bucket_plan import plan_bucketing as plan_bucketing
+from beam_jax._src.bucketing.bucketing_choice import BucketingChoice as BucketingChoice
+from beam_jax._src.bucketing.bucketing_choice import plan_bucketing as plan_bucketing
 from beam_jax._src.bucketing.buckets import Bucketing as Bucketing
 from beam_jax._src.bucketing.fit import FitToMemory as FitToMemory
 from beam_jax._src.bucketing.packing import Packing as Packing
-from beam_jax._src.bucketing.packing_plan import PackingPlan as PackingPlan
-from beam_jax._src.bucketing.packing_plan import plan_packing as plan_packing
+from beam_jax._src.bucketing.packing_choice import PackingChoice as PackingChoice
+from beam_jax._src.bucketing.packing_choice import plan_packing as plan_packing
 from beam_jax._src.bucketing.rule import default_boundaries as default_boundaries
 from beam_jax._src.core.dead_letter import DEAD_LETTERS as DEAD_LETTERS
 from beam_jax._src.core.dead_letter import FailedElement as FailedElement
@@ -55,3 +55,7 @@ from beam_jax._src.transforms.run_kernel import RunKernel as RunKernel
 from beam_jax._src.transforms.run_kernel_on_arrow import RunKernelOnArrow as RunKernelOnArrow
 
 __version__ = "0.2.0"
+
+# Former names, kept importable for now.
+BucketingPlan = BucketingChoice
+PackingPlan = PackingChoice

@@ -1,6 +1,6 @@
 """What a front end of one's own needs from the machinery under beam_jax's transforms.
 
-Only that, and the few pieces the guides show by hand (``PackPlan``, ``padding_ratio``,
+Only that, and the few pieces the guides show by hand (``Packer``, ``padding_ratio``,
 ``fit_plan``, ``bucket_totals``); the rest is private (``beam_jax._src``) and may change.
 
 Plan and pad batches yourself (``Plan``), compile and run a kernel on them (``Kernel``),
@@ -21,10 +21,10 @@ Examples:
     [3.0]
 """
 
-from beam_jax._src.arrow.io import origin_of as origin_of
-from beam_jax._src.arrow.io import with_origin as with_origin
+from beam_jax._src.arrow.origin import origin_of as origin_of
+from beam_jax._src.arrow.origin import with_origin as with_origin
 from beam_jax._src.bucketing.boundaries import padding_ratio as padding_ratio
-from beam_jax._src.core.packed_batch import PackPlan as PackPlan
+from beam_jax._src.core.packed_batch import Packer as Packer
 from beam_jax._src.core.plan import PaddedBatch as PaddedBatch
 from beam_jax._src.core.plan import Plan as Plan
 from beam_jax._src.core.validation import Validated as Validated
@@ -48,3 +48,5 @@ from beam_jax._src.transforms.base import Source as Source
 from beam_jax._src.transforms.base import WorkerDoFn as WorkerDoFn
 from beam_jax._src.transforms.base import dead_letter_output as dead_letter_output
 from beam_jax._src.transforms.read_with_origin import OriginFields as OriginFields
+
+PackPlan = Packer  # its former name, kept importable for now

@@ -54,11 +54,6 @@ Examples:
     ['part-0.txt']
 """
 
-from beam_jax._src.core.probe import LocalPlatform as LocalPlatform
-from beam_jax._src.core.probe import local_platform as local_platform
-from beam_jax._src.core.probe import open_local_devices as open_local_devices
-from beam_jax._src.core.probe import size_tpu_host_buffer as size_tpu_host_buffer
-from beam_jax._src.core.probe import tpu_host_buffer_advice as tpu_host_buffer_advice
 from beam_jax._src.jobs.bundle_ends import prompt_bundle_ends as prompt_bundle_ends
 from beam_jax._src.jobs.console import RunConsole as RunConsole
 from beam_jax._src.jobs.console import add_flags as add_flags
@@ -103,3 +98,8 @@ from beam_jax._src.jobs.progress import ProgressPrinter as ProgressPrinter
 from beam_jax._src.jobs.progress import read_counts as read_counts
 from beam_jax._src.jobs.report import metrics_record as metrics_record
 from beam_jax._src.jobs.report import write_metrics as write_metrics
+from beam_jax._src.probe import LocalPlatform as LocalPlatform
+from beam_jax._src.probe import local_platform as local_platform
+from beam_jax._src.probe import open_local_devices as open_local_devices
+from beam_jax._src.probe import size_tpu_host_buffer as size_tpu_host_buffer
+from beam_jax._src.probe import tpu_host_buffer_advice as tpu_host_buffer_advice

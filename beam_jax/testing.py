@@ -5,10 +5,12 @@ from __future__ import annotations
 import collections
 import os
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from beam_jax._src.compat.beam import direct_runner_clock, metrics_per_bundle
 from beam_jax._src.engine.metrics import NAMESPACE, Summary, summarize
 
 
@@ -85,9 +87,9 @@ class VirtualClock:
     """
 
     def __init__(self):
-        from apache_beam.runners.direct import clock as direct_clock
+        from apache_beam.runners.direct.clock import TestClock
 
-        self._clock = direct_clock.TestClock()
+        self._clock = TestClock()
         self._key = uuid.uuid4().hex
         _CLOCKS[self._key] = self
 
@@ -99,7 +101,8 @@ class VirtualClock:
         return (_clock_of, (self._key,))
 
 
-_CLOCKS: dict[str, VirtualClock] = {}
+# Clocks by key while they exist (the pipeline unpickles them here by key).
+_CLOCKS: weakref.WeakValueDictionary[str, VirtualClock] = weakref.WeakValueDictionary()
 
 
 def _clock_of(key: str) -> VirtualClock:
@@ -115,6 +118,7 @@ class Collected(NamedTuple):
     window: Any
 
 
+# The outputs of each running ``collect``, until its ``StreamTest`` ends.
 _COLLECTED: dict[str, list[Collected]] = collections.defaultdict(list)
 
 
@@ -168,7 +172,7 @@ class StreamTest:
             options=PipelineOptions(["--streaming", *argv]),
         )
         self.result: Any = None
-        self._names: list[str] = []
+        self._kept: dict[str, list[Collected]] = {}
 
     def collect(self, pcoll) -> Callable[[], list[Collected]]:
         """Keep ``pcoll``'s outputs in this process; call the returned function after the run
@@ -178,12 +182,12 @@ class StreamTest:
         import apache_beam as beam
 
         name = uuid.uuid4().hex
-        self._names.append(name)
+        self._kept[name] = []
         keep = _Keep(name, self.clock)
         _ = pcoll | f"Collect_{name[:8]}" >> beam.Map(
             lambda x, t=beam.DoFn.TimestampParam, w=beam.DoFn.WindowParam: keep(x, t, w)
         )
-        return lambda: list(_COLLECTED[name])
+        return lambda: list(self._kept[name])
 
     @property
     def summary(self) -> Summary:
@@ -196,32 +200,11 @@ class StreamTest:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        if exc_info[0] is not None:
-            return
-        from apache_beam.runners.direct import direct_runner
-        from apache_beam.runners.worker import statesampler
-
-        original_clock, original_state = (
-            direct_runner.TestClock,
-            statesampler.StateSampler.scoped_state,
-        )
-
-        def scoped_state(sampler, name_context, state_name, io_target=None, metrics_container=None):
-            state = original_state(sampler, name_context, state_name, io_target, metrics_container)
-            if metrics_container is not None and state.metrics_container is not metrics_container:
-                for name, cached in list(sampler._states_by_name.items()):
-                    if cached is state:
-                        del sampler._states_by_name[name]
-                state = original_state(
-                    sampler, name_context, state_name, io_target, metrics_container
-                )
-            return state
-
-        direct_runner.TestClock = lambda: self.clock._clock
-        statesampler.StateSampler.scoped_state = scoped_state
         try:
-            self.result = self.pipeline.run()
-            self.result.wait_until_finish()
-        finally:
-            direct_runner.TestClock = original_clock
-            statesampler.StateSampler.scoped_state = original_state
+            if exc_info[0] is None:
+                with direct_runner_clock(self.clock._clock), metrics_per_bundle():
+                    self.result = self.pipeline.run()
+                    self.result.wait_until_finish()
+        finally:  # the outputs move to this test; nothing stays in the process
+            for name in self._kept:
+                self._kept[name] = _COLLECTED.pop(name, [])

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 import beam_jax as bj
 from beam_jax import ArraySpec, ArrowColumns, Bucketing, Validation
+from beam_jax._src.arrow.coder import ArrowCoder
 from beam_jax._src.arrow.decode import decode_batch
 from beam_jax._src.arrow.fill import BucketFill
-from beam_jax._src.arrow.io import ArrowCoder
 from beam_jax._src.core.spec import Layout
 from beam_jax.internal import Plan
 from beam_jax.testing import assert_conserved

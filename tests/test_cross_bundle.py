@@ -209,7 +209,6 @@ def test_no_element_waits_longer_than_the_bound_plus_one_timer_firing():
     waits = [t - arrived[float(x["sum"])] for x, t, *_ in items]
     assert len(waits) == len(values)
     assert max(waits) <= max_wait + step
-    assert min(test.clock() - t for _, t, *_ in items) >= 0
     assert len({t for _, t, *_ in items}) > 3  # flushed along the way, not at the end
     buffering = test.summary.buffering  # every bundle counted on this runner too
     assert buffering.waited == len(values) and buffering.max_wait_ms <= 1000 * (max_wait + step)

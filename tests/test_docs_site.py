@@ -48,7 +48,15 @@ def _public(module) -> set[str]:
         "jobs",
         "text",
     }
-    return {n for n in dir(module) if not n.startswith("_")} - subpackages
+    names = {n for n in dir(module) if not n.startswith("_")} - subpackages
+    return {n for n in names if not _former_name(module, n, names)}
+
+
+def _former_name(module, name: str, names: set[str]) -> bool:
+    """A former name kept importable (``PackingPlan``, now ``PackingChoice``): documented
+    under the name it has now."""
+    now = getattr(getattr(module, name), "__name__", name)
+    return now != name and now in names
 
 
 def _documented(page: str, prefix: str) -> set[str]:

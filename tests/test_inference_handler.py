@@ -163,18 +163,18 @@ def test_a_bad_element_fails_its_batch_into_failed_inferences_naming_the_element
 def test_batching_kwargs_give_beam_the_plans_buckets_and_a_fixed_batch_size():
     handler = bj.JaxModelHandler(masked_attention_pool, **_handler_kwargs())
     kwargs = handler.batch_elements_kwargs()
-    # The length is the bucket's number in the plan (buckets 4, 8, 16): Beam's bucket i
-    # (boundaries 1, 2) is the plan's bucket i.
-    assert kwargs["bucket_boundaries"] == [1, 2]
+    # The length is the ragged axis's (buckets 4, 8, 16): Beam's lower-inclusive
+    # boundaries 5, 9 group the lengths of each of the plan's buckets.
+    assert kwargs["bucket_boundaries"] == [5, 9]
     assert kwargs["min_batch_size"] == kwargs["max_batch_size"] == 8
     assert kwargs["max_batch_duration_secs"] == 1.0
     length = kwargs["length_fn"]
     assert [length({"x": np.zeros((n, D), np.float32)}) for n in (1, 4, 5, 8, 9, 16)] == [
-        0, 0, 1, 1, 2, 2,
+        1, 4, 5, 8, 9, 16,
     ]  # fmt: skip
     assert length("not an element") == 0  # rejected later, with a message
     keyed = bj.KeyedJaxModelHandler(masked_attention_pool, **_handler_kwargs())
-    assert keyed.batch_elements_kwargs()["length_fn"]((1, {"x": np.zeros((7, D))})) == 1
+    assert keyed.batch_elements_kwargs()["length_fn"]((1, {"x": np.zeros((7, D))})) == 7
     own = bj.JaxModelHandler(masked_attention_pool, batch_length_fn=len, **_handler_kwargs())
     # A user's length over the one ragged axis keeps the plan's boundaries, in Beam's terms.
     assert own.batch_elements_kwargs()["bucket_boundaries"] == [5, 9]

@@ -23,7 +23,7 @@ import beam_jax as bj
 from beam_jax import text
 from beam_jax._src.text import corpus as corpus_source
 from beam_jax._src.text import matmuls as matmuls_module
-from beam_jax.internal import PackPlan
+from beam_jax.internal import Packer
 from beam_jax.text import BertConfig, SentenceEncoder
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -393,7 +393,7 @@ def _wrong_packed_element(params, element, segments):
 
 def embed_packed(params, ids_list, kernel=_embed_rows, row_length=256, rows=8):
     """Embeds texts packed several to a row, as the packing policy lays them out."""
-    plan = PackPlan(
+    plan = Packer(
         {"input_ids": bj.ArraySpec(("L",), np.int32)},
         bj.Packing(row_lengths=row_length, rows_per_batch=rows, max_segments=32),
     )

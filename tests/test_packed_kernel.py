@@ -284,7 +284,8 @@ def test_a_plan_packing_result_runs_and_lists_its_shapes():
         equal_to([(i, round(float(x.sum()), 3)) for i, x in enumerate(data)]),
     )
     summary = assert_conserved(run(p))
-    assert summary.padding_ratio >= 1.0
+    # The job packs about as tightly as the planner predicted for the sample.
+    assert summary.padding_ratio <= 1.1 * chosen.padding_ratio
 
 
 def test_specs_and_transforms_that_cannot_pack_are_refused_with_the_reason():
@@ -475,8 +476,7 @@ def test_run_kernel_on_arrow_packs_rows_with_results_by_id_and_origins(
         equal_to([(k, stage, True, file_row[k]) for k, (_, stage, _) in BAD.items()]),
         label="Dead",
     )
-    summary = assert_conserved(run(p), namespace="arrow_packed")
-    assert summary.padding_ratio >= 1.0
+    assert_conserved(run(p), namespace="arrow_packed")
 
 
 def test_run_kernel_on_arrow_packs_a_ragged_and_a_scalar_leaf_under_string_ids():

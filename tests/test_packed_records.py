@@ -49,6 +49,7 @@ def _columns(lengths, seed, string_ids=False, first_id=0):
         np.arange(len(lengths), dtype=np.int64),
         np.zeros(len(lengths), np.int64),
         [lambda key, row: ("source", key, row)],
+        pa.string() if string_ids else pa.int64(),
     )
     return records, [[np.asarray(w), x] for x, w in zip(xs, ws, strict=True)]
 
@@ -84,12 +85,9 @@ def test_records_take_and_concat_keep_every_record(lengths, seed, cut):
         for got, expected in zip(kept[k], subset[k], strict=True):
             np.testing.assert_array_equal(got, expected)
         assert kept.source(k) == subset.source(k)
-    ids = subset.id_array(np.arange(len(subset)), both.id_array(np.arange(1), _id_type(both)).type)
+    ids = subset.id_array(np.arange(len(subset)))
+    assert ids.type == both.id_type
     assert ids.to_pylist() == [both.key(i) for i in index.tolist()]
-
-
-def _id_type(records):
-    return pa.string() if isinstance(records.keys, pa.Array) else pa.int64()
 
 
 @PROPERTY
@@ -107,11 +105,11 @@ def test_column_records_lay_out_as_records_one_by_one(lengths, seed):
         rows.append(row)
         used, count = used + lengths[i], count + 1
     hypothesis.assume(row < 2)
-    got = records.lay_out(plan, index, rows, 8).packed
-    want = plan.pack_plan.lay_out([leaves[i] for i in index.tolist()], rows, 8)
-    for a, b in zip((*got.leaves, *got.segments), (*want.leaves, *want.segments), strict=True):
+    got = records.lay_out(plan, index, rows, 8)
+    want = plan.packer.lay_out([leaves[i] for i in index.tolist()], rows, 8)
+    for a, b in zip(got.leaves, want.leaves, strict=True):
         np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(got.lengths, want.lengths)
+    np.testing.assert_array_equal(got.record_lengths, want.record_lengths)
 
 
 class _Engine:
@@ -122,10 +120,10 @@ class _Engine:
         self._key = key
 
     def launch(self, buffer):
-        packed = buffer.padded().packed
+        packed = buffer.padded()
         keys = [self._key(buffer.records, i) for i in range(buffer.size)]
         self.batches.append((buffer.bucket, keys, packed.rows.tolist(), packed.segment.tolist()))
-        np.testing.assert_array_equal(packed.lengths, buffer.records.lengths)
+        np.testing.assert_array_equal(packed.record_lengths, buffer.records.lengths)
         return iter(())
 
     def reject(self, error, stage, sources):
@@ -189,10 +187,11 @@ def test_rows_of_records_held_back_go_in_full_batches_first(lengths, carried):
 def test_a_packed_buffer_counts_the_batch_rows_its_records_take(counts, picks):
     """All records (rows non-decreasing, as packed) or any of them in any order."""
     rows = np.repeat(np.arange(len(counts)) * 2, counts)  # with gaps between row numbers
-    buffer = PackedBuffer(PackedPlan(SPEC, PACKING), 8, np.arange(len(rows)), rows)
-    assert buffer.units() == len(counts)
+    plan = PackedPlan(SPEC, PACKING)
+    buffer = PackedBuffer(plan, 8, np.arange(len(rows)), rows)
+    assert plan.row_policy.units(buffer) == len(counts)
     subset = np.asarray([p % len(rows) for p in picks] if len(rows) else [], np.int64)
-    assert buffer.units(subset) == len(set(rows[subset].tolist()))
+    assert plan.row_policy.units(buffer, subset) == len(set(rows[subset].tolist()))
 
 
 def test_item_records_take_and_concat():

@@ -11,9 +11,9 @@ import pytest
 
 import beam_jax as bj
 from beam_jax._src.bucketing.packing import assign_rows, batch_rows
-from beam_jax._src.bucketing.packing_plan import simulate_packing
+from beam_jax._src.bucketing.packing_choice import simulate_packing
 from beam_jax._src.core.packed_batch import SegmentInfo
-from beam_jax.internal import PackPlan
+from beam_jax.internal import Packer
 
 PROPERTY = hypothesis.settings(max_examples=150, deadline=2000, derandomize=True)
 
@@ -99,7 +99,7 @@ def test_packing_rejects_bad_values(kwargs, message):
 )
 def test_specs_that_cannot_be_packed_are_refused_at_construction(spec, message):
     with pytest.raises(bj.SpecError, match=re.escape(message)):
-        PackPlan(spec, bj.Packing(row_lengths=8))
+        Packer(spec, bj.Packing(row_lengths=8))
 
 
 # --- packing ------------------------------------------------------------------------
@@ -156,7 +156,7 @@ def test_rows_fill_the_largest_batch_then_the_smallest_that_holds_the_rest():
 
 
 def test_a_record_longer_than_the_longest_row_is_refused_alone():
-    plan = PackPlan(bj.ArraySpec(("L",), np.int32), bj.Packing(row_lengths=8))
+    plan = Packer(bj.ArraySpec(("L",), np.int32), bj.Packing(row_lengths=8))
     result = plan.pack(records_of([3, 9, 8]))
     assert [r.index for r in result.refused] == [1]
     error = result.refused[0].error
@@ -169,7 +169,7 @@ def test_a_record_longer_than_the_longest_row_is_refused_alone():
 
 def test_a_record_that_breaks_the_spec_is_refused_alone():
     spec = {"ids": bj.ArraySpec(("L",), np.int32), "w": bj.ArraySpec(("L", 2), np.float32)}
-    plan = PackPlan(spec, bj.Packing(row_lengths=8))
+    plan = Packer(spec, bj.Packing(row_lengths=8))
     good = {"ids": np.ones(3, np.int32), "w": np.ones((3, 2), np.float32)}
     uneven = {"ids": np.ones(3, np.int32), "w": np.ones((4, 2), np.float32)}
     wrong = {"ids": np.ones(3, np.int32), "w": np.ones((3, 5), np.float32)}
@@ -190,7 +190,7 @@ def test_segment_info_positions_and_non_ragged_leaves():
         "x": bj.ArraySpec((2, "L"), np.float32, pad_value=-1),  # ragged axis not first
         "tag": bj.ArraySpec((), np.int32, pad_value=-7),  # carried per segment
     }
-    plan = PackPlan(spec, bj.Packing(row_lengths=6, rows_per_batch=2, max_segments=3))
+    plan = Packer(spec, bj.Packing(row_lengths=6, rows_per_batch=2, max_segments=3))
     records = [
         {"x": np.arange(8, dtype=np.float32).reshape(2, 4), "tag": np.int32(10)},
         {"x": np.full((2, 2), 5, np.float32), "tag": np.int32(20)},
@@ -202,7 +202,8 @@ def test_segment_info_positions_and_non_ragged_leaves():
     assert batch.segment_counts.tolist() == [2, 1]
     assert batch.segments.lengths.tolist() == [[4, 2, 0], [3, 0, 0]]
     assert isinstance(batch.segments, SegmentInfo)
-    tag, x = batch.leaves  # leaves in the spec's (sorted-key) order
+    tag, x = batch.element_leaves  # leaves in the spec's (sorted-key) order
+    assert batch.leaves == (tag, x, *batch.segments)  # what the kernel receives
     assert x.shape == (2, 2, 6) and x[1, 0].tolist() == [9, 9, 9, -1, -1, -1]
     assert tag.tolist() == [[10, 20, -7], [30, -7, -7]]
     assert (batch.empty_slots, batch.empty_rows, batch.padded_volume) == (3, 0, 12)
@@ -218,7 +219,7 @@ def test_segment_info_positions_and_non_ragged_leaves():
 
 def test_unpack_refuses_outputs_that_are_not_per_segment():
     packing = bj.Packing(row_lengths=8, rows_per_batch=1, max_segments=4)
-    plan = PackPlan(bj.ArraySpec(("L",), np.int32), packing)
+    plan = Packer(bj.ArraySpec(("L",), np.int32), packing)
     result = plan.pack(records_of([3, 4]))
     with pytest.raises(bj.KernelError, match=re.escape("[rows, max_segments, ...] = [1, 4")):
         plan.unpack(result, [np.zeros((1, 8))])
@@ -227,7 +228,7 @@ def test_unpack_refuses_outputs_that_are_not_per_segment():
 
 
 def test_unpack_keeps_output_pytrees():
-    plan = PackPlan(bj.ArraySpec(("L",), np.int32), bj.Packing(row_lengths=8, max_segments=2))
+    plan = Packer(bj.ArraySpec(("L",), np.int32), bj.Packing(row_lengths=8, max_segments=2))
     result = plan.pack(records_of([3, 4, 8]))
     outputs = [
         {"sum": segment_sums(b), "pair": (segment_sums(b) * 2, np.ones((b.size, 2, 3)))}
@@ -246,7 +247,7 @@ def test_unpack_keeps_output_pytrees():
 @hypothesis.given(lengths=lengths_st, packing=packing_st, seed=st.integers(0, 2**16))
 def test_segment_sums_unpack_to_each_records_own_sum(lengths, packing, seed):
     records = records_of(lengths, seed)
-    plan = PackPlan(bj.ArraySpec(("L",), np.int32), packing)
+    plan = Packer(bj.ArraySpec(("L",), np.int32), packing)
     result = plan.pack(records)
     got = plan.unpack(result, [segment_sums(b) for b in result.batches])
     refused = {r.index for r in result.refused}
@@ -280,7 +281,7 @@ def test_rows_marked_first_fill_the_full_batches_first_in_the_same_batches(lengt
 @hypothesis.given(lengths=lengths_st, packing=packing_st)
 def test_every_record_once_no_segment_crosses_a_row_and_round_trip(lengths, packing):
     records = records_of(lengths)
-    plan = PackPlan(bj.ArraySpec(("L",), np.int32), packing)
+    plan = Packer(bj.ArraySpec(("L",), np.int32), packing)
     result = plan.pack(records)
     seen = [int(i) for b in result.batches for i in b.indices]
     refused = [r.index for r in result.refused]
@@ -288,17 +289,18 @@ def test_every_record_once_no_segment_crosses_a_row_and_round_trip(lengths, pack
     for b in result.batches:
         assert (b.row_length, b.size) in packing.shapes()
         assert b.leaves[0].shape == (b.size, b.row_length)
-        assert np.all(b.offsets + b.lengths <= b.row_length)  # no segment crosses a row
+        assert np.all(b.offsets + b.record_lengths <= b.row_length)  # no segment crosses a row
         assert np.all(b.segment < packing.max_segments)
         for r in range(b.size):
             ids = b.segment_ids[r]
             mine = b.rows == r
             assert b.segment_counts[r] == mine.sum()
             # Slots of each segment are contiguous and exactly its record's length.
-            for s, o, n in zip(b.segment[mine], b.offsets[mine], b.lengths[mine], strict=True):
+            runs = zip(b.segment[mine], b.offsets[mine], b.record_lengths[mine], strict=True)
+            for s, o, n in runs:
                 assert np.all(ids[o : o + n] == s + 1)
                 assert b.positions[r, o : o + n].tolist() == list(range(n))
-            assert (ids > 0).sum() == b.lengths[mine].sum()
+            assert (ids > 0).sum() == b.record_lengths[mine].sum()
         assert b.num_rows == len(set(b.rows.tolist()))
         for i, leaves in zip(b.indices, plan.unpack_inputs(b), strict=True):
             np.testing.assert_array_equal(leaves[0], records[i])
@@ -313,7 +315,7 @@ def test_every_record_once_no_segment_crosses_a_row_and_round_trip(lengths, pack
 def test_simulated_padding_equals_the_batches_packed(lengths, packing, buffer_size):
     lengths = [min(n, packing.max_row_length) for n in lengths]
     stats = simulate_packing(lengths, packing, buffer_size=buffer_size)
-    plan = PackPlan(bj.ArraySpec(("L",), np.int32), packing)
+    plan = Packer(bj.ArraySpec(("L",), np.int32), packing)
     step = buffer_size or len(lengths)
     padded = real = empty_rows = batches = 0
     for start in range(0, len(lengths), step):
@@ -352,7 +354,7 @@ def test_planned_padding_is_what_packing_the_sample_gives(lengths, budget, buffe
     assert plan.shapes == len(plan.packing.shapes()) <= budget
     assert plan.packing.max_row_length >= 64
     assert all(s <= max_rows for n in plan.packing.row_lengths for s in plan.packing.sizes_for(n))
-    packer = PackPlan(bj.ArraySpec(("L",), np.int32), plan.packing)
+    packer = Packer(bj.ArraySpec(("L",), np.int32), plan.packing)
     step = buffer_size or len(lengths)
     padded = real = 0
     for start in range(0, len(lengths), step):
@@ -407,7 +409,7 @@ def test_length_classes_are_chosen_only_when_priced_lower(lengths, budget, buffe
     if len(plan.packing.pack_lengths) > 1:
         assert price < flat_price  # classes only when strictly cheaper
     # The padding predicted is the padding the packer gives, classes or not.
-    packer = PackPlan(bj.ArraySpec(("L",), np.int32), plan.packing)
+    packer = Packer(bj.ArraySpec(("L",), np.int32), plan.packing)
     step = buffer_size or len(lengths)
     padded = sum(
         packer.pack(records_of(lengths[i : i + step])).padded_volume
@@ -495,12 +497,12 @@ def test_pytrees_of_mixed_leaves_round_trip_and_unpack_per_segment(lengths, pack
         }
         for i, n in enumerate(lengths)
     ]
-    plan = PackPlan(MIXED_SPEC, packing)
+    plan = Packer(MIXED_SPEC, packing)
     result = plan.pack(records)
     names = plan.layout.names
     outputs = []
     for b in result.batches:
-        leaves = dict(zip(names, b.leaves, strict=True))
+        leaves = dict(zip(names, b.element_leaves, strict=True))
         w, t, ids = leaves["['w']"], leaves["['t']"], b.segment_ids
         sums = np.zeros((b.size, b.max_segments + 1), np.int64)
         rows = np.arange(b.size)[:, None].repeat(ids.shape[1], 1)
@@ -554,7 +556,7 @@ def test_first_fit_matches_a_plain_scan_of_open_rows(lengths, max_segments):
 
 
 def test_lay_out_refuses_a_row_past_its_slots_or_segments():
-    plan = PackPlan(
+    plan = Packer(
         bj.ArraySpec(("L",), np.float32),
         bj.Packing(row_lengths=64, rows_per_batch=8, max_segments=8),
     )
@@ -574,7 +576,7 @@ def test_lay_out_refuses_a_row_past_its_slots_or_segments():
 def test_lay_out_places_each_row_records_end_to_end_in_the_order_given(rows, data):
     # Rows of 256 slots and 32 segments: even all 30 records of 8 values in one row fit
     # (overflowing a row is refused, tested apart).
-    plan = PackPlan(
+    plan = Packer(
         bj.ArraySpec(("L",), np.float32),
         bj.Packing(row_lengths=256, rows_per_batch=8, max_segments=32),
     )

@@ -9,9 +9,7 @@ must agree on every record and row, for every algorithm and option.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import math
-from unittest import mock
 
 import hypothesis
 import hypothesis.strategies as st
@@ -19,7 +17,6 @@ import numpy as np
 import pytest
 
 import beam_jax as bj
-from beam_jax._src.bucketing import packing as packing_module
 from beam_jax._src.bucketing.packing import assign_rows
 
 
@@ -134,20 +131,6 @@ def test_assign_rows_matches_placing_records_one_at_a_time(case):
     for name, values in want.items():
         assert getattr(got, name).tolist() == values, name
         assert getattr(got, name).dtype == np.int64, name
-
-
-@pytest.mark.parametrize("per_group", [0, 10**9], ids=["by_block", "by_run"])
-@hypothesis.settings(max_examples=150, deadline=None)
-@hypothesis.given(case=_cases())
-def test_first_fit_places_alike_by_block_and_by_run(per_group, case):
-    # assign_rows picks one of two first-fit implementations by records per length;
-    # each, forced, must agree with the reference on every case.
-    lengths, packing = case
-    packing = dataclasses.replace(packing, algorithm="first_fit_decreasing")
-    with mock.patch.object(packing_module, "_RECORDS_PER_GROUP", per_group):
-        got = assign_rows(lengths, packing)
-    for name, values in _reference(lengths, packing).items():
-        assert getattr(got, name).tolist() == values, name
 
 
 @pytest.mark.parametrize("algorithm", ["first_fit_decreasing", "best_fit"])

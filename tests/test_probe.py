@@ -24,7 +24,7 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
-from beam_jax._src.core import probe
+from beam_jax._src import probe
 from beam_jax._src.engine import worker
 from beam_jax.jobs import LocalPlatform, local_platform
 from tests.beam_helpers import pipeline, run
@@ -94,6 +94,17 @@ def test_open_backends_answer_first():
     )
 
 
+def test_asking_the_local_platform_writes_nothing(monkeypatch):
+    for name in (probe._HOST_BUFFER, probe._HOST_BUFFER_THRESHOLD):
+        monkeypatch.delenv(name, raising=False)
+    before = dict(os.environ)
+    jax.devices()
+    assert local_platform().opened  # from the open backends
+    monkeypatch.setattr(probe, "backends_opened", lambda: False)  # as if none were open
+    assert local_platform().opened  # opened here
+    assert dict(os.environ) == before
+
+
 def test_a_local_platform_is_validated():
     with pytest.raises(ValueError, match="got 'cuda'.*JAX names CUDA and ROCm devices 'gpu'"):
         LocalPlatform("cuda", 1, "H100", opened=False)
@@ -108,7 +119,7 @@ _LAUNCH = textwrap.dedent(
     import jax.numpy as jnp
     from jax._src import xla_bridge
 
-    from beam_jax._src.core import probe
+    from beam_jax._src import probe
     from beam_jax.jobs import LocalPlatform
     from beam_jax.text import Tokenizer
     from pipelines.embed import job

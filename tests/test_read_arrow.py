@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import beam_jax as bj
-from beam_jax._src.arrow.io import _ReadRowGroup, carry_origin, file_rows, row_origin
+from beam_jax._src.arrow.io import _ReadRowGroup
+from beam_jax._src.arrow.origin import carry_origin, file_rows, row_origin
 from beam_jax.internal import origin_of, with_origin
 from tests.beam_helpers import pipeline, run
 

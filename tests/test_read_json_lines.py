@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import beam_jax as bj
-from beam_jax._src.arrow.io import origin_of
 from beam_jax._src.arrow.json_lines import BadLine, LineBatch, infer_schema, read_json_lines
+from beam_jax._src.arrow.origin import origin_of
 from tests.beam_helpers import pipeline, run
 
 SCHEMA = pa.schema([("id", pa.int64()), ("text", pa.string())])

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 
 import apache_beam as beam
-import jax
 import numpy as np
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
+from beam_jax._src.engine import batching
 from beam_jax.testing import assert_conserved
 from tests.beam_helpers import pipeline, run
 
@@ -22,13 +22,13 @@ def _total(params, element, lengths):
 
 
 def test_the_wait_for_each_batchs_results_is_summed_over_the_batches(monkeypatch):
-    fetch = jax.device_get
+    fetch = batching.fetch_on_cpu
 
     def slow_device(outputs):  # as a device still running the batch when it is fetched
         time.sleep(DEVICE_S)
         return fetch(outputs)
 
-    monkeypatch.setattr(jax, "device_get", slow_device)
+    monkeypatch.setattr(batching, "fetch_on_cpu", slow_device)
     values = [{"x": np.full((3,), i, np.float32)} for i in range(20)]
     p = pipeline()
     results = (

@@ -27,7 +27,7 @@ from apache_beam.testing.util import assert_that
 
 import beam_jax as bj
 from beam_jax import text
-from beam_jax.internal import PackPlan
+from beam_jax.internal import Packer
 from beam_jax.text import SentenceEncoder
 from tests.beam_helpers import pipeline
 from tests.tiny_bert import VOCAB, sample_texts, write_tiny_bert
@@ -167,7 +167,7 @@ def embed_padded(encoder, params, ids_list, length=PAD_TO, seed=0):
 
 
 def embed_packed(encoder, params, ids_list, row_length=PAD_TO):
-    plan = PackPlan(
+    plan = Packer(
         encoder.spec, bj.Packing(row_lengths=row_length, rows_per_batch=8, max_segments=8)
     )
     result = plan.pack([{"input_ids": ids} for ids in ids_list])

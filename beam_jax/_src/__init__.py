@@ -1,3 +1,3 @@
-"""beam_jax's implementation, in layers (core < arrow, kernel < engine < transforms <
-inference; cli on top). Private: import from ``beam_jax``, ``beam_jax.internal`` or
-``beam_jax.testing``; these module paths may change without notice."""
+"""beam_jax's implementation, in layers: compat < bucketing < core < arrow, kernel, text <
+engine < transforms < inference, jobs < cli, and beside them modules every layer may use
+(errors, files, cores, ragged, probe). Private: import from ``beam_jax`` and its faces."""

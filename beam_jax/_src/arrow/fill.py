@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from beam_jax._src.arrow.decode import DecodedBatch
 from beam_jax._src.bucketing.rule import Bucket
-from beam_jax._src.core.packed_plan import PackedPlan, PackedRows
+from beam_jax._src.core.packed_batch import PackedBatch
+from beam_jax._src.core.packed_plan import PackedPlan
 from beam_jax._src.core.plan import PaddedBatch, Plan, aligned_full
 from beam_jax._src.ragged import ragged_index
 
@@ -33,9 +34,9 @@ class BucketFill:
 
     Rows of a ragged leaf whose padded row holds at least ``row_copy_values`` values are
     copied row by row, their real values only, and only the steps the buffer's previous
-    batch left beyond a row's length are re-padded. For long rows this moves about a fifth
-    less memory than gathering whole padded rows and then masking their padding; below a
-    few KB per row, Python's per-row work costs more than it saves.
+    batch left beyond a row's length are re-padded. For long rows this moves less memory
+    than gathering whole padded rows and then masking their padding; for short ones,
+    Python's per-row work costs more than it saves.
 
     Args:
         plan: the batching plan.
@@ -62,9 +63,10 @@ class BucketFill:
         # not an Arrow take per add), else Arrow arrays; one Arrow array when asked for.
         self.ids: list[pa.Array | np.ndarray] = []
         self._id_type: pa.DataType | None = None
-        # Per row, the file it was read from and its row there (None and -1: not known).
-        self._files = np.full(capacity, None, object)
-        self._file_rows = np.full(capacity, -1, np.int64)
+        # Per row, its record batch (an index into ``_describe``) and its row there.
+        self._describe: list[Callable[[Any, int], Any] | None] = []
+        self._batch = np.zeros(capacity, np.int64)
+        self._rows = np.zeros(capacity, np.int64)
         self.size = 0
         self.slot: Any = None  # set by the front end: the window this batch belongs to
 
@@ -88,11 +90,11 @@ class BucketFill:
         self,
         decoded: DecodedBatch,
         rows: np.ndarray,
-        origin: tuple[str | None, Any] = (None, None),
+        describe: Callable[[Any, int], Any] | None = None,
     ) -> None:
         """Copy ``rows`` of ``decoded`` (at most ``free``) into the next batch rows;
-        ``origin`` is the batch's file and where its rows are in it (``row_origin``: the
-        file row of its first row, or of each row), when known.
+        ``describe(key, row)`` makes a row's dead-letter source from its id and its row in
+        ``decoded`` (``source``), as ``ColumnRecords``' does.
 
         Short rows: one ``take`` per leaf writes the rows' whole padded block straight from
         the Arrow values (padding positions read whatever follows the row, clipped to the
@@ -122,14 +124,10 @@ class BucketFill:
                     _gather_rows(block, leaf, start, steps, per_row, spec.pad_value, ragged=True)
             self._dirty[j][at : at + k] = steps
         self.lengths[at : at + k] = lengths
-        path, rows_at = origin
-        self._files[at : at + k] = path
-        if rows_at is None:
-            self._file_rows[at : at + k] = -1
-        elif isinstance(rows_at, np.ndarray):  # each row's own (rows were dropped before)
-            self._file_rows[at : at + k] = rows_at[rows]
-        else:
-            self._file_rows[at : at + k] = rows_at + np.asarray(rows)
+        if not self._describe or self._describe[-1] is not describe:
+            self._describe.append(describe)
+        self._batch[at : at + k] = len(self._describe) - 1
+        self._rows[at : at + k] = rows
         if decoded.ids is not None:
             self.ids.append(decoded.ids_of(rows))
             self._id_type = decoded.ids.type
@@ -166,12 +164,22 @@ class BucketFill:
     def reset(self) -> None:
         """Empty the batch, keeping the buffers for the next one."""
         self.ids = []
+        self._describe = []
         self.size = 0
 
-    def origin(self, row: int) -> tuple[str | None, int | None]:
-        """``(file, row in that file)`` of filled row ``row``, where known."""
-        file_row = int(self._file_rows[row])
-        return self._files[row], None if file_row < 0 else file_row
+    def source(self, row: int) -> Any:
+        """Filled row ``row``'s dead-letter source (``None`` without ``add``'s ``describe``)."""
+        describe = self._describe[int(self._batch[row])]
+        ids = self.id_column()
+        key = None if ids is None else ids[row].as_py()
+        return None if describe is None else describe(key, int(self._rows[row]))
+
+    def id_array(self, rows: np.ndarray) -> pa.Array | None:
+        """The ids of filled rows ``rows`` (``None`` without an id column)."""
+        ids = self.id_column()
+        if ids is None or (len(rows) == len(ids) and (rows == np.arange(len(ids))).all()):
+            return ids
+        return ids.take(pa.array(rows))
 
     def id_column(self) -> pa.Array | None:
         """The ids of the filled rows (``None`` without an id column)."""
@@ -245,6 +253,7 @@ class ColumnRecords:
         rows: ``int64[records]``: each record's row in its record batch.
         batch: ``int64[records]``: each record's record batch, an index into ``describe``.
         describe: per record batch, ``describe(key, row)``: a record's dead-letter source.
+        id_type: the Arrow type of the ids (``id_array``'s).
     """
 
     def __init__(
@@ -257,6 +266,7 @@ class ColumnRecords:
         rows: np.ndarray,
         batch: np.ndarray,
         describe: Sequence[Callable[[Any, int], Any]],
+        id_type: pa.DataType | None = None,
     ):
         self.values = tuple(values)
         self.starts = tuple(starts)
@@ -266,6 +276,7 @@ class ColumnRecords:
         self.rows = rows
         self.batch = batch
         self.describe = list(describe)
+        self.id_type = id_type
 
     @classmethod
     def from_decoded(
@@ -290,6 +301,7 @@ class ColumnRecords:
             np.asarray(rows, np.int64),
             np.zeros(len(rows), np.int64),
             [describe],
+            None if decoded.ids is None else decoded.ids.type,
         )
 
     def __len__(self) -> int:
@@ -304,7 +316,7 @@ class ColumnRecords:
             keys = keys.take(pa.array(index))
         return ColumnRecords(
             self.values, [s[index] for s in self.starts], self.sizes, self.lengths[index],
-            keys, self.rows[index], self.batch[index], self.describe,
+            keys, self.rows[index], self.batch[index], self.describe, self.id_type,
         )  # fmt: skip
 
     @staticmethod
@@ -339,7 +351,7 @@ class ColumnRecords:
         return ColumnRecords(
             values, starts, parts[0].sizes, np.concatenate([p.lengths for p in parts]), keys,
             np.concatenate([p.rows for p in parts]), batch.reshape(-1).astype(np.int64),
-            [describe[i] for i in used.tolist()],
+            [describe[i] for i in used.tolist()], parts[0].id_type,
         )  # fmt: skip
 
     def key(self, i: int) -> Any:
@@ -348,10 +360,12 @@ class ColumnRecords:
             return None
         return self.keys[i].item() if isinstance(self.keys, np.ndarray) else self.keys[i].as_py()
 
-    def id_array(self, index: np.ndarray, type: pa.DataType) -> pa.Array:
-        """The ids of records ``index``, as an Arrow array of ``type``."""
+    def id_array(self, index: np.ndarray) -> pa.Array | None:
+        """The ids of records ``index``, as an Arrow array (``None`` without ids)."""
+        if self.keys is None:
+            return None
         if isinstance(self.keys, np.ndarray):
-            return pa.array(self.keys[index], type=type)
+            return pa.array(self.keys[index], type=self.id_type)
         return self.keys.take(pa.array(np.asarray(index, np.int64)))
 
     def source(self, i: int) -> Any:
@@ -383,7 +397,9 @@ class ColumnRecords:
         flat = starts[:, None] + np.arange(size, dtype=np.int64)[None, :]
         return self.values[j][flat].reshape(len(index), *shape)
 
-    def lay_out(self, plan: PackedPlan, index: np.ndarray | None, rows, row_length: int):
+    def lay_out(
+        self, plan: PackedPlan, index: np.ndarray | None, rows, row_length: int
+    ) -> PackedBatch:
         """Records ``index`` (all by default) as one packed batch, in the batch rows given."""
         chosen = self if index is None else self.take(index)
-        return PackedRows(plan.pack_plan.lay_out(chosen, rows, row_length, chosen.lengths))
+        return plan.packer.lay_out(chosen, rows, row_length, chosen.lengths)

@@ -4,6 +4,7 @@ carries them."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import glob
 import itertools
@@ -12,12 +13,12 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from beam_jax._src.arrow import coder  # noqa: F401 - registers ArrowCoder for record batches
 from beam_jax._src.arrow.ahead import WorkAhead
 from beam_jax._src.arrow.json_lines import (
     BadLine,
@@ -28,62 +29,9 @@ from beam_jax._src.arrow.json_lines import (
     open_stream,
     read_json_lines,
 )
+from beam_jax._src.arrow.origin import stamp_origin
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, METRICS_NAMESPACE, FailedElement, Stage
 from beam_jax._src.errors import InputFileError, InputLineError, SpecError
-
-# Record batches carry where they were read from in their schema metadata, so a row's
-# dead letter can say: the file and row group (for the echo), the file, and the file row of
-# the batch's first row.
-SOURCE_KEY = b"beam_jax.source"
-FILE_KEY = b"beam_jax.file"
-FIRST_ROW_KEY = b"beam_jax.first_row"
-ROW_COLUMN = "beam_jax.row"
-"""The column of each row's file row in a batch whose rows are not consecutive rows of its
-file (rows were dropped on the way, e.g. by the tokenize step); its metadata names the
-file but no first row."""
-
-
-class ArrowCoder(beam.coders.Coder):
-    """Encodes ``pyarrow.Table`` and ``RecordBatch`` as Arrow IPC streams.
-
-    Registered for both types when ``beam_jax`` is imported. Beam samples the encoded size
-    of elements for its metrics; with the default pickle coder that re-serialises whole
-    tables (hundreds of MB per run), while this coder reports ``nbytes`` without encoding.
-    """
-
-    _TABLE, _BATCH = b"T", b"B"
-
-    def encode(self, value) -> bytes:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, value.schema) as writer:
-            writer.write(value)
-        kind = self._TABLE if isinstance(value, pa.Table) else self._BATCH
-        return kind + sink.getvalue().to_pybytes()
-
-    def decode(self, encoded: bytes):
-        reader = pa.ipc.open_stream(pa.py_buffer(encoded)[1:])
-        if encoded[:1] == self._TABLE:
-            return reader.read_all()
-        return reader.read_next_batch()
-
-    def estimate_size(self, value) -> int:
-        return int(value.nbytes)
-
-    def is_deterministic(self) -> bool:
-        return False
-
-    def to_type_hint(self):
-        return pa.Table | pa.RecordBatch
-
-    def __eq__(self, other):
-        return type(self) is type(other)
-
-    def __hash__(self):
-        return hash(type(self))
-
-
-beam.coders.registry.register_coder(pa.Table, ArrowCoder)
-beam.coders.registry.register_coder(pa.RecordBatch, ArrowCoder)
 
 
 class _ListRowGroups(beam.DoFn):
@@ -285,7 +233,7 @@ class _ReadRowGroup(beam.DoFn):
         if len(groups) > 1:
             table = table.combine_chunks()  # one chunk: batches span the row groups
         for batch in _to_batches(table, self._max_rows):
-            yield _with_origin(batch, path, f"{path} ({_groups_name(groups)})", first)
+            yield stamp_origin(batch, path, f"{path} ({_groups_name(groups)})", first)
             first += batch.num_rows
 
 
@@ -329,7 +277,7 @@ class _ReadJsonLines(beam.DoFn):
             ):
                 if isinstance(item, LineBatch):
                     source = f"{path} (line {item.first_line})"
-                    yield _with_origin(item.batch, path, source, item.first_line)
+                    yield stamp_origin(item.batch, path, source, item.first_line)
                 else:
                     yield self._bad_line(path, item)
         except FileCut as cut:
@@ -350,85 +298,6 @@ class _ReadJsonLines(beam.DoFn):
         return _unreadable(
             error, self._handle_errors, "lines_failed", path, text, row=bad.line, key=bad.key
         )
-
-
-def _with_origin(batch: pa.RecordBatch, path: str, source: str, first: int) -> pa.RecordBatch:
-    origin = {
-        SOURCE_KEY: source.encode(),
-        FILE_KEY: path.encode(),
-        FIRST_ROW_KEY: str(first).encode(),
-    }
-    return batch.replace_schema_metadata({**(batch.schema.metadata or {}), **origin})
-
-
-def with_origin(batch: pa.RecordBatch, path: str, first_row: int) -> pa.RecordBatch:
-    """``batch`` saying it holds rows ``first_row, first_row + 1, ...`` of ``path``, as
-    ``ReadArrowBatches``' batches do (:func:`origin_of` reads it back), for batches made
-    another way whose rows' dead letters should name where they came from."""
-    return _with_origin(batch, path, path, first_row)
-
-
-def source_of(batch: pa.RecordBatch) -> str | None:
-    """The file (and row group) ``ReadArrowBatches`` read ``batch`` from, if it did."""
-    value = (batch.schema.metadata or {}).get(SOURCE_KEY)
-    return None if value is None else value.decode()
-
-
-def origin_of(batch: pa.RecordBatch) -> tuple[str | None, int | None]:
-    """``(file, file row of the batch's first row)`` when ``ReadArrowBatches`` read
-    ``batch``, else ``(None, None)``."""
-    meta = batch.schema.metadata or {}
-    path, first = meta.get(FILE_KEY), meta.get(FIRST_ROW_KEY)
-    return (
-        None if path is None else path.decode(),
-        None if first is None else int(first.decode()),
-    )
-
-
-def row_origin(batch: pa.RecordBatch) -> tuple[str | None, int | np.ndarray | None]:
-    """``(file, at)``: ``at`` is the file row of the batch's first row (an ``int``: its rows
-    are consecutive), each row's file row (an ``int64`` array: the batch's ``ROW_COLUMN``),
-    or ``None`` when not known; ``(None, None)`` for a batch that says no file.
-    :func:`file_rows` reads a row's file row from ``at``."""
-    path, first = origin_of(batch)
-    if path is not None and first is None and ROW_COLUMN in batch.schema.names:
-        column = batch.column(ROW_COLUMN)
-        return path, column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    return path, first
-
-
-def file_rows(at: int | np.ndarray | None, rows: Any) -> Any:
-    """The file rows of batch rows ``rows`` (an int or an int array), ``at`` being what
-    :func:`row_origin` gave; ``None`` when ``at`` is."""
-    if at is None:
-        return None
-    if isinstance(at, np.ndarray):
-        found = at[rows]
-        return int(found) if np.ndim(found) == 0 else found
-    return at + rows
-
-
-def carry_origin(
-    out: pa.RecordBatch, batch: pa.RecordBatch, rows: np.ndarray | None = None
-) -> pa.RecordBatch:
-    """``out``, whose rows are rows ``rows`` of ``batch`` (all of them, in order, when
-    ``None``), saying where they were read as ``batch`` says: a batch of consecutive rows by
-    its metadata alone, any other by a ``ROW_COLUMN`` of its rows' file rows too (one int
-    per row, no Python object per row). ``out`` as it is where ``batch`` says no file."""
-    path, at = row_origin(batch)
-    if path is None:
-        return out
-    meta = batch.schema.metadata or {}
-    origin = {k: meta[k] for k in (SOURCE_KEY, FILE_KEY) if k in meta}
-    if at is not None and (rows is not None or isinstance(at, np.ndarray)):
-        picked = np.arange(batch.num_rows) if rows is None else np.asarray(rows, np.int64)
-        if ROW_COLUMN in out.schema.names:  # ``out`` taken from ``batch``: its rows' anew
-            out = out.drop_columns([ROW_COLUMN])
-        out = out.append_column(ROW_COLUMN, pa.array(file_rows(at, picked), pa.int64()))
-    elif at is not None:
-        origin[FIRST_ROW_KEY] = str(at).encode()
-    kept = {k: v for k, v in (out.schema.metadata or {}).items() if k != FIRST_ROW_KEY}
-    return out.replace_schema_metadata({**kept, **origin})
 
 
 def _unreadable(
@@ -568,8 +437,7 @@ class ReadArrowBatches(beam.PTransform):
         pair; dead letters are ``FailedElement`` records whose ``source`` is the file's
         path.
         """
-        clone = type(self).__new__(type(self))
-        clone.__dict__.update(self.__dict__)
+        clone = copy.copy(self)
         clone._handle_errors = True
         return clone
 

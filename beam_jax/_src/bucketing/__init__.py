@@ -1,13 +1,13 @@
-"""Bucketing policy, in one home: pure numpy, no compiler, no Beam.
+"""How batches are shaped, bucketing or packing, in one home: pure numpy, no compiler, no Beam.
 
 - ``rule.py``: which bucket an element goes to (``boundary_index``/``bucket_index``), the
   one rule every path uses, and the default boundaries and batch sizes;
 - ``buckets.py``: ``Bucketing``, the configuration (boundaries, batch sizes, oversize);
 - ``boundaries.py``: ``plan_boundaries``, boundaries that minimise padding for a budget;
-- ``bucket_plan.py``: ``plan_bucketing``, boundaries and batch sizes together;
-- ``fit.py``: ``FitToMemory`` and ``search_limits``, batch sizes fitted to analysed bytes.
+- ``bucketing_choice.py``: ``plan_bucketing``, boundaries and batch sizes together;
+- ``fit.py``: ``FitToMemory`` and ``search_limits``, batch sizes fitted to analysed bytes;
+- ``packing.py``: ``Packing``, the policy, and the placement of records in rows;
+- ``packing_choice.py``: ``plan_packing`` and ``simulate_packing``, from a sample.
 
-A policy that shapes batches differently (e.g. packing several short records into one row)
-is a module beside these, using ``rule.py``'s assignment; the plan (``core/plan.py``) turns
-the chosen ``Bucketing`` into the compile set.
+The plans (``core/``) turn the chosen configuration into the compile set.
 """

@@ -4,8 +4,8 @@ Bucketing pads every record to its bucket's boundary; packing instead lays recor
 end along their one ragged axis in rows of a fixed length, so a row holds several records
 (segments) and little padding. ``Packing`` is the policy; ``assign_rows`` places one
 buffer's records in rows from their lengths alone, and ``batch_rows`` groups the rows into
-batches of the listed sizes. Both are shared by the packer (``packed_batch.PackPlan``) and
-the planner (``packing_plan``), so what the planner predicts is what the packer does.
+batches of the listed sizes. Both are shared by the packer (``packed_batch.Packer``) and
+the planner (``packing_choice``), so what the planner predicts is what the packer does.
 
 Example:
     >>> a = assign_rows([5, 3, 2], Packing(row_lengths=8, rows_per_batch=2))
@@ -28,9 +28,6 @@ from beam_jax._src.ragged import ragged_index
 
 Algorithm = Literal["first_fit_decreasing", "best_fit"]
 ALGORITHMS = ("first_fit_decreasing", "best_fit")
-# First fit by blocks of rows (``_first_fit_by_block``) from this many records per distinct
-# length; below it, a step per run (``_first_fit``) costs less: measured, bench/RESULTS.md.
-_RECORDS_PER_GROUP = 6
 
 
 def _positive_ints(name: str, value: Any) -> tuple[int, ...]:
@@ -166,171 +163,28 @@ class Assignment:
     refused: np.ndarray
 
 
-class _Rows:
-    """The rows of one buffer and the runs placed in them, for ``_first_fit`` and
-    ``_best_fit``: per row its room, records and used slots; per run ``(row, records, first
-    segment, first slot)``. Plain Python lists: numpy scalar indexing costs several times
-    more per step.
-    """
-
-    __slots__ = (
-        "counts",
-        "max_segments",
-        "room",
-        "run_row",
-        "run_segment",
-        "run_slot",
-        "run_take",
-        "used",
-    )
-
-    def __init__(self, max_segments: int):
-        self.max_segments = max_segments
-        self.room: list[int] = []
-        self.counts: list[int] = []
-        self.used: list[int] = []
-        self.run_row: list[int] = []
-        self.run_take: list[int] = []
-        self.run_segment: list[int] = []
-        self.run_slot: list[int] = []
-
-    @property
-    def runs(self) -> tuple[list[int], list[int], list[int], list[int]]:
-        return self.run_row, self.run_take, self.run_segment, self.run_slot
-
-    def open(self, capacity: int) -> int:
-        """A new empty row of ``capacity`` slots; returns its index."""
-        self.room.append(capacity)
-        self.counts.append(0)
-        self.used.append(0)
-        return len(self.room) - 1
-
-    def place(self, r: int, need: int, left: int) -> int:
-        """Puts as many of ``left`` records of length ``need`` in row ``r`` as its room and
-        segments allow, as one run; returns how many."""
-        counts, used, room = self.counts, self.used, self.room
-        count = counts[r]
-        slots = self.max_segments - count
-        take = min(left, slots if need == 0 else min(room[r] // need, slots))
-        self.run_row.append(r)
-        self.run_take.append(take)
-        self.run_segment.append(count)
-        self.run_slot.append(used[r])
-        room[r] -= take * need
-        used[r] += take * need
-        counts[r] = count + take
-        return take
-
-    def has_segments(self, r: int) -> bool:
-        return self.counts[r] < self.max_segments
-
-
-def _first_fit(groups, max_segments, most) -> _Rows:
-    """Runs by first fit: a max-tree over the rows' room finds the first row with room.
-
-    Records of one length go to the first row with room, which keeps taking them until it
-    is full or out of segments; then the next such row; the rest open rows of their own:
-    so a group's records are placed as one run per row, the tree searched once per run, not
-    per record. Once no row has room for a length, its remaining records open their rows
-    all at once (each as full as the first, the last with the rest), and the tree learns
-    their room level by level. ``groups`` holds ``(length, count, row length)`` per
-    length, longest first, and ``most`` bounds the rows (the records). The loop is inlined
-    (no ``_Rows`` method calls): it runs once per run, about once per record.
-    """
-    size = 1 << max(1, most.bit_length())
-    tree = [-1] * (2 * size)  # room per row; -1: no row, or a full one
-    rows = _Rows(max_segments)
-    room, counts, used = rows.room, rows.counts, rows.used
-    run_row, run_take, run_segment, run_slot = rows.runs
-    for need, left, capacity in groups:
-        per_row = max_segments if need == 0 else min(capacity // need, max_segments)
-        while left:
-            if tree[1] < need and left > 8 * per_row:  # no room, and many rows to open
-                first, k = len(room), -(-left // per_row)
-                takes = [per_row] * k
-                takes[-1] = left - per_row * (k - 1)
-                filled = [take * need for take in takes]
-                run_row.extend(range(first, first + k))
-                run_take.extend(takes)
-                run_segment.extend([0] * k)
-                run_slot.extend([0] * k)
-                counts.extend(takes)
-                used.extend(filled)
-                room.extend(capacity - f for f in filled)
-                lo = first + size
-                tree[lo : lo + k] = [
-                    capacity - f if take < max_segments else -1
-                    for take, f in zip(takes, filled, strict=True)
-                ]
-                lo, hi = lo >> 1, (lo + k - 1) >> 1
-                while lo:  # the new leaves' ancestors, level by level
-                    for node in range(lo, hi + 1):
-                        a, b = tree[2 * node], tree[2 * node + 1]
-                        tree[node] = a if a > b else b
-                    lo, hi = lo >> 1, hi >> 1
-                break
-            if tree[1] < need:  # one new row holds the rest
-                node = len(room) + size
-                room.append(capacity)
-                counts.append(0)
-                used.append(0)
-            else:
-                node = 1
-                while node < size:
-                    node <<= 1
-                    if tree[node] < need:
-                        node += 1
-            r = node - size
-            count = counts[r]
-            take = max_segments - count
-            if need and room[r] // need < take:
-                take = room[r] // need
-            if left < take:
-                take = left
-            run_row.append(r)
-            run_take.append(take)
-            run_segment.append(count)
-            run_slot.append(used[r])
-            room[r] -= take * need
-            used[r] += take * need
-            counts[r] = count + take
-            left -= take
-            tree[node] = room[r] if count + take < max_segments else -1
-            node >>= 1
-            while node:
-                a, b = tree[2 * node], tree[2 * node + 1]
-                top = a if a > b else b
-                if tree[node] == top:
-                    break  # the ancestors' maxima are unchanged too
-                tree[node] = top
-                node >>= 1
-    return rows
-
-
 @dataclasses.dataclass(frozen=True)
 class _Placed:
-    """What ``_first_fit_by_block`` placed: the runs (as ``_Rows.runs``) and, per row, its
-    records and used slots."""
+    """What a placement gave: per run (records of one length placed together in one row)
+    its row, records, first segment and first slot; per row its records and used slots."""
 
-    runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-    counts: np.ndarray
-    used: np.ndarray
+    runs: tuple[Sequence[int], Sequence[int], Sequence[int], Sequence[int]]
+    counts: Sequence[int]
+    used: Sequence[int]
 
 
-def _first_fit_by_block(groups, max_segments, most) -> _Placed:
-    """``_first_fit``'s placement, with rows of the same state kept together as blocks.
+def _first_fit(groups, max_segments) -> _Placed:
+    """Runs by first fit: each record, longest first, into the first row with room for it.
 
-    Rows opened for one length start alike (each as full as the first, the last with the
-    rest), and first fit then treats rows alike alike: a length's records fill every row
-    with room for one, in row order, each taking as many as its room and segments allow,
-    until the length's count runs out inside one row. So the rows are held as blocks of
-    consecutive rows in one state (room, records, used slots), split only where a length's
-    count runs out; a length costs a step per block with room for it, not per row. Blocks
-    with room are found by room (a sorted list of the room values held, a list of blocks
-    per value), and placed in row order. The flagship's buffers of 8,192 records (204
-    lengths) come to about 385 blocks against 3,300 rows. ``most`` is unused.
+    A length's records fill every row with room for one, in row order, each taking as many
+    as its room and segments allow, until the length's count runs out inside one row; the
+    rest open rows of their own, each as full as the first, the last with the rest. So rows
+    in the same state (room, records, used slots) are held together as blocks of
+    consecutive rows, split only where a length's count runs out, and a length costs a step
+    per block with room for it, not per row or record. Blocks with room are found by room
+    (a sorted list of the room values held, a list of blocks per value), and placed in row
+    order.
     """
-    del most
     blocks: dict[int, tuple[int, int, int, int]] = {}  # first row -> (rows, room, held, used)
     by_room: dict[int, list[int]] = {}  # room -> the first rows of the blocks with it
     rooms: list[int] = []  # the keys of by_room, sorted
@@ -407,17 +261,20 @@ def _first_fit_by_block(groups, max_segments, most) -> _Placed:
     return _Placed(columns, counts, used)
 
 
-def _best_fit(groups, max_segments, most) -> _Rows:
+def _best_fit(groups, max_segments) -> _Placed:
     """Runs by best fit: the open row with the least room that still holds the record.
 
     That row stays the least roomy that holds one until it is spent, so, as in
     ``_first_fit``, a group's records are placed as one run per row. The open rows are kept
     by room (a heap of row indices per room value, the first row among equals first), and
     the room values held in a short sorted list: rooms are at most the longest row, so a
-    search and an update cost the same however many rows are open.
+    search and an update cost the same however many rows are open. Plain Python lists:
+    numpy scalar indexing costs several times more per step.
     """
-    del most
-    rows = _Rows(max_segments)
+    room: list[int] = []  # per row
+    counts: list[int] = []
+    used: list[int] = []
+    runs: tuple[list[int], ...] = ([], [], [], [])  # row, records, first segment, first slot
     by_room: dict[int, list[int]] = {}  # room -> heap of the open rows with that room
     rooms: list[int] = []  # the keys of by_room, sorted
     for need, left, capacity in groups:
@@ -428,18 +285,27 @@ def _best_fit(groups, max_segments, most) -> _Rows:
                 r = heapq.heappop(heap)
                 if not heap:
                     del by_room[rooms.pop(k)]
-            else:
-                r = rows.open(capacity)
-            left -= rows.place(r, need, left)
-            if rows.has_segments(r):
-                room = rows.room[r]
-                heap = by_room.get(room)
+            else:  # a new row
+                r = len(room)
+                room.append(capacity)
+                counts.append(0)
+                used.append(0)
+            free = max_segments - counts[r]
+            take = min(left, free if need == 0 else min(room[r] // need, free))
+            for run, value in zip(runs, (r, take, counts[r], used[r]), strict=True):
+                run.append(value)
+            room[r] -= take * need
+            used[r] += take * need
+            counts[r] += take
+            left -= take
+            if counts[r] < max_segments:
+                heap = by_room.get(room[r])
                 if heap is None:
-                    by_room[room] = [r]
-                    bisect.insort(rooms, room)
+                    by_room[room[r]] = [r]
+                    bisect.insort(rooms, room[r])
                 else:
                     heapq.heappush(heap, r)
-    return rows
+    return _Placed(runs, counts, used)
 
 
 def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assignment:
@@ -474,7 +340,7 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     n = len(lengths)
     fits = lengths <= packing.max_row_length
     # Longest first; a stable sort keeps equal lengths in input order. Records of one
-    # length are placed together, one run per row they land in (see ``_first_fit``).
+    # length are placed together, one run per row they land in.
     order = np.argsort(-lengths, kind="stable")
     order = order[fits[order]]
     by_length = lengths[order]
@@ -487,13 +353,8 @@ def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assign
     needs = by_length[bounds[:-1]]
     capacities = classes[np.searchsorted(classes, needs, side="left")]
     groups = zip(needs.tolist(), np.diff(bounds).tolist(), capacities.tolist(), strict=True)
-    if packing.algorithm == "best_fit":
-        place = _best_fit
-    elif len(order) >= _RECORDS_PER_GROUP * len(needs):
-        place = _first_fit_by_block  # many records per length: a step per block of rows
-    else:
-        place = _first_fit  # few: a Python step per run beats numpy's cost per call
-    rows = place(groups, packing.max_segments, len(order))
+    place = _best_fit if packing.algorithm == "best_fit" else _first_fit
+    rows = place(groups, packing.max_segments)
     run_row, run_take, run_segment, run_slot = (np.asarray(x, np.int64) for x in rows.runs)
     # The runs cover the records in placement order (``order``): the k-th record of a run
     # is its row's segment ``first + k``, at slot ``first slot + k * length``.

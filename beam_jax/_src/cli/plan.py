@@ -4,9 +4,9 @@ beside them the packed plans (``beam_jax.plan_packing``) for budgets up to 4.
 For budgets 1..K, :func:`plan_budgets` runs the library's planner
 (``beam_jax.plan_boundaries``, an exact dynamic programme) on the column's lengths and
 measures the padding each plan gives. The text table, ``--json`` and ``--plot`` are views
-of the same :class:`BudgetPlan` list. Per-bucket columns come from :data:`BUCKET_COLUMNS`:
-each is a function ``(lengths in the bucket, boundary) -> value``, so a further column
-(e.g. the memory a bucket's batch needs) is one more entry.
+of the same :class:`BucketsForBudget` list. Per-bucket columns come from
+:data:`BUCKET_COLUMNS`: each is a function ``(lengths in the bucket, boundary) -> value``, so
+a further column (e.g. the memory a bucket's batch needs) is one more entry.
 
 Example:
     >>> plans = plan_budgets(np.array([3, 4, 8, 8, 30]), max_buckets=2)
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from beam_jax._src.bucketing.boundaries import boundaries_per_budget
-from beam_jax._src.bucketing.packing_plan import plan_packing
+from beam_jax._src.bucketing.packing_choice import plan_packing
 from beam_jax._src.bucketing.rule import boundary_index
 from beam_jax._src.cli import lengths as lens
 from beam_jax._src.cli import memory as mem
@@ -35,8 +35,8 @@ from beam_jax._src.cli.table import format_table
 
 __all__ = [
     "BUCKET_COLUMNS",
-    "BudgetPlan",
-    "PackedBudgetPlan",
+    "BucketsForBudget",
+    "PackingForBudget",
     "add_parser",
     "main",
     "plan_budgets",
@@ -55,7 +55,7 @@ BUCKET_COLUMNS: dict[str, Callable[[np.ndarray, int], float]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class BudgetPlan:
+class BucketsForBudget:
     """The best boundaries for one budget, and what they give.
 
     Attributes:
@@ -73,8 +73,8 @@ class BudgetPlan:
 
 def plan_budgets(
     lengths: np.ndarray, max_buckets: int = 8, max_size: int | None = None
-) -> list[BudgetPlan]:
-    """A :class:`BudgetPlan` for each budget 1..``max_buckets``.
+) -> list[BucketsForBudget]:
+    """A :class:`BucketsForBudget` for each budget 1..``max_buckets``.
 
     Args:
         lengths: The column's lengths (non-negative ints).
@@ -95,12 +95,13 @@ def plan_budgets(
             row: dict[str, Any] = {"boundary": int(b)}
             row.update({name: f(inside, int(b)) for name, f in BUCKET_COLUMNS.items()})
             buckets.append(row)
-        plans.append(BudgetPlan(k, tuple(bounds), padded / int(lengths.sum()), tuple(buckets)))
+        ratio = padded / int(lengths.sum())
+        plans.append(BucketsForBudget(k, tuple(bounds), ratio, tuple(buckets)))
     return plans
 
 
 @dataclasses.dataclass(frozen=True)
-class PackedBudgetPlan:
+class PackingForBudget:
     """The packed plan for one compile budget (``plan_packing`` on the column).
 
     Attributes:
@@ -124,8 +125,8 @@ def plan_packings(
     max_size: int | None = None,
     buffer_size: int | None = 1024,
     max_rows_per_batch: int = 64,
-) -> list[PackedBudgetPlan]:
-    """A :class:`PackedBudgetPlan` for each budget 1..``max_budget``.
+) -> list[PackingForBudget]:
+    """A :class:`PackingForBudget` for each budget 1..``max_budget``.
 
     Example:
         >>> [p.shapes for p in plan_packings(np.array([3, 4, 8, 8, 30] * 8), 1, 32)]
@@ -146,7 +147,7 @@ def plan_packings(
             length_classes=False,
         )
         out.append(
-            PackedBudgetPlan(
+            PackingForBudget(
                 k,
                 tuple((int(n), int(s)) for n, s in chosen.packing.shapes()),
                 float(chosen.padding_ratio),
@@ -234,7 +235,9 @@ def _over_max_size(lengths: np.ndarray, max_size: int | None) -> int:
     return 0 if max_size is None else int((np.asarray(lengths) > max_size).sum())
 
 
-def plot_plan(lengths: np.ndarray, plans: Sequence[BudgetPlan], path: str, *, title: str = ""):
+def plot_plan(
+    lengths: np.ndarray, plans: Sequence[BucketsForBudget], path: str, *, title: str = ""
+):
     """Draws the length histogram with the largest budget's boundaries (one dashed line
     each), and padding versus number of buckets; saves a PNG to ``path``.
 

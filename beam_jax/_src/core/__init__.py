@@ -1,5 +1,4 @@
-"""The pure numpy layer: specs, buckets, boundary planning, validation, the plan, outputs.
-
-Nothing here imports JAX's compiler or Beam, so it tests in milliseconds. Users reach these
-pieces through ``beam_jax`` (the common ones) and ``beam_jax.internal`` (the rest).
+"""Specs and their validation, the plans (``Plan``, ``PackedPlan``) and their batches
+(``PaddedBatch``; ``PackedBatch``, laid out by the ``Packer``), the output contract, dead
+letters and the tree codec: numpy, no compiler, no Beam, so it tests in milliseconds.
 """

@@ -1,4 +1,4 @@
-"""The validation errors, worded once for both validators (one element, or Arrow columns).
+"""The validation errors, worded once for the three validators (an element, a batch, columns).
 
 Each builder takes ``where``: the place in the element the check failed, e.g.
 ``"at ['x']"`` for a pytree leaf or ``"row 3 (id 7), column 'x'"`` for a columnar row, and

@@ -5,7 +5,7 @@ end along their one ragged axis in rows of a fixed length, so a row holds severa
 (segments) and little padding. The kernel receives each packed row with the segment id of
 every slot (0 on empty slots, 1..S within a row), the position of every slot within its own
 segment, and the number of segments in the row, and returns one output per segment,
-``[rows, max_segments, ...]``; :meth:`PackPlan.unpack` turns those back into one result
+``[rows, max_segments, ...]``; :meth:`Packer.unpack` turns those back into one result
 per record, in input order.
 
 A record longer than the longest row is refused on its own (a dead letter, never a whole
@@ -19,8 +19,8 @@ segments holding the leaf's pad value. A leaf with the ragged axis twice (a pair
 Example:
     >>> import numpy as np
     >>> from beam_jax import ArraySpec, Packing
-    >>> plan = PackPlan(ArraySpec(("L",), np.int32), Packing(row_lengths=8, rows_per_batch=2))
-    >>> result = plan.pack([np.arange(5), np.arange(3), np.arange(2)])
+    >>> packer = Packer(ArraySpec(("L",), np.int32), Packing(row_lengths=8, rows_per_batch=2))
+    >>> result = packer.pack([np.arange(5), np.arange(3), np.arange(2)])
     >>> [b.segment_ids.tolist() for b in result.batches]
     [[[1, 1, 1, 1, 1, 2, 2, 2], [1, 1, 0, 0, 0, 0, 0, 0]]]
 """
@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
 from beam_jax._src.bucketing.packing import Assignment, Packing, assign_rows, batch_rows
@@ -58,34 +59,64 @@ class SegmentInfo(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PackedBatch:
-    """One batch of packed rows, ready for the kernel.
+    """One batch of packed rows, as the kernel runs it: packing's ``PaddedBatch``.
+
+    Its ``bucket``, ``leaves``, ``lengths``, ``num_real``, ``size`` and volumes are what the
+    engine asks of any batch; the rest says where each of its records sits.
 
     Attributes:
         row_length: slots per row.
         size: rows in the batch (the compiled batch dimension), empty rows included.
         max_segments: the kernel's outputs per row.
-        leaves: the packed leaves: ragged ones ``[size, ...row_length...]``, others carried
-            per segment ``[size, max_segments, ...]``.
+        element_leaves: the packed element's leaves: ragged ones ``[size, ...row_length...]``,
+            others carried per segment ``[size, max_segments, ...]``.
         segments: segment ids, positions and counts of the batch (``SegmentInfo``).
         indices: the records in this batch, as indices into the packed buffer, ascending.
         rows: per record of ``indices``, its row in the batch.
         segment: per record of ``indices``, its segment in the row, from 0.
         offsets: per record of ``indices``, its first slot in the row.
-        lengths: per record of ``indices``, its length.
-        num_rows: rows that hold at least one record (the others are empty).
+        record_lengths: per record of ``indices``, its length.
+        num_rows: rows that hold at least one record (the leading ones; the others are empty).
     """
 
     row_length: int
     size: int
     max_segments: int
-    leaves: tuple[np.ndarray, ...]
+    element_leaves: tuple[np.ndarray, ...]
     segments: SegmentInfo
     indices: np.ndarray
     rows: np.ndarray
     segment: np.ndarray
     offsets: np.ndarray
-    lengths: np.ndarray
+    record_lengths: np.ndarray
     num_rows: int
+
+    @property
+    def bucket(self) -> tuple[int]:
+        return (self.row_length,)
+
+    @property
+    def leaves(self) -> tuple[np.ndarray, ...]:
+        """The kernel's flat leaves: the packed element's, then ``SegmentInfo``'s."""
+        return (*self.element_leaves, *self.segments)
+
+    @property
+    def lengths(self) -> dict[str, np.ndarray]:
+        """No per-axis lengths: the segments say where each record is."""
+        return {}
+
+    @property
+    def num_real(self) -> int:
+        """Rows holding a record (the kernel's ``valid`` rows)."""
+        return self.num_rows
+
+    @property
+    def num_records(self) -> int:
+        return len(self.indices)
+
+    def lengths_matrix(self, names: Sequence[str]) -> np.ndarray:
+        """``int[records, 1]``: each record's length along the packed axis."""
+        return self.record_lengths.reshape(-1, 1)
 
     @property
     def segment_ids(self) -> np.ndarray:
@@ -107,7 +138,7 @@ class PackedBatch:
     @property
     def real_volume(self) -> int:
         """Slots holding a record."""
-        return int(self.lengths.sum())
+        return int(self.record_lengths.sum())
 
     @property
     def empty_slots(self) -> int:
@@ -155,32 +186,45 @@ class PackResult:
         return sum(b.empty_rows for b in self.batches)
 
 
-def _map_tree(fn, tree):
-    """``fn`` on every array leaf of a pytree of dicts, lists and tuples (namedtuples too)."""
-    if isinstance(tree, Mapping):
-        return type(tree)((k, _map_tree(fn, v)) for k, v in tree.items())
-    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-        return type(tree)(*(_map_tree(fn, v) for v in tree))
-    if isinstance(tree, list | tuple):
-        return type(tree)(_map_tree(fn, v) for v in tree)
-    return fn(tree)
+def segment_outputs(outputs: Any, batch: PackedBatch) -> Any:
+    """A packed kernel's outputs for ``batch`` (one per segment, every leaf
+    ``[size, max_segments, ...]``) gathered per record of ``batch``: ``[records, ...]``.
+
+    Raises:
+        KernelError: an output leaf does not start with ``[size, max_segments]``.
+    """
+    expected = (batch.size, batch.max_segments)
+    for leaf in jax.tree_util.tree_leaves(outputs):
+        if tuple(np.shape(leaf)[:2]) != expected:
+            raise KernelError(
+                f"a packed kernel returns one output per segment: every leaf needs "
+                f"[rows, max_segments, ...] = [{expected[0]}, {expected[1]}, ...] per batch "
+                f"(per row [max_segments, ...]), got a leaf of shape {np.shape(leaf)}; index "
+                "per-segment results by segment id - 1."
+            )
+    # One index into [rows * max_segments, ...]: np.take copies whole slots, faster
+    # than indexing two axes (0.37 against 0.70 ms per 512-row batch of 8 x 384 floats).
+    slots = batch.rows * batch.max_segments + batch.segment
+    return jax.tree_util.tree_map(
+        lambda leaf: np.take(np.asarray(leaf).reshape(-1, *np.shape(leaf)[2:]), slots, axis=0),
+        outputs,
+    )
 
 
-class PackPlan:
-    """Packing for one element spec: checks the spec once, packs buffers, unpacks outputs.
+class Packer:
+    """Packs records of one element spec into rows, and cuts each record's output back out.
 
-    The counterpart of ``Plan`` for the packing policy: the spec must have exactly one
-    ragged axis name, which becomes the packed axis.
+    The spec must have exactly one ragged axis name, which becomes the packed axis.
 
     Example:
         >>> import numpy as np
         >>> from beam_jax import ArraySpec, Packing
-        >>> plan = PackPlan(ArraySpec(("L",), np.float32), Packing(row_lengths=8, max_segments=2))
-        >>> result = plan.pack([np.full(3, 2.0), np.full(4, 1.0), np.full(6, 5.0)])
+        >>> packer = Packer(ArraySpec(("L",), np.float32), Packing(row_lengths=8, max_segments=2))
+        >>> result = packer.pack([np.full(3, 2.0), np.full(4, 1.0), np.full(6, 5.0)])
         >>> def segment_sums(x, ids):  # the kernel: [rows, max_segments]
         ...     return np.stack([np.bincount(i, w, minlength=3)[1:] for w, i in zip(x, ids)])
         >>> outputs = [segment_sums(b.leaves[0], b.segment_ids) for b in result.batches]
-        >>> sums = [float(v) for v in plan.unpack(result, outputs)]
+        >>> sums = [float(v) for v in packer.unpack(result, outputs)]
         >>> sums
         [6.0, 4.0, 30.0]
 
@@ -483,33 +527,6 @@ class PackPlan:
             segment, offsets, lens, len(members),
         )  # fmt: skip
 
-    def unpack_batch(self, outputs: Any, batch: PackedBatch) -> list[Any]:
-        """One output pytree per record of ``batch`` (in ``batch.indices`` order).
-
-        Args:
-            outputs: the kernel's outputs for the batch: a pytree of arrays, each
-                ``[batch.size, batch.max_segments, ...]``.
-
-        Raises:
-            KernelError: an output leaf does not start with ``[size, max_segments]``.
-        """
-
-        def check(leaf):
-            leaf = np.asarray(leaf)
-            if leaf.shape[:2] != (batch.size, batch.max_segments):
-                raise KernelError(
-                    f"a packed kernel must return one output per segment, shape "
-                    f"[rows, max_segments, ...] = [{batch.size}, {batch.max_segments}, ...], "
-                    f"got an output of shape {leaf.shape}; index outputs by segment id - 1."
-                )
-            return leaf
-
-        outputs = _map_tree(check, outputs)
-        return [
-            _map_tree(lambda leaf, r=r, s=s: np.array(leaf[r, s]), outputs)
-            for r, s in zip(batch.rows, batch.segment, strict=True)
-        ]
-
     def unpack(self, result: PackResult, outputs: Sequence[Any]) -> list[Any]:
         """Per-record outputs in input order; ``None`` for refused records.
 
@@ -523,18 +540,19 @@ class PackPlan:
             )
         out: list[Any] = [None] * result.num_records
         for batch, batch_outputs in zip(result.batches, outputs, strict=True):
-            for i, value in zip(
-                batch.indices, self.unpack_batch(batch_outputs, batch), strict=True
-            ):
-                out[int(i)] = value
+            gathered = segment_outputs(batch_outputs, batch)
+            for k, i in enumerate(batch.indices.tolist()):
+                out[i] = jax.tree_util.tree_map(lambda leaf, k=k: np.array(leaf[k]), gathered)
         return out
 
     def unpack_inputs(self, batch: PackedBatch) -> list[list[np.ndarray]]:
         """The records of ``batch`` cut back out of its packed leaves (``indices`` order)."""
         out = []
-        for r, s, o, n in zip(batch.rows, batch.segment, batch.offsets, batch.lengths, strict=True):
+        for r, s, o, n in zip(
+            batch.rows, batch.segment, batch.offsets, batch.record_lengths, strict=True
+        ):
             leaves = []
-            for leaf, axis in zip(batch.leaves, self.ragged_axis, strict=True):
+            for leaf, axis in zip(batch.element_leaves, self.ragged_axis, strict=True):
                 if axis is None:
                     leaves.append(leaf[r, s])
                 else:

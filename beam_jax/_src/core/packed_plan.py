@@ -1,15 +1,14 @@
-"""The packed counterpart of ``Plan``: what the engine needs to run packed batches (pure numpy).
+"""``PackedPlan``: a worker's plan when a transform packs (pure numpy).
 
-``PackedPlan`` answers the engine's questions the way ``Plan`` does for buckets: the
-element validation, the compile set (one ``((row_length,), rows)`` pair per listed shape),
-batch sizes per row length, the kernel's input structure (the packed element and its
-``SegmentInfo``), and the output check (one output per segment, gathered per record).
-``PackedRows`` is one packed batch as the engine runs it.
+It answers the engine's questions the way ``Plan`` does for buckets: the element
+validation, the compile set (one ``((row_length,), rows)`` pair per listed shape), batch
+sizes per row length, the kernel's input structure (the packed element and its
+``SegmentInfo``), and the output check (one output per segment, gathered per record). Its
+batches are ``PackedBatch``es, laid out by its ``Packer``.
 """
 
 from __future__ import annotations
 
-import bisect
 import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
@@ -20,62 +19,38 @@ import numpy as np
 
 from beam_jax._src.bucketing.packing import Packing
 from beam_jax._src.bucketing.rule import Bucket, round_up
-from beam_jax._src.core.batch_validation import validate_many
-from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
-from beam_jax._src.core.packed_batch import PackedBatch, PackPlan, SegmentInfo
-from beam_jax._src.core.plan import cut_batch_sizes
+from beam_jax._src.core.outputs import BatchOutputs, check_outputs
+from beam_jax._src.core.packed_batch import PackedBatch, Packer, SegmentInfo, segment_outputs
+from beam_jax._src.core.plan import OwnRows, PlanBase, cut_batch_sizes
 from beam_jax._src.core.spec import Layout, as_layout
-from beam_jax._src.core.validation import Validated, Validation, validate
-from beam_jax._src.errors import KernelError, SpecError
+from beam_jax._src.core.validation import Validated, Validation
+from beam_jax._src.errors import SpecError
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class PackedRows:
-    """One packed batch as the engine runs it: the kernel's flat leaves (the packed element's,
-    then ``SegmentInfo``'s), no per-axis lengths, and where each record sits.
+class SharedRows(OwnRows):
+    """Packing's batch rows: a buffer's records share rows (``PackedPlan.row_policy``); its
+    ``row_of`` gives each record's batch row, non-decreasing."""
 
-    Attributes:
-        packed: the ``PackedBatch``; its records are the engine's rows, in order.
-    """
+    shares_rows = True
 
-    packed: PackedBatch
+    def units(self, buffer: Any, rows: np.ndarray | None = None) -> int:
+        chosen = buffer.row_of if rows is None else buffer.row_of[rows]
+        if len(chosen) < 2:
+            return len(chosen)
+        steps = np.diff(chosen)
+        if (steps >= 0).all():  # in row order, as the packer makes them: no sort
+            return 1 + int(np.count_nonzero(steps))
+        return len(np.unique(chosen))
 
-    @property
-    def bucket(self) -> Bucket:
-        return (self.packed.row_length,)
-
-    @property
-    def leaves(self) -> tuple[np.ndarray, ...]:
-        return (*self.packed.leaves, *self.packed.segments)
-
-    @property
-    def lengths(self) -> dict[str, np.ndarray]:
-        return {}
-
-    @property
-    def num_real(self) -> int:
-        """Rows holding a record (the kernel's ``valid`` rows); the others are empty."""
-        return self.packed.num_rows
-
-    @property
-    def size(self) -> int:
-        return self.packed.size
-
-    @property
-    def num_records(self) -> int:
-        return len(self.packed.indices)
-
-    @property
-    def padded_volume(self) -> int:
-        """Slots the kernel runs over, empty slots and empty rows included."""
-        return self.packed.padded_volume
-
-    @property
-    def real_volume(self) -> int:
-        return self.packed.real_volume
+    def take(self, buffer: Any, rows: np.ndarray, limit: int) -> int:
+        chosen = buffer.row_of[rows]
+        new = np.ones(len(chosen), bool)
+        new[1:] = chosen[1:] != chosen[:-1]
+        # A row's records are adjacent: cut after ``limit`` rows (at least one record).
+        return max(1, int(np.searchsorted(np.cumsum(new), limit, side="right")))
 
 
-class PackedPlan:
+class PackedPlan(PlanBase):
     """Everything about packed batches that can be decided before the job starts.
 
     Built by ``make_plan`` when a transform is given ``packing=``; ``shapes()`` lists the
@@ -102,6 +77,9 @@ class PackedPlan:
             ``output_spec`` names an axis.
     """
 
+    row_policy = SharedRows()
+    truncate = False  # a record longer than the longest row is refused
+
     def __init__(
         self,
         spec: Any,
@@ -124,9 +102,9 @@ class PackedPlan:
         }
         self.packing = dataclasses.replace(packing, rows_per_batch=sizes)
         self._spec = spec
-        self.pack_plan = PackPlan(spec, self.packing)
-        self.layout: Layout = self.pack_plan.layout
-        self.axis = self.pack_plan.axis
+        self.packer = Packer(spec, self.packing)
+        self.layout: Layout = self.packer.layout
+        self.axis = self.packer.axis
         self.validation = validation or Validation()
         self.output_layout = None if output_spec is None else as_layout(output_spec)
         if self.output_layout is not None and self.output_layout.axis_names:
@@ -136,7 +114,6 @@ class PackedPlan:
                 "shapes, or use bucketing for per-position outputs."
             )
         self.max_sizes = {self.axis: self.packing.max_row_length}
-        self.truncate = False  # a record longer than the longest row is refused
         self.buckets: tuple[Bucket, ...] = tuple((n,) for n in self.packing.row_lengths)
         element = self.layout.treedef.unflatten([0] * len(self.layout.specs))
         self.kernel_treedef = jax.tree_util.tree_structure((element, SegmentInfo(0, 0, 0, 0)))
@@ -171,20 +148,8 @@ class PackedPlan:
         }
         out = copy.copy(self)
         out.packing = dataclasses.replace(self.packing, rows_per_batch=sizes)
-        out.pack_plan = PackPlan(self._spec, out.packing)
+        out.packer = Packer(self._spec, out.packing)
         return out
-
-    def max_batch(self, bucket: Bucket) -> int:
-        """How many rows fill a batch of row length ``bucket[0]``."""
-        return self.batch_sizes(bucket)[-1]
-
-    def padded_batch_size(self, bucket: Bucket, n: int) -> int:
-        """The smallest listed batch (in rows) holding ``n`` rows."""
-        sizes = self.batch_sizes(bucket)
-        i = bisect.bisect_left(sizes, n)
-        if i == len(sizes):
-            raise SpecError(f"{n} rows exceed the largest batch size {sizes[-1]}.")
-        return sizes[i]
 
     def shapes(self) -> list[tuple[Bucket, int]]:
         """Every ``((row_length,), rows)`` the kernel can see: the complete compile set."""
@@ -195,38 +160,19 @@ class PackedPlan:
         n, m = bucket[0], self.packing.max_segments
         i32 = np.dtype(np.int32)
         segments = [((size, n), i32), ((size, n), i32), ((size,), i32), ((size, m), i32)]
-        return [*self.pack_plan.leaf_shapes(n, size), *segments]
+        return [*self.packer.leaf_shapes(n, size), *segments]
 
     # --- elements and outputs -----------------------------------------------------------
 
-    def validate(self, element: Any) -> Validated:
-        """Validate one element; longer than the longest row is refused (no truncation)."""
-        return validate(
-            self.layout,
-            element,
-            validation=self.validation,
-            max_sizes=self.max_sizes,
-            truncate=False,
-        )
-
-    def validate_many(self, elements: Sequence[Any]) -> list[Validated | Exception]:
-        """``validate`` of each element, checked a batch at once (``validate_many``)."""
-        return validate_many(
-            self.layout,
-            elements,
-            validation=self.validation,
-            max_sizes=self.max_sizes,
-            truncate=False,
-        )
-
-    def lay_out(self, items: Sequence[Validated], rows: Sequence[int], row_length: int):
-        """``items`` as one ``PackedRows`` batch, in the rows given (``PackPlan.lay_out``)."""
-        packed = self.pack_plan.lay_out(
+    def lay_out(
+        self, items: Sequence[Validated], rows: Sequence[int], row_length: int
+    ) -> PackedBatch:
+        """``items`` as one packed batch, in the rows given (``Packer.lay_out``)."""
+        return self.packer.lay_out(
             [it.leaves for it in items], rows, row_length, [it.lengths[0] for it in items]
         )
-        return PackedRows(packed)
 
-    def row_outputs(self, outputs: Any, batch: PackedRows) -> tuple[BatchOutputs, np.ndarray]:
+    def row_outputs(self, outputs: Any, batch: PackedBatch) -> tuple[BatchOutputs, np.ndarray]:
         """The outputs of ``batch`` checked and gathered per record (``[records, ...]``),
         and the records' lengths (``int[records, 1]``).
 
@@ -234,29 +180,6 @@ class PackedPlan:
             KernelError: an output leaf does not start with ``[rows, max_segments]``, or the
                 outputs differ from ``output_spec``.
         """
-        packed = batch.packed
-        expected = (packed.size, packed.max_segments)
-        for leaf in jax.tree_util.tree_leaves(outputs):
-            shape = np.shape(leaf)
-            if tuple(shape[:2]) != expected:
-                raise KernelError(
-                    f"a packed kernel returns one output per segment: every leaf needs "
-                    f"[rows, max_segments, ...] = [{expected[0]}, {expected[1]}, ...] per batch "
-                    f"(per row [max_segments, ...]), got a leaf of shape {shape}; index "
-                    "per-segment results by segment id - 1."
-                )
-        # One index into [rows * max_segments, ...]: np.take copies whole slots, faster
-        # than indexing two axes (0.37 against 0.70 ms per 512-row batch of 8 x 384 floats).
-        slots = packed.rows * packed.max_segments + packed.segment
-        gathered = jax.tree_util.tree_map(
-            lambda leaf: np.take(np.asarray(leaf).reshape(-1, *np.shape(leaf)[2:]), slots, axis=0),
-            outputs,
-        )
-        checked = check_outputs(gathered, len(packed.rows), self.output_layout, ())
-        return checked, packed.lengths.reshape(-1, 1)
-
-    def split_outputs(
-        self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]
-    ) -> list[Any]:
-        """One output pytree for each of ``rows`` (records) of gathered outputs."""
-        return split_rows(outputs, rows, items)
+        gathered = segment_outputs(outputs, batch)
+        checked = check_outputs(gathered, batch.num_records, self.output_layout, ())
+        return checked, batch.lengths_matrix(())

@@ -28,7 +28,7 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """``np.empty`` with the data 64-byte aligned.
 
     XLA:CPU reads an aligned host array in place, so a batch is not copied again on its
-    way to the kernel (measured 0.5 ms per 8 MB batch on CPU; numpy alone aligns to 16).
+    way to the kernel (numpy alone aligns to 16).
     """
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
@@ -50,8 +50,7 @@ def pad_leaf(shape: tuple[int, ...], spec: Any, values: Sequence[np.ndarray]) ->
 
     With at most one ragged axis only the padding is written besides the values (each
     row's tail past its length, then the unused rows), not the whole buffer filled first
-    and then overwritten: ``Plan.pad`` took 0.70x (bucket 512) to 0.95x (bucket 25) the
-    time of fill-then-copy for 40 or 64 float32 elements of (L, 64) on a CPU.
+    and then overwritten: each byte is written once.
     """
     n = len(values)
     ragged = [axis for axis, _ in spec.ragged_axes]
@@ -126,6 +125,22 @@ class PaddedBatch:
         return np.stack([self.lengths[n][: self.num_real] for n in names], axis=1)
 
 
+class OwnRows:
+    """Bucketing's batch rows, ``Plan.row_policy``: each record of a buffer (anything with a
+    ``size``) is one batch row. The engine asks it how many batch rows records take."""
+
+    shares_rows = False
+    """Whether records share a batch row (and so its computation)."""
+
+    def units(self, buffer: Any, rows: np.ndarray | None = None) -> int:
+        """Batch rows that records ``rows`` of ``buffer`` (all by default) take."""
+        return buffer.size if rows is None else len(rows)
+
+    def take(self, buffer: Any, rows: np.ndarray, limit: int) -> int:
+        """How many leading records ``rows`` of ``buffer`` fit in ``limit`` batch rows."""
+        return min(limit, len(rows))
+
+
 def cut_batch_sizes(
     allowed: tuple[int, ...], limit: int | None, one_size: bool, where: str
 ) -> tuple[int, ...]:
@@ -147,7 +162,60 @@ def cut_batch_sizes(
     return (limit,) if one_size else tuple(s for s in allowed if s <= limit)
 
 
-class Plan:
+class PlanBase:
+    """What ``Plan`` and ``PackedPlan`` answer alike, from their ``layout``, ``validation``,
+    ``max_sizes``, ``truncate`` and ``batch_sizes(bucket)``."""
+
+    layout: Layout
+    validation: Validation
+    max_sizes: dict[str, int]
+    truncate: bool
+
+    def batch_sizes(self, bucket: Bucket) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def max_batch(self, bucket: Bucket) -> int:
+        """How many rows fill a batch of ``bucket``."""
+        return self.batch_sizes(bucket)[-1]
+
+    def padded_batch_size(self, bucket: Bucket, n: int) -> int:
+        """The smallest allowed batch dimension holding ``n`` rows."""
+        sizes = self.batch_sizes(bucket)
+        i = bisect.bisect_left(sizes, n)
+        if i == len(sizes):
+            raise SpecError(f"{n} rows exceed the largest batch size {sizes[-1]}.")
+        return sizes[i]
+
+    def validate(self, element: Any) -> Validated:
+        """Validate one element; see ``beam_jax.Validation``."""
+        return validate(
+            self.layout,
+            element,
+            validation=self.validation,
+            max_sizes=self.max_sizes,
+            truncate=self.truncate,
+        )
+
+    def validate_many(self, elements: Sequence[Any]) -> list[Validated | Exception]:
+        """``validate`` of each element, checked a batch at once (``validate_many``): its
+        ``Validated`` or the exception ``validate`` raises for it."""
+        return validate_many(
+            self.layout,
+            elements,
+            validation=self.validation,
+            max_sizes=self.max_sizes,
+            truncate=self.truncate,
+        )
+
+    def split_outputs(
+        self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]
+    ) -> list[Any]:
+        """Checked batch outputs (``row_outputs``) as one pytree for each of ``rows``, whose
+        elements are ``items``: axes named in ``output_spec`` cut to each one's length."""
+        return split_rows(outputs, rows, items)
+
+
+class Plan(PlanBase):
     """Everything about batching that can be decided before the job starts.
 
     Examples:
@@ -166,6 +234,8 @@ class Plan:
         num_devices: batch sizes are rounded up to a multiple of this, so batches shard
             evenly over the worker's devices.
     """
+
+    row_policy = OwnRows()
 
     def __init__(
         self,
@@ -239,18 +309,6 @@ class Plan:
         out._sizes = sizes
         return out
 
-    def max_batch(self, bucket: Bucket) -> int:
-        """How many real elements fill a batch of ``bucket``."""
-        return self._sizes[bucket][-1]
-
-    def padded_batch_size(self, bucket: Bucket, n: int) -> int:
-        """The smallest allowed batch dimension holding ``n`` elements."""
-        sizes = self._sizes[bucket]
-        i = bisect.bisect_left(sizes, n)
-        if i == len(sizes):
-            raise SpecError(f"{n} elements exceed the largest batch size {sizes[-1]}.")
-        return sizes[i]
-
     def records_per_flush(self, bucket: Bucket, limit: int) -> int:
         """Elements that make a cross-bundle buffer of ``bucket`` full: its batch limit."""
         return limit
@@ -263,27 +321,6 @@ class Plan:
         """The padded shape and dtype of every leaf for one batch shape."""
         sizes = dict(zip(self.layout.axis_names, bucket, strict=True))
         return [((size, *s.resolve(sizes)), s.dtype) for s in self.layout.specs]
-
-    def validate(self, element: Any) -> Validated:
-        """Validate one element; see ``beam_jax.Validation``."""
-        return validate(
-            self.layout,
-            element,
-            validation=self.validation,
-            max_sizes=self.max_sizes,
-            truncate=self.bucketing.oversize == "truncate",
-        )
-
-    def validate_many(self, elements: Sequence[Any]) -> list[Validated | Exception]:
-        """``validate`` of each element, checked a batch at once (``validate_many``): its
-        ``Validated`` or the exception ``validate`` raises for it."""
-        return validate_many(
-            self.layout,
-            elements,
-            validation=self.validation,
-            max_sizes=self.max_sizes,
-            truncate=self.bucketing.oversize == "truncate",
-        )
 
     def bucket_indices(self, lengths: np.ndarray) -> np.ndarray:
         """Per row of ``lengths`` (``int[n, num_axes]``), the index of its bucket in
@@ -369,17 +406,3 @@ class Plan:
         """
         checked = self.check_outputs(outputs, batch.size)
         return self.split_outputs(checked, np.arange(len(items)), items)
-
-    def split_outputs(
-        self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]
-    ) -> list[Any]:
-        """Split checked batch outputs into one pytree for each of ``rows``.
-
-        Output axes named in ``output_spec`` are cut to each element's own length.
-
-        Args:
-            outputs: the batch's outputs, from ``check_outputs``.
-            rows: which batch rows to return.
-            items: the validated elements of those rows, in the same order.
-        """
-        return split_rows(outputs, rows, items)

@@ -8,11 +8,14 @@ check, per-batch metrics, and the one failure path. Front ends (``FrontEnd``) su
 what differs: the buffers rows are added to, how a successful batch's outputs become
 results, and how a row is described in a dead letter.
 
-The bisection bound: a batch of ``n`` rows holding ``k`` failing ones costs at most
-``1 + 2 k ceil(log2 n)`` kernel calls. A packed buffer's rows are its records (several to a
-batch row): bisection halves the records and lays each half out again in at most as many
-batch rows of the same length, so the bound holds with ``n`` the batch's records. A packed
-batch whose output check fails (the contract, or non-finite records with
+How a buffer's records fill batch rows is a policy the plan hands the engine
+(``plan.row_policy``): bucketing's ``OwnRows``, one batch row each, or packing's
+``SharedRows``, several records to a row.
+
+The bisection bound: a batch of ``n`` records holding ``k`` failing ones costs at most
+``1 + 2 k ceil(log2 n)`` kernel calls. Packed records are bisected the same way, each half
+laid out again in at most as many batch rows of the same length. Where records share rows,
+a batch whose output check fails (the contract, or non-finite records with
 ``check_outputs_finite``) runs its failing records again apart the same way, since a
 record's row-mates share its row's computation: a failing record among good row-mates
 costs them nothing but one more call each half, within the same bound.
@@ -53,25 +56,6 @@ class Buffer(Protocol):
 
     def padded(self, rows: np.ndarray | None = None) -> PaddedBatch:
         """All rows, or ``rows`` of them, as one padded batch."""
-
-    # A buffer whose rows are not batch rows (a packed buffer: several records to a batch
-    # row) also says how many batch rows its rows take, and how many leading rows fit in a
-    # batch of ``limit`` batch rows: ``units(rows)`` and ``take(rows, limit)``. Without
-    # them, one row is one batch row.
-
-
-def _units(buffer: Buffer, rows: np.ndarray | None = None) -> int:
-    """Batch rows that ``rows`` of ``buffer`` (all by default) take."""
-    units = getattr(buffer, "units", None)
-    if units is not None:
-        return units(rows)
-    return buffer.size if rows is None else len(rows)
-
-
-def _take(buffer: Buffer, rows: np.ndarray, limit: int) -> int:
-    """How many leading ``rows`` of ``buffer`` fit in one batch of ``limit`` batch rows."""
-    take = getattr(buffer, "take", None)
-    return min(limit, len(rows)) if take is None else take(rows, limit)
 
 
 class RowBuffer:
@@ -133,6 +117,10 @@ def check_summed_outputs(plan: Plan, outputs: Any, batch: PaddedBatch) -> tuple[
     return outputs, plan.validation.check_outputs_finite and not all_finite(outputs)
 
 
+def fetch_on_cpu(outputs: Any) -> Any:
+    return jax.tree_util.tree_map(np.asarray, outputs)
+
+
 @dataclasses.dataclass
 class _InFlight:
     buffer: Buffer
@@ -151,8 +139,8 @@ class BatchEngine:
         handle_errors: dead-letter failed rows; otherwise raise the first failure.
         report_compiles: called after each kernel call, to report new compiles.
         max_in_flight: batches dispatched and not yet fetched, at most; default 2 on an
-            accelerator (a batch's results are handed on while the next one runs: 13% of
-            the kernel's time on a TPU v5e at one), 1 on CPUs (whose cores run the kernel).
+            accelerator (a batch's results are handed on while the next one runs), 1 on
+            CPUs (whose cores run the kernel).
     """
 
     def __init__(
@@ -167,13 +155,18 @@ class BatchEngine:
     ):
         self._worker = worker
         self._plan = worker.plan
+        self._rows = worker.plan.row_policy  # how records fill batch rows
         self._metrics = metrics
         self._front = front
         self._handle_errors = handle_errors
         self._report_compiles = report_compiles
+        on_cpu = all(d.platform == "cpu" for d in worker.kernel.devices)
         if max_in_flight is None:
-            on_cpu = all(d.platform == "cpu" for d in worker.kernel.devices)
             max_in_flight = 1 if on_cpu else 2
+        # Outputs to the host: on CPUs ``np.asarray`` waits for each leaf, where
+        # ``jax.device_get``'s early host copies kept the waiting thread busy (about 3 µs
+        # of its CPU per record of a 64-row batch). Elsewhere they overlap the transfers.
+        self._fetch = fetch_on_cpu if on_cpu else jax.device_get
         self._max_in_flight = max_in_flight
         self._buffers: dict[tuple[Bucket, Any], Buffer] = {}
         self._inflight: collections.deque[_InFlight] = collections.deque()
@@ -196,6 +189,20 @@ class BatchEngine:
     def room(self, buffer: Buffer) -> int:
         """How many more rows ``buffer`` takes before its batch is full."""
         return max(0, self._worker.limit(buffer.bucket) - buffer.size)
+
+    def fill(
+        self, bucket: Bucket, slot: Any, count: int, put: Callable[[Buffer, int, int], None]
+    ) -> Iterator[Any]:
+        """Add ``count`` rows of ``bucket`` in ``slot`` a buffer's room at a time:
+        ``put(buffer, start, stop)`` adds rows ``start:stop`` to ``buffer``, and each
+        buffer that fills launches."""
+        start = 0
+        while start < count:
+            buffer = self.buffer(bucket, slot)
+            stop = min(count, start + max(1, self.room(buffer)))  # 0: a lowered limit
+            put(buffer, start, stop)
+            start = stop
+            yield from self.added(buffer)
 
     def added(self, buffer: Buffer) -> Iterator[Any]:
         """Rows were added to ``buffer``: launch its batch if it is full."""
@@ -258,7 +265,7 @@ class BatchEngine:
         """Start ``buffer``'s batch without waiting for it (waiting for the oldest in flight
         once the bound is reached), so the host's next padding overlaps the device's run."""
         worker = self._worker
-        units = _units(buffer)
+        units = self._rows.units(buffer)
         limit = worker.limit(buffer.bucket)
         self._metrics.batch_filled(units, limit)
         if units > limit:  # the limit was lowered meanwhile
@@ -297,7 +304,7 @@ class BatchEngine:
         self._inflight.append(_InFlight(buffer, batch, outputs, started))
 
     def _dispatch(self, batch: PaddedBatch) -> Any:
-        """Start the kernel on ``batch``; its outputs are fetched with ``jax.device_get``."""
+        """Start the kernel on ``batch``; its outputs are fetched with ``_fetch``."""
         worker = self._worker
         return worker.kernel.dispatch(
             worker.params,
@@ -314,7 +321,7 @@ class BatchEngine:
         error = None
         waited = time.perf_counter()
         try:
-            outputs = jax.device_get(inflight.outputs)
+            outputs = self._fetch(inflight.outputs)
         except Exception as e:  # noqa: BLE001 - an error raised while running
             error = e
         self._metrics.result_wait_us.inc(int((time.perf_counter() - waited) * 1e6))
@@ -334,7 +341,7 @@ class BatchEngine:
         all_oom = True
         start = 0
         while start < len(rows):
-            take = _take(buffer, rows[start:], self._worker.limit(buffer.bucket))
+            take = self._rows.take(buffer, rows[start:], self._worker.limit(buffer.bucket))
             oom = yield from self._attempt(buffer, rows[start : start + take])
             all_oom = all_oom and oom
             start += take
@@ -350,7 +357,7 @@ class BatchEngine:
         try:
             batch = buffer.padded(None if len(rows) == buffer.size else rows)
             self._metrics.kernel_calls.inc()
-            outputs = jax.device_get(self._dispatch(batch))
+            outputs = self._fetch(self._dispatch(batch))
         except Exception as e:  # noqa: BLE001 - handled below, outside this block
             error = e
         self._report_compiles()
@@ -374,7 +381,7 @@ class BatchEngine:
         oom = is_out_of_memory(error)
         if oom:
             self._metrics.out_of_memory.inc()
-            n = min(_units(buffer, rows), self._plan.max_batch(buffer.bucket))
+            n = min(self._rows.units(buffer, rows), self._plan.max_batch(buffer.bucket))
             size = self._plan.padded_batch_size(buffer.bucket, n)
             record_fit_miss(self._worker.fit, self._metrics, buffer.bucket, size)
         if len(rows) == 1:
@@ -387,7 +394,7 @@ class BatchEngine:
         left_oom = yield from self._run(buffer, rows[:mid])
         right_oom = yield from self._run(buffer, rows[mid:])
         if oom and not left_oom and not right_oom:
-            fits = max(_units(buffer, rows[:mid]), _units(buffer, rows[mid:]))
+            fits = max(self._rows.units(buffer, rows[:mid]), self._rows.units(buffer, rows[mid:]))
             if self._worker.lower_limit(buffer.bucket, fits):
                 self._metrics.batch_limit_lowered.inc()
         return oom
@@ -405,11 +412,11 @@ class BatchEngine:
             checked, bad = self._front.check(outputs, batch)
         except KernelError as e:  # the outputs break the contract: every row fails alike
             error = e
-        # A packed batch row holds several records, and a kernel that mixes a row's
-        # segments (a sum over the row, 0 * Inf in a one-hot product) gives the others a bad
-        # output too: its failing records run again apart, each half one call, so only a
-        # record that fails alone is a dead letter.
-        apart = getattr(buffer, "units", None) is not None  # a packed buffer
+        # Where records share batch rows, a kernel that mixes a row's records (a sum over
+        # the row, 0 * Inf in a one-hot product) gives the others a bad output too: the
+        # failing records run again apart, each half one call, so only a record that fails
+        # alone is a dead letter.
+        apart = self._rows.shares_rows
         if error is not None:
             if apart and len(rows) > 1:
                 yield from self._failed(error, buffer, rows, OUTPUT)

@@ -11,7 +11,7 @@ import numpy as np
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.fit import FitToMemory
 from beam_jax._src.bucketing.packing import Packing
-from beam_jax._src.bucketing.packing_plan import PackingPlan
+from beam_jax._src.bucketing.packing_choice import PackingChoice
 from beam_jax._src.core.packed_plan import PackedPlan
 from beam_jax._src.core.plan import Plan
 from beam_jax._src.core.validation import Validation
@@ -73,7 +73,7 @@ class KernelOptions:
     compilation_cache_dir: str | None = None
     metrics_namespace: str = NAMESPACE
     fit_to_memory: FitToMemory | None = None
-    packing: Packing | PackingPlan | None = None
+    packing: Packing | PackingChoice | None = None
     chunk_units: int | None = None
 
     def __post_init__(self):
@@ -115,7 +115,7 @@ class KernelOptions:
             object.__setattr__(self, "devices", device_indices(self.devices))
 
     def _check_packing(self) -> None:
-        if not isinstance(self.packing, Packing | PackingPlan):
+        if not isinstance(self.packing, Packing | PackingChoice):
             raise SpecError(
                 f"packing must be a Packing or what plan_packing returned, got "
                 f"{self.packing!r}; e.g. packing=Packing(row_lengths=128, rows_per_batch=32)."
@@ -143,7 +143,7 @@ class KernelOptionsKwargs(TypedDict, total=False):
     compilation_cache_dir: str | None
     metrics_namespace: str
     fit_to_memory: FitToMemory | None
-    packing: Packing | PackingPlan | None
+    packing: Packing | PackingChoice | None
     chunk_units: int | None
 
 

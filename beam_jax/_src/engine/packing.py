@@ -6,14 +6,13 @@ stage places them in rows (``assign_rows``, the policy the planner simulates) an
 the rows into batches (``batch_rows``); each full batch becomes a ``PackedBuffer`` the
 ``BatchEngine`` runs like any other, and the rest stay staged for the next records: the next
 pack puts their rows in its full batches first, so an input batch's records run soon after
-it comes (where the packs' full batches have room for them: one pack later on the
-flagship's 8,192-text parts) without a batch run less full. At the end of a bundle
-everything staged runs.
+it comes without a batch run less full. At the end of a bundle everything staged runs.
 
-A ``PackedBuffer``'s rows (for the engine) are its records, ordered by batch row then
-segment; ``padded(rows)`` lays a subset out again in at most the same batch rows
-(``PackPlan.lay_out``), so bisection halves a failed batch's records, each half one kernel
-call: within ``1 + 2 k ceil(log2 n)`` calls for ``k`` failing records among ``n``.
+A ``PackedBuffer``'s records are ordered by batch row then segment (the plan's
+``SharedRows`` counts the batch rows they take); ``padded(rows)`` lays a subset out again in
+at most the same batch rows (``Packer.lay_out``), so bisection halves a failed batch's
+records, each half one kernel call: within ``1 + 2 k ceil(log2 n)`` calls for ``k``
+failing records among ``n``.
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ import numpy as np
 
 from beam_jax._src.bucketing.packing import assign_rows, batch_rows
 from beam_jax._src.core.dead_letter import VALIDATION
-from beam_jax._src.core.packed_plan import PackedPlan, PackedRows
+from beam_jax._src.core.packed_batch import PackedBatch
+from beam_jax._src.core.packed_plan import PackedPlan
 from beam_jax._src.core.validation import Validated
 from beam_jax._src.engine.batching import RowBuffer
 from beam_jax._src.errors import ElementTooLargeError
@@ -69,14 +69,15 @@ class ItemRecords:
 
 
 class PackedBuffer:
-    """One packed batch's records for the engine: ``records`` (ordered by batch row then
-    segment) and each record's batch row.
+    """One packed batch's records for the engine, in its batch rows.
 
     Args:
         plan: the worker's ``PackedPlan``.
         row_length: the batch's row length (its ``bucket`` is ``(row_length,)``).
-        records: the records: ``ItemRecords``, or a front end's columnar records.
-        rows: per record, its batch row (non-decreasing).
+        records: the records, ordered by batch row then segment: ``ItemRecords``, or a
+            front end's columnar records.
+        rows: per record, its batch row (non-decreasing): ``row_of``, which the plan's
+            ``SharedRows`` counts batch rows by.
         slot: the engine's slot (``None``: packed batches may mix windows).
     """
 
@@ -88,7 +89,7 @@ class PackedBuffer:
         self.bucket = (row_length,)
         self.slot = slot
         self.records = records
-        self._rows = np.asarray(rows, np.int64)
+        self.row_of = np.asarray(rows, np.int64)
         self._plan = plan
 
     @property
@@ -100,29 +101,19 @@ class PackedBuffer:
     def size(self) -> int:
         return len(self.records)
 
-    def units(self, rows: np.ndarray | None = None) -> int:
-        """Batch rows the records ``rows`` (all by default) take."""
-        chosen = self._rows if rows is None else self._rows[rows]
-        if len(chosen) < 2:
-            return len(chosen)
-        steps = np.diff(chosen)
-        if (steps >= 0).all():  # in row order, as the packer makes them: no sort
-            return 1 + int(np.count_nonzero(steps))
-        return len(np.unique(chosen))
+    def source(self, i: int) -> Any:
+        """Record ``i``'s dead-letter source."""
+        return self.records.source(i)
 
-    def take(self, rows: np.ndarray, limit: int) -> int:
-        """How many leading ``rows`` (records) fit in a batch of ``limit`` batch rows."""
-        chosen = self._rows[rows]
-        new = np.ones(len(chosen), bool)
-        new[1:] = chosen[1:] != chosen[:-1]
-        # Records are ordered by row, so a row's records are adjacent: cut after `limit` rows.
-        return max(1, int(np.searchsorted(np.cumsum(new), limit, side="right")))
+    def id_array(self, rows: np.ndarray) -> Any:
+        """The ids of records ``rows`` (columnar records with an id column)."""
+        return self.records.id_array(rows)
 
-    def padded(self, rows: np.ndarray | None = None) -> PackedRows:
+    def padded(self, rows: np.ndarray | None = None) -> PackedBatch:
         """All records, or ``rows`` of them, laid out as one packed batch."""
         if rows is None:
-            return self.records.lay_out(self._plan, None, self._rows, self.bucket[0])
-        return self.records.lay_out(self._plan, rows, self._rows[rows], self.bucket[0])
+            return self.records.lay_out(self._plan, None, self.row_of, self.bucket[0])
+        return self.records.lay_out(self._plan, rows, self.row_of[rows], self.bucket[0])
 
 
 def _batches_of(
@@ -318,13 +309,11 @@ class BucketStage:
         for pair in items:
             groups.setdefault(bucket_for(pair[1].lengths), []).append(pair)
         for bucket, group in groups.items():
-            start = 0
-            while start < len(group):
-                buffer = self._engine.buffer(bucket, slot)
-                take = max(1, self._engine.room(buffer))  # 0: a lowered limit, launch it now
-                buffer.items.extend(group[start : start + take])
-                start += take
-                yield from self._engine.added(buffer)
+
+            def put(buffer, start, stop, group=group):
+                buffer.items.extend(group[start:stop])
+
+            yield from self._engine.fill(bucket, slot, len(group), put)
 
     def drain(self) -> Iterator[Any]:
         return iter(())

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 
 from beam_jax._src.bucketing.rule import Bucket
-from beam_jax._src.core.probe import tpu_host_buffer_advice
 from beam_jax._src.engine.fit import FitReport, fit_batch_limits
 from beam_jax._src.engine.options import KernelOptions, make_kernel
 from beam_jax._src.kernel.cache import enable_compilation_cache
 from beam_jax._src.kernel.precompile import BackgroundCompile
+from beam_jax._src.probe import tpu_host_buffer_advice
 
 _LOG = logging.getLogger(__name__)
 
@@ -122,8 +122,7 @@ class Worker:
         if self._background is not None and not self._background.done():
             start = time.perf_counter()
             self._background.wait()
-            with self.kernel._lock:
-                self.kernel.wait_seconds += time.perf_counter() - start
+            self.kernel.count_wait(time.perf_counter() - start)
 
     def limit(self, bucket: Bucket) -> int:
         """How many elements a batch of ``bucket`` may hold now (lowered after OOM)."""

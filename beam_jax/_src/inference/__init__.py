@@ -1,1 +1,3 @@
-"""Beam ML front ends of the batch engine: RunInference model handlers."""
+"""Beam ML on top of the transforms: RunInference's model handlers (``handler.py``, its
+batches through the engine in ``batch.py``), ``RunKernelOnRows`` for Beam YAML and
+``FailedInferences``."""

@@ -4,19 +4,18 @@ Beam's ``RunInference`` owns the batching (``BatchElements``) and calls the hand
 per batch. The handler gives ``BatchElements`` a length function and bucket boundaries
 equal to the plan's (so Beam groups elements of one bucket together), loads the
 parameters and compiles through a ``Worker`` that Beam's model sharing keeps once per
-process, and runs each batch through the ``BatchEngine`` that ``RunKernel`` uses: padded
-to its bucket and to one of the plan's batch sizes, with true lengths, out-of-memory
-splitting and bisection of failing rows. Every compile is one of ``Plan.shapes()``. The
-usual batch (one bucket, every element valid, one call that succeeds) is padded once and
-run once without the engine's per-element layers (``one_call.py``), with the engine's
-results and metrics; anything else runs through the engine itself.
+process, and runs each batch through the ``BatchEngine`` that ``RunKernel`` uses
+(``batch.py``): checked as columns, padded to its bucket and to one of the plan's batch
+sizes, with true lengths, out-of-memory splitting, bisection of failing rows and the
+engine's metrics. Every compile is one of ``Plan.shapes()``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator, Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -38,7 +37,7 @@ from beam_jax._src.engine.options import (
 )
 from beam_jax._src.engine.worker import Worker
 from beam_jax._src.errors import InferenceBatchError, SpecError
-from beam_jax._src.inference.one_call import run_in_one_call
+from beam_jax._src.inference.batch import BatchResults, drain
 from beam_jax._src.kernel.params import read_params
 
 _SHOWN_FAILURES = 20
@@ -47,11 +46,13 @@ METRICS_NAMESPACE = "BeamML_Jax"
 handlers use ``BeamML_PyTorch`` and the like; the engine's go to ``options``' namespace."""
 
 
-def _leaf_length(leaf: int, axis: int, element: Any) -> int:
-    """The length of one axis of one leaf; 0 for an element of the wrong structure (it is
-    rejected with a clear message when the batch is validated, not inside Beam's batching)."""
+def _length_at(getters: tuple, axis: int, element: Any) -> int:
+    """The length of ``axis`` of the leaf ``getters`` reach; 0 for an element of the wrong
+    structure (rejected with a message when its batch is validated, not in Beam's)."""
     try:
-        return int(np.shape(jax.tree_util.tree_leaves(element)[leaf])[axis])
+        for get in getters:
+            element = get(element)
+        return int((element.shape if type(element) is np.ndarray else np.shape(element))[axis])
     except Exception:  # noqa: BLE001 - the length only routes; validation explains
         return 0
 
@@ -60,43 +61,47 @@ def _value_length(length_fn: Callable[[Any], int], element: Any) -> int:
     """``length_fn`` of a ``(key, value)`` pair's value."""
     try:
         return length_fn(element[1])
-    except Exception:  # noqa: BLE001 - as _leaf_length
+    except Exception:  # noqa: BLE001 - as _length_at
         return 0
 
 
-def _bucket_number(
-    plan: Plan, axes: tuple[tuple[int, int], ...], numbers: dict, element: Any
-) -> int:
+def _bucket_number(plan: Plan, axes: tuple, numbers: dict, element: Any) -> int:
     """The index of ``element``'s bucket in ``plan.buckets``, from the lengths of its ragged
-    axes; 0 for an element of the wrong structure (as ``_leaf_length``)."""
+    axes; 0 for an element of the wrong structure (as ``_length_at``)."""
     try:
-        leaves = jax.tree_util.tree_leaves(element)
-        return numbers[plan.bucket_for([int(np.shape(leaves[leaf])[a]) for leaf, a in axes])]
+        return numbers[plan.bucket_for([_length_at(g, a, element) for g, a in axes])]
     except Exception:  # noqa: BLE001 - the number only routes; validation explains
         return 0
 
 
-def default_length_fn(plan: Plan) -> Callable[[Any], int] | None:
-    """The number of an element's bucket in ``plan.buckets`` (0, 1, ...), for any number of
-    ragged axes: with Beam boundaries ``1, 2, ..., len(buckets) - 1``, Beam's length buckets
-    are exactly the plan's. ``None`` when the plan has one bucket (nothing to group by).
+def _getters(path: tuple) -> tuple:
+    """Accessors of the entries of a pytree path (attributes, dict keys, indices)."""
+    return tuple(
+        operator.attrgetter(e.name)
+        if hasattr(e, "name")
+        else operator.itemgetter(e.key if hasattr(e, "key") else e.idx)
+        for e in path
+    )
 
-    Each ragged axis is read from the first leaf that has it.
-    """
+
+def default_length_fn(plan: Plan) -> tuple[Callable[[Any], int] | None, list[int]]:
+    """What Beam's ``BatchElements`` buckets elements by, and its boundaries, so that its
+    length buckets are exactly the plan's: with one ragged axis, the axis's length (Beam's
+    boundaries lower-inclusive, so ``b + 1`` for each of the plan's ``b``); with several,
+    the number of the element's bucket in ``plan.buckets`` (boundaries ``1, 2, ...``); each
+    axis read from the first leaf with it. ``(None, [])`` for one bucket (no grouping)."""
     if len(plan.buckets) < 2:
-        return None
-    first: dict[str, tuple[int, int]] = {}
-    for leaf, spec in enumerate(plan.layout.specs):
+        return None, []
+    first: dict[str, tuple[tuple, int]] = {}
+    for path, spec in zip(plan.layout.paths, plan.layout.specs, strict=True):
         for axis, name in spec.ragged_axes:
-            first.setdefault(name, (leaf, axis))
+            first.setdefault(name, (_getters(path), axis))
     axes = tuple(first[name] for name in plan.layout.axis_names)
+    if len(axes) == 1:
+        return functools.partial(_length_at, *axes[0]), [b + 1 for b in plan.boundaries[0][:-1]]
     numbers = {bucket: i for i, bucket in enumerate(plan.buckets)}
-    return functools.partial(_bucket_number, plan, axes, numbers)
-
-
-def _drain(outputs: Iterator[Any]) -> None:
-    for _ in outputs:
-        pass
+    bounds = list(range(1, len(plan.buckets)))
+    return functools.partial(_bucket_number, plan, axes, numbers), bounds
 
 
 class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
@@ -178,15 +183,15 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
             )
         self._params_path = params_path
         plan = self.plan()
-        length_fn = None if packed else batch_length_fn or default_length_fn(plan)
-        if batch_length_fn is None:  # bucket numbers: Beam's bucket i is the plan's bucket i
-            beam_bounds = list(range(1, len(plan.buckets)))
-        elif len(plan.boundaries) == 1:
-            # Beam's buckets are lower-inclusive (bisect_right), beam_jax's boundaries
-            # upper-inclusive: Beam's b + 1 groups exactly the lengths of beam_jax's b.
-            beam_bounds = [b + 1 for b in plan.boundaries[0][:-1]]
+        if batch_length_fn is None:
+            length_fn, beam_bounds = (None, []) if packed else default_length_fn(plan)
         else:
-            beam_bounds = []  # a user's length over several axes: Beam's default buckets
+            length_fn = batch_length_fn
+            # Beam's buckets are lower-inclusive (bisect_right), beam_jax's boundaries
+            # upper-inclusive: Beam's b + 1 groups exactly the lengths of beam_jax's b. A
+            # user's length over several axes gets Beam's default buckets.
+            one = len(plan.boundaries) == 1
+            beam_bounds = [b + 1 for b in plan.boundaries[0][:-1]] if one else []
         # A Beam batch is what one engine run takes: a bucket's largest batch, or with
         # packing the records packed together (the planner's buffer, else as many as the
         # largest batch of rows holds).
@@ -278,56 +283,57 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
 
     # --- the engine ---------------------------------------------------------------------
 
-    # The usual batch's path (``one_call.py``): its results, or ``None`` for the engine.
-    _one_call = staticmethod(run_in_one_call)
-
     def _kernel_metrics(self) -> KernelMetrics:
         if self._metrics is None:
             self._metrics = KernelMetrics(self._options.metrics_namespace)
         return self._metrics
 
     def _run(self, batch: Sequence[Any], worker: Worker) -> list[Any]:
+        """Run ``batch`` through the ``BatchEngine``: every element's result, or raise
+        ``InferenceBatchError`` naming each failed element."""
         metrics = self._kernel_metrics()
         metrics.elements_in.inc(len(batch))
-        # The usual batch (one bucket, every element valid, one call that succeeds) is
-        # padded once and run once; anything else runs through the engine, which
-        # reports the same metrics and bisects failures down to their elements.
-        results = self._one_call(worker, metrics, batch)
-        if results is None:
-            results = self._run_engine(batch, worker, metrics)
+        plan = worker.plan
+
+        def engine(front: Any) -> BatchEngine:
+            def report_compiles() -> None:
+                metrics.compiled(*worker.take_compile_stats())
+
+            return BatchEngine(
+                worker, metrics, front, handle_errors=True, report_compiles=report_compiles
+            )
+
+        if isinstance(plan, PackedPlan):  # records of every length packed into rows
+            results, failures = _run_packed(plan, engine, batch)
+        else:  # the batch as columns, bucket by bucket
+            front = BatchResults(plan, len(batch))
+            front.run(engine(front), batch)
+            results, failures = front.results, front.failures
+        if failures:
+            raise _batch_error(batch, failures)
         metrics.results.inc(len(batch))
         return results
 
-    def _run_engine(
-        self, batch: Sequence[Any], worker: Worker, metrics: KernelMetrics
-    ) -> list[Any]:
-        """Run ``batch`` through the ``BatchEngine``: every element's result, or raise
-        ``InferenceBatchError`` naming each failed element."""
-        plan = worker.plan
-        results: list[Any] = [None] * len(batch)
-        failures: list[tuple[int, str, BaseException]] = []
-        front = ElementFrontEnd(
-            plan,
-            PerElement(plan, results.__setitem__),
-            lambda error, stage, index: failures.append((index, stage, error)),
-        )
 
-        def report_compiles() -> None:
-            metrics.compiled(*worker.take_compile_stats())
-
-        front.engine = BatchEngine(
-            worker, metrics, front, handle_errors=True, report_compiles=report_compiles
-        )
-        # The batch's checks once over all its elements; an element they do not pass is
-        # validated alone, so a bad one never changes the others' results.
-        items = front.validate_many(enumerate(batch), [])
-        if not failures:  # the batch fails anyway: don't run the kernel for it
-            _drain(front.add_many(items))
-            _drain(front.drain())  # packing: the records still staged, packed and run
-            _drain(front.engine.flush())
-        if failures:
-            raise _batch_error(batch, failures)
-        return results
+def _run_packed(plan: PackedPlan, engine: Callable, batch: Sequence[Any]):
+    """``batch`` through the element front end and its ``PackedStage``: ``(results,
+    failures)``."""
+    results: list[Any] = [None] * len(batch)
+    failures: list[tuple[int, str, BaseException]] = []
+    front = ElementFrontEnd(
+        plan,
+        PerElement(plan, results.__setitem__),
+        lambda error, stage, index: failures.append((index, stage, error)),
+    )
+    front.engine = engine(front)
+    # The batch's checks once over all its elements; an element they do not pass is
+    # validated alone, so a bad one never changes the others' results.
+    items = front.validate_many(enumerate(batch), [])
+    if not failures:  # the batch fails anyway: don't run the kernel for it
+        drain(front.add_many(items))
+        drain(front.drain())  # the records still staged, packed and run
+        drain(front.engine.flush())
+    return results, failures
 
 
 def _batch_error(batch: Sequence[Any], failures) -> InferenceBatchError:

@@ -3,9 +3,8 @@
 Each bundle a Beam SDK worker runs starts a state sampler: a thread that times the
 bundle's steps, sleeping between samples, its sleep growing from 2 ms to 200 ms over the
 bundle's first second. The bundle ends only once that thread has woken and seen it is done,
-so a bundle longer than a second ends 0-200 ms after its last step, ~100 ms on average
-(measured on the FnApiRunner, Beam 2.77: 0.03-0.23 s from the last part written to the
-stage's end). :func:`prompt_bundle_ends` caps the sleep while a job runs.
+so a bundle longer than a second ends up to 200 ms after its last step.
+:func:`prompt_bundle_ends` caps the sleep while a job runs.
 
 Example:
     >>> from apache_beam.runners.worker import statesampler
@@ -20,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+
+from beam_jax._src.compat.beam import default_sampling_period
 
 __all__ = ["prompt_bundle_ends"]
 
@@ -39,15 +40,5 @@ def prompt_bundle_ends(period_ms: int = 10) -> Iterator[None]:
     """
     if isinstance(period_ms, bool) or not isinstance(period_ms, int) or period_ms < 1:
         raise ValueError(f"period_ms must be a positive int (milliseconds), got {period_ms!r}")
-    from apache_beam.runners.worker import statesampler
-
-    init = statesampler.StateSampler.__init__
-    default = getattr(statesampler, "DEFAULT_SAMPLING_PERIOD_MS", None)
-    if init.__defaults__ != (default,):
+    with default_sampling_period(period_ms):
         yield
-        return
-    init.__defaults__ = (period_ms,)
-    try:
-        yield
-    finally:
-        init.__defaults__ = (default,)

@@ -31,6 +31,8 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.runner import PipelineResult
 
+from beam_jax._src.compat.beam import dataflow_environment
+
 __all__ = [
     "ACCELERATOR_HINT",
     "dataflow_job_description",
@@ -70,24 +72,11 @@ def dataflow_job_description(result: PipelineResult) -> dict[str, Any]:
     Raises:
         ValueError: If ``result`` is not a dry run's.
     """
-    # Beam's own modules for the Dataflow API: imported here, as they need apache-beam[gcp].
-    from apache_beam.runners.dataflow.internal import apiclient
-    from apache_beam.runners.internal import names
     from google.protobuf import json_format
 
     job = _job(result)
-    options = job.options
-    apiclient.DataflowApplicationClient._apply_sdk_environment_overrides(
-        job.proto_pipeline, {}, options
-    )
-    staging = options.view_as(GoogleCloudOptions).staging_location
-    job.proto.environment = apiclient.Environment(
-        packages=[],
-        options=options,
-        environment_version=apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION,
-        proto_pipeline_staged_url=FileSystems.join(staging, names.STAGED_PIPELINE_FILENAME),
-        proto_pipeline=job.proto_pipeline,
-    ).proto
+    staging = job.options.view_as(GoogleCloudOptions).staging_location
+    job.proto.environment = dataflow_environment(job, job.options, staging)
     described = json.loads(type(job.proto).to_json(job.proto))
     described["pipeline"] = json_format.MessageToDict(job.proto_pipeline)
     return described

@@ -1,9 +1,9 @@
 """A job's launch objects out of the garbage collector's way while the job runs.
 
-A job's process holds ~275,000 objects before it reads a row (jax, Beam, pyarrow and the
-job's own modules), and every full pass of Python's cyclic garbage collector walks them
-all: at the flagship's launch one such pass took ~0.1 s of the launch's ~1 s. They live
-as long as the process, so :func:`freeze_startup_objects` moves them out of the
+A job's process holds hundreds of thousands of objects before it reads a row (jax, Beam,
+pyarrow and the job's own modules), and every full pass of Python's cyclic garbage
+collector walks them all, a noticeable part of a launch (bench/RESULTS.md). They live as
+long as the process, so :func:`freeze_startup_objects` moves them out of the
 collector's passes (``gc.freeze``) while the job runs, and gives them back when it ends
 (``gc.unfreeze``), so a process that runs many jobs (a test suite, a notebook) still frees
 what it no longer uses.

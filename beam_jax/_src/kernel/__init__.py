@@ -1,1 +1,2 @@
-"""The JAX layer: the compiled kernel, devices, parameters, wrappers and the compile cache."""
+"""The JAX layer: the compiled kernel, start-up compiles, devices, parameters, kernel
+wrappers, the compilation cache and the memory analysis of a shape."""

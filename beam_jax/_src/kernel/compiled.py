@@ -158,6 +158,11 @@ class Kernel:
         self.compile_seconds = 0.0
         self.wait_seconds = 0.0
 
+    def count_wait(self, seconds: float) -> None:
+        """Add ``seconds`` a caller spent waiting for compiles to ``wait_seconds``."""
+        with self._lock:
+            self.wait_seconds += seconds
+
     def compiled_shapes(self) -> set[tuple[tuple[tuple[int, ...], str], ...]]:
         """The ``((shape, dtype), ...)`` leaf signatures compiled so far in this process."""
         return {key[1] for key in self._compiled}
@@ -186,7 +191,7 @@ class Kernel:
         key = (treedef, names, *[(x.shape, x.dtype) for x in leaves])
         exe = self._by_leaves.get(key)
         if exe is None:
-            exe = self._executable(params, [(x.shape, x.dtype) for x in leaves], names, treedef)
+            exe = self.executable(params, [(x.shape, x.dtype) for x in leaves], names, treedef)
             self._by_leaves[key] = exe
         return exe
 
@@ -194,7 +199,7 @@ class Kernel:
     def _key(leaf_shapes, names, treedef):
         return (treedef, tuple((tuple(s), str(np.dtype(d))) for s, d in leaf_shapes), names)
 
-    def _executable(self, params, leaf_shapes, names, treedef, *, background: bool = False):
+    def executable(self, params, leaf_shapes, names, treedef, *, background: bool = False):
         """The executable of one batch shape, compiled now if no one has yet.
 
         A shape another thread is compiling is waited for, not compiled twice. Unless
@@ -210,8 +215,7 @@ class Kernel:
             return self._compile_or_wait(key, params, leaf_shapes, names, treedef)
         finally:
             if not background:
-                with self._lock:
-                    self.wait_seconds += time.perf_counter() - start
+                self.count_wait(time.perf_counter() - start)
 
     def _compile_or_wait(self, key, params, leaf_shapes, names, treedef):
         while True:
@@ -331,7 +335,7 @@ class Kernel:
         before = self.compiles
         for leaf_shapes, names in shapes:
             try:
-                self._executable(
+                self.executable(
                     params, leaf_shapes, tuple(sorted(names)), treedef, background=background
                 )
             except CompileError:
@@ -359,8 +363,8 @@ def in_chunks(
     A batch the chunks do not divide (a planned size fitted to the data, say 511 rows in
     chunks of 16) is made up to a whole number of chunks with copies of its last row, whose
     outputs are dropped, when that adds at most an eighth to it: run whole, such a batch's
-    activations outgrow the caches the chunks are sized for (all-MiniLM-L6-v2 on a CPU ran
-    1.2-1.7x slower per token whole), while the copies cost at most an eighth. A batch that
+    activations outgrow the caches the chunks are sized for, while the copies cost at most
+    an eighth. A batch that
     would need more (a few rows over one or two chunks), or no larger than one chunk, runs
     whole. Either way the program holds one traced copy of ``fn``.
 

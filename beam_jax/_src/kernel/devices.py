@@ -8,8 +8,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from beam_jax._src.core.probe import size_tpu_host_buffer
 from beam_jax._src.errors import SpecError
+from beam_jax._src.probe import size_tpu_host_buffer
 
 
 def select_devices(devices: Sequence[jax.Device] | str | None = None) -> tuple[jax.Device, ...]:

@@ -58,7 +58,7 @@ def analyse_shape(
     """
     try:
         # The kernel's per-shape cache: compiles here are the ones a batch would do.
-        exe = kernel._executable(params, list(leaf_shapes), tuple(sorted(names)), treedef)
+        exe = kernel.executable(params, list(leaf_shapes), tuple(sorted(names)), treedef)
     except CompileError:
         return None
     m = exe.memory_analysis()
@@ -89,9 +89,8 @@ def hidden_fusion_bytes(hlo: str) -> int:
 
     For each XNNPACK/oneDNN fusion in the compiled HLO, its two largest intermediate results
     (a producer and its consumer alive at once); the largest such pair over the program,
-    since fusions run one after another. Measured against peak RSS on CPU (jax 0.10, see
-    docs/memory.md): XLA's figure plus this estimate came to 1.03-1.68x the memory used,
-    where XLA's figure alone was as little as 0.04x.
+    since fusions run one after another. docs/memory.md compares XLA's figure, with and
+    without this estimate, against the peak memory used on CPU.
 
     Example:
         >>> hidden_fusion_bytes("ENTRY %main (x: f32[2]) -> f32[2] {")

@@ -4,7 +4,7 @@ XLA releases the GIL while it compiles, so compiles in threads run in parallel w
 other and with the worker reading and tokenizing. Lowering a shape (tracing the kernel)
 holds the GIL, so the kernel lowers one shape at a time, in the order the threads take
 them: the shape listed first is ready first. A batch whose shape is not ready waits
-for that shape alone (``Kernel._executable``); one whose shape no thread has started yet
+for that shape alone (``Kernel.executable``); one whose shape no thread has started yet
 compiles it itself, so the background never makes a batch wait longer than a compile.
 """
 

@@ -8,9 +8,8 @@ input, plus ``shape_cost`` tokens' worth of FLOPs per compiled shape.
 Within packing, row lengths are priced by their time per token slot, not their FLOPs
 alone: attention's softmax, masks and layout make it cost more time than its matmul FLOPs
 say, so a slot of a short row is cheaper than its FLOPs predict. ``attention_time`` weighs
-attention's FLOPs against the dense layers' (measured: about 2.25 for MiniLM on a 2-core
-x86 CPU, where rows of 128 tokens ran about 10% faster per token than rows of 256 while
-their FLOPs differ by 5%); it decides whether short texts get short rows of their own
+attention's FLOPs against the dense layers' (its default is measured on MiniLM, see
+bench/RESULTS.md); it decides whether short texts get short rows of their own
 (``Packing.pack_lengths``).
 """
 
@@ -22,9 +21,9 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from beam_jax._src.bucketing.bucket_plan import BucketingPlan, plan_bucketing
+from beam_jax._src.bucketing.bucketing_choice import BucketingChoice, plan_bucketing
 from beam_jax._src.bucketing.packing import assign_rows, batch_rows
-from beam_jax._src.bucketing.packing_plan import PackingPlan, plan_packing
+from beam_jax._src.bucketing.packing_choice import PackingChoice, plan_packing
 from beam_jax._src.errors import SpecError
 
 __all__ = ["BatchingChoice", "plan_batching"]
@@ -43,31 +42,32 @@ class BatchingChoice:
     """How a text-embedding job shapes its batches, and why.
 
     Attributes:
-        plan: The chosen plan: a :class:`beam_jax.BucketingPlan` or :class:`beam_jax.PackingPlan`.
+        plan: The chosen policy: a :class:`beam_jax.BucketingChoice` or
+            :class:`beam_jax.PackingChoice`.
         flops: Predicted executed FLOPs per real token of each policy planned
             (``{"buckets": ..., "packed": ...}``).
         reason: Why the plan was chosen, in words.
     """
 
-    plan: BucketingPlan | PackingPlan
+    plan: BucketingChoice | PackingChoice
     flops: Mapping[str, float]
     reason: str
 
     def __post_init__(self):
-        if not isinstance(self.plan, BucketingPlan | PackingPlan):
+        if not isinstance(self.plan, BucketingChoice | PackingChoice):
             raise TypeError(
-                f"plan must be a BucketingPlan or a PackingPlan, got {type(self.plan).__name__}"
+                f"plan must be a BucketingChoice or a PackingChoice, got {type(self.plan).__name__}"
             )
 
     @property
     def batching(self) -> Literal["packed", "buckets"]:
         """``"packed"`` or ``"buckets"``."""
-        return "packed" if isinstance(self.plan, PackingPlan) else "buckets"
+        return "packed" if isinstance(self.plan, PackingChoice) else "buckets"
 
     @property
     def policy(self):
-        """What ``RunKernelOnArrow`` takes: a ``Bucketing`` or a ``PackingPlan``."""
-        return self.plan if isinstance(self.plan, PackingPlan) else self.plan.bucketing
+        """What ``RunKernelOnArrow`` takes: a ``Bucketing`` or a ``PackingChoice``."""
+        return self.plan if isinstance(self.plan, PackingChoice) else self.plan.bucketing
 
     @property
     def shapes(self) -> int:
@@ -147,7 +147,7 @@ def plan_batching(
     if len(lengths) == 0:
         lengths = np.asarray([max_size])  # nothing to go by: one bucket, the longest
     common = dict(max_size=max_size, shape_cost=shape_cost, num_devices=num_devices)
-    plans: dict[str, BucketingPlan | PackingPlan] = {}
+    plans: dict[str, BucketingChoice | PackingChoice] = {}
     flops: dict[str, float] = {}
     if batching != "packed":
         plans["buckets"] = plan_bucketing(
@@ -192,7 +192,7 @@ def plan_batching(
     return BatchingChoice(plans["buckets"], flops, f"buckets chosen: {words} (--batching auto)")
 
 
-def _classes(plan: BucketingPlan | PackingPlan) -> str:
+def _classes(plan: BucketingChoice | PackingChoice) -> str:
     """Words for a packed plan's length classes, if it has several."""
     classes = getattr(getattr(plan, "packing", None), "pack_lengths", ())
     if len(classes) < 2:
@@ -222,7 +222,7 @@ def _slot_costs(encoder, candidates, attention_time, measured) -> dict[int, floa
     return {n: float(measured[n]) * scale for n in candidates}
 
 
-def _bucketed_flops(lengths: np.ndarray, plan: BucketingPlan, encoder: _Encoder) -> float:
+def _bucketed_flops(lengths: np.ndarray, plan: BucketingChoice, encoder: _Encoder) -> float:
     """Predicted executed FLOPs per real token of ``plan`` on the sample."""
     bounds = np.asarray(plan.bucketing.boundaries["L"], np.int64)
     bucket = np.minimum(np.searchsorted(bounds, lengths), len(bounds) - 1)
@@ -234,7 +234,7 @@ def _bucketed_flops(lengths: np.ndarray, plan: BucketingPlan, encoder: _Encoder)
     return float(per_text.sum() * rows / max(lengths.sum(), 1))
 
 
-def _packed_flops(lengths: np.ndarray, plan: PackingPlan, encoder: _Encoder) -> float:
+def _packed_flops(lengths: np.ndarray, plan: PackingChoice, encoder: _Encoder) -> float:
     """Predicted executed FLOPs per real token of ``plan`` on the sample, packed buffer by
     buffer (empty slots and empty rows included)."""
     step = plan.buffer_size or len(lengths)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from beam_jax._src.core.probe import local_platform
+from beam_jax._src.probe import local_platform
 
 __all__ = ["MATMULS", "cast_dense", "has_bfloat16_units", "resolve"]
 

@@ -1,8 +1,8 @@
 """BERT's WordPiece tokenizer on whole Arrow columns of ASCII text, with numpy.
 
 The Rust ``tokenizers`` library spends most of its time per token on bookkeeping a model
-never reads (character offsets and alignments, token strings, type ids, masks): about
-75 µs of CPU for a short English text. For the texts that are printable ASCII (nearly all
+never reads (character offsets and alignments, token strings, type ids, masks). For the
+texts that are printable ASCII (nearly all
 of most English corpora) BERT's pipeline reduces to byte arithmetic: lower-case, split at
 whitespace, isolate each punctuation mark, and look each distinct word up once. This
 module does that on a column's bytes at once and gives the Rust tokenizer the rest.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import threading
@@ -290,8 +291,7 @@ class KernelTransform(beam.PTransform):
         """
         if not 0.0 <= threshold <= 1.0:
             raise SpecError(f"threshold must be within [0, 1], got {threshold}.")
-        clone = type(self).__new__(type(self))
-        clone.__dict__.update(self.__dict__)
+        clone = copy.copy(self)
         clone._handle_errors = True
         clone._threshold = threshold
         clone._threshold_windowing = threshold_windowing
@@ -319,8 +319,7 @@ class KernelTransform(beam.PTransform):
             raise SpecError(f"config must be a CrossBundle, got {config!r}.")
         elif kwargs:
             config = dataclasses.replace(config, **kwargs)
-        clone = type(self).__new__(type(self))
-        clone.__dict__.update(self.__dict__)
+        clone = copy.copy(self)
         clone.cross_bundle = config
         return clone
 

@@ -14,7 +14,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_jax._src.arrow.columns import ArrowColumns
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.packing import Packing
-from beam_jax._src.bucketing.packing_plan import PackingPlan
+from beam_jax._src.bucketing.packing_choice import PackingChoice
 from beam_jax._src.bucketing.rule import default_boundaries
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, FailedElement
 from beam_jax._src.errors import SpecError
@@ -184,7 +184,7 @@ class EmbedText(beam.PTransform):
         *,
         text_column: str = "text",
         id_column: str = "id",
-        batching: Bucketing | Packing | PackingPlan | None = None,
+        batching: Bucketing | Packing | PackingChoice | None = None,
         compilation_cache_dir: str | None = None,
         precompile: bool = False,
         accelerator: str | None = None,
@@ -206,7 +206,7 @@ class EmbedText(beam.PTransform):
             )
         if batching is None:
             batching = Bucketing(boundaries={"L": default_boundaries(encoder.max_length)})
-        packed = isinstance(batching, Packing | PackingPlan)
+        packed = isinstance(batching, Packing | PackingChoice)
         if not packed and not isinstance(batching, Bucketing):
             raise SpecError(
                 f"batching must be a Bucketing, a Packing or what plan_packing returned, got "

@@ -8,6 +8,7 @@ rows back into pairs, so a Beam user needs no Arrow.
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import pickle
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import pyarrow as pa
 
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.packing import Packing
-from beam_jax._src.bucketing.packing_plan import PackingPlan
+from beam_jax._src.bucketing.packing_choice import PackingChoice
 from beam_jax._src.core.dead_letter import (
     DEAD_LETTERS,
     VALIDATION,
@@ -147,7 +148,7 @@ class EmbedTexts(beam.PTransform):
         model_dir: SentenceEncoder | str | None = None,
         *,
         max_batch_size: int = 1024,
-        batching: Bucketing | Packing | PackingPlan | None = None,
+        batching: Bucketing | Packing | PackingChoice | None = None,
         compilation_cache_dir: str | None = None,
         precompile: bool = False,
         accelerator: str | None = None,
@@ -170,8 +171,7 @@ class EmbedTexts(beam.PTransform):
     def with_exception_handling(self) -> EmbedTexts:
         """A copy that returns ``RunKernelResult(vectors, dead_letters)`` instead of failing
         the pipeline on an element it cannot embed."""
-        clone = type(self).__new__(type(self))
-        clone.__dict__.update(self.__dict__)
+        clone = copy.copy(self)
         clone._handle_errors = True
         return clone
 

@@ -9,6 +9,7 @@ beam_jax's YAML transforms file their dead letters under that origin (``source``
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import typing
 from collections.abc import Sequence
@@ -22,7 +23,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.typehints import arrow_type_compatibility, schemas
 from apache_beam.typehints.row_type import RowTypeConstraint
 
-from beam_jax._src.arrow.io import ReadArrowBatches, origin_of
+from beam_jax._src.arrow.io import ReadArrowBatches
+from beam_jax._src.arrow.origin import origin_of
 from beam_jax._src.errors import SpecError
 
 
@@ -173,8 +175,7 @@ class ReadRowsWithOrigin(beam.PTransform):
         """Dead-letter unreadable files and row groups instead of failing the job (as
         ``ReadArrowBatches.with_exception_handling`` does): the transform then returns
         ``(rows, dead_letters)``."""
-        clone = type(self).__new__(type(self))
-        clone.__dict__.update(self.__dict__)
+        clone = copy.copy(self)
         clone._read = self._read.with_exception_handling()
         return clone
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,10 +16,11 @@ from beam_jax._src.arrow.columns import ArrowColumns
 from beam_jax._src.arrow.decode import decode_batch
 from beam_jax._src.arrow.encode import outputs_to_arrow
 from beam_jax._src.arrow.fill import BucketFill, ColumnRecords
-from beam_jax._src.arrow.io import file_rows, row_origin, source_of
+from beam_jax._src.arrow.origin import file_rows, row_origin, source_of
 from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION
 from beam_jax._src.core.packed_plan import PackedPlan
+from beam_jax._src.core.plan import Plan
 from beam_jax._src.engine.batching import check_row_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs, make_plan
 from beam_jax._src.engine.packing import PackedBuffer, PackedStage
@@ -28,8 +28,71 @@ from beam_jax._src.errors import InvalidElementError, SpecError
 from beam_jax._src.transforms.base import KernelTransform, Source, WorkerDoFn
 
 
+class _Buckets:
+    """Bucketing for record batches: each valid row copied into its bucket's ``BucketFill``,
+    a buffer's room at a time; fills are reused (``spare``, per bucket) across batches."""
+
+    def __init__(self, plan: Plan, engine: Any, spare: dict[Bucket, list[BucketFill]]):
+        self._plan = plan
+        self._engine = engine
+        self._spare = spare
+
+    def add(self, decoded, rows: np.ndarray, window, describe) -> Iterator[Any]:
+        index = self._plan.bucket_indices(decoded.lengths[rows])
+        order = np.argsort(index, kind="stable")
+        cuts = np.flatnonzero(np.diff(index[order])) + 1
+        for group in np.split(order, cuts):
+            bucket = self._plan.buckets[int(index[group[0]])]
+            chosen = rows[group]
+
+            def put(fill, start, stop, chosen=chosen):
+                fill.add(decoded, chosen[start:stop], describe)
+
+            yield from self._engine.fill(bucket, window, len(chosen), put)
+
+    def drain(self) -> Iterator[Any]:
+        return iter(())
+
+    def new_buffer(self, bucket: Bucket, slot: Any, capacity: int) -> BucketFill:
+        spare = self._spare[bucket]
+        fill = spare.pop() if spare else BucketFill(self._plan, bucket, capacity)
+        fill.slot = slot
+        return fill
+
+    def release(self, fill: BucketFill) -> None:
+        fill.reset()
+        self._spare[fill.bucket].append(fill)
+
+
+class _Packed:
+    """Packing for record batches: the valid rows staged as they were decoded
+    (``ColumnRecords``: flat values, starts, lengths, ids; no per-row objects) and packed by
+    a ``PackedStage``, per window."""
+
+    def __init__(self, plan: PackedPlan, engine: Any):
+        self._stage = PackedStage(plan, engine, per_window=True)
+        # Per leaf: whether its first axis is the packed one, and its shape past that axis
+        # (its whole shape without it).
+        self._ragged, self._shapes = [], []
+        for spec in plan.layout.specs:
+            first = bool(spec.shape) and isinstance(spec.shape[0], str)
+            self._ragged.append(first)
+            self._shapes.append(tuple(spec.shape[1:] if first else spec.shape))
+
+    def add(self, decoded, rows: np.ndarray, window, describe) -> Iterator[Any]:
+        records = ColumnRecords.from_decoded(decoded, rows, self._ragged, self._shapes, describe)
+        return self._stage.add_records(records, window)
+
+    def drain(self) -> Iterator[Any]:
+        return self._stage.drain()
+
+    def release(self, buffer: PackedBuffer) -> None:
+        pass
+
+
 class _ArrowFrontEnd(WorkerDoFn):
-    """Record batches in, record batches out: decode and bucket whole columns at once."""
+    """Record batches in, record batches out: decode whole columns at once, then bucket or
+    pack the valid rows by the plan's policy (``_Buckets`` or ``_Packed``)."""
 
     def __init__(
         self,
@@ -49,19 +112,20 @@ class _ArrowFrontEnd(WorkerDoFn):
         self._column_names = self._columns.resolve(make_plan(self._spec, self._options).layout)
         # Batch buffers are reused across batches and bundles: spares per bucket.
         self._spare: dict[Bucket, list[BucketFill]] = defaultdict(list)
-        self._id_type: pa.DataType | None = None
 
     def open_bundle(self):
         super().open_bundle()
-        # With packing, rows are staged (per window) and packed: PackedStage, not fills.
-        packed = isinstance(self._plan, PackedPlan)
-        self._stage = PackedStage(self._plan, self._engine, per_window=True) if packed else None
+        plan, engine = self._plan, self._engine
+        # How valid rows reach batches: the plan's policy (packing, or buckets).
+        if isinstance(plan, PackedPlan):
+            self._policy = _Packed(plan, engine)
+        else:
+            self._policy = _Buckets(plan, engine, self._spare)
 
     def finish_bundle(self) -> Iterator[Any]:
         if not self._opened:
             return  # no element came
-        if self._stage is not None:
-            yield from self._stage.drain()
+        yield from self._policy.drain()
         yield from super().finish_bundle()
 
     def process(self, element, window=beam.DoFn.WindowParam) -> Iterator[Any]:
@@ -84,13 +148,6 @@ class _ArrowFrontEnd(WorkerDoFn):
         for batch in batches:
             yield from self._process_batch(batch, window)
 
-    def _row_source(self, key, element, window, origin=(None, None), row=None) -> Source:
-        """A row's ``Source``; ``origin`` is its batch's file and where its rows are in it
-        (``row_origin``), ``row`` its row in the batch."""
-        path, rows_at = origin
-        at = None if row is None else file_rows(rows_at, row)
-        return Source(key, element, window.max_timestamp(), window, path, at)
-
     def _process_batch(self, batch: pa.RecordBatch, window) -> Iterator[Any]:
         plan = self._plan
         self._metrics.elements_in.inc(batch.num_rows)
@@ -109,130 +166,55 @@ class _ArrowFrontEnd(WorkerDoFn):
             raise  # a missing column: the pipeline is misconfigured, not the data
         except Exception as e:  # noqa: BLE001 - an undecodable batch: each row is dead-lettered
             error = e
-        # A row's dead letter names the file it came from, when the batch says.
+        # A row's dead letter names the file and file row it came from, when the batch says.
         read_from = source_of(batch)
         where = {} if read_from is None else {"file": read_from}
-        origin = row_origin(batch)
-        if error is not None:
-            ids = batch.column(self._columns.id) if self._columns.id in batch.schema.names else None
-            keys = [None if ids is None else ids[r].as_py() for r in range(batch.num_rows)]
-            yield from self._engine.reject(
-                error,
-                VALIDATION,
-                (
-                    self._row_source(k, {"id": k, "row": r, **where}, window, origin, r)
-                    for r, k in enumerate(keys)
-                ),
-            )
-            return
-        for row in np.flatnonzero(decoded.failed):
-            key = decoded.row_key(int(row))
-            yield from self._engine.reject(
-                decoded.describe_failure(int(row)),
-                VALIDATION,
-                [
-                    self._row_source(
-                        key, {"id": key, "row": int(row), **where}, window, origin, int(row)
-                    )
-                ],
-            )
-        ok = np.flatnonzero(~decoded.failed)
-        if not len(ok):
-            return
-        if self._stage is not None:
-            yield from self._stage_rows(decoded, ok, window, where, origin)
-            return
-        index = plan.bucket_indices(decoded.lengths[ok])
-        order = np.argsort(index, kind="stable")
-        cuts = np.flatnonzero(np.diff(index[order])) + 1
-        for group in np.split(order, cuts):
-            bucket = plan.buckets[int(index[group[0]])]
-            rows = ok[group]
-            while len(rows):
-                fill = self._engine.buffer(bucket, window)
-                take = self._engine.room(fill)
-                fill.add(decoded, rows[:take], origin)
-                rows = rows[take:]
-                yield from self._engine.added(fill)
-
-    def _stage_rows(self, decoded, ok, window, where, origin) -> Iterator[Any]:
-        """Packing: the valid rows staged as they were decoded (``ColumnRecords``: flat
-        values, starts, lengths, ids), with no per-row objects; a row's dead-letter
-        ``Source`` is made only if it fails."""
-        if decoded.ids is not None:
-            self._id_type = decoded.ids.type
+        path, rows_at = row_origin(batch)
         timestamp = window.max_timestamp()
-        path, rows_at = origin
 
         def describe(key, row):
             at = file_rows(rows_at, row)
             return Source(key, {"id": key, "row": row, **where}, timestamp, window, path, at)
 
-        records = ColumnRecords.from_decoded(decoded, ok, *self._packed_leaves, describe)
-        yield from self._stage.add_records(records, window)
-
-    @functools.cached_property
-    def _packed_leaves(self) -> tuple[list[bool], list[tuple[int, ...]]]:
-        """Per leaf: whether its first axis is the packed one, and its shape past that axis
-        (its whole shape without it)."""
-        ragged, shapes = [], []
-        for spec in self._plan.layout.specs:
-            first = bool(spec.shape) and isinstance(spec.shape[0], str)
-            ragged.append(first)
-            shapes.append(tuple(spec.shape[1:] if first else spec.shape))
-        return ragged, shapes
+        if error is not None:
+            ids = batch.column(self._columns.id) if self._columns.id in batch.schema.names else None
+            keys = [None if ids is None else ids[r].as_py() for r in range(batch.num_rows)]
+            sources = (describe(k, r) for r, k in enumerate(keys))
+            yield from self._engine.reject(error, VALIDATION, sources)
+            return
+        for row in np.flatnonzero(decoded.failed).tolist():
+            error = decoded.describe_failure(row)
+            yield from self._engine.reject(error, VALIDATION, [describe(decoded.row_key(row), row)])
+        ok = np.flatnonzero(~decoded.failed)
+        if len(ok):
+            yield from self._policy.add(decoded, ok, window, describe)
 
     # --- the engine's front end -------------------------------------------------------
 
     def new_buffer(self, bucket: Bucket, slot: Any, capacity: int) -> BucketFill:
-        spare = self._spare[bucket]
-        fill = spare.pop() if spare else BucketFill(self._plan, bucket, capacity)
-        fill.slot = slot
-        return fill
+        return self._policy.new_buffer(bucket, slot, capacity)
 
-    def release(self, fill: BucketFill) -> None:
-        if isinstance(fill, PackedBuffer):
-            return
-        fill.reset()
-        self._spare[fill.bucket].append(fill)
+    def release(self, buffer) -> None:
+        self._policy.release(buffer)
 
-    def source(self, fill: BucketFill, row: int) -> Source:
-        if isinstance(fill, PackedBuffer):
-            return fill.records.source(row)
-        ids = fill.id_column()
-        key = None if ids is None else ids[row].as_py()
-        names = self._plan.layout.axis_names
-        lengths = dict(zip(names, fill.lengths[row].tolist(), strict=True))
-        path, at = fill.origin(row)
-        return self._row_source(key, {"id": key, "lengths": lengths}, fill.slot, (path, at), 0)
+    def source(self, buffer, row: int) -> Source:
+        return buffer.source(row)
 
     def check(self, outputs, batch):
         return check_row_outputs(self._plan, outputs, batch)
 
-    def emit(self, fill, rows, keep, outputs, batch) -> Iterator[Any]:
+    def emit(self, buffer, rows, keep, outputs, batch) -> Iterator[Any]:
         """A successful batch's kept rows as one record batch."""
-        if isinstance(fill, PackedBuffer):  # records of several input batches: ids by row
-            names, arrays = outputs_to_arrow(outputs, keep, np.zeros((len(keep), 1), np.int64))
-            if self._id_type is not None:
-                ids = fill.records.id_array(rows[keep], self._id_type)
-                names, arrays = [self._columns.id, *names], [ids, *arrays]
-            if len(keep):
-                self._metrics.results.inc(len(keep))
-                out = pa.RecordBatch.from_arrays(arrays, names=names)
-                yield WindowedValue(out, fill.slot.max_timestamp(), (fill.slot,))
+        if not len(keep):
             return
         lengths = batch.lengths_matrix(self._plan.layout.axis_names)[keep]
         names, arrays = outputs_to_arrow(outputs, keep, lengths)
-        ids = fill.id_column()
+        ids = buffer.id_array(rows[keep])
         if ids is not None:
-            picked = rows[keep]
-            whole = len(picked) == len(ids) and (picked == np.arange(len(ids))).all()
-            names = [self._columns.id, *names]
-            arrays = [ids if whole else ids.take(pa.array(picked)), *arrays]
-        if len(keep):
-            self._metrics.results.inc(len(keep))
-            out = pa.RecordBatch.from_arrays(arrays, names=names)
-            yield WindowedValue(out, fill.slot.max_timestamp(), (fill.slot,))
+            names, arrays = [self._columns.id, *names], [ids, *arrays]
+        self._metrics.results.inc(len(keep))
+        out = pa.RecordBatch.from_arrays(arrays, names=names)
+        yield WindowedValue(out, buffer.slot.max_timestamp(), (buffer.slot,))
 
 
 class RunKernelOnArrow(KernelTransform):

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from beam_jax._src.arrow.ahead import WorkAhead
-from beam_jax._src.arrow.io import carry_origin, file_rows, row_origin
+from beam_jax._src.arrow.origin import carry_origin, file_rows, row_origin
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, VALIDATION, FailedElement
 from beam_jax._src.cores import usable_cores
 from beam_jax._src.errors import InvalidElementError, SpecError
@@ -56,9 +56,9 @@ def default_tokenize_threads() -> int:
     """Batches a ``TokenizeBatches`` instance tokenizes at once by default: two where this
     process may use four cores or more, else one.
 
-    On 13 cores two ran the flagship's host 1.26x as fast after its launch as one; three,
-    four and six no faster than two (the bundle's own thread is then the bound:
-    bench/RESULTS.md). On two cores a second thread only competes with the bundle's.
+    Where cores are free a second thread speeds the flagship's host up and more threads
+    do not (the bundle's own thread is then the bound: bench/RESULTS.md). On two cores a
+    second thread only competes with the bundle's.
     """
     return 2 if usable_cores() >= 4 else 1
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 from collections.abc import Mapping, Sequence
 
@@ -27,7 +28,7 @@ _SEGMENT_MULTIPLE = 8
 
 
 @dataclasses.dataclass(frozen=True)
-class PackingStats:
+class PackingSimulation:
     """What packing a sample buffer by buffer gives (see ``simulate_packing``).
 
     Attributes:
@@ -61,7 +62,7 @@ def _buffers(lengths: np.ndarray, buffer_size: int | None):
 
 def simulate_packing(
     lengths: Sequence[int] | np.ndarray, packing: Packing, *, buffer_size: int | None = None
-) -> PackingStats:
+) -> PackingSimulation:
     """Packs a sample of lengths buffer by buffer, as a job would, and counts the padding.
 
     Example:
@@ -96,11 +97,11 @@ def simulate_packing(
             empty += size - len(members)
             batches += 1
             shapes.add((length, size))
-    return PackingStats(real, padded, rows, empty, batches, most, tuple(sorted(shapes)))
+    return PackingSimulation(real, padded, rows, empty, batches, most, tuple(sorted(shapes)))
 
 
 @dataclasses.dataclass(frozen=True)
-class PackingPlan:
+class PackingChoice:
     """What ``plan_packing`` chose, and what packing the sample with it gives.
 
     Attributes:
@@ -114,7 +115,7 @@ class PackingPlan:
     packing: Packing
     shapes: int
     padding_ratio: float
-    stats: PackingStats
+    stats: PackingSimulation
     buffer_size: int | None
 
 
@@ -199,7 +200,7 @@ def plan_packing(
     num_devices: int = 1,
     slot_costs: Mapping[int, float] | None = None,
     length_classes: bool = True,
-) -> PackingPlan:
+) -> PackingChoice:
     """Row lengths and rows per batch that minimise the executed slots of a sample.
 
     Every candidate longest row ``T >= max_size``, alone or with shorter length classes
@@ -246,6 +247,41 @@ def plan_packing(
         SpecError: ``lengths`` is empty or not integral, a limit is below 1, or no
             candidate row length is at least ``max_size``.
     """
+    _check_limits(
+        max_size, compile_budget, max_rows_per_batch, num_devices, buffer_size,
+        max_tokens_per_batch, attention_cost, shape_cost, algorithm, slot_costs,
+    )  # fmt: skip
+    sample = np.minimum(_check_lengths(lengths), max_size)
+    candidates, tops = _candidates(row_lengths, max_size, slot_costs)
+    weight = functools.partial(_weight, attention_cost, slot_costs)
+    caps = {
+        n: _rows_cap(n, max_rows_per_batch, max_tokens_per_batch, num_devices) for n in candidates
+    }
+    best = None
+    for top, classes in _class_sets(candidates, tops, compile_budget, length_classes):
+        used, seen = _pack_sample(sample, buffer_size, (*classes, top), max_segments, algorithm)
+        segments = max_segments or min(top, _round_up(max(seen, 1), _SEGMENT_MULTIPLE))
+        for allowed in _cut_lengths(candidates, top, classes, compile_budget):
+            sizes, cost = _sizes_and_cost(used, allowed, caps, compile_budget, weight, shape_cost,
+                                          num_devices)  # fmt: skip
+            shapes = sum(len(s) for s in sizes.values())
+            key = (cost + shape_cost * shapes, shapes, len(classes), top)
+            if best is None or key < best[0]:
+                packing = Packing(
+                    row_lengths=allowed, rows_per_batch=sizes, max_segments=segments,
+                    algorithm=algorithm, pack_lengths=(*classes, top),
+                )  # fmt: skip
+                best = (key, packing)
+    packing = best[1]
+    stats = simulate_packing(sample, packing, buffer_size=buffer_size)
+    return PackingChoice(packing, len(packing.shapes()), stats.padding_ratio, stats, buffer_size)
+
+
+def _check_limits(
+    max_size, compile_budget, max_rows_per_batch, num_devices, buffer_size,
+    max_tokens_per_batch, attention_cost, shape_cost, algorithm, slot_costs,
+) -> None:  # fmt: skip
+    """``plan_packing``'s arguments other than the sample and the candidate lengths."""
     for name, value in (
         ("max_size", max_size),
         ("compile_budget", compile_budget),
@@ -268,7 +304,11 @@ def plan_packing(
         raise SpecError(
             f"give slot_costs or attention_cost, not both; got attention_cost={attention_cost!r}."
         )
-    sample = np.minimum(_check_lengths(lengths), max_size)
+
+
+def _candidates(row_lengths, max_size: int, slot_costs) -> tuple[list[int], list[int]]:
+    """The candidate row lengths (default ``max_size`` and its half and quarter), and those
+    that can be the longest row (at least ``max_size``)."""
     if row_lengths is None:
         row_lengths = sorted({max(1, max_size // 4), max(1, max_size // 2), max_size})
     candidates = sorted({int(n) for n in row_lengths})
@@ -286,50 +326,52 @@ def plan_packing(
                 f"slot_costs must give a positive cost for every candidate row length "
                 f"{candidates}; missing {missing}, not positive {bad}."
             )
+    return candidates, tops
 
-    def weight(n: int) -> float:
-        if slot_costs is not None:
-            return n * float(slot_costs[n])
-        return n * (1.0 + attention_cost * n)
 
-    def cap(n: int) -> int:
-        c = max_rows_per_batch
-        if max_tokens_per_batch is not None:
-            c = min(c, max_tokens_per_batch // n)
-        return max(num_devices, c // num_devices * num_devices)
+def _weight(attention_cost: float, slot_costs: Mapping[int, float] | None, n: int) -> float:
+    """What a row of length ``n`` costs: its slots, each at its measured cost or growing
+    with the row length as attention's does."""
+    if slot_costs is not None:
+        return n * float(slot_costs[n])
+    return n * (1.0 + attention_cost * n)
 
-    best = None
-    for top, classes in _class_sets(candidates, tops, compile_budget, length_classes):
-        uncapped = Packing(
-            row_lengths=(*classes, top),
-            pack_lengths=(*classes, top),
-            max_segments=max_segments,
-            algorithm=algorithm,
-        )
-        assignments = [assign_rows(chunk, uncapped) for chunk in _buffers(sample, buffer_size)]
-        used = [a.used for a in assignments]
-        seen = max(int(a.counts.max(initial=0)) for a in assignments)
-        segments = max_segments or min(top, _round_up(max(seen, 1), _SEGMENT_MULTIPLE))
-        shorter = [n for n in candidates if n < top and n not in classes]
-        for k in range(min(len(shorter), compile_budget - 1 - len(classes)) + 1):
-            for extra in itertools.combinations(shorter, k):
-                subset = sorted((*classes, *extra))
-                allowed = np.asarray((*subset, top), np.int64)
-                counts = {n: np.zeros(len(used), np.int64) for n in allowed.tolist()}
-                for b, u in enumerate(used):
-                    cut = allowed[np.searchsorted(allowed, u, side="left")]
-                    for n, c in zip(*np.unique(cut, return_counts=True), strict=True):
-                        counts[int(n)][b] = c
-                names = allowed.tolist()
-                sizes = _choose_sizes(counts, names, [cap(n) for n in names], compile_budget,
-                                      weight, shape_cost, num_devices)  # fmt: skip
-                shapes = sum(len(s) for s in sizes.values())
-                cost = sum(_padded_rows(counts[n], sizes[n]) * weight(n) for n in names)
-                key = (cost + shape_cost * shapes, shapes, len(classes), top)
-                if best is None or key < best[0]:
-                    best = (key, Packing(row_lengths=tuple(names), rows_per_batch=sizes,
-                                         max_segments=segments, algorithm=algorithm,
-                                         pack_lengths=(*classes, top)))  # fmt: skip
-    packing = best[1]
-    stats = simulate_packing(sample, packing, buffer_size=buffer_size)
-    return PackingPlan(packing, len(packing.shapes()), stats.padding_ratio, stats, buffer_size)
+
+def _rows_cap(n: int, max_rows: int, max_tokens: int | None, num_devices: int) -> int:
+    """The most rows in a batch of row length ``n``, a multiple of ``num_devices``."""
+    cap = max_rows if max_tokens is None else min(max_rows, max_tokens // n)
+    return max(num_devices, cap // num_devices * num_devices)
+
+
+def _pack_sample(sample, buffer_size, classes, max_segments, algorithm):
+    """The sample packed buffer by buffer into rows of the given length classes, uncut and
+    uncapped: each buffer's rows' used slots, and the most records a row held."""
+    uncapped = Packing(
+        row_lengths=classes, pack_lengths=classes, max_segments=max_segments, algorithm=algorithm
+    )
+    assignments = [assign_rows(chunk, uncapped) for chunk in _buffers(sample, buffer_size)]
+    return [a.used for a in assignments], max(int(a.counts.max(initial=0)) for a in assignments)
+
+
+def _cut_lengths(candidates, top: int, classes, budget: int):
+    """The row lengths to try: the classes and the longest, with every set of shorter
+    candidates (that a buffer's partly filled rows are cut to) the budget leaves room for."""
+    shorter = [n for n in candidates if n < top and n not in classes]
+    for k in range(min(len(shorter), budget - 1 - len(classes)) + 1):
+        for extra in itertools.combinations(shorter, k):
+            yield (*sorted((*classes, *extra)), top)
+
+
+def _sizes_and_cost(used, allowed, caps, budget, weight, shape_cost, num_devices):
+    """Each row length's rows per batch for the packed sample, its rows cut to ``allowed``
+    lengths, and the weighted rows the batches run."""
+    lengths = np.asarray(allowed, np.int64)
+    counts = {n: np.zeros(len(used), np.int64) for n in allowed}
+    for b, u in enumerate(used):
+        cut = lengths[np.searchsorted(lengths, u, side="left")]
+        for n, c in zip(*np.unique(cut, return_counts=True), strict=True):
+            counts[int(n)][b] = c
+    caps = [caps[n] for n in allowed]
+    sizes = _choose_sizes(counts, list(allowed), caps, budget, weight, shape_cost, num_devices)
+    cost = sum(_padded_rows(counts[n], sizes[n]) * weight(n) for n in allowed)
+    return sizes, cost

@@ -24,7 +24,7 @@ from beam_jax._src.errors import SpecError
 
 
 @dataclasses.dataclass(frozen=True)
-class BucketingPlan:
+class BucketingChoice:
     """What ``plan_bucketing`` chose, and what it expects of it.
 
     Attributes:
@@ -71,7 +71,7 @@ def plan_bucketing(
     num_devices: int = 1,
     axis: str = "L",
     **kwargs: Any,
-) -> BucketingPlan:
+) -> BucketingChoice:
     """Boundaries and batch sizes that minimise expected padded volume, batch rows included.
 
     For each number of buckets ``k`` up to the budget, ``plan_boundaries`` places the
@@ -147,7 +147,7 @@ def plan_bucketing(
         batch_sizes={(b,): s for b, s in zip(bounds, sizes, strict=True)},
         **kwargs,
     )
-    return BucketingPlan(bucketing, shapes, volume / real, tuple(counts))
+    return BucketingChoice(bucketing, shapes, volume / real, tuple(counts))
 
 
 def _plan_for(bounds, sample, total, budget, shape_cost, num_devices, max_batch, max_padded):

@@ -1,8 +1,8 @@
 """What JAX will run on in this process, known without opening a device.
 
-Opening a TPU takes seconds (about 2 s for one v5e chip with the host buffer
-:func:`size_tpu_host_buffer` gives it, 6-8 s with libtpu's default), and until it is open
-``jax.devices()``, ``jax.default_backend()`` and ``jax.local_device_count()`` block.
+Opening a TPU takes seconds (fewer with the host buffer :func:`size_tpu_host_buffer`
+gives it than with libtpu's default), and until it is open ``jax.devices()``,
+``jax.default_backend()`` and ``jax.local_device_count()`` block.
 A job launch asks what it runs on to choose its defaults (chunk sizes, matmul precision,
 batch sizes per device) long before it needs the device itself; :func:`local_platform`
 answers from what is already known, so the launch can read and tokenize while the device
@@ -27,6 +27,8 @@ import importlib.util
 import os
 import threading
 from pathlib import Path
+
+from beam_jax._src.compat.jax import backends_opened
 
 __all__ = [
     "TPU_HOST_BUFFER_BYTES",
@@ -134,12 +136,10 @@ def size_tpu_host_buffer(nbytes: int = TPU_HOST_BUFFER_BYTES) -> int | None:
 
     As a TPU opens, its runtime (libtpu) maps a host buffer for the transfers to and from
     the device, 4 GiB unless ``TPU_PREMAPPED_BUFFER_SIZE`` says otherwise, and unmaps it at
-    exit. Where the host has no transparent hugepages that mapping is most of the opening:
-    one TPU v5e chip opened in 5.7-8.2 s with 4 GiB, 1.7-2.9 s with 256 MiB and 1.4-2.5 s
-    with 64 MiB, and its process exited 1-3 s sooner (``bench/RESULTS.md``). A transfer
-    larger than the buffer still runs, outside it, but about 20x slower there (0.19 against
-    4 GB/s to the chip): where one batch's arrays are larger than the buffer, set
-    ``TPU_PREMAPPED_BUFFER_SIZE`` (bytes) above them.
+    exit. Where the host has no transparent hugepages that mapping is most of the opening,
+    and of the process's exit (``bench/RESULTS.md`` has the times). A transfer larger than
+    the buffer still runs, outside it, but far slower: where one batch's arrays are larger
+    than the buffer, set ``TPU_PREMAPPED_BUFFER_SIZE`` (bytes) above them.
 
     This sets ``TPU_PREMAPPED_BUFFER_SIZE`` and ``TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES``
     to ``nbytes`` where the environment sets neither; a size already set there (by the
@@ -216,26 +216,13 @@ def _open_quietly() -> None:
 
 
 def _from_open_backends() -> LocalPlatform | None:
-    from jax._src import xla_bridge
-
-    # JAX holds this lock while it opens its backends, and backends_are_initialized()
-    # waits for it: asked during an opening (seconds on a TPU), answer without them.
-    lock = getattr(xla_bridge, "_backend_lock", None)
-    if lock is None:  # another JAX: its public reading
-        return _open() if xla_bridge.backends_are_initialized() else None
-    if not lock.acquire(blocking=False):
-        return None
-    try:
-        opened = bool(xla_bridge._backends)
-    finally:
-        lock.release()
-    return _open() if opened else None
+    # Asked while JAX opens its backends (seconds on a TPU): answered without them.
+    return _open() if backends_opened() else None
 
 
 def _open() -> LocalPlatform:
     import jax
 
-    size_tpu_host_buffer()
     devices = jax.local_devices()
     platform = "gpu" if devices[0].platform in ("cuda", "rocm") else devices[0].platform
     return LocalPlatform(
