@@ -3,7 +3,7 @@
 What ``pipelines.embed`` would run for these texts on this machine, without Beam, reading
 or writing: its launch plan (``plan_for`` with the flagship's flags: the packed row lengths,
 rows per batch and texts per row it chooses here), the texts packed part by part as its
-parts are (``--rows_per_part`` at a time, by the library's ``PackPlan``), under
+parts are (``--rows_per_part`` at a time, by the library's ``Packer``), under
 ``jax.jit(jax.vmap(packed_fn))`` with two batches in flight (the engine's default off the
 CPU), each batch run whole (as on an accelerator; on a CPU the job runs them in chunks).
 Every shape is compiled (or loaded from the compilation cache) before the clock, one call
@@ -44,7 +44,7 @@ def run_limit(cfg: dict) -> dict:
     import pyarrow.parquet as pq
 
     from beam_jax import jobs
-    from beam_jax.internal import PackPlan
+    from beam_jax.internal import Packer
     from bench._lib.harness import device
 
     jobs.size_tpu_host_buffer()  # as the job's worker does before it opens a TPU
@@ -53,7 +53,7 @@ def run_limit(cfg: dict) -> dict:
     _, model, packing = flagship_plan(cfg)
     texts = pq.read_table(cfg["parquet"], columns=["text"]).column("text").to_pylist()
     ids = model.tokenizer().encode_batch(texts)
-    plan, part = PackPlan(model.spec, packing.packing), packing.buffer_size or len(ids)
+    plan, part = Packer(model.spec, packing.packing), packing.buffer_size or len(ids)
     results = [plan.pack_leaves([[x] for x in ids[i : i + part]]) for i in range(0, len(ids), part)]
     batches = [b for r in results for b in r.batches]
     print(
@@ -67,12 +67,12 @@ def run_limit(cfg: dict) -> dict:
     for b in batches:  # each shape's first call compiles it (or loads it from the cache)
         if (b.size, b.row_length) not in shapes:
             start = time.perf_counter()
-            fn(params, {"input_ids": b.leaves[0]}, b.segments).block_until_ready()
+            fn(params, {"input_ids": b.element_leaves[0]}, b.segments).block_until_ready()
             seconds = shapes[(b.size, b.row_length)] = time.perf_counter() - start
             print(f"limit: shape {b.size} x {b.row_length} ready in {seconds:.1f} s", flush=True)
     start, outputs, pending = time.perf_counter(), [], []
     for b in batches:  # the engine's way: the next batch dispatched before the last is fetched
-        pending.append(fn(params, {"input_ids": b.leaves[0]}, b.segments))
+        pending.append(fn(params, {"input_ids": b.element_leaves[0]}, b.segments))
         if len(pending) == 2:
             outputs.append(np.asarray(pending.pop(0)))
     outputs += [np.asarray(p) for p in pending]
