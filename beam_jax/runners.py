@@ -18,6 +18,6 @@ except ImportError as e:  # pragma: no cover - the [dask] extra is part of the d
         f"beam_jax.runners needs Dask ({e}); install it with: pip install 'beam_jax[dask]'"
     ) from e
 
+from beam_jax._src.runners.dask_refusals import UnsupportedOnDaskError as UnsupportedOnDaskError
 from beam_jax._src.runners.dask_runner import DaskJobResult as DaskJobResult
 from beam_jax._src.runners.dask_runner import DaskRunner as DaskRunner
-from beam_jax._src.runners.dask_runner import UnsupportedOnDaskError as UnsupportedOnDaskError

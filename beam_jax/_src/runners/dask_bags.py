@@ -37,13 +37,7 @@ from apache_beam.io.iobase import BoundedSource
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
 from apache_beam.pvalue import PCollection
 from apache_beam.runners.common import DoFnRunner, Receiver
-from apache_beam.runners.dask.overrides import (
-    _Create,
-    _Flatten,
-    _GroupByKeyOnly,
-    _Read,
-    _Reshuffle,
-)
+from apache_beam.runners.dask.overrides import _Create, _Flatten, _GroupByKeyOnly, _Read, _Reshuffle
 from apache_beam.transforms.sideinputs import SideInputMap
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
@@ -51,8 +45,9 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from beam_jax._src.runners import dask_metrics
+from beam_jax._src.runners.dask_refusals import passes_through
 
-__all__ = ["Job", "Translator", "passes_through", "run_bundle", "teardown_job", "translatable"]
+__all__ = ["Job", "Step", "Translator", "run_bundle", "teardown_job"]
 
 # Elements per partition of a Create, unless --dask_npartitions or --dask_partition_size say
 # otherwise (Beam's DaskRunner's default).
@@ -85,22 +80,6 @@ class Job:
                 f"give --dask_npartitions ({self.npartitions}) or --dask_partition_size "
                 f"({self.partition_size}), not both"
             )
-
-
-def translatable(transform: beam.PTransform) -> bool:
-    """Whether a primitive transform (after Beam's Dask overrides) has a bag operation."""
-    return isinstance(
-        transform,
-        (_Create, _Read, _Flatten, _GroupByKeyOnly, _Reshuffle, beam.Impulse, beam.ParDo),
-    )
-
-
-def passes_through(node: AppliedPTransform) -> bool:
-    """Whether a leaf of the pipeline makes no PCollection of its own (a composite that
-    returns its input, or a ``PDone``): nothing to run."""
-    return not translatable(node.transform) and all(
-        not isinstance(p, PCollection) or p.producer is not node for p in node.outputs.values()
-    )
 
 
 class Translator(PipelineVisitor):

@@ -25,31 +25,18 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
-from typing import Any
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
-from apache_beam.pvalue import PCollection
-from apache_beam.runners.common import DoFnSignature
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.dask import dask_runner
 from apache_beam.runners.dask.overrides import dask_overrides
 from apache_beam.runners.runner import PipelineState
 
-from beam_jax._src.errors import SpecError
 from beam_jax._src.runners import dask_bags, dask_metrics
+from beam_jax._src.runners.dask_refusals import refuse_unsupported
 
-__all__ = ["DaskJobResult", "DaskRunner", "UnsupportedOnDaskError"]
+__all__ = ["DaskJobResult", "DaskRunner"]
 
 _LOG = logging.getLogger(__name__)
-ALTERNATIVES = "Prism (--runner=PrismRunner), Flink or Dataflow"
-
-
-class UnsupportedOnDaskError(SpecError):
-    """The pipeline needs what the DaskRunner cannot do; raised at launch, before the job
-    connects to the cluster. The message names the step and what to use instead: bundle
-    mode for cross-bundle batching, a runner with state, timers and streaming
-    (Prism, Flink, Dataflow) for the rest."""
 
 
 class DaskRunner(dask_runner.DaskRunner):
@@ -162,65 +149,3 @@ class DaskJobResult(dask_runner.DaskRunnerResult):
             _LOG.warning("beam_jax: tearing down the job's DoFns on the workers failed: %s", e)
         finally:
             self.client.close()
-
-
-def refuse_unsupported(pipeline, options: PipelineOptions) -> None:
-    """Raises ``UnsupportedOnDaskError`` for the first thing in ``pipeline`` the DaskRunner
-    cannot run (after Beam's Dask overrides are applied)."""
-    if options.view_as(StandardOptions).streaming:
-        raise UnsupportedOnDaskError(
-            "the DaskRunner runs bounded (batch) pipelines only, and got --streaming; run "
-            f"streaming pipelines on {ALTERNATIVES}."
-        )
-    finder = _Unsupported()
-    pipeline.visit(finder)
-    if finder.problem:
-        raise UnsupportedOnDaskError(finder.problem)
-
-
-class _Unsupported(PipelineVisitor):
-    def __init__(self):
-        self.problem: str | None = None
-
-    def visit_transform(self, node: AppliedPTransform) -> None:
-        if self.problem is None:
-            self.problem = _problem(node)
-
-
-def _problem(node: AppliedPTransform) -> str | None:
-    label, transform = node.full_label, node.transform
-    if dask_bags.passes_through(node):
-        return None
-    unbounded = [p for p in _pcolls(node.outputs.values()) if not p.is_bounded]
-    if unbounded:
-        return (
-            f"step {label!r} makes an unbounded PCollection; the DaskRunner runs bounded "
-            f"(batch) pipelines only: run streaming pipelines on {ALTERNATIVES}."
-        )
-    if not dask_bags.translatable(transform):
-        return (
-            f"step {label!r} ({type(transform).__name__}) is a primitive transform the "
-            f"DaskRunner has no translation for; run this pipeline on {ALTERNATIVES}."
-        )
-    fn = getattr(transform, "fn", None)
-    if fn is None:
-        return None
-    signature = DoFnSignature(fn)
-    if signature.is_stateful_dofn() or signature.has_timers():
-        return (
-            f"step {label!r} ({type(fn).__name__}) uses Beam state or timers, which the "
-            "DaskRunner does not have. For beam_jax's cross-bundle batching, drop "
-            ".with_cross_bundle_batching(...) (bundle mode batches a batch job's bundles as "
-            f"well), or keep it and run on {ALTERNATIVES}."
-        )
-    if signature.is_splittable_dofn():
-        return (
-            f"step {label!r} ({type(fn).__name__}) is a splittable DoFn, which the "
-            "DaskRunner cannot split or run; read with a BoundedSource (beam.io.Read) or "
-            f"beam_jax.ReadArrowBatches, or run on {ALTERNATIVES}."
-        )
-    return None
-
-
-def _pcolls(values: Sequence[Any]) -> list[PCollection]:
-    return [v for v in values if isinstance(v, PCollection)]
