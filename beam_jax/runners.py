@@ -12,7 +12,7 @@ Example:
 """
 
 try:
-    import dask.distributed  # noqa: F401
+    from dask import distributed as _distributed  # noqa: F401
 except ImportError as e:  # pragma: no cover - the [dask] extra is part of the dev install
     raise ImportError(
         f"beam_jax.runners needs Dask ({e}); install it with: pip install 'beam_jax[dask]'"
