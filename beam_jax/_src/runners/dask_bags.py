@@ -228,9 +228,17 @@ def _step(node: AppliedPTransform, job: Job, tagged: bool) -> Step:
     (main,) = node.main_inputs.values()
     views = [(type(si), si._view_options()) for si in node.side_inputs]
     payload = cloudpickle.dumps(
-        (transform.fn, transform.args, transform.kwargs, main.windowing, views)
+        (transform.fn, transform.args, transform.kwargs, _windowing(main), views)
     )
     return Step(job.id, node.full_label, payload, tagged)
+
+
+def _windowing(pcoll: PCollection) -> beam.Windowing:
+    # Beam's Dask override of Read (_Read) has no windowing of its own: it would ask its
+    # input, the pipeline's start. A bounded read's elements are in the global window.
+    if isinstance(pcoll.producer.transform, _Read):
+        return beam.Windowing(GlobalWindows())
+    return pcoll.windowing
 
 
 class _Receivers(dict):
