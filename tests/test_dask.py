@@ -6,8 +6,9 @@ localhost: tests/dask_cluster.py), compared with the FnApiRunner.
   each with bad records (``tests._matrix_job``): byte-identical results and dead letters.
 - ``EmbedText``, ``EmbedTexts`` and ``RunInference`` with a ``KeyedJaxModelHandler``: the
   same ids and dead letters, vectors within 1e-6 (batches differ: bundles are partitions).
-- ``pipelines.embed`` and ``pipelines.curate``: the same files and dead letters, floats
-  within 1e-6 (relative to the array's scale for the curation's summed gradients).
+- ``python -m pipelines.embed`` and ``python -m pipelines.curate`` with
+  ``--dask_client_address``: the same files and dead letters, floats within 1e-6 (relative
+  to the array's scale for the curation's summed gradients).
 - Parameters load, and shapes compile, once per worker process, not once per task.
 - A worker SIGKILLed mid-job: retried once, the job completes with every row once; killed
   again, the job fails with its parts kept, and the same command resumes to a clean
@@ -22,6 +23,9 @@ import functools
 import json
 import os
 import pathlib
+import signal
+import subprocess
+import sys
 
 import apache_beam as beam
 import numpy as np
@@ -43,7 +47,7 @@ from tests import flagship as ft
 from tests.dask_cluster import dask_cluster
 from tests.kernels import D, attention_params, masked_attention_pool
 from tests.kill_at_part import KillAtPart
-from tests.processes import free_port
+from tests.processes import free_port, group_members, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +57,8 @@ BEAMS_DASK_RUNNER = "--runner=apache_beam.runners.dask.dask_runner.DaskRunner"
 # is refused there (test_what_dask_cannot_run_is_refused_at_launch...).
 BRANCHES = tuple(b for b in matrix.BRANCHES if b != "cross_bundle")
 TOLERANCE = 1e-6
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+JOB_TIMEOUT_S = 600
 # Every text of these tests in one shape: MiniLM compiles in seconds per shape and process.
 TEXT_BATCHES = bj.Bucketing(boundaries={"L": (16,)}, batch_size=8, batch_sizes=(8,))
 
@@ -64,11 +70,17 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def compilation_cache(tmp_path_factory) -> list[str]:
-    """The jobs' flag for a compilation cache that their runs and workers share, as on a
-    real cluster: a worker that a test kills starts again without compiling every shape
-    again, and a job on Dask loads the shapes its FnApiRunner reference compiled."""
-    return ["--compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache"))]
+def cache_dir(tmp_path_factory) -> str:
+    """A compilation cache the module's runs and workers share, as on a real cluster: a
+    worker that a test kills starts again without compiling every shape again, and a job
+    on Dask loads the shapes its FnApiRunner reference compiled (the same programs)."""
+    return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+@pytest.fixture(scope="module")
+def compilation_cache(cache_dir) -> list[str]:
+    """The jobs' flag for the shared compilation cache."""
+    return ["--compilation_cache_dir", cache_dir]
 
 
 def _nowhere() -> list[str]:
@@ -83,7 +95,7 @@ def _nowhere() -> list[str]:
 # ------------------------------------------------------------------------- the front ends
 
 
-def test_kernel_transforms_on_dask_give_the_fnapi_runners_bytes(cluster, tmp_path):
+def test_kernel_transforms_on_dask_give_the_fnapi_runners_bytes(cluster, cache_dir, tmp_path):
     parquet = str(tmp_path / "in.parquet")
     matrix.write_parquet(parquet)
     runs = {}
@@ -91,7 +103,10 @@ def test_kernel_transforms_on_dask_give_the_fnapi_runners_bytes(cluster, tmp_pat
         "fnapi": FNAPI,
         "dask": cluster.options("--dask_npartitions=4"),  # 4 bundles over 2 workers
     }.items():
-        result = matrix.run(options, str(tmp_path / name), parquet, branches=BRANCHES)
+        out = str(tmp_path / name)
+        result = matrix.run(
+            options, out, parquet, branches=BRANCHES, compilation_cache_dir=cache_dir
+        )
         runs[name] = (matrix.read_outputs(str(tmp_path / name), BRANCHES), result)
 
     (want, _), (got, result) = runs["fnapi"], runs["dask"]
@@ -123,18 +138,18 @@ def _failed_inference_line(failed) -> str:
     return json.dumps([len(batch), error[0].__name__])
 
 
-def _text_job(pipeline: beam.Pipeline, out: str, parquet: str) -> None:
+def _text_job(pipeline: beam.Pipeline, out: str, parquet: str, cache_dir: str) -> None:
     """EmbedTexts over strings, EmbedText over record batches read from ``parquet``, and
     RunInference with a keyed handler; each with its dead letters, as lines under ``out``."""
+    text = {"batching": TEXT_BATCHES, "compilation_cache_dir": cache_dir}
     texts = [f"Text number {i} is about {('dogs', 'cats', 'tea')[i % 3]}." for i in range(14)]
     vectors, failed = (
         pipeline
         | "Texts" >> beam.Create([*texts, None, 42])
-        | "EmbedTexts"
-        >> EmbedTexts(max_batch_size=5, batching=TEXT_BATCHES).with_exception_handling()
+        | "EmbedTexts" >> EmbedTexts(max_batch_size=5, **text).with_exception_handling()
     )
     batches = pipeline | "Read" >> bj.ReadArrowBatches(parquet, max_rows=4)
-    embedded, embed_failed = batches | "EmbedText" >> EmbedText(batching=TEXT_BATCHES)
+    embedded, embed_failed = batches | "EmbedText" >> EmbedText(**text)
     rng = np.random.default_rng(7)
     records = [
         (i, {"x": rng.standard_normal((1 + i % 9, D)).astype(np.float32)}) for i in range(20)
@@ -144,6 +159,7 @@ def _text_job(pipeline: beam.Pipeline, out: str, parquet: str) -> None:
         spec={"x": bj.ArraySpec(("L", D), np.float32)},
         bucketing=bj.Bucketing(boundaries={"L": (16,)}, batch_size=8, batch_sizes=(8,)),
         load_params=attention_params,
+        compilation_cache_dir=cache_dir,
         max_batch_duration_secs=None,  # Beam's stateful batching: refused on Dask
     )
     inferred, other = (
@@ -169,7 +185,7 @@ def _vectors(lines: list[str]) -> dict:
 
 
 def test_text_front_ends_and_the_inference_handler_on_dask_match_the_fnapi_runner(
-    cluster, tmp_path
+    cluster, cache_dir, tmp_path
 ):
     parquet = tmp_path / "texts.parquet"
     rows = {
@@ -181,7 +197,7 @@ def test_text_front_ends_and_the_inference_handler_on_dask_match_the_fnapi_runne
     got = {}
     for name, options in {"fnapi": FNAPI, "dask": cluster.options("--dask_npartitions=3")}.items():
         pipeline = beam.Pipeline(options=PipelineOptions(options))
-        _text_job(pipeline, str(tmp_path / name), str(parquet))
+        _text_job(pipeline, str(tmp_path / name), str(parquet), cache_dir)
         assert pipeline.run().wait_until_finish() == "DONE"
         names = ("texts", "texts_dead", "batches", "batches_dead", "inference", "inference_failed")
         got[name] = {n: job.read_lines(str(tmp_path / name), n + "-") for n in names}
@@ -293,18 +309,40 @@ def _embed_on(cluster, cache, source, out):
     return embed_text.run([*argv, *cluster.options()])
 
 
-def test_the_flagship_on_dask_writes_the_fnapi_runners_files(
+def _python_m(module: str, *argv: str) -> str:
+    """``python -m MODULE ARGV...`` as a user types it, in its own process group (which
+    must end with it); returns what it printed."""
+    cmd = [sys.executable, "-m", module, *argv]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        log, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert wait_until(lambda: not group_members(proc.pid), 30), "the job left processes"
+    assert proc.returncode == 0, log
+    return log
+
+
+def test_python_m_pipelines_embed_on_dask_writes_the_fnapi_runners_files(
     cluster, compilation_cache, embed_reference, tmp_path
 ):
+    """The command line, with the DaskRunner's own option passing through the job's flags."""
     source, reference, want = embed_reference
+    out = tmp_path / "out"
+    argv = ["--input", str(source), "--output", str(out), "--rows_per_part", "3"]
 
-    summary = _embed_on(cluster, compilation_cache, source, tmp_path / "out")
+    _python_m("pipelines.embed", *argv, *compilation_cache, *cluster.options())
 
-    assert summary.conserved and summary.parts_written == want.parts_written
-    assert (summary.rows, summary.results, summary.dead_letters_by_stage) == (
-        want.rows, want.results, want.dead_letters_by_stage,
-    )  # fmt: skip
-    _assert_same_embeddings(_files(tmp_path / "out"), _files(reference))
+    summary = json.loads((out / "_metrics.json").read_text())["summary"]
+    assert summary["conserved"] and summary["parts_written"] == want.parts_written, summary
+    got = (summary["rows"], summary["results"], summary["dead_letters_by_stage"])
+    assert got == (want.rows, want.results, want.dead_letters_by_stage)
+    _assert_same_embeddings(_files(out), _files(reference))
 
 
 def test_a_killed_worker_is_retried_and_the_job_writes_every_row_once(
@@ -384,21 +422,20 @@ def _curate_outputs(out: pathlib.Path) -> dict:
     return {"scores": scores.sort_by("id"), "failed": failed, "gradients": gradients}
 
 
-def test_the_curation_job_on_dask_matches_the_fnapi_runner(cluster, compilation_cache, tmp_path):
+def test_python_m_pipelines_curate_on_dask_matches_the_fnapi_runner(
+    cluster, compilation_cache, tmp_path
+):
     source = _curate_input(tmp_path / "rows.jsonl")
-    flags = ["--input", str(source), "--passes", "1", "--flip_fraction", "0.1"]
-    runs = {}
-    for name, options in {"fnapi": FNAPI, "dask": cluster.options()}.items():
-        summary = curate.run(
-            [*flags, "--output", str(tmp_path / name), *options, *compilation_cache]
-        )
-        runs[name] = (summary, _curate_outputs(tmp_path / name))
+    flags = ["--input", str(source), "--passes", "1", "--flip_fraction", "0.1", *compilation_cache]
+    want = curate.run([*flags, "--output", str(tmp_path / "fnapi"), *FNAPI])
+    _python_m("pipelines.curate", *flags, "--output", str(tmp_path / "dask"), *cluster.options())
 
-    (want, theirs), (got, mine) = runs["fnapi"], runs["dask"]
-    assert (got.rows, got.records, got.flipped, got.dead_letters_by_stage) == (
+    got = json.loads((tmp_path / "dask" / "summary.json").read_text())
+    assert (got["rows"], got["records"], got["flipped"], got["dead_letters_by_stage"]) == (
         want.rows, want.records, want.flipped, want.dead_letters_by_stage,
     )  # fmt: skip
     assert want.records == 40 and sum(want.dead_letters_by_stage.values()) == 3
+    theirs, mine = _curate_outputs(tmp_path / "fnapi"), _curate_outputs(tmp_path / "dask")
     assert mine["failed"] == theirs["failed"] and len(theirs["failed"]) == 3
     assert mine["gradients"].keys() == theirs["gradients"].keys()
     for key, total in theirs["gradients"].items():  # sums over 40 records, batched otherwise
