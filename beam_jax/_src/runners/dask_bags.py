@@ -23,6 +23,7 @@ Each bundle's metrics travel to the client (:mod:`.dask_metrics`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import re
@@ -33,6 +34,7 @@ from typing import Any
 import apache_beam as beam
 import cloudpickle
 import dask.bag as db
+from apache_beam import coders, typehints
 from apache_beam.io.iobase import BoundedSource
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
 from apache_beam.pvalue import PCollection
@@ -128,7 +130,9 @@ class Translator(PipelineVisitor):
             return db.concat(inputs) if inputs else db.from_sequence([], npartitions=1)
         (bag,) = inputs
         if isinstance(transform, _GroupByKeyOnly):
-            return bag.groupby(_key, shuffle="tasks").map(_grouped)
+            (pcoll,) = [p for p in node.inputs if isinstance(p, PCollection)]
+            key = functools.partial(_encoded_key, _key_coder(pcoll, node.full_label))
+            return bag.groupby(key, shuffle="tasks").map(_grouped)
         if isinstance(transform, _Reshuffle):
             return bag if bag.npartitions >= self.job.spread else bag.repartition(self.job.spread)
         assert isinstance(transform, beam.ParDo), transform  # the launch refused the rest
@@ -186,14 +190,23 @@ def _read_bundles(bundles: Iterable[Any]) -> list[WindowedValue]:
     return out
 
 
-def _key(element: WindowedValue) -> Any:
-    return element.value[0]
+def _key_coder(pcoll: PCollection, label: str) -> coders.Coder:
+    """The deterministic coder of ``pcoll``'s keys: elements group by their keys' encoding,
+    as on every Beam runner (Python's equality and Dask's hashing would group ``1`` and
+    ``np.int64(1)`` apart or together by accident)."""
+    key_type, _ = typehints.trivial_inference.key_value_types(pcoll.element_type)
+    return coders.registry.get_coder(key_type).as_deterministic_coder(label)
 
 
-def _grouped(group: tuple[Any, list[WindowedValue]]) -> WindowedValue:
+def _encoded_key(coder: coders.Coder, element: WindowedValue) -> bytes:
+    return coder.encode(element.value[0])
+
+
+def _grouped(group: tuple[bytes, list[WindowedValue]]) -> WindowedValue:
     # ReifyWindows made each value a WindowedValue; GroupAlsoByWindow (a ParDo) sorts them
     # into windows, as in Beam's DirectRunner.
-    key, elements = group
+    _, elements = group
+    key = elements[0].value[0]
     return GlobalWindows.windowed_value((key, [e.value[1] for e in elements]))
 
 
