@@ -427,6 +427,7 @@ def test_python_m_pipelines_curate_on_dask_matches_the_fnapi_runner(
 ):
     source = _curate_input(tmp_path / "rows.jsonl")
     flags = ["--input", str(source), "--passes", "1", "--flip_fraction", "0.1", *compilation_cache]
+    flags += ["--num_buckets", "1", "--batch_size", "64", "--batch_sizes", "64"]  # one shape
     want = curate.run([*flags, "--output", str(tmp_path / "fnapi"), *FNAPI])
     _python_m("pipelines.curate", *flags, "--output", str(tmp_path / "dask"), *cluster.options())
 

@@ -7,7 +7,10 @@ What differs from Beam's own translation (``apache_beam.runners.dask``, 2.78), a
 - A step with several outputs makes one bag of ``(tag, WindowedValue)`` pairs and each
   output's consumers read their own tag; Beam's passes every output to every consumer.
 - ``Impulse`` and ``Read`` (of a ``BoundedSource``) have bags; in Beam's they had none
-  (``'NoneType' object has no attribute 'map'``), and ``WindowInto`` ran as a ParDo.
+  (``'NoneType' object has no attribute 'map'``). ``WindowInto`` and ``GroupByWindow``
+  run as the ParDos they are; Beam's matched classes exactly, so they did nothing.
+- Elements group by their keys' deterministic encoding (:func:`_key_coder`), as on other
+  runners.
 - A ``Reshuffle`` spreads the elements over at least as many partitions as the cluster has
   threads (``Job.spread``); Beam's kept them where they were.
 - A side input is computed once in the job's graph and handed to each task that needs it;
