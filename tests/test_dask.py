@@ -469,6 +469,20 @@ def _stateful_batching(pipeline):
     _ = pipeline | beam.Create([{"x": np.ones((2, D), np.float32)}]) | RunInference(handler)
 
 
+_COUNT = beam.transforms.userstate.CombiningValueStateSpec("count", sum)
+_COUNT_STATE = beam.DoFn.StateParam(_COUNT)
+
+
+class _CountPerKey(beam.DoFn):
+    def process(self, element, count=_COUNT_STATE):
+        count.add(1)
+        yield element
+
+
+def _own_stateful(pipeline):
+    _ = pipeline | beam.Create([("a", 1)]) | beam.ParDo(_CountPerKey())
+
+
 def _test_stream(pipeline):
     _ = pipeline | TestStream().add_elements([1]) | beam.Map(str)
 
@@ -482,6 +496,7 @@ def _test_stream(pipeline):
             r"'RunKernel/.*CrossBundleDoFn.*state.*drop \.with_cross_bundle_batching",
         ),
         (_stateful_batching, [], r"BatchElements.*max_batch_duration_secs=None"),
+        (_own_stateful, [], r"'ParDo\(_CountPerKey\)'.*state.*Run this pipeline on Prism"),
         (_test_stream, [], r"unbounded PCollection.*Prism"),
         (
             lambda p: p | beam.Create([1]) | beam.Map(str),
@@ -489,7 +504,7 @@ def _test_stream(pipeline):
             r"bounded \(batch\).*--streaming",
         ),
     ],
-    ids=["cross_bundle", "stateful_batch_elements", "test_stream", "streaming"],
+    ids=["cross_bundle", "stateful_batch_elements", "own_stateful", "test_stream", "streaming"],
 )
 def test_what_dask_cannot_run_is_refused_at_launch_naming_the_step_and_the_alternative(
     build, flags, says

@@ -76,6 +76,8 @@ def refuse_beams_dask_runner(pipeline: Any, transform: str) -> None:
     )
 
 
+# Named, not imported: the transforms layer sits above this one.
+_CROSS_BUNDLE_MODULE = "beam_jax._src.transforms.cross_bundle"
 _TRANSLATED = (_Create, _Read, _Flatten, _GroupByKeyOnly, _Reshuffle, beam.Impulse, beam.ParDo)
 
 
@@ -136,7 +138,7 @@ def _problem(node: AppliedPTransform) -> str | None:
     if signature.is_stateful_dofn() or signature.has_timers():
         return (
             f"step {label!r} ({type(fn).__name__}) keeps Beam state or sets timers, which "
-            f"the DaskRunner does not have. {_stateful_advice(label)}"
+            f"the DaskRunner does not have. {_stateful_advice(label, fn)}"
         )
     if signature.is_splittable_dofn():
         return (
@@ -147,7 +149,13 @@ def _problem(node: AppliedPTransform) -> str | None:
     return None
 
 
-def _stateful_advice(label: str) -> str:
+def _stateful_advice(label: str, fn: beam.DoFn) -> str:
+    if type(fn).__module__ == _CROSS_BUNDLE_MODULE:
+        return (
+            "For beam_jax's cross-bundle batching, drop .with_cross_bundle_batching(...) (in a "
+            "batch job, bundle mode fills batches from each bundle), or keep it and run on "
+            f"{ALTERNATIVES}."
+        )
     if "BatchElements" in label:
         return (
             "Beam's BatchElements keeps elements in state when given max_batch_duration_secs "
@@ -155,8 +163,4 @@ def _stateful_advice(label: str) -> str:
             "max_batch_duration_secs=None), or BatchElements no max_batch_duration_secs, "
             f"or run on {ALTERNATIVES}."
         )
-    return (
-        "For beam_jax's cross-bundle batching, drop .with_cross_bundle_batching(...) (in a "
-        "batch job, bundle mode fills batches from each bundle), or keep it and run on "
-        f"{ALTERNATIVES}."
-    )
+    return f"Run this pipeline on {ALTERNATIVES}."
