@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.ml.inference.base import RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream
@@ -483,6 +484,46 @@ def _own_stateful(pipeline):
     _ = pipeline | beam.Create([("a", 1)]) | beam.ParDo(_CountPerKey())
 
 
+class _Ranges(beam.transforms.core.RestrictionProvider):
+    def initial_restriction(self, element):
+        return OffsetRange(0, element)
+
+    def create_tracker(self, restriction):
+        return OffsetRestrictionTracker(restriction)
+
+    def restriction_size(self, element, restriction):
+        return restriction.size()
+
+
+_RANGE = beam.DoFn.RestrictionParam(_Ranges())
+
+
+class _Splittable(beam.DoFn):
+    def process(self, element, tracker=_RANGE):
+        position = tracker.current_restriction().start
+        while tracker.try_claim(position):
+            yield position
+            position += 1
+
+
+def _splittable(pipeline):
+    _ = pipeline | beam.Create([3]) | beam.ParDo(_Splittable())
+
+
+class _Primitive(beam.PTransform):
+    """A primitive of one's own: a bounded PCollection out of nothing, as Impulse is."""
+
+    def expand(self, pbegin):
+        return beam.pvalue.PCollection(pbegin.pipeline, is_bounded=True)
+
+    def get_windowing(self, inputs):
+        return beam.Windowing(beam.window.GlobalWindows())
+
+
+def _untranslatable(pipeline):
+    _ = pipeline | _Primitive() | beam.Map(str)
+
+
 def _test_stream(pipeline):
     _ = pipeline | TestStream().add_elements([1]) | beam.Map(str)
 
@@ -497,6 +538,12 @@ def _test_stream(pipeline):
         ),
         (_stateful_batching, [], r"BatchElements.*max_batch_duration_secs=None"),
         (_own_stateful, [], r"'ParDo\(_CountPerKey\)'.*state.*Run this pipeline on Prism"),
+        (_splittable, [], r"'ParDo\(_Splittable\)'.*splittable DoFn.*ReadArrowBatches"),
+        (
+            _untranslatable,
+            [],
+            r"'_Primitive' \(_Primitive\) is a primitive transform .*no translation",
+        ),
         (_test_stream, [], r"unbounded PCollection.*Prism"),
         (
             lambda p: p | beam.Create([1]) | beam.Map(str),
@@ -504,7 +551,15 @@ def _test_stream(pipeline):
             r"bounded \(batch\).*--streaming",
         ),
     ],
-    ids=["cross_bundle", "stateful_batch_elements", "own_stateful", "test_stream", "streaming"],
+    ids=[
+        "cross_bundle",
+        "stateful_batch_elements",
+        "own_stateful",
+        "splittable",
+        "untranslatable",
+        "test_stream",
+        "streaming",
+    ],  # fmt: skip
 )
 def test_what_dask_cannot_run_is_refused_at_launch_naming_the_step_and_the_alternative(
     build, flags, says
