@@ -35,7 +35,7 @@ import pytest
 from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.ml.inference.base import RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing.test_stream import TestStream
+from apache_beam.testing.test_stream import TestStream as _TestStream
 
 import beam_jax as bj
 import beam_jax.runners
@@ -525,7 +525,7 @@ def _untranslatable(pipeline):
 
 
 def _test_stream(pipeline):
-    _ = pipeline | TestStream().add_elements([1]) | beam.Map(str)
+    _ = pipeline | _TestStream().add_elements([1]) | beam.Map(str)
 
 
 @pytest.mark.parametrize(
