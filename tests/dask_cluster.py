@@ -14,7 +14,7 @@ import dataclasses
 import sys
 from collections.abc import Iterator
 
-from tests.processes import free_port, port_open, process_group, worker_env
+from tests.processes import free_port, port_open, process_group, wait_until, worker_env
 
 WORKERS = 2
 START_TIMEOUT_S = 120
@@ -43,6 +43,12 @@ class Cluster:
     def wait_for_workers(self, n: int = WORKERS, timeout_s: float = START_TIMEOUT_S) -> None:
         """Until ``n`` workers are registered (a killed one is restarted by its nanny)."""
         self.client.wait_for_workers(n, timeout=timeout_s)
+
+    def wait_idle(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until no task runs on any worker: a failed job's tasks that were running when it
+        was cancelled end in their own time (Dask cannot interrupt them)."""
+        idle = wait_until(lambda: not any(self.client.processing().values()), timeout_s)
+        assert idle, f"tasks still running after {timeout_s} s: {self.client.processing()}"
 
     def worker_pids(self) -> set[int]:
         """The process ids of the registered workers."""

@@ -385,6 +385,7 @@ def test_a_worker_killed_twice_fails_the_job_keeping_its_parts_and_a_rerun_resum
         _embed_on(cluster, compilation_cache, source, out)
 
     assert len(marker.read_text().split()) == 2
+    cluster.wait_idle()  # the other bundle's task may still be writing its parts
     kept = sorted(p.name for p in (out / "_unfinished").glob("embeddings-*.parquet"))
     assert any(KILLED_PART in name for name in kept), kept  # written before the kill
     assert len(kept) < want.parts_written
