@@ -11,6 +11,7 @@ text lines, so outputs must be byte-identical across runners.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -51,7 +52,8 @@ def sum_kernel(params, element, lengths):
     return {"sum": jnp.sum(x * mask, axis=0) * params["scale"]}
 
 
-def _options(namespace: str, output_spec=None) -> dict:
+def _options(namespace: str, output_spec=None, compilation_cache_dir=None) -> dict:
+    """A branch's kernel options; its metrics count under ``namespace``."""
     return dict(
         spec=job.SPEC,
         **({} if output_spec is None else {"output_spec": output_spec}),
@@ -59,6 +61,7 @@ def _options(namespace: str, output_spec=None) -> dict:
         validation=job.VALIDATION,
         load_params=job.load_params,
         metrics_namespace=namespace,
+        compilation_cache_dir=compilation_cache_dir,
     )
 
 
@@ -85,38 +88,56 @@ def _write(pcoll, out_dir: str, name: str):
     return pcoll | f"Write{name}" >> beam.io.WriteToText(os.path.join(out_dir, name))
 
 
-def build(pipeline: beam.Pipeline, out_dir: str, parquet_path: str) -> None:
-    """Add every branch to ``pipeline``; each writes ``out_dir/<branch>*`` and
-    ``out_dir/<branch>_dead*``."""
+def build(
+    pipeline: beam.Pipeline,
+    out_dir: str,
+    parquet_path: str,
+    branches: Sequence[str] = BRANCHES,
+    compilation_cache_dir: str | None = None,
+) -> None:
+    """Add the ``branches`` (default: every one) to ``pipeline``; each writes
+    ``out_dir/<branch>*`` and ``out_dir/<branch>_dead*``. Their kernels share
+    ``compilation_cache_dir``, if given."""
+    options = functools.partial(_options, compilation_cache_dir=compilation_cache_dir)
     elements = (
         pipeline | "Indices" >> beam.Create(range(job.N)) | "Make" >> beam.Map(job.make_element)
     )
-    run = bj.RunKernel(job.kernel, keyed=True, **_options("run", job.OUTPUT_SPEC))
-    branches = {
-        "run": elements | "Run" >> run.with_exception_handling(),
-        "cross_bundle": elements
-        | "CrossBundle"
-        >> bj.RunKernel(job.kernel, keyed=True, **_options("cross_bundle", job.OUTPUT_SPEC))
-        .with_cross_bundle_batching(max_wait_s=1.0, shards=2)
-        .with_exception_handling(),
-        "arrow": pipeline
-        | "ReadArrow" >> bj.ReadArrowBatches(parquet_path, max_rows=5)
-        | "Arrow"
-        >> bj.RunKernelOnArrow(
-            job.kernel,
-            columns=bj.ArrowColumns(leaves={"x": "x"}, id="id"),
-            **_options("arrow", job.OUTPUT_SPEC),
-        ).with_exception_handling(),
-        "reduce": elements
-        | "Reduce"
-        >> bj.ReduceKernel(sum_kernel, keyed=True, **_options("reduce")).with_exception_handling(),
-        "reduce_windowed": elements
-        | "Stamp" >> beam.Map(lambda e: window.TimestampedValue(e, e[0]))
-        | "Windows" >> beam.WindowInto(window.FixedWindows(WINDOW_S))
-        | "ReduceWindowed"
-        >> bj.ReduceKernel(
-            sum_kernel, keyed=True, **_options("reduce_windowed")
-        ).with_exception_handling(),
+    run = bj.RunKernel(job.kernel, keyed=True, **options("run", job.OUTPUT_SPEC))
+    make = {  # each branch is applied only if asked for
+        "run": lambda: elements | "Run" >> run.with_exception_handling(),
+        "cross_bundle": lambda: (
+            elements
+            | "CrossBundle"
+            >> bj.RunKernel(job.kernel, keyed=True, **options("cross_bundle", job.OUTPUT_SPEC))
+            .with_cross_bundle_batching(max_wait_s=1.0, shards=2)
+            .with_exception_handling()
+        ),
+        "arrow": lambda: (
+            pipeline
+            | "ReadArrow" >> bj.ReadArrowBatches(parquet_path, max_rows=5)
+            | "Arrow"
+            >> bj.RunKernelOnArrow(
+                job.kernel,
+                columns=bj.ArrowColumns(leaves={"x": "x"}, id="id"),
+                **options("arrow", job.OUTPUT_SPEC),
+            ).with_exception_handling()
+        ),
+        "reduce": lambda: (
+            elements
+            | "Reduce"
+            >> bj.ReduceKernel(
+                sum_kernel, keyed=True, **options("reduce")
+            ).with_exception_handling()
+        ),
+        "reduce_windowed": lambda: (
+            elements
+            | "Stamp" >> beam.Map(lambda e: window.TimestampedValue(e, e[0]))
+            | "Windows" >> beam.WindowInto(window.FixedWindows(WINDOW_S))
+            | "ReduceWindowed"
+            >> bj.ReduceKernel(
+                sum_kernel, keyed=True, **options("reduce_windowed")
+            ).with_exception_handling()
+        ),
     }
     to_lines = {
         "run": beam.Map(job.result_line),
@@ -125,15 +146,25 @@ def build(pipeline: beam.Pipeline, out_dir: str, parquet_path: str) -> None:
         "reduce": beam.Map(reduction_line),
         "reduce_windowed": beam.Map(reduction_line),
     }
-    for name, (results, dead) in branches.items():
+    for name in branches:
+        results, dead = make[name]()
         _write(results | f"Lines{name}" >> to_lines[name], out_dir, name)
         _write(dead | f"DeadLines{name}" >> beam.Map(job.dead_letter_line), out_dir, f"{name}_dead")
 
 
-def run(argv: Sequence[str], out_dir: str, parquet_path: str, *, timeout_ms: int | None = None):
-    """Build and run the job with pipeline options ``argv``; returns the finished result."""
+def run(
+    argv: Sequence[str],
+    out_dir: str,
+    parquet_path: str,
+    *,
+    timeout_ms: int | None = None,
+    branches: Sequence[str] = BRANCHES,
+    compilation_cache_dir: str | None = None,
+):
+    """Build and run the job (its ``branches``) with pipeline options ``argv``; returns the
+    finished result."""
     pipeline = beam.Pipeline(options=PipelineOptions(list(argv)))
-    build(pipeline, out_dir, parquet_path)
+    build(pipeline, out_dir, parquet_path, branches, compilation_cache_dir)
     result = pipeline.run()
     state = result.wait_until_finish(duration=timeout_ms)
     if state != beam.runners.runner.PipelineState.DONE:
@@ -142,10 +173,10 @@ def run(argv: Sequence[str], out_dir: str, parquet_path: str, *, timeout_ms: int
     return result
 
 
-def read_outputs(out_dir: str) -> dict[str, list[str]]:
+def read_outputs(out_dir: str, branches: Sequence[str] = BRANCHES) -> dict[str, list[str]]:
     """``{branch or branch_dead: sorted lines}``: what runners must agree on, byte for byte."""
     return {
         name: job.read_lines(out_dir, name + "-")
-        for branch in BRANCHES
+        for branch in branches
         for name in (branch, f"{branch}_dead")
     }

@@ -197,7 +197,7 @@ def test_plan_with_a_kernel_lists_each_shape_s_analysed_bytes_and_the_batch_limi
         in text
     )
     if jax.default_backend() == "cpu":  # CPU devices report no memory: a budget is needed
-        with pytest.raises(SystemExit, match="needs --memory-budget-mib"):
+        with pytest.raises(SystemExit, match="needs --memory_budget_mib"):
             cli.main(["plan", *argv[:-2]])
     with pytest.raises(
         SystemExit, match=r"neither 'minilm', a model directory, a registered name \(none"
@@ -261,7 +261,7 @@ def test_plan_warns_of_values_over_max_size_and_prints_lines_to_paste(tmp_path, 
             "--max-buckets", "3", "--max-size", "64"]  # fmt: skip
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
-    assert "warning: 3 of 7 values (42.9%) are longer than --max-size 64" in captured.err
+    assert "warning: 3 of 7 values (42.9%) are longer than --max_size 64" in captured.err
     best = bj.plan_boundaries(np.minimum(lengths, 64), 3, max_size=64)
     python = f'bj.Bucketing(boundaries={{"L": {tuple(best)!r}}})'
     assert python in captured.out

@@ -13,6 +13,7 @@ import yaml
 import beam_jax as bj
 import beam_jax.internal as internal
 import beam_jax.jobs as jobs
+import beam_jax.runners as runners
 import beam_jax.text as text
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -47,6 +48,7 @@ def _public(module) -> set[str]:
         "cli",
         "jobs",
         "text",
+        "runners",
     }
     names = {n for n in dir(module) if not n.startswith("_")} - subpackages
     return {n for n in names if not _former_name(module, n, names)}
@@ -82,6 +84,7 @@ def test_the_reference_lists_every_public_name():
     assert _documented("internal.md", "beam_jax.internal") == _public(internal)
     assert _documented("jobs.md", "beam_jax.jobs") == _public(jobs)
     assert _documented("text.md", "beam_jax.text") == _public(text)
+    assert _documented("runners.md", "beam_jax.runners") == _public(runners)
 
 
 def test_readme_links_the_site_and_says_how_to_serve_it():

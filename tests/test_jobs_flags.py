@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import re
 
 import pytest
@@ -88,3 +89,183 @@ def test_a_flag_neither_the_job_nor_beam_knows_stops_the_launch(argv, message, c
     with pytest.raises(SystemExit):
         jobs.parse_job_args(_parser(), argv)
     assert re.search(message, capsys.readouterr().err)
+
+
+def _dashed_parser() -> argparse.ArgumentParser:
+    parser = _parser()
+    parser.add_argument("--id_column", default="id")
+    parser.add_argument("--max-size", type=int)  # a flag defined with a dash
+    jobs.add_flags(parser)
+    return parser
+
+
+def test_every_flag_takes_either_spelling_the_job_s_and_beam_s():
+    argv = ["--id-column", "doc", "--max_size", "8", "--no_progress", "--progress-seconds", "1",
+            "--temp-location=/tmp/x", "--direct-num-workers", "2", "--rows=4"]  # fmt: skip
+    args, options = jobs.parse_job_args(_dashed_parser(), argv)
+    assert (args.id_column, args.max_size, args.progress, args.progress_seconds) == (
+        "doc", 8, False, 1.0,
+    )  # fmt: skip
+    assert args.rows == 4
+    got = options.get_all_options()
+    assert got["temp_location"] == "/tmp/x" and got["direct_num_workers"] == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["--id-colum", "doc"], "did you mean --id_column for --id-colum?"),
+        (["--id_colum", "doc"], "did you mean --id_column for --id_colum?"),
+        (["--max_siz", "3"], "did you mean --max-size for --max_siz?"),
+        (["--no-progres"], "did you mean --no-progress for --no-progres?"),
+        (["--temp-locaton", "x"], "did you mean --temp_location for --temp-locaton?"),
+        (["--flink-mastr", "x"], "did you mean --flink_master for --flink-mastr?"),
+    ],
+)
+def test_a_misspelled_flag_of_either_spelling_is_refused_with_the_closest(argv, hint, capsys):
+    with pytest.raises(SystemExit):
+        jobs.parse_job_args(_dashed_parser(), argv)
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: " + argv[0] in err and hint in err, err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--runner", "FlinkRunner", "--flink_master", "localhost:8081", "--parallelism", "2"],
+        ["--runner", "SparkRunner", "--spark-master-url", "spark://h:7077"],
+        ["--runner", "DataflowRunner", "--project", "p", "--region", "r",
+         "--dataflow_service_options", "a=b", "--worker-machine-type", "n1-standard-4"],
+        ["--runner", "PrismRunner", "--prism_location", "/bin/prism"],
+    ],
+)  # fmt: skip
+def test_the_runners_own_options_pass_through_to_beam(argv):
+    _, options = jobs.parse_job_args(_parser(), argv)
+    got = options.get_all_options(drop_default=True)
+    for flag, value in zip(argv[2::2], argv[3::2], strict=True):
+        key = flag[2:].replace("-", "_")
+        key = {"worker_machine_type": "machine_type"}.get(key, key)
+        assert str(got[key]) == value or got[key] == [value], (flag, got)
+
+
+def test_a_runner_s_module_registers_its_options_and_a_pipeline_reads_them():
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    argv = ["--runner", "tests.runner_options.OwnRunner", "--own-cluster-address", "tcp://h:1",
+            "--own_workers", "3"]  # fmt: skip
+    _, options = jobs.parse_job_args(_parser(), argv)
+    from tests.runner_options import OwnRunnerOptions
+
+    own = options.view_as(OwnRunnerOptions)
+    assert (own.cluster, own.own_workers) == ("tcp://h:1", 3)
+    with beam.Pipeline(options=options) as p:  # OwnRunner checks the option it was given
+        assert_that(p | beam.Create([1, 2]) | beam.Map(lambda x: x * 10), equal_to([10, 20]))
+    with pytest.raises(SystemExit):
+        jobs.parse_job_args(_parser(), [*argv[:2], "--own_worker", "3"])
+
+
+def test_a_runner_module_is_imported_only_when_a_flag_needs_it(tmp_path, monkeypatch, capsys):
+    from beam_jax._src.jobs import flag_names
+
+    name = f"lazy_runner_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text(
+        "from apache_beam.options.pipeline_options import PipelineOptions\n"
+        "class LazyOptions(PipelineOptions):\n"
+        "    @classmethod\n"
+        "    def _add_argparse_args(cls, parser):\n"
+        "        parser.add_argument('--lazy_cluster_address')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(flag_names.RUNNER_OPTION_MODULES, name, "lazy-package[extra]")
+    import sys
+
+    jobs.parse_job_args(_parser(), ["--rows", "2"])
+    assert name not in sys.modules  # nothing unknown: nothing imported
+    _, options = jobs.parse_job_args(_parser(), ["--lazy-cluster-address", "tcp://h:2"])
+    assert name in sys.modules
+    assert options.get_all_options()["lazy_cluster_address"] == "tcp://h:2"
+    # A module that does not import: its flags are named with what installs it.
+    broken = f"broken_runner_{os.getpid()}"
+    (tmp_path / f"{broken}.py").write_text(
+        "import no_such_package_here\nparser.add_argument('--broken_address')\n"
+    )
+    monkeypatch.setitem(flag_names.RUNNER_OPTION_MODULES, broken, "broken-package[extra]")
+    for flag, said in [
+        ("--broken_address", ""),
+        ("--broken-adress", "did you mean --broken_address? "),
+    ]:  # noqa: E501
+        with pytest.raises(SystemExit):
+            jobs.parse_job_args(_parser(), [flag, "x"])
+        err = capsys.readouterr().err
+        assert f"{said}--broken_address is an option of {broken}, which does not import here " \
+               "(ModuleNotFoundError: No module named 'no_such_package_here'); install " \
+               "broken-package[extra]" in err, err  # fmt: skip
+
+
+def test_dask_s_options_pass_through_or_say_what_installs_them(capsys):
+    argv = ["--runner", "apache_beam.runners.dask.dask_runner.DaskRunner",
+            "--dask_client_address", "tcp://127.0.0.1:8786"]  # fmt: skip
+    try:
+        import dask.distributed  # noqa: F401
+    except ImportError:
+        for args in (argv, argv[2:]):
+            with pytest.raises(SystemExit):
+                jobs.parse_job_args(_parser(), args)
+            assert "install apache-beam[dask]" in capsys.readouterr().err
+        return
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+
+    for args in (argv, argv[2:], ["--dask-client-address", argv[-1]]):
+        _, options = jobs.parse_job_args(_parser(), args)
+        assert options.view_as(DaskOptions).address == "tcp://127.0.0.1:8786"
+    with pytest.raises(SystemExit):
+        jobs.parse_job_args(_parser(), ["--dask_client_adress", "x"])
+    assert "did you mean --dask_client_address" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("runner", "said"),
+    [
+        ("DaskRunner", "by its path: --runner apache_beam.runners.dask.dask_runner.DaskRunner"),
+        ("tests.no_such_module.Runner", "its module tests.no_such_module does not import"),
+    ],
+)
+def test_a_runner_beam_names_only_by_path_or_one_that_does_not_import(runner, said, capsys):
+    with pytest.raises(SystemExit):
+        jobs.parse_job_args(_parser(), ["--runner", runner])
+    assert said in capsys.readouterr().err
+
+
+def test_beam_s_modules_with_options_of_their_own_are_all_known():
+    """Every PipelineOptions subclass Beam defines outside its options module (examples and
+    tests aside) is in RUNNER_OPTION_MODULES, so its flags are found once asked for."""
+    import apache_beam
+
+    from beam_jax._src.jobs import flag_names
+
+    root = pathlib.Path(apache_beam.__file__).parent
+    found = set()
+    pattern = re.compile(r"^class \w+\((?:pipeline_options\.)?PipelineOptions\):", re.M)
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
+        if rel.parts[0] in ("examples", "testing", "options") or path.name.endswith("_test.py"):
+            continue
+        if pattern.search(path.read_text(encoding="utf-8", errors="replace")):
+            found.add("apache_beam." + ".".join(rel.with_suffix("").parts))
+    assert found == set(flag_names.RUNNER_OPTION_MODULES), found
+
+
+def test_a_bad_value_of_beam_s_flag_is_said_with_the_job_s_usage(capsys):
+    with pytest.raises(SystemExit):
+        jobs.parse_job_args(_parser(), ["--direct_num_workers", "two"])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: job") and "--direct_num_workers: invalid int value: 'two'" in err
+
+
+def test_version_prints_every_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        jobs.parse_job_args(_parser(), ["--version"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert re.fullmatch(r"beam-jax \S+ \(apache-beam \S+, jax \S+, Python \S+\)\n", out), out

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import beam_jax
 from beam_jax import jobs
 from beam_jax._src.cli import main as cli
 from pipelines import curate
 from pipelines.embed import flags as embed_flags
 from pipelines.embed import job as embed_job
+from tests import processes
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _texts_file(tmp_path: pathlib.Path, n: int = 300) -> pathlib.Path:
@@ -162,3 +169,101 @@ def test_the_plan_s_line_for_a_model_directory_names_it_and_embed_takes_it(tmp_p
     assert cli.main([*argv, "--max-size", "80"]) == 0
     out = capsys.readouterr().out
     assert _paste_line(out) is None and "must end between 48" in out and "and 64" in out
+
+
+# Each command as a new user types it, with a misspelled flag of each style (a dash, an
+# underscore) and what the refusal must suggest for each.
+_COMMANDS = {
+    "python -m pipelines.embed": (
+        ["-m", "pipelines.embed", "--batch-siz", "8", "--id_colum", "doc"],
+        ["did you mean --batch_size for --batch-siz?", "did you mean --id_column for --id_colum?"],
+    ),
+    "beam-jax curate": (
+        ["-m", "beam_jax", "curate", "--flip-fractio", "0.1", "--hash_bit", "4"],
+        ["did you mean --flip_fraction for --flip-fractio?",
+         "did you mean --hash_bits for --hash_bit?"],
+    ),
+    "python -m pipelines.curate": (
+        ["-m", "pipelines.curate", "--no-progres", "--learning_rat", "0.1"],
+        ["did you mean --no-progress for --no-progres?",
+         "did you mean --learning_rate for --learning_rat?"],
+    ),
+    "beam-jax plan": (
+        ["-m", "beam_jax", "plan", "--input", "x", "--colum", "t", "--max-bucket", "3",
+         "--max_siz", "9"],
+        ["did you mean --column for --colum?", "did you mean --max_buckets for --max-bucket?",
+         "did you mean --max_size for --max_siz?"],
+    ),
+    "beam-jax report": (
+        ["-m", "beam_jax", "report", "out", "--plto", "p.png", "--plot-", "x"],
+        ["did you mean --plot for --plto?"],
+    ),
+}  # fmt: skip
+
+
+def _run_all(argvs: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
+    """Runs each command line (python's arguments) at once; their results by name."""
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=processes.worker_env(),
+        )  # fmt: skip
+        for name, argv in argvs.items()
+    }
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        out[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return out
+
+
+def test_each_command_refuses_a_misspelled_flag_of_each_style_with_the_closest():
+    done = _run_all({name: argv for name, (argv, _) in _COMMANDS.items()})
+    for name, (_, hints) in _COMMANDS.items():
+        result = done[name]
+        assert result.returncode == 2, (name, result.stderr)
+        last = result.stderr.strip().splitlines()[-1]
+        assert "unrecognized arguments" in last and all(h in last for h in hints), (name, last)
+
+
+def test_every_command_prints_its_version():
+    commands = {
+        "embed": ["-m", "pipelines.embed", "--version"],
+        "curate": ["-m", "beam_jax", "curate", "--version"],
+        "plan": ["-m", "beam_jax", "plan", "--version"],
+        "report": ["-m", "beam_jax", "report", "--version"],
+        "beam-jax": ["-m", "beam_jax", "--version"],
+    }
+    for name, result in _run_all(commands).items():
+        assert result.returncode == 0, (name, result.stderr)
+        assert re.fullmatch(
+            rf"beam-jax {re.escape(beam_jax.__version__)} \(apache-beam \S+, jax \S+, Python "
+            r"\S+\)\n",
+            result.stdout,
+        ), (name, result.stdout)
+
+
+def test_embed_takes_dashed_flags_that_it_used_to_ignore(tmp_path):
+    source = tmp_path / "mine.parquet"
+    texts = [" ".join(["word"] * (1 + i % 5)) for i in range(12)]
+    pq.write_table(pa.table({"doc_id": list(range(12)), "body": texts}), source)
+    out = tmp_path / "o7"
+    done = _run_all({"embed": ["-m", "pipelines.embed", "--input", str(source), "--output",
+                               str(out), "--id-column", "doc_id", "--text-column", "body",
+                               "--batching", "buckets", "--batch-size", "2",
+                               "--no-progress"]})["embed"]  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(pq.read_table(out).column("id").to_pylist()) == list(range(12))
+    summary = json.loads((out / "_metrics.json").read_text())["summary"]
+    # Two texts per device per batch (4 devices here): several batches, not the default's one.
+    assert summary["batches"] >= 2, summary
+    assert "progress" not in done.stdout.lower(), done.stdout
+
+
+def test_beam_jax_names_the_closest_command():
+    done = _run_all({"pla": ["-m", "beam_jax", "pla", "--input", "x"]})["pla"]
+    assert done.returncode == 2 and "no command 'pla'; did you mean plan?" in done.stderr

@@ -9,6 +9,7 @@ import typing
 import beam_jax as bj
 import beam_jax.internal as internal
 import beam_jax.jobs as jobs
+import beam_jax.runners as runners
 import beam_jax.text as text
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
 
@@ -204,17 +205,20 @@ JOBS = {
 }
 
 
+RUNNERS = {"DaskRunner", "DaskJobResult", "UnsupportedOnDaskError"}
+
+
 def _public(module) -> set[str]:
-    faces = {"internal", "testing", "text", "jobs"}
+    faces = {"internal", "testing", "text", "jobs", "runners"}
     return {n for n in dir(module) if not n.startswith("_")} - faces
 
 
 def test_implementation_modules_are_private():
-    """Besides the three faces (and ``python -m beam_jax``), every module is under _src/."""
+    """Besides the faces (and ``python -m beam_jax``), every module is under _src/."""
     root = pathlib.Path(bj.__file__).parent
     faces = {p.name for p in root.iterdir() if not p.name.startswith("_")} - {"py.typed"}
-    assert faces == {"internal.py", "testing.py", "text.py", "jobs.py"}, faces
-    for face in (bj, internal, text, jobs):
+    assert faces == {"internal.py", "testing.py", "text.py", "jobs.py", "runners.py"}, faces
+    for face in (bj, internal, text, jobs, runners):
         for name in _public(face):
             obj = getattr(face, name)
             module = getattr(obj, "__module__", None) if callable(obj) else None
@@ -245,6 +249,15 @@ def test_jobs_exports_what_a_runnable_job_wraps_around_its_pipeline():
     assert _public(jobs) == JOBS
     assert not JOBS & (TOP_LEVEL | INTERNAL | TEXT), "a name lives in one place"
     assert issubclass(jobs.OutputExistsError, bj.BeamJaxError)
+
+
+def test_runners_exports_the_dask_runner():
+    assert _public(runners) == RUNNERS
+    assert not RUNNERS & (TOP_LEVEL | INTERNAL | TEXT | JOBS), "a name lives in one place"
+    assert issubclass(runners.UnsupportedOnDaskError, bj.SpecError)
+    from apache_beam.runners.dask.dask_runner import DaskRunner
+
+    assert issubclass(runners.DaskRunner, DaskRunner)
 
 
 def test_every_error_is_a_beam_jax_error_and_says_how_to_fix_it():
@@ -297,11 +310,12 @@ def _module_graph() -> dict[str, set[str]]:
 
 
 def test_imports_only_go_down_the_layers():
-    """compat < bucketing < core < arrow, kernel, text < engine < transforms < inference,
-    jobs < cli: a module imports only from its own layer and those below (lazy imports
-    included)."""
-    rank = {"compat": -1, "bucketing": 0, "core": 1, "arrow": 2, "kernel": 2, "text": 2,
-            "engine": 3, "transforms": 4, "inference": 5, "jobs": 5, "cli": 6}  # fmt: skip
+    """compat < bucketing < core, runners < arrow, kernel, text < engine < transforms <
+    inference, jobs < cli: a module imports only from its own layer and those below (lazy
+    imports included). The runner adapters use no other layer; the transforms ask them what
+    a runner lacks."""
+    rank = {"compat": -1, "bucketing": 0, "core": 1, "runners": 1, "arrow": 2, "kernel": 2,
+            "text": 2, "engine": 3, "transforms": 4, "inference": 5, "jobs": 5, "cli": 6}  # fmt: skip
     root = pathlib.Path(bj.__file__).parent / "_src"
     assert {p.name for p in root.iterdir() if (p / "__init__.py").exists()} == set(rank)
     for package, level in rank.items():

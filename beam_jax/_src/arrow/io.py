@@ -32,6 +32,7 @@ from beam_jax._src.arrow.json_lines import (
 from beam_jax._src.arrow.origin import stamp_origin
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, METRICS_NAMESPACE, FailedElement, Stage
 from beam_jax._src.errors import InputFileError, InputLineError, SpecError
+from beam_jax._src.runners.dask_refusals import refuse_beams_dask_runner
 
 
 class _ListRowGroups(beam.DoFn):
@@ -483,6 +484,7 @@ class ReadArrowBatches(beam.PTransform):
         return self.format == "jsonl" or (self.format is None and is_json_lines(path))
 
     def expand(self, pbegin):
+        refuse_beams_dask_runner(pbegin.pipeline, "ReadArrowBatches")
         handle = self._handle_errors
         files = self.files()
         json_files = [f for f in files if self._is_json(f)]

@@ -45,20 +45,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--kernel", metavar="NAME", help=KERNEL_HELP)
     add(
-        "--memory-budget-mib",
+        "--memory_budget_mib",
         type=float,
         metavar="N",
         help="with --kernel: the memory budget per device in MiB (required on CPU; default "
         "on GPU/TPU: a fraction of free device memory)",
     )
     add(
-        "--buckets-for",
+        "--buckets_for",
         type=int,
         metavar="K",
         help="with --kernel: analyse the boundaries of budget K (default: the largest)",
     )
     add(
-        "--batch-size",
+        "--batch_size",
         type=int,
         default=64,
         help="with --kernel: the largest batch size searched (default 64)",
@@ -100,18 +100,18 @@ def analyse(args: argparse.Namespace, plans: Sequence[Any]) -> dict[str, Any] | 
     message on bad flags."""
     if args.kernel is None:
         if args.memory_budget_mib is not None or args.buckets_for is not None:
-            sys.exit("beam-jax plan: --memory-budget-mib and --buckets-for need --kernel")
+            sys.exit("beam-jax plan: --memory_budget_mib and --buckets_for need --kernel")
         return None
     k = len(plans) if args.buckets_for is None else args.buckets_for
     if not 1 <= k <= len(plans):
-        sys.exit(f"beam-jax plan: --buckets-for must be in 1..{len(plans)}, got {k}")
+        sys.exit(f"beam-jax plan: --buckets_for must be in 1..{len(plans)}, got {k}")
     if args.batch_size < 1:
-        sys.exit(f"beam-jax plan: --batch-size must be >= 1, got {args.batch_size}")
+        sys.exit(f"beam-jax plan: --batch_size must be >= 1, got {args.batch_size}")
     budget = None
     if args.memory_budget_mib is not None:
         if args.memory_budget_mib <= 0:
             sys.exit(
-                f"beam-jax plan: --memory-budget-mib must be > 0, got {args.memory_budget_mib}"
+                f"beam-jax plan: --memory_budget_mib must be > 0, got {args.memory_budget_mib}"
             )
         budget = int(args.memory_budget_mib * MIB)
     import jax
@@ -121,7 +121,7 @@ def analyse(args: argparse.Namespace, plans: Sequence[Any]) -> dict[str, Any] | 
     from beam_jax._src.engine.options import KernelOptions
 
     if budget is None and jax.default_backend() == "cpu":
-        sys.exit("beam-jax plan: --kernel on CPU needs --memory-budget-mib (CPU devices do "
+        sys.exit("beam-jax plan: --kernel on CPU needs --memory_budget_mib (CPU devices do "
                  "not report their memory)")  # fmt: skip
     try:
         kernel = load_kernel(args.kernel)

@@ -222,7 +222,7 @@ def paste_lines(
     if not low <= bounds[-1] <= high:
         out["no_flag"] = (
             f"its --buckets must end between {low} (the model's max_seq_length) and {high} "
-            f"(its position table); this plan ends at {bounds[-1]} (leave --max-size unset "
+            f"(its position table); this plan ends at {bounds[-1]} (leave --max_size unset "
             "or set it in that range)"
         )
         return out
@@ -277,6 +277,8 @@ def plot_plan(
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "plan",
+        allow_abbrev=False,
+        epilog="Every flag takes either spelling: --a_b or --a-b.",
         help="best bucket boundaries of a column for each compile budget",
         description="Read one column of Parquet or JSON-lines files, and print for each "
         "budget 1..K the bucket boundaries that minimise padding and the padding ratio they "
@@ -285,9 +287,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--input", required=True, help="a Parquet or JSON-lines file, glob or directory")
     add("--column", required=True, help="the column to measure")
-    add("--max-buckets", type=int, default=8, help="the largest budget K (default 8)")
+    add("--max_buckets", type=int, default=8, help="the largest budget K (default 8)")
     add(
-        "--max-size",
+        "--max_size",
         type=int,
         help="the last boundary, e.g. the model's longest input; longer values are counted "
         "as it, and the plan says how many there are (they would be dead letters unless "
@@ -310,7 +312,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "texts -> token counts; default: none)",
     )
     add(
-        "--pack-buffer",
+        "--pack_buffer",
         type=int,
         default=1024,
         help="records packed together in the packed plans' prediction (default 1024)",
@@ -335,7 +337,7 @@ def _measures_tokens(args: argparse.Namespace, column: Any) -> bool:
 
 def main(args: argparse.Namespace) -> int:
     if args.max_buckets < 1:
-        sys.exit(f"beam-jax plan: --max-buckets must be >= 1, got {args.max_buckets}")
+        sys.exit(f"beam-jax plan: --max_buckets must be >= 1, got {args.max_buckets}")
     try:
         column = lens.read_column(args.input, args.column)
         lengths = lens.column_lengths(column, args.measure, args.tokenizer)
@@ -344,14 +346,14 @@ def main(args: argparse.Namespace) -> int:
     if len(lengths) == 0:
         sys.exit(f"beam-jax plan: column {args.column!r} of {args.input} has no non-null values")
     if args.max_size is not None and args.max_size < 1:
-        sys.exit(f"beam-jax plan: --max-size must be >= 1, got {args.max_size}")
+        sys.exit(f"beam-jax plan: --max_size must be >= 1, got {args.max_size}")
     # Token counts of a sentence encoder: a plan the job can use ends at its max length.
     encoder = sentence_encoder(args.tokenizer) if _measures_tokens(args, column) else None
     if encoder is not None and args.max_size is None:
         args.max_size = encoder.max_length
     plans = plan_budgets(lengths, args.max_buckets, args.max_size)
     if args.pack_buffer < 1:
-        sys.exit(f"beam-jax plan: --pack-buffer must be >= 1, got {args.pack_buffer}")
+        sys.exit(f"beam-jax plan: --pack_buffer must be >= 1, got {args.pack_buffer}")
     packed = plan_packings(
         lengths, min(args.max_buckets, MAX_PACKED_BUDGET), args.max_size, args.pack_buffer
     )
@@ -410,7 +412,7 @@ def main(args: argparse.Namespace) -> int:
     if over:
         print(
             f"\nwarning: {over:,} of {len(lengths):,} values ({over / len(lengths):.1%}) are "
-            f"longer than --max-size {args.max_size}; the plan counts them as {args.max_size}, "
+            f"longer than --max_size {args.max_size}; the plan counts them as {args.max_size}, "
             "but a pipeline makes them dead letters (stage validation) unless it truncates "
             'them (bj.Bucketing(..., oversize="truncate"); the embed pipeline truncates '
             "texts at the model's max_seq_length)",

@@ -154,6 +154,8 @@ def plot_report(record: dict[str, Any], path: str):
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "report",
+        allow_abbrev=False,
+        epilog="Every flag takes either spelling: --a_b or --a-b.",
         help="the metrics a run wrote, as tables and a plot",
         description="Print the metrics of a finished run (OUTPUT/_metrics.json, written by "
         "the pipelines): totals, per-bucket elements, padding, batch latency and compiles, "

@@ -85,8 +85,10 @@ def add_flags(parser: argparse.ArgumentParser, *, progress: bool = True) -> None
 def prog(module: str, command: str) -> str:
     """The name a pipeline's usage line shows: ``beam-jax COMMAND`` when the ``beam-jax``
     console script runs it, else ``python -m MODULE``."""
-    script = os.path.basename(sys.argv[0]) if sys.argv else ""
-    return f"beam-jax {command}" if script == "beam-jax" else f"python -m {module}"
+    script = os.path.normpath(sys.argv[0]) if sys.argv else ""
+    by_script = os.path.basename(script) == "beam-jax"
+    by_module = script.endswith(os.path.join("beam_jax", "__main__.py"))  # python -m beam_jax
+    return f"beam-jax {command}" if by_script or by_module else f"python -m {module}"
 
 
 def verbose_requested(argv: list[str] | None) -> bool:

@@ -2,8 +2,9 @@
 job's flags and Beam's.
 
 :func:`parse_job_args` parses the job's own flags and passes every other flag to Beam's
-``PipelineOptions``; a flag neither knows stops the launch with a suggestion (a misspelled
-``--inptu`` is not dropped with a warning).
+``PipelineOptions`` (a runner's own options included); a flag neither knows stops the
+launch with a suggestion (a misspelled ``--inptu`` or ``--id-colum`` is never dropped).
+Every flag takes either spelling, ``--id_column`` or ``--id-column``.
 
 Example:
     >>> parser = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter)
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import sys
 from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import (
@@ -30,6 +32,7 @@ from apache_beam.options.pipeline_options import (
     TestOptions,
 )
 
+from beam_jax._src.jobs import flag_names
 from beam_jax._src.jobs.console import is_local
 from beam_jax._src.jobs.images import ALLOW_MISMATCH_FLAG, beam_version_mismatch
 
@@ -44,6 +47,12 @@ __all__ = [
     "ratio",
     "reject_unknown_flags",
 ]
+
+# Runners Beam ships but names only by their path (its ALL_KNOWN_RUNNERS lacks them).
+_RUNNERS_BY_PATH_ONLY = (
+    "apache_beam.runners.dask.dask_runner.DaskRunner",
+    "apache_beam.runners.render.RenderRunner",
+)
 
 # Local runs keep compiled shapes across runs (JAX keys entries by the program, the JAX
 # version and the device, so a stale entry is never used).
@@ -122,62 +131,68 @@ def add_compilation_cache_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _unknown_flags(rest: Sequence[str]) -> list[str]:
-    """The flags in ``rest`` that Beam's PipelineOptions do not know either."""
-    known = set(PipelineOptions([]).get_all_options())
-    parsed = PipelineOptions(list(rest)).get_all_options(retain_unknown_options=True)
-    unknown = {f"--{name}" for name in set(parsed) - known}
-    bad = []
-    for i, arg in enumerate(rest):
-        name = arg.split("=", 1)[0]
-        if name in unknown or (arg.startswith("-") and not arg.startswith("--")):
-            bad.append(name)
-        elif not arg.startswith("-") and (i == 0 or not rest[i - 1].startswith("--")
-                                          or "=" in rest[i - 1]):  # fmt: skip
-            bad.append(arg)  # a word that is no flag's value
-    return bad
-
-
-def _closest(name: str, choices: Sequence[str]) -> list[str]:
-    return difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+def _runner_of(argv: Sequence[str]) -> str | None:
+    """The ``--runner`` in ``argv`` (the last one, as argparse takes it), if any."""
+    runner = None
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg.startswith("--runner="):
+            runner = arg.split("=", 1)[1]
+        elif arg == "--runner" and i + 1 < len(argv):
+            runner = argv[i + 1]
+    return runner
 
 
 def _runner_problem(runner: str) -> str | None:
     """Why ``--runner`` names no runner Beam knows, with the closest known name."""
+    if "." in runner:  # a dotted path to a runner class: its module must import
+        return flag_names.runner_import_problem(runner)
     known = [path.rsplit(".", 1)[-1] for path in StandardOptions.ALL_KNOWN_RUNNERS]
-    if "." in runner:  # a dotted path to a runner class of one's own: Beam imports it
-        return None
     lower = {name.lower(): name for name in known}
     name = runner.lower()
     if name in lower or f"{name}runner" in lower:  # Beam's own leniency: "direct", "fnapirunner"
         return None
-    close = _closest(name, list(lower)) or _closest(f"{name}runner", list(lower))
+    by_path = {path.rsplit(".", 1)[-1].lower(): path for path in _RUNNERS_BY_PATH_ONLY}
+    path = by_path.get(name) or by_path.get(f"{name}runner")
+    if path:
+        return f"Beam knows --runner {runner} only by its path: --runner {path}"
+    close = difflib.get_close_matches(name, list(lower), n=1, cutoff=0.6)
+    close = close or difflib.get_close_matches(f"{name}runner", list(lower), n=1, cutoff=0.6)
     hint = f"did you mean {lower[close[0]]}? " if close else ""
     return (
         f"--runner {runner} is not a runner Beam knows; {hint}Beam's runners: "
-        f"{', '.join(sorted(known))} (or a dotted path to a runner class)"
+        f"{', '.join(sorted(known))} (or a dotted path to a runner class, e.g. "
+        f"{_RUNNERS_BY_PATH_ONLY[0]})"
     )
+
+
+def _beam_rest(parser: argparse.ArgumentParser, rest: Sequence[str]) -> list[str]:
+    """``rest`` with Beam's flags spelled as Beam defines them; exits through
+    ``parser.error`` on a word that neither ``parser`` nor Beam takes."""
+    ours = list(parser._option_string_actions)
+    try:
+        return flag_names.check_beam_flags(rest, ours, _runner_of(rest))
+    except flag_names.UnknownFlags as e:
+        hint = "; ".join(e.hints)
+        parser.error(
+            f"unrecognized arguments: {' '.join(e.words)} (neither this job's flags nor "
+            f"Beam's PipelineOptions have them){'; ' + hint if hint else ''}"
+        )
+    except argparse.ArgumentError as e:
+        parser.error(f"{e} (a flag of Beam's PipelineOptions)")
 
 
 def reject_unknown_flags(parser: argparse.ArgumentParser, rest: Sequence[str]) -> None:
     """Exits through ``parser.error`` if ``rest`` (what ``parse_known_args`` left) holds a
-    flag that neither ``parser`` nor Beam's ``PipelineOptions`` knows, suggesting the
-    closest of ``parser``'s flags.
+    flag that neither ``parser`` nor Beam's ``PipelineOptions`` knows (a runner's own
+    options included, in either spelling), suggesting the closest of ``parser``'s flags
+    or Beam's.
 
     Raises:
         SystemExit: On such a flag (after printing the usage and the reason).
     """
-    unknown = _unknown_flags(rest)
-    if unknown:
-        ours = [a for action in parser._actions for a in action.option_strings]
-        # Beam's own options too: a misspelled --runer is as likely as a misspelled --inptu.
-        beams = [f"--{name}" for name in PipelineOptions([]).get_all_options()]
-        hints = {u: _closest(u, ours) or _closest(u, beams) for u in unknown}
-        hint = "; ".join(f"did you mean {h[0]} for {u}?" for u, h in hints.items() if h)
-        parser.error(
-            f"unrecognized arguments: {' '.join(unknown)} (neither this job's flags nor "
-            f"Beam's PipelineOptions have them){'; ' + hint if hint else ''}"
-        )
+    _beam_rest(parser, rest)
 
 
 def parse_job_args(
@@ -188,14 +203,18 @@ def parse_job_args(
 ) -> tuple[argparse.Namespace, PipelineOptions]:
     """Splits ``argv`` into ``parser``'s flags and Beam's ``PipelineOptions``.
 
-    Every flag ``parser`` does not know must be one of Beam's (``--runner``, ``--project``,
-    ``--temp_location`` ...), which pass through unchanged. The runner defaults to
+    Every flag takes either spelling (``--batch_size``, ``--batch-size``). Every flag
+    ``parser`` does not know must be one of Beam's (``--runner``, ``--project``,
+    ``--temp_location`` ..., and a runner's own options, such as the DaskRunner's
+    ``--dask_client_address``, whose module is imported to know them), which pass through
+    as Beam spells them; any other is refused with the closest flag. The runner defaults to
     ``default_runner``; ``--dry_run`` is accepted only with the DataflowRunner (other
     runners ignore it and would run the whole job); a job whose workers' image holds
     another Beam than the one installed here is refused (``--allow_beam_version_mismatch``
     launches it anyway; ``beam_jax.jobs.beam_version_mismatch``); a ``--compilation_cache_dir`` flag
     (:func:`add_compilation_cache_flag`) is resolved; ``save_main_session`` is off (workers
-    import the job's code from its package).
+    import the job's code from its package); ``--version`` prints the versions and exits.
+    A flag's prefix is no flag (``parser.allow_abbrev`` is turned off).
 
     Raises:
         SystemExit: On a flag that neither ``parser`` nor Beam knows, a worker image on
@@ -209,14 +228,18 @@ def parse_job_args(
             help="launch even where the workers' image holds another Beam than this machine's "
             "(by default such a job is refused before anything is staged)",
         )
-    args, rest = parser.parse_known_args(argv)
-    reject_unknown_flags(parser, rest)
-    options = PipelineOptions(rest)
+    flag_names.add_version_flag(parser)
+    parser.allow_abbrev = False  # a prefix of a job's flag must not take a Beam flag's value
+    argv = list(sys.argv[1:] if argv is None else argv)
+    runner = _runner_of(argv)
+    if runner and (problem := _runner_problem(runner)):
+        parser.error(problem)
+    known = [*parser._option_string_actions, *flag_names.beam_flags()]
+    args, rest = parser.parse_known_args(flag_names.respell(argv, known))
+    options = PipelineOptions(_beam_rest(parser, rest))
     standard = options.view_as(StandardOptions)
     if standard.runner is None:
         standard.runner = default_runner
-    elif isinstance(standard.runner, str) and (problem := _runner_problem(standard.runner)):
-        parser.error(problem)
     if options.view_as(TestOptions).dry_run and "DataflowRunner" not in str(standard.runner):
         parser.error(f"--dry_run builds the job without running it only with --runner "
                      f"DataflowRunner, got --runner {standard.runner}")  # fmt: skip

@@ -18,6 +18,7 @@ from beam_jax._src.bucketing.packing_choice import PackingChoice
 from beam_jax._src.bucketing.rule import default_boundaries
 from beam_jax._src.core.dead_letter import DEAD_LETTERS, FailedElement
 from beam_jax._src.errors import SpecError
+from beam_jax._src.runners.dask_refusals import refuse_beams_dask_runner
 from beam_jax._src.text.sentence_encoder import SentenceEncoder
 from beam_jax._src.transforms.base import RunKernelResult
 from beam_jax._src.transforms.run_kernel_on_arrow import RunKernelOnArrow
@@ -234,6 +235,7 @@ class EmbedText(beam.PTransform):
         return self._on_accelerator(self.kernel.start_workers())
 
     def expand(self, batches):  # a RunKernelResult: no output type hint (Beam warns of it)
+        refuse_beams_dask_runner(batches.pipeline, "EmbedText")
         tokenize = TokenizeBatches(
             self.encoder, text_column=self.text_column, id_column=self.id_column
         )

@@ -28,6 +28,7 @@ from beam_jax._src.core.dead_letter import (
     encodable_key,
 )
 from beam_jax._src.errors import InvalidElementError, SpecError
+from beam_jax._src.runners.dask_refusals import refuse_beams_dask_runner
 from beam_jax._src.text.sentence_encoder import SentenceEncoder
 from beam_jax._src.transforms.base import RunKernelResult
 from beam_jax._src.transforms.embed_text import EMBEDDING, EmbedText
@@ -180,6 +181,7 @@ class EmbedTexts(beam.PTransform):
         return self.embed.start_workers()
 
     def expand(self, elements):
+        refuse_beams_dask_runner(elements.pipeline, "EmbedTexts")
         batches = (
             elements
             | "Batch" >> beam.BatchElements(max_batch_size=self.max_batch_size)

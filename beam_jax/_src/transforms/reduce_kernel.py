@@ -18,6 +18,7 @@ from beam_jax._src.engine.batching import check_summed_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
 from beam_jax._src.errors import SpecError
 from beam_jax._src.kernel.wrappers import SumRows, SumSegments
+from beam_jax._src.runners.dask_refusals import refuse_beams_dask_runner
 from beam_jax._src.transforms.base import KernelTransform
 from beam_jax._src.transforms.cross_bundle import CrossBundleDoFn, buffered_outputs
 from beam_jax._src.transforms.elements import ElementsDoFn
@@ -173,6 +174,7 @@ class ReduceKernel(KernelTransform):
         self.keyed = keyed
 
     def expand(self, pcoll):
+        refuse_beams_dask_runner(pcoll.pipeline, "ReduceKernel")
         # Wrap, don't flag: the kernel runs the user's function summed over real rows (with
         # packing: over the real segments of every packed row).
         sum_of = SumSegments if self.options.packing is not None else SumRows

@@ -10,6 +10,7 @@ from typing_extensions import Unpack
 
 from beam_jax._src.core.dead_letter import DEAD_LETTERS
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
+from beam_jax._src.runners.dask_refusals import refuse_beams_dask_runner
 from beam_jax._src.transforms.base import KernelTransform
 from beam_jax._src.transforms.cross_bundle import CrossBundleDoFn, buffered_outputs
 from beam_jax._src.transforms.elements import ElementsDoFn
@@ -57,6 +58,7 @@ class RunKernel(KernelTransform):
         self.keyed = keyed
 
     def expand(self, pcoll):
+        refuse_beams_dask_runner(pcoll.pipeline, "RunKernel")
         config = self.cross_bundle
         if config is not None and config.applies_to(pcoll):
             front = CrossBundleDoFn(

@@ -25,6 +25,7 @@ from beam_jax._src.engine.batching import check_row_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs, make_plan
 from beam_jax._src.engine.packing import PackedBuffer, PackedStage
 from beam_jax._src.errors import InvalidElementError, SpecError
+from beam_jax._src.runners.dask_refusals import refuse_beams_dask_runner
 from beam_jax._src.transforms.base import KernelTransform, Source, WorkerDoFn
 
 
@@ -289,6 +290,7 @@ class RunKernelOnArrow(KernelTransform):
         )
 
     def expand(self, pcoll):
+        refuse_beams_dask_runner(pcoll.pipeline, "RunKernelOnArrow")
         outputs = pcoll | "RunKernelOnArrow" >> beam.ParDo(self.dofn()).with_output_types(
             pa.RecordBatch
         ).with_outputs(DEAD_LETTERS, main="results")

@@ -1,0 +1,1 @@
+"""Runner adapters: what a runner needs to run beam_jax's transforms as other runners do."""
