@@ -315,7 +315,8 @@ def test_imports_only_go_down_the_layers():
     imports included). The runner adapters use no other layer; the transforms ask them what
     a runner lacks."""
     rank = {"compat": -1, "bucketing": 0, "core": 1, "runners": 1, "arrow": 2, "kernel": 2,
-            "text": 2, "engine": 3, "transforms": 4, "inference": 5, "jobs": 5, "cli": 6}  # fmt: skip
+            "text": 2, "engine": 3, "transforms": 4, "inference": 5, "jobs": 5,
+            "cli": 6}  # fmt: skip
     root = pathlib.Path(bj.__file__).parent / "_src"
     assert {p.name for p in root.iterdir() if (p / "__init__.py").exists()} == set(rank)
     for package, level in rank.items():
