@@ -34,6 +34,9 @@ def _reaches_in(path: pathlib.Path) -> list[str]:
             if node.module.split(".")[0] in LIBRARIES:
                 if any(part.startswith("_") for part in node.module.split(".")):
                     found.append(f"line {node.lineno}: from {node.module} import")
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"line {node.lineno}: import {alias.name}")
                 theirs |= {alias.asname or alias.name for alias in node.names}
 
     def root(node: ast.AST) -> str | None:
@@ -89,6 +92,19 @@ def test_dataflows_internals_are_where_the_beam_adapter_reaches():
     assert callable(client._apply_sdk_environment_overrides), where
     assert isinstance(apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION, str), where
     assert names.STAGED_PIPELINE_FILENAME, where
+
+
+def test_dasks_internals_are_where_the_beam_adapter_reaches():
+    pytest.importorskip("dask")
+    import apache_beam as beam
+
+    where = "beam_jax/_src/compat/beam.py: Beam moved a Dask runner internal it uses"
+    primitives = compat_beam.dask_primitives()
+    assert set(primitives) == {"Create", "Read", "Flatten", "GroupByKeyOnly", "Reshuffle"}
+    assert all(issubclass(t, beam.PTransform) for t in primitives.values()), where
+    options = {"npartitions": 3, "address": "tcp://127.0.0.1:1"}
+    assert compat_beam.dask_bag_options(options) == {"npartitions": 3}, where
+    assert options == {"address": "tcp://127.0.0.1:1"}, where  # the client keeps the rest
 
 
 def test_jaxs_internals_are_where_the_jax_adapter_reaches():

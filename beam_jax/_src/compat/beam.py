@@ -101,3 +101,34 @@ def dataflow_environment(job: Any, options: Any, staging_location: str) -> Any:
         proto_pipeline_staged_url=staged,
         proto_pipeline=job.proto_pipeline,
     ).proto
+
+
+def dask_primitives() -> dict[str, type]:
+    """The transforms Beam's Dask overrides replace the primitives with (``Create``,
+    ``Read``, ``Flatten``, ``GroupByKey``'s core, ``Reshuffle``), by name; the Dask adapter
+    translates each into a bag operation.
+
+    Public API to move to: none yet; Beam 2.78 keeps them private in
+    ``apache_beam.runners.dask.overrides`` (``_Create``, ``_Read``, ...).
+    """
+    from apache_beam.runners.dask import overrides
+
+    return {
+        "Create": overrides._Create,
+        "Read": overrides._Read,
+        "Flatten": overrides._Flatten,
+        "GroupByKeyOnly": overrides._GroupByKeyOnly,
+        "Reshuffle": overrides._Reshuffle,
+    }
+
+
+def dask_bag_options(dask_options: dict[str, Any]) -> dict[str, Any]:
+    """The ``dask.bag.from_sequence`` partitioning options (``npartitions``,
+    ``partition_size``) taken out of Beam's Dask options, which keeps the rest for
+    ``dask.distributed.Client``.
+
+    Public API to move to: none yet (Beam 2.78's ``DaskOptions._extract_bag_kwargs``).
+    """
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+
+    return DaskOptions._extract_bag_kwargs(dask_options)

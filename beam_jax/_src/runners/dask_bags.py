@@ -42,15 +42,19 @@ from apache_beam.io.iobase import BoundedSource
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
 from apache_beam.pvalue import PCollection
 from apache_beam.runners.common import DoFnRunner, Receiver
-from apache_beam.runners.dask.overrides import _Create, _Flatten, _GroupByKeyOnly, _Read, _Reshuffle
 from apache_beam.transforms.sideinputs import SideInputMap
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
+from beam_jax._src.compat.beam import dask_primitives
 from beam_jax._src.runners import dask_metrics
 from beam_jax._src.runners.dask_refusals import passes_through
+
+_PRIMITIVES = dask_primitives()
+_Create, _Read, _Flatten = _PRIMITIVES["Create"], _PRIMITIVES["Read"], _PRIMITIVES["Flatten"]
+_GroupByKeyOnly, _Reshuffle = _PRIMITIVES["GroupByKeyOnly"], _PRIMITIVES["Reshuffle"]
 
 __all__ = ["Job", "Step", "Translator", "run_bundle", "teardown_job"]
 

@@ -25,14 +25,8 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
 from apache_beam.pvalue import PCollection
 from apache_beam.runners.common import DoFnSignature
-from apache_beam.runners.dask.overrides import (
-    _Create,
-    _Flatten,
-    _GroupByKeyOnly,
-    _Read,
-    _Reshuffle,
-)
 
+from beam_jax._src.compat.beam import dask_primitives
 from beam_jax._src.errors import SpecError
 
 __all__ = [
@@ -78,7 +72,7 @@ def refuse_beams_dask_runner(pipeline: Any, transform: str) -> None:
 
 # Named, not imported: the transforms layer sits above this one.
 _CROSS_BUNDLE_MODULE = "beam_jax._src.transforms.cross_bundle"
-_TRANSLATED = (_Create, _Read, _Flatten, _GroupByKeyOnly, _Reshuffle, beam.Impulse, beam.ParDo)
+_TRANSLATED = (*dask_primitives().values(), beam.Impulse, beam.ParDo)
 
 
 def translatable(transform: beam.PTransform) -> bool:

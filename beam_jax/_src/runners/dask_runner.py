@@ -31,6 +31,7 @@ from apache_beam.runners.dask import dask_runner
 from apache_beam.runners.dask.overrides import dask_overrides
 from apache_beam.runners.runner import PipelineState
 
+from beam_jax._src.compat.beam import dask_bag_options
 from beam_jax._src.runners import dask_bags, dask_metrics
 from beam_jax._src.runners.dask_refusals import refuse_unsupported
 
@@ -60,7 +61,7 @@ class DaskRunner(dask_runner.DaskRunner):
         dask_options = options.view_as(dask_runner.DaskOptions).get_all_options(
             drop_default=True, current_only=True
         )
-        partitions = dask_runner.DaskOptions._extract_bag_kwargs(dask_options)
+        partitions = dask_bag_options(dask_options)
         dask_options.pop("lazy_side_inputs", None)  # side inputs are computed once, in-graph
         # Not the process's default client: a job changes nothing else in its process.
         client = ddist.Client(set_as_default=False, **dask_options)
