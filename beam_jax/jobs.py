@@ -39,6 +39,11 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   :func:`size_tpu_host_buffer` has sized the host buffer a TPU maps as it opens (seconds
   of its opening with libtpu's default), and :func:`tpu_host_buffer_advice` says what to
   set where a batch outgrows it.
+- :func:`workers_here`, :func:`single_worker_here`, :func:`bundle_workers` and
+  :func:`devices_per_worker` say where the runner runs the job's workers (in this process,
+  one bundle at a time or several) and with how many devices each, so a launch can start
+  their slow part during the launch.
+- :func:`counted` words a count ("1 dead letter", "2 dead letters").
 - :func:`freeze_startup_objects` keeps the objects alive at a job's launch (imported
   modules) out of the garbage collector's passes while the job runs, and
   :func:`prompt_bundle_ends` ends each bundle of the in-process runners when its work ends.
@@ -59,6 +64,7 @@ from beam_jax._src.core.probe import local_platform as local_platform
 from beam_jax._src.core.probe import open_local_devices as open_local_devices
 from beam_jax._src.core.probe import size_tpu_host_buffer as size_tpu_host_buffer
 from beam_jax._src.core.probe import tpu_host_buffer_advice as tpu_host_buffer_advice
+from beam_jax._src.core.wording import counted as counted
 from beam_jax._src.jobs.bundle_ends import prompt_bundle_ends as prompt_bundle_ends
 from beam_jax._src.jobs.console import RunConsole as RunConsole
 from beam_jax._src.jobs.console import add_flags as add_flags
@@ -103,3 +109,7 @@ from beam_jax._src.jobs.progress import ProgressPrinter as ProgressPrinter
 from beam_jax._src.jobs.progress import read_counts as read_counts
 from beam_jax._src.jobs.report import metrics_record as metrics_record
 from beam_jax._src.jobs.report import write_metrics as write_metrics
+from beam_jax._src.jobs.runner_here import bundle_workers as bundle_workers
+from beam_jax._src.jobs.runner_here import devices_per_worker as devices_per_worker
+from beam_jax._src.jobs.runner_here import single_worker_here as single_worker_here
+from beam_jax._src.jobs.runner_here import workers_here as workers_here

@@ -148,6 +148,11 @@ TEXT = {
 
 
 JOBS = {
+    "bundle_workers",
+    "counted",
+    "devices_per_worker",
+    "single_worker_here",
+    "workers_here",
     "InputFile",
     "id_type_of",
     "input_format",

@@ -166,7 +166,7 @@ def _read_and_tokenize(pipeline, args, model, inputs, id_type, done=frozenset())
 
 def _read(pipeline, args, inputs, id_type, done=frozenset()):
     """Read parts (those not in ``done``) -> spread (unless one worker runs here)."""
-    spread = not launch_plan.in_process(pipeline.options)
+    spread = not jobs.single_worker_here(pipeline.options)
     return pipeline | "Read" >> ReadParts(inputs, args.rows_per_part, done, id_type, spread=spread)
 
 
@@ -188,7 +188,7 @@ def _build(
     # there instead of waiting forever (a SIGKILL in the writing step hung it, Beam 2.77).
     _ = names | "KeyPartNames" >> beam.WithKeys(None) | "GatherPartNames" >> beam.GroupByKey()
     _ = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
-    if launch.planned and not launch_plan.workers_here(pipeline.options):
+    if launch.planned and not jobs.workers_here(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the
         # first stage; where the workers run in this process, run() starts it).
         _ = pipeline | "StartEmbedWorker" >> on_accelerator(embed.start_workers(), args.accelerator)
@@ -235,7 +235,7 @@ def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSumma
 
 def _dry_run(args, options, model, inputs: Inputs, id_type, output: OutputDir) -> None:
     """Builds the job for its runner without running it (Beam's ``--dry_run=True``)."""
-    launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options), model)
+    launch = launch_plan.plan_for(args, inputs, jobs.devices_per_worker(options), model)
     print(launch, flush=True)
     pipeline = beam.Pipeline(options=options)  # validates the options for the runner
     _build(pipeline, args, model, inputs, id_type, output.staging, frozenset(), launch)
@@ -281,7 +281,7 @@ def run(
     """
     started = time.perf_counter()
     args, options = parse_args(argv)
-    if launch_plan.workers_here(options) and not jobs.is_dry_run(options):
+    if jobs.workers_here(options) and not jobs.is_dry_run(options):
         jobs.open_local_devices()  # opening a TPU takes seconds: overlap it with the launch
     # A tampered or incomplete model fails the launch, naming the file.
     model = SentenceEncoder.from_dir(
@@ -309,7 +309,7 @@ def run(
     if jobs.is_dry_run(options):
         return _dry_run(args, options, model, inputs, id_type, output)
     reused = output.prepare(job, overwrite=args.overwrite)
-    launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options), model)
+    launch = launch_plan.plan_for(args, inputs, jobs.devices_per_worker(options), model)
     described = str(launch)
     model_kernel = encoder is None or None in (encoder.element_fn, encoder.packed_fn)
     if model_kernel and args.matmuls == "auto" and local:
@@ -326,7 +326,7 @@ def run(
     embed = _build(pipeline, args, model, inputs, id_type, *where)
     try:
         with console:
-            if launch.planned and launch_plan.workers_here(options):
+            if launch.planned and jobs.workers_here(options):
                 # The workers run here: the model loads and compiles while Beam starts.
                 embed.start_worker_here()
             result = pipeline.run()

@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 import beam_jax as bj
 from beam_jax import jobs, text
-from beam_jax.jobs import is_local
 from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import Inputs
 
-__all__ = ["LaunchPlan", "in_process", "local_devices", "plan_for", "sample_texts", "token_lengths"]
+__all__ = ["LaunchPlan", "plan_for", "sample_texts", "token_lengths"]
 
 # Files whose Parquet footers are read to count the job's rows; beyond this the count is
 # extrapolated from their mean (each footer is one read, which on gs:// is ~50 ms).
@@ -131,36 +128,6 @@ def token_lengths(texts: pa.Array | Sequence[str], model: Any = None) -> np.ndar
         texts = pa.array(list(texts), pa.large_string())
     ids, failures = (model or text.SentenceEncoder.from_dir()).tokenizer().encode_arrow(texts)
     return np.delete(np.diff(ids.offsets.to_numpy()).astype(np.int64), sorted(failures))
-
-
-def local_devices(options: Any) -> int:
-    """Devices per worker: this process's on the local runners (they run the workers
-    here, known without opening a TPU: ``local_platform``), else 1 (unknown at launch; batch
-    sizes are then rounded up on the workers)."""
-    if not is_local(options.view_as(StandardOptions).runner):
-        return 1
-    return jobs.local_platform().device_count
-
-
-def workers_here(options: Any) -> bool:
-    """Whether the runner runs the job's workers in this process (the FnApiRunner in memory
-    or in threads), so a worker built here is the one the job uses."""
-    runner = options.view_as(StandardOptions).runner
-    name = (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1]
-    mode = options.view_as(DirectOptions).direct_running_mode or "in_memory"
-    local = name in ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner")
-    return local and mode in ("in_memory", "multi_threading")
-
-
-def bundle_workers(options: Any) -> int:
-    """Bundles the local FnApiRunner runs at once (``--direct_num_workers``; 0: one a CPU)."""
-    num = options.view_as(DirectOptions).direct_num_workers
-    return (os.cpu_count() or 1) if num == 0 else (num or 1)
-
-
-def in_process(options: Any) -> bool:
-    """Whether the job runs as one worker in this process, one bundle at a time."""
-    return workers_here(options) and bundle_workers(options) == 1
 
 
 def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None) -> LaunchPlan:

@@ -112,6 +112,10 @@ class ReadParts(beam.PTransform):
                 schema=schema if json_lines else None,
                 key=id_column if json_lines else None,
                 spread=spread,
+                type_fix={
+                    id_column: "pass --id_type string if the ids are strings",
+                    text_column: "name the field of the texts with --text_column",
+                },
             ).with_exception_handling()
             batches, dead = pbegin | "Read" >> read
             batches = batches | "Keys" >> beam.ParDo(KeyBatches(inputs, self._done))

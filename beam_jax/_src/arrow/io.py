@@ -8,7 +8,7 @@ import functools
 import glob
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -105,7 +105,7 @@ class _ListRowGroups(beam.DoFn):
         except Exception as e:  # noqa: BLE001 - a file that cannot be opened is reported
             error = InputFileError(
                 f"cannot read Parquet file {path}: {type(e).__name__}: {e}. Fix or remove the "
-                "file (or read with .with_exception_handling() to dead-letter it)."
+                f"file{_or_dead_letter(self._handle_errors, 'it')}."
             )
         if error is None and self._columns:
             missing = [c for c in self._columns if c not in names]
@@ -249,11 +249,11 @@ class _ReadRowGroup(beam.DoFn):
                 else:
                     table = parquet.read_row_groups(list(groups), columns=self._columns)
         except Exception as e:  # noqa: BLE001 - a corrupt row group is reported, not fatal
+            later = _or_dead_letter(self._handle_errors, "its unreadable row groups")
             error = InputFileError(
                 f"cannot read {_groups_name(groups)}{'' if rows is None else f' ({rows} rows)'}"
-                f" of Parquet file {path}: "
-                f"{type(e).__name__}: {e}. Fix or remove the file (or read with "
-                ".with_exception_handling() to dead-letter its unreadable row groups)."
+                f" of Parquet file {path}: {type(e).__name__}: {e}. Fix or remove the "
+                f"file{later}."
             )
         return _Read(path, groups, rows, table, error, first)
 
@@ -295,17 +295,28 @@ def _groups_name(groups: Sequence[int]) -> str:
     return f"row groups {groups[0]}-{groups[-1]}"
 
 
+# What a bad line's message advises a library caller besides fixing the line, where a
+# field does not fit its column's type.
+_SCHEMA_FIX = "read the column with a type that holds it (the schema argument)"
+
+
 class _ReadJsonLines(beam.DoFn):
     """A JSON-lines file's path -> record batches of its rows; each bad line, and a file
     that cannot be opened or is cut short, one dead letter."""
 
     def __init__(
-        self, schema: pa.Schema, max_rows: int | None, key: str | None, handle_errors: bool
+        self,
+        schema: pa.Schema,
+        max_rows: int | None,
+        key: str | None,
+        handle_errors: bool,
+        type_fix: Mapping[str, str] | None = None,
     ):
         self._schema = schema
         self._max_rows = max_rows
         self._key = key
         self._handle_errors = handle_errors
+        self._type_fix = type_fix
 
     def process(self, path: str):
         with contextlib.ExitStack() as stack:
@@ -318,7 +329,7 @@ class _ReadJsonLines(beam.DoFn):
         except Exception as e:  # noqa: BLE001 - a file that cannot be opened is reported
             error = InputFileError(
                 f"cannot open JSON-lines file {path}: {type(e).__name__}: {e}. Fix or remove "
-                "the file (or read with .with_exception_handling() to dead-letter it)."
+                f"the file{_or_dead_letter(handle, 'it')}."
             )
             yield _unreadable(error, handle, "files_failed", path, {"file": path})
             return
@@ -328,24 +339,26 @@ class _ReadJsonLines(beam.DoFn):
                 stream, self._schema, max_rows=self._max_rows, key=self._key
             ):
                 if isinstance(item, LineBatch):
-                    source = f"{path} (line {item.first_line})"
+                    source = f"{path} (line {item.first_line + 1})"  # from 1, as editors count
                     yield _with_origin(item.batch, path, source, item.first_line)
                 else:
                     yield self._bad_line(path, item)
         except FileCut as cut:
             error = InputFileError(
-                f"JSON-lines file {path} cannot be read past line {cut.line} ({cut}); the "
-                "lines before it were read. Fix or replace the file (or read with "
-                ".with_exception_handling() to dead-letter it)."
+                f"JSON-lines file {path} breaks off at line {cut.line + 1} ({cut}); the "
+                f"{cut.line} lines before it were read. Fix or replace the "
+                f"file{_or_dead_letter(handle, 'it')}."
             )
             where = {"file": path, "line": cut.line}
             yield _unreadable(error, handle, "files_failed", path, where, row=cut.line)
 
     def _bad_line(self, path: str, bad: BadLine):
-        error = InputLineError(
-            f"line {bad.line} of {path}: {bad.message} (or read with "
-            ".with_exception_handling() to dead-letter the line)"
-        )
+        # Lines from 1 in messages, as editors count them (a dead letter's row is from 0).
+        message = f"line {bad.line + 1} of {path}: {bad.message}"
+        if bad.column is not None:
+            fix = self._type_fix.get(bad.column) if self._type_fix is not None else _SCHEMA_FIX
+            message += f", or {fix}" if fix else ""
+        error = InputLineError(message + _or_dead_letter(self._handle_errors, "the line"))
         text = bad.text.decode("utf-8", errors="backslashreplace")
         return _unreadable(
             error, self._handle_errors, "lines_failed", path, text, row=bad.line, key=bad.key
@@ -431,6 +444,14 @@ def carry_origin(
     return out.replace_schema_metadata({**kept, **origin})
 
 
+def _or_dead_letter(handle_errors: bool, what: str) -> str:
+    """The advice a raised read error adds for a library caller: dead-letter it instead
+    (a dead letter, already one, gets none)."""
+    return (
+        "" if handle_errors else f" (or read with .with_exception_handling() to dead-letter {what})"
+    )
+
+
 def _unreadable(
     error: Exception,
     handle_errors: bool,
@@ -480,7 +501,8 @@ class ReadArrowBatches(beam.PTransform):
     types are ``schema``'s when given, else inferred at launch from the first 1,000 object
     lines of the files (pyarrow's inference: int64, double, bool, string, lists, structs; a
     column none of them holds is read as string). Other fields are ignored and a missing
-    field is null. A row's ``first_row`` counts lines from 0; blank lines are skipped (not
+    field is null. A row's ``first_row`` counts lines from 0 (messages name a line from 1,
+    as editors count it); blank lines are skipped (not
     rows) and a leading byte order mark is dropped. A line that is not UTF-8, not JSON, not
     an object, or whose fields do not fit the columns' types is an ``InputFileError``
     naming the file and line; so is a file that cannot be opened, or that breaks off
@@ -510,6 +532,11 @@ class ReadArrowBatches(beam.PTransform):
             columns of it); default inferred.
         key: JSON lines only: a field whose value becomes a bad line's dead-letter ``key``
             when the line can be read that far (an id, so the dead letter names the row).
+        type_fix: JSON lines only: what a bad line's message advises besides fixing the
+            line, by column, where its field does not fit the column's type; default, for
+            every column: read it with a type that holds it (``schema``). A job with flags
+            names them (``{"id": "pass --id_type string if the ids are strings"}``); a
+            column it leaves out gets "fix the line" alone.
         spread: Spread the files, then each file's row groups, over the workers (a
             ``Reshuffle`` each; the default). ``False`` where one worker runs the whole
             pipeline (the in-process runners): reading then runs fused with the steps after
@@ -531,6 +558,7 @@ class ReadArrowBatches(beam.PTransform):
         schema: pa.Schema | None = None,
         key: str | None = None,
         spread: bool = True,
+        type_fix: Mapping[str, str] | None = None,
     ):
         super().__init__()
         if max_rows is not None and max_rows < 1:
@@ -559,6 +587,7 @@ class ReadArrowBatches(beam.PTransform):
         self.schema = schema
         self.key = key
         self.spread = bool(spread)
+        self.type_fix = None if type_fix is None else dict(type_fix)
         self._handle_errors = False
 
     def with_exception_handling(self) -> ReadArrowBatches:
@@ -642,7 +671,7 @@ class ReadArrowBatches(beam.PTransform):
             # A file is read whole: spreading the paths (``_Paths``) spreads the reading.
             json_paths = pbegin | "JsonFiles" >> _Paths(json_files, self.spread)
             lines = json_paths | "ReadJsonLines" >> beam.ParDo(
-                _ReadJsonLines(schema, self.max_rows, self.key, handle)
+                _ReadJsonLines(schema, self.max_rows, self.key, handle, self.type_fix)
             ).with_output_types(pa.RecordBatch).with_outputs(DEAD_LETTERS, main="batches")
             batches.append(lines.batches)
             dead.append(lines[DEAD_LETTERS])

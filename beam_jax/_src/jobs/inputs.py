@@ -35,6 +35,7 @@ from beam_jax._src.arrow.json_lines import (
     open_stream,
     uncompressed_name,
 )
+from beam_jax._src.arrow.texts import is_text_type, utf8_texts
 
 __all__ = ["InputFile", "id_type_of", "input_format", "match_inputs", "text_sample"]
 
@@ -167,11 +168,11 @@ def text_sample(
     estimated from its size and the sampled lines' (None otherwise).
 
     The texts are ``column``'s strings, as a ``large_string`` array: a Parquet file's first
-    ``n``, read as Arrow a few whole row groups at a time (no Python string per text); a
-    JSON-lines file's among its first ``n`` lines (blank lines aside), so a file with none
-    is not read to its end. A row whose text is null, not a string or not valid UTF-8 is
-    left out (reading the file dead-letters it), and so are all the rows of a Parquet read
-    that holds one not valid.
+    ``n`` (a ``string``, ``large_string`` or ``binary`` column of UTF-8 alike), read as
+    Arrow a few whole row groups at a time (no Python string per text); a JSON-lines
+    file's among its first ``n`` lines (blank lines aside), so a file with none is not
+    read to its end. A row whose text is null, not a string or not valid UTF-8 is left out
+    (reading the file dead-letters it).
 
     Example:
         >>> [file] = match_inputs("in/part-0.parquet")  # doctest: +SKIP
@@ -206,14 +207,12 @@ def _parquet_texts(path: str, column: str, n: int) -> tuple[pa.Array, int]:
 
 
 def _strings(column: pa.ChunkedArray) -> pa.Array:
-    """A column's non-null values (``large_string``): none if it holds no strings, or any
-    value that is not valid UTF-8."""
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        values = column.combine_chunks().cast(pa.large_string()).drop_null()
-        with contextlib.suppress(pa.ArrowInvalid):
-            values.validate(full=True)  # the UTF-8 of every value
-            return values
-    return pa.array([], pa.large_string())
+    """A column's non-null texts (``large_string``; a binary column's UTF-8 alike, as the
+    jobs embed it): none if it holds neither strings nor bytes; a value not valid UTF-8 is
+    left out (reading the file dead-letters its row)."""
+    if not is_text_type(column.type):
+        return pa.array([], pa.large_string())
+    return utf8_texts(column)[0]
 
 
 def _joined(texts: list[pa.Array]) -> pa.Array:
