@@ -70,6 +70,9 @@ TOP_LEVEL = {
 }
 
 INTERNAL = {
+    "ROW_COLUMN",
+    "bad_lines_of",
+    "row_origin",
     "Plan",
     "PaddedBatch",
     "Validated",
@@ -148,6 +151,15 @@ TEXT = {
 
 
 JOBS = {
+    "accelerator_workers",
+    "run_dry",
+    "embeddings_schema",
+    "embeddings_table",
+    "write_embeddings",
+    "RowCount",
+    "column_types",
+    "sample_texts",
+    "progress_line",
     "bundle_workers",
     "counted",
     "devices_per_worker",

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import glob
 import itertools
+import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -37,6 +38,7 @@ from beam_jax._src.errors import InputFileError, InputLineError, SpecError
 SOURCE_KEY = b"beam_jax.source"
 FILE_KEY = b"beam_jax.file"
 FIRST_ROW_KEY = b"beam_jax.first_row"
+BAD_LINES_KEY = b"beam_jax.bad_lines"  # ReadArrowBatches(bad_lines="in_batches")
 ROW_COLUMN = "beam_jax.row"
 """The column of each row's file row in a batch whose rows are not consecutive rows of its
 file (rows were dropped on the way, e.g. by the tokenize step); its metadata names the
@@ -302,7 +304,8 @@ _SCHEMA_FIX = "read the column with a type that holds it (the schema argument)"
 
 class _ReadJsonLines(beam.DoFn):
     """A JSON-lines file's path -> record batches of its rows; each bad line, and a file
-    that cannot be opened or is cut short, one dead letter."""
+    that cannot be opened or is cut short, one dead letter (``in_batches``: a bad line's
+    in the metadata of the batch read after it)."""
 
     def __init__(
         self,
@@ -311,12 +314,14 @@ class _ReadJsonLines(beam.DoFn):
         key: str | None,
         handle_errors: bool,
         type_fix: Mapping[str, str] | None = None,
+        in_batches: bool = False,
     ):
         self._schema = schema
         self._max_rows = max_rows
         self._key = key
         self._handle_errors = handle_errors
         self._type_fix = type_fix
+        self._in_batches = in_batches and handle_errors
 
     def process(self, path: str):
         with contextlib.ExitStack() as stack:
@@ -334,16 +339,26 @@ class _ReadJsonLines(beam.DoFn):
             yield _unreadable(error, handle, "files_failed", path, {"file": path})
             return
         Metrics.counter(METRICS_NAMESPACE, "files_read").inc()
+        pending: list[FailedElement] = []  # in_batches: bad lines before the next batch
         try:
             for item in read_json_lines(
-                stream, self._schema, max_rows=self._max_rows, key=self._key
+                stream,
+                self._schema,
+                max_rows=self._max_rows,
+                key=self._key,
+                gaps=self._in_batches,
             ):
                 if isinstance(item, LineBatch):
-                    source = f"{path} (line {item.first_line + 1})"  # from 1, as editors count
-                    yield _with_origin(item.batch, path, source, item.first_line)
+                    yield self._batch(path, item, pending)
+                    pending = []
+                elif self._in_batches:
+                    pending.append(self._bad_line(path, item).value)
                 else:
                     yield self._bad_line(path, item)
         except FileCut as cut:
+            if pending:  # the bad lines before the cut, in a batch of no rows
+                yield self._batch(path, None, pending)
+                pending = []
             error = InputFileError(
                 f"JSON-lines file {path} breaks off at line {cut.line + 1} ({cut}); the "
                 f"{cut.line} lines before it were read. Fix or replace the "
@@ -351,6 +366,31 @@ class _ReadJsonLines(beam.DoFn):
             )
             where = {"file": path, "line": cut.line}
             yield _unreadable(error, handle, "files_failed", path, where, row=cut.line)
+        if pending:  # bad lines after the file's last row, in a batch of no rows
+            yield self._batch(path, None, pending)
+
+    def _batch(
+        self, path: str, item: LineBatch | None, dead: list[FailedElement]
+    ) -> pa.RecordBatch:
+        """A batch as read, saying where (a ``ROW_COLUMN`` where its rows skip lines), and
+        the dead letters of the bad lines before it in its metadata (:func:`bad_lines_of`)."""
+        if item is None:
+            batch = pa.RecordBatch.from_pylist([], schema=self._schema)
+            first = dead[0].row
+        else:
+            batch, first = item.batch, item.first_line
+        source = f"{path} (line {first + 1})"  # from 1, as editors count
+        if item is not None and item.lines is not None:
+            batch = batch.append_column(ROW_COLUMN, pa.array(item.lines, pa.int64()))
+            batch = _with_origin(batch, path, source, first)
+            meta = {k: v for k, v in batch.schema.metadata.items() if k != FIRST_ROW_KEY}
+            batch = batch.replace_schema_metadata(meta)
+        else:
+            batch = _with_origin(batch, path, source, first)
+        if dead:
+            lines = "\n".join(record.to_json() for record in dead).encode()
+            batch = batch.replace_schema_metadata({**batch.schema.metadata, BAD_LINES_KEY: lines})
+        return batch
 
     def _bad_line(self, path: str, bad: BadLine):
         # Lines from 1 in messages, as editors count them (a dead letter's row is from 0).
@@ -379,6 +419,16 @@ def with_origin(batch: pa.RecordBatch, path: str, first_row: int) -> pa.RecordBa
     ``ReadArrowBatches``' batches do (:func:`origin_of` reads it back), for batches made
     another way whose rows' dead letters should name where they came from."""
     return _with_origin(batch, path, path, first_row)
+
+
+def bad_lines_of(batch: pa.RecordBatch) -> list[FailedElement]:
+    """The dead letters of the bad JSON lines read just before ``batch`` (its rows' file,
+    after the batch before it), which ``ReadArrowBatches(bad_lines="in_batches")`` carries
+    in the batch's metadata; ``[]`` for any other batch."""
+    lines = (batch.schema.metadata or {}).get(BAD_LINES_KEY)
+    if not lines:
+        return []
+    return [FailedElement.from_dict(json.loads(line)) for line in lines.decode().splitlines()]
 
 
 def source_of(batch: pa.RecordBatch) -> str | None:
@@ -537,6 +587,13 @@ class ReadArrowBatches(beam.PTransform):
             every column: read it with a type that holds it (``schema``). A job with flags
             names them (``{"id": "pass --id_type string if the ids are strings"}``); a
             column it leaves out gets "fix the line" alone.
+        bad_lines: JSON lines with ``.with_exception_handling()``: where a bad line's dead
+            letter goes: ``"dead_letters"`` (the default), the dead-letter output; or
+            ``"in_batches"``, the metadata of the next batch read from its file
+            (:func:`~beam_jax.internal.bad_lines_of` reads them; a batch of no rows carries
+            those after a file's last row), whose rows then span bad and blank lines (a
+            ``beam_jax.row`` column says each row's line), so that a job cutting its output
+            by batches files each bad line with the rows around it, in the same part.
         spread: Spread the files, then each file's row groups, over the workers (a
             ``Reshuffle`` each; the default). ``False`` where one worker runs the whole
             pipeline (the in-process runners): reading then runs fused with the steps after
@@ -547,6 +604,7 @@ class ReadArrowBatches(beam.PTransform):
     """
 
     FORMATS = ("parquet", "jsonl")
+    BAD_LINES = ("dead_letters", "in_batches")
 
     def __init__(
         self,
@@ -559,8 +617,11 @@ class ReadArrowBatches(beam.PTransform):
         key: str | None = None,
         spread: bool = True,
         type_fix: Mapping[str, str] | None = None,
+        bad_lines: str = "dead_letters",
     ):
         super().__init__()
+        if bad_lines not in self.BAD_LINES:
+            raise SpecError(f"bad_lines must be one of {self.BAD_LINES}, got {bad_lines!r}.")
         if max_rows is not None and max_rows < 1:
             raise SpecError(f"max_rows must be a positive int or None, got {max_rows!r}.")
         if format is not None and format not in self.FORMATS:
@@ -588,6 +649,7 @@ class ReadArrowBatches(beam.PTransform):
         self.key = key
         self.spread = bool(spread)
         self.type_fix = None if type_fix is None else dict(type_fix)
+        self.bad_lines = bad_lines
         self._handle_errors = False
 
     def with_exception_handling(self) -> ReadArrowBatches:
@@ -671,7 +733,14 @@ class ReadArrowBatches(beam.PTransform):
             # A file is read whole: spreading the paths (``_Paths``) spreads the reading.
             json_paths = pbegin | "JsonFiles" >> _Paths(json_files, self.spread)
             lines = json_paths | "ReadJsonLines" >> beam.ParDo(
-                _ReadJsonLines(schema, self.max_rows, self.key, handle, self.type_fix)
+                _ReadJsonLines(
+                    schema,
+                    self.max_rows,
+                    self.key,
+                    handle,
+                    self.type_fix,
+                    in_batches=self.bad_lines == "in_batches",
+                )
             ).with_output_types(pa.RecordBatch).with_outputs(DEAD_LETTERS, main="batches")
             batches.append(lines.batches)
             dead.append(lines[DEAD_LETTERS])

@@ -78,10 +78,12 @@ SAMPLE_LINES = 1000  # lines read at launch to infer the columns' types
 
 @dataclasses.dataclass(frozen=True)
 class LineBatch:
-    """Rows parsed from consecutive lines ``first_line, first_line + 1, ...``."""
+    """Rows parsed from consecutive lines ``first_line, first_line + 1, ...``, or, where
+    ``lines`` is given (:func:`read_json_lines` with ``gaps``), from those lines."""
 
     first_line: int
     batch: pa.RecordBatch
+    lines: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,6 +374,7 @@ def read_json_lines(
     max_rows: int | None = None,
     key: str | None = None,
     block_bytes: int = BLOCK_BYTES,
+    gaps: bool = False,
 ) -> Iterator[LineBatch | BadLine]:
     """The rows of a JSON-lines stream as record batches, and each bad line apart, in order.
 
@@ -382,6 +385,10 @@ def read_json_lines(
         max_rows: The most rows in one batch (default: a block's run of lines).
         key: A field whose value names a bad line in its ``BadLine.key``, when readable.
         block_bytes: About how many bytes are parsed at once.
+        gaps: A batch's rows may skip lines (bad and blank ones): up to ``max_rows`` rows
+            of a block each (``LineBatch.lines`` then says each row's line), rather than
+            runs of consecutive lines; each bad line is still yielded, before the batch
+            whose rows follow it.
 
     Raises:
         FileCut: The stream failed part-way (a truncated gzip, a read error); raised after
@@ -392,14 +399,15 @@ def read_json_lines(
         if block:
             lines = _Lines(block)
             good, bad = _parse_rows(lines, lines.rows, schema, key) if len(lines.rows) else ([], [])
-            yield from _in_order(good, bad, line, lines, max_rows)
+            yield from _in_order(good, bad, line, lines, max_rows, gaps)
             line += lines.count
         if fault is not None:
             raise FileCut(line, fault)
 
 
-def _in_order(good, bad, line: int, lines: _Lines, max_rows: int | None):
-    """The block's batches and bad lines, merged in line order."""
+def _in_order(good, bad, line: int, lines: _Lines, max_rows: int | None, gaps: bool = False):
+    """The block's batches and bad lines, merged in line order: a batch where its last row
+    is, so a bad line among its rows (``gaps``) comes before it."""
     items: list[tuple[int, LineBatch | BadLine]] = []
     for index, message, found, column in bad:
         raw = lines.block[lines.starts[index] : lines.ends[index]]
@@ -410,10 +418,17 @@ def _in_order(good, bad, line: int, lines: _Lines, max_rows: int | None):
         if any(column.num_chunks > 1 for column in table.columns):
             table = table.combine_chunks()
         numbers = np.concatenate([r for r, _ in good])
-        for offset, length in _runs(numbers, max_rows):
+        step = max_rows or len(numbers)
+        runs = _runs(numbers, max_rows) if not gaps else (
+            (offset, min(step, len(numbers) - offset)) for offset in range(0, len(numbers), step)
+        )  # fmt: skip
+        for offset, length in runs:
             for batch in table.slice(offset, length).to_batches():
-                first = int(numbers[offset])
-                items.append((first, LineBatch(line + first, batch)))
+                rows = numbers[offset : offset + batch.num_rows]
+                first, last = int(rows[0]), int(rows[-1])
+                spread = None if last - first == len(rows) - 1 else line + rows
+                items.append((last, LineBatch(line + first, batch, spread)))
+                offset += batch.num_rows
     items.sort(key=lambda item: item[0])
     for _, item in items:
         yield item

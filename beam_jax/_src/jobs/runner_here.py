@@ -21,7 +21,13 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from beam_jax._src.core.probe import local_platform
 from beam_jax._src.jobs.console import is_local
 
-__all__ = ["bundle_workers", "devices_per_worker", "single_worker_here", "workers_here"]
+__all__ = [
+    "accelerator_workers",
+    "bundle_workers",
+    "devices_per_worker",
+    "single_worker_here",
+    "workers_here",
+]
 
 _IN_PROCESS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner")
 
@@ -52,3 +58,13 @@ def devices_per_worker(options: PipelineOptions) -> int:
     if not is_local(options.view_as(StandardOptions).runner):
         return 1
     return local_platform().device_count
+
+
+def accelerator_workers(accelerator: str | None, options: PipelineOptions) -> bool:
+    """Whether a step's workers run on an accelerator: ``accelerator`` (a Beam resource hint)
+    asks a remote runner for one; the local runners run the workers here, on JAX's default
+    device (a GPU or TPU where JAX finds one), known without opening a TPU
+    (``local_platform``), so the device can open in the background while the job reads."""
+    if accelerator or not is_local(options.view_as(StandardOptions).runner):
+        return bool(accelerator)
+    return local_platform().accelerator
