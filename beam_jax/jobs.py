@@ -25,7 +25,8 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   files with their :class:`RowCount` (counted, estimated or unknown).
 - :func:`embeddings_schema`, :func:`embeddings_table` and :func:`write_embeddings` write
   embeddings (and the input columns a job carries through) as Parquet, as the flagship
-  writes its parts.
+  writes its parts; :func:`vectors_of` and :func:`gather_in_row_order` put a part's
+  results from any batches in row order.
 - :func:`dead_letter_json` writes a failed element (``beam_jax.FailedElement``) as one
   JSON line, :class:`WriteDeadLetters` a PCollection of them as ``.jsonl`` files, counted
   per stage, and :func:`read_dead_letters` reads such files back as records.
@@ -90,6 +91,8 @@ from beam_jax._src.jobs.dead_letters import dead_letter_json as dead_letter_json
 from beam_jax._src.jobs.dead_letters import read_dead_letters as read_dead_letters
 from beam_jax._src.jobs.embeddings_file import embeddings_schema as embeddings_schema
 from beam_jax._src.jobs.embeddings_file import embeddings_table as embeddings_table
+from beam_jax._src.jobs.embeddings_file import gather_in_row_order as gather_in_row_order
+from beam_jax._src.jobs.embeddings_file import vectors_of as vectors_of
 from beam_jax._src.jobs.embeddings_file import write_embeddings as write_embeddings
 from beam_jax._src.jobs.flags import DEFAULT_COMPILATION_CACHE as DEFAULT_COMPILATION_CACHE
 from beam_jax._src.jobs.flags import DefaultsHelpFormatter as DefaultsHelpFormatter

@@ -155,6 +155,8 @@ JOBS = {
     "run_dry",
     "embeddings_schema",
     "embeddings_table",
+    "gather_in_row_order",
+    "vectors_of",
     "write_embeddings",
     "RowCount",
     "column_types",

@@ -266,29 +266,13 @@ class PartWriter:
 
 def _in_row_order(results) -> tuple[np.ndarray, np.ndarray]:
     """A part's results (record batches of ``key`` and ``output``, each with the rows of it
-    that are the part's, or None for all) as their rows and vectors, sorted by row, with
-    one copy of the vectors (gathered from each batch straight to their place)."""
+    that are the part's, or None for all) as their rows and vectors, sorted by row."""
     pieces = []
     for batch, rows in results:
         done = split_keys(batch.column(KEY).to_numpy())[1]
-        column = batch.column(OUTPUT)
-        size = column.type.list_size  # the batch's vectors, in place (no copy)
-        vectors = column.values.slice(column.offset * size, len(column) * size).to_numpy()
-        vectors = vectors.reshape(len(column), size)
+        vectors = jobs.vectors_of(batch.column(OUTPUT))
         pieces.append((done if rows is None else done[rows], vectors, rows))
-    if not pieces:
-        return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
-    done = np.concatenate([d for d, _, _ in pieces])
-    order = np.argsort(done, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    first = pieces[0][1]
-    out = np.empty((len(done), first.shape[1]), first.dtype)
-    at = 0
-    for rows_done, vectors, rows in pieces:
-        out[rank[at : at + len(rows_done)]] = vectors if rows is None else vectors[rows]
-        at += len(rows_done)
-    return done[order], out
+    return jobs.gather_in_row_order(pieces)
 
 
 class WriteUnreadable(beam.DoFn):

@@ -17,7 +17,14 @@ import pyarrow.parquet as pq
 
 from beam_jax._src.jobs.output_dir import open_atomically
 
-__all__ = ["EMBEDDING", "embeddings_schema", "embeddings_table", "write_embeddings"]
+__all__ = [
+    "EMBEDDING",
+    "embeddings_schema",
+    "embeddings_table",
+    "gather_in_row_order",
+    "vectors_of",
+    "write_embeddings",
+]
 
 EMBEDDING = "embedding"
 
@@ -72,3 +79,49 @@ def write_embeddings(table: pa.Table, path: str) -> None:
     # minimum and maximum (0.75x the time without them).
     with open_atomically(path) as f:
         pq.write_table(table, f, use_dictionary=["id"], compression="none", write_statistics=["id"])
+
+
+def vectors_of(column: pa.Array) -> np.ndarray:
+    """A ``fixed_size_list<float>`` column (a kernel's output per row) as an ``[n, D]``
+    array, in place (no copy).
+
+    Example:
+        >>> vectors_of(pa.FixedSizeListArray.from_arrays(pa.array([1.0, 2, 3, 4]), 2)).tolist()
+        [[1.0, 2.0], [3.0, 4.0]]
+    """
+    size = column.type.list_size
+    values = column.values.slice(column.offset * size, len(column) * size).to_numpy()
+    return values.reshape(len(column), size)
+
+
+def gather_in_row_order(
+    pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``pieces`` sorted, and their vectors in that order, copied once (each
+    piece's straight to their place): what a part's results, from any batches, need to be
+    written in row order.
+
+    Args:
+        pieces: ``(rows, vectors, taken)``: a batch's vectors (``[m, D]``), the indexes of
+            those that are the part's (``taken``; ``None``: all of them), and their rows.
+
+    Example:
+        >>> pieces = [(np.array([2, 0]), np.array([[2.0], [0.0], [9.0]]), np.array([0, 1])),
+        ...           (np.array([1]), np.array([[1.0]]), None)]
+        >>> rows, vectors = gather_in_row_order(pieces)
+        >>> rows.tolist(), vectors.ravel().tolist()
+        ([0, 1, 2], [0.0, 1.0, 2.0])
+    """
+    if not pieces:
+        return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+    done = np.concatenate([rows for rows, _, _ in pieces])
+    order = np.argsort(done, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    first = pieces[0][1]
+    out = np.empty((len(done), first.shape[1]), first.dtype)
+    at = 0
+    for rows, vectors, taken in pieces:
+        out[rank[at : at + len(rows)]] = vectors if taken is None else vectors[taken]
+        at += len(rows)
+    return done[order], out
