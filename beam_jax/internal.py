@@ -21,7 +21,10 @@ Examples:
     [3.0]
 """
 
+from beam_jax._src.arrow.origin import ROW_COLUMN as ROW_COLUMN
+from beam_jax._src.arrow.origin import bad_lines_of as bad_lines_of
 from beam_jax._src.arrow.origin import origin_of as origin_of
+from beam_jax._src.arrow.origin import row_origin as row_origin
 from beam_jax._src.arrow.origin import with_origin as with_origin
 from beam_jax._src.bucketing.boundaries import padding_ratio as padding_ratio
 from beam_jax._src.core.packed_batch import Packer as Packer

@@ -7,7 +7,8 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   :class:`OutputLayout` says which files are the job's; :func:`write_atomically` and
   :func:`open_atomically` write a file whole or not at all.
 - :class:`CountProgress` counts elements in the workers and :class:`ProgressPrinter`
-  prints a progress line on the driver (local runners).
+  prints a progress line on the driver (local runners): :func:`progress_line`, rows done
+  of the total, the share, the dead letters and the time left.
 - :class:`RunConsole` keeps Beam's and JAX's logs in a log file unless ``--verbose``
   (:func:`add_flags`), prints the progress line, and :func:`failure_line` says in one line
   what failed and where the traceback is; :func:`run_main` is a job's ``main`` that ends a
@@ -18,13 +19,20 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   job's parser.
 - :func:`input_format`, :func:`match_inputs` (:class:`InputFile`) and :func:`id_type_of`
   check a job's input files at launch: their format, what a rerun must find unchanged, the
-  type of their id column; :func:`text_sample` reads a file's first texts (and its row
-  count) for a plan made from a sample.
+  type of their id column (:func:`column_types`: of the columns a job carries through);
+  :func:`text_sample` reads a file's first texts (and its row
+  count) for a plan made from a sample, :func:`sample_texts` a sample spread over all the
+  files with their :class:`RowCount` (counted, estimated or unknown).
+- :func:`embeddings_schema`, :func:`embeddings_table` and :func:`write_embeddings` write
+  embeddings (and the input columns a job carries through) as Parquet, as the flagship
+  writes its parts; :func:`vectors_of` and :func:`gather_in_row_order` put a part's
+  results from any batches in row order.
 - :func:`dead_letter_json` writes a failed element (``beam_jax.FailedElement``) as one
   JSON line, :class:`WriteDeadLetters` a PCollection of them as ``.jsonl`` files, counted
   per stage, and :func:`read_dead_letters` reads such files back as records.
 - :func:`dataflow_job_description` is the request ``DataflowRunner`` would send, from a
-  ``--dry_run=True`` run (:func:`is_dry_run`), checked offline; :func:`write_dataflow_job_file`
+  ``--dry_run=True`` run (:func:`is_dry_run`; :func:`run_dry` runs such a build and says so),
+  checked offline; :func:`write_dataflow_job_file`
   writes it and :func:`dataflow_staged_files` lists what the workers would install.
 - :func:`beam_version_mismatch` says why a job's workers would run another Beam than the
   SDK that launches it (:func:`image_beam_version` reads it from the image's name;
@@ -39,6 +47,11 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   :func:`size_tpu_host_buffer` has sized the host buffer a TPU maps as it opens (seconds
   of its opening with libtpu's default), and :func:`tpu_host_buffer_advice` says what to
   set where a batch outgrows it.
+- :func:`workers_here`, :func:`single_worker_here`, :func:`bundle_workers`,
+  :func:`devices_per_worker` and :func:`accelerator_workers` say where the runner runs the
+  job's workers (in this process, one bundle at a time or several) and on what devices, so
+  a launch can start their slow part during the launch.
+- :func:`counted` words a count ("1 dead letter", "2 dead letters").
 - :func:`freeze_startup_objects` keeps the objects alive at a job's launch (imported
   modules) out of the garbage collector's passes while the job runs, and
   :func:`prompt_bundle_ends` ends each bundle of the in-process runners when its work ends.
@@ -54,6 +67,7 @@ Examples:
     ['part-0.txt']
 """
 
+from beam_jax._src.core.wording import counted as counted
 from beam_jax._src.jobs.bundle_ends import prompt_bundle_ends as prompt_bundle_ends
 from beam_jax._src.jobs.console import RunConsole as RunConsole
 from beam_jax._src.jobs.console import add_flags as add_flags
@@ -65,10 +79,16 @@ from beam_jax._src.jobs.dataflow import ACCELERATOR_HINT as ACCELERATOR_HINT
 from beam_jax._src.jobs.dataflow import dataflow_job_description as dataflow_job_description
 from beam_jax._src.jobs.dataflow import dataflow_staged_files as dataflow_staged_files
 from beam_jax._src.jobs.dataflow import is_dry_run as is_dry_run
+from beam_jax._src.jobs.dataflow import run_dry as run_dry
 from beam_jax._src.jobs.dataflow import write_dataflow_job_file as write_dataflow_job_file
 from beam_jax._src.jobs.dead_letters import WriteDeadLetters as WriteDeadLetters
 from beam_jax._src.jobs.dead_letters import dead_letter_json as dead_letter_json
 from beam_jax._src.jobs.dead_letters import read_dead_letters as read_dead_letters
+from beam_jax._src.jobs.embeddings_file import embeddings_schema as embeddings_schema
+from beam_jax._src.jobs.embeddings_file import embeddings_table as embeddings_table
+from beam_jax._src.jobs.embeddings_file import gather_in_row_order as gather_in_row_order
+from beam_jax._src.jobs.embeddings_file import vectors_of as vectors_of
+from beam_jax._src.jobs.embeddings_file import write_embeddings as write_embeddings
 from beam_jax._src.jobs.flags import DEFAULT_COMPILATION_CACHE as DEFAULT_COMPILATION_CACHE
 from beam_jax._src.jobs.flags import DefaultsHelpFormatter as DefaultsHelpFormatter
 from beam_jax._src.jobs.flags import add_compilation_cache_flag as add_compilation_cache_flag
@@ -83,9 +103,12 @@ from beam_jax._src.jobs.images import WORKER_IMAGE_BEAM as WORKER_IMAGE_BEAM
 from beam_jax._src.jobs.images import beam_version_mismatch as beam_version_mismatch
 from beam_jax._src.jobs.images import image_beam_version as image_beam_version
 from beam_jax._src.jobs.inputs import InputFile as InputFile
+from beam_jax._src.jobs.inputs import RowCount as RowCount
+from beam_jax._src.jobs.inputs import column_types as column_types
 from beam_jax._src.jobs.inputs import id_type_of as id_type_of
 from beam_jax._src.jobs.inputs import input_format as input_format
 from beam_jax._src.jobs.inputs import match_inputs as match_inputs
+from beam_jax._src.jobs.inputs import sample_texts as sample_texts
 from beam_jax._src.jobs.inputs import text_sample as text_sample
 from beam_jax._src.jobs.main import run_main as run_main
 from beam_jax._src.jobs.output_dir import OutputDir as OutputDir
@@ -95,9 +118,15 @@ from beam_jax._src.jobs.output_dir import open_atomically as open_atomically
 from beam_jax._src.jobs.output_dir import write_atomically as write_atomically
 from beam_jax._src.jobs.progress import CountProgress as CountProgress
 from beam_jax._src.jobs.progress import ProgressPrinter as ProgressPrinter
+from beam_jax._src.jobs.progress import progress_line as progress_line
 from beam_jax._src.jobs.progress import read_counts as read_counts
 from beam_jax._src.jobs.report import metrics_record as metrics_record
 from beam_jax._src.jobs.report import write_metrics as write_metrics
+from beam_jax._src.jobs.runner_here import accelerator_workers as accelerator_workers
+from beam_jax._src.jobs.runner_here import bundle_workers as bundle_workers
+from beam_jax._src.jobs.runner_here import devices_per_worker as devices_per_worker
+from beam_jax._src.jobs.runner_here import single_worker_here as single_worker_here
+from beam_jax._src.jobs.runner_here import workers_here as workers_here
 from beam_jax._src.probe import LocalPlatform as LocalPlatform
 from beam_jax._src.probe import local_platform as local_platform
 from beam_jax._src.probe import open_local_devices as open_local_devices

@@ -17,11 +17,21 @@ PAGE = pathlib.Path(__file__).parent.parent / "docs" / "embed_text.md"
 
 
 def _shape(line: str) -> str:
-    """The line with numbers as N, the per-stage dead-letter counts left out and the
-    batching (packed or bucketed, chosen at launch) as B."""
+    """The line with numbers as N, the per-stage dead-letter counts left out, the
+    batching (packed or bucketed, chosen at launch) as B, and each counted noun as its
+    count wants it (``1 dead letter``, ``2 dead letters``) written singular."""
     line = re.sub(r" \((?:[a-z]+ \d+(?:, )?)+\)", "", line)
     line = re.sub(r"\b(?:packed|bucketed),", "B,", line)
-    return re.sub(r"\d+(?:\.\d+)?", "N", line)
+    line = re.sub(
+        r"\b(\d[\d,]*) ((?:dead |unreadable |compiled )?[a-z]{3,})\b",
+        lambda m: f"{m[1]} {_singular(m[2])}",
+        line,
+    )
+    return re.sub(r"\d[\d,]*(?:\.\d+)?", "N", line)
+
+
+def _singular(word: str) -> str:
+    return word[:-2] if word.endswith("ches") else word.removesuffix("s")
 
 
 def _page_block(start: str) -> str:

@@ -250,10 +250,14 @@ def test_a_local_run_on_a_gpu_runs_its_batches_whole(tmp_path, monkeypatch, caps
     from beam_jax.jobs import LocalPlatform
 
     gpu_here = LocalPlatform("gpu", 1, "gpu", opened=True)
+    from beam_jax._src.jobs import runner_here
+
     monkeypatch.setattr(jobs, "local_platform", lambda: gpu_here)
-    gpu = ft.run(source, tmp_path / "gpu", "--no-progress")
+    monkeypatch.setattr(runner_here, "local_platform", lambda: gpu_here)
+    gpu = ft.run(source, tmp_path / "gpu", "--no-progress", "--verbose")  # the plan's details
     assert "; batches run whole (no chunks) on this machine's gpu" in capsys.readouterr().out
-    chunked = ft.run(source, tmp_path / "chunked", "--no-progress", "--tokens_per_chunk", "512")
+    chunked = ft.run(source, tmp_path / "chunked", "--no-progress", "--tokens_per_chunk", "512",
+                     "--verbose")  # fmt: skip
     assert "batches run whole" not in capsys.readouterr().out  # chunks asked for: not said
     assert chunks == [1024, None, 512]  # the CPU run's kernel in chunks of 1,024 tokens
     assert chunked.results == 1000

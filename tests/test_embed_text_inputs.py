@@ -230,7 +230,7 @@ def test_compressed_json_lines_cut_short_keep_the_rows_before_the_cut(tmp_path):
 
     table, failed = ft.read_outputs(tmp_path / "out")
     d = _only(failed, file=str(path), stage="read")
-    assert 0 < d["row"] < 3000 and f"past line {d['row']}" in d["message"]
+    assert 0 < d["row"] < 3000 and f"breaks off at line {d['row'] + 1}" in d["message"]
     assert sorted(ft.ids(table)) == list(range(d["row"]))  # every row before the cut, once
     assert summary.rows == d["row"] and summary.unreadable_files == 1
     assert_conserved(summary.totals())

@@ -93,7 +93,7 @@ def test_overwrite_replaces_this_jobs_files_once_the_run_succeeds(tmp_path):
     assert (out / "notes.txt").read_text() == "not this job's"
     assert not (out / "_unfinished").exists()
     record = json.loads((out / "_embed_text.json").read_text())
-    assert record["summary"].startswith("embed_text: 5 rows -> 4 embeddings, 1 dead letters")
+    assert record["summary"].startswith("embed_text: 5 rows -> 4 embeddings, 1 dead letter")
 
 
 def test_threshold_publishes_nothing_and_names_the_file_of_dead_letters(tmp_path):

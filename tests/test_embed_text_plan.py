@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import beam_jax as bj
+from beam_jax import jobs
 from beam_jax.testing import assert_conserved
 from beam_jax.text import SentenceEncoder, builtin_corpus
 from pipelines.embed import job as embed_text
@@ -33,17 +34,17 @@ def test_the_sample_spreads_over_the_files_and_counts_the_rows(tmp_path):
     _parquet(tmp_path / "b.parquet", texts[400:] + [None] * 10, start=400)
     inputs = _inputs(str(tmp_path / "*.parquet"))
     sample, total = embed_text_plan.sample_texts(inputs, 100)
-    assert total == 610  # from the files' footers, not from the sample
+    assert total == jobs.RowCount(610, exact=True)  # from the files' footers, not the sample
     assert sample.to_pylist() == texts[:50] + texts[400:450]  # each file's first rows; no nulls
 
     lines = tmp_path / "c.jsonl"
     lines.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
     sample, total = embed_text_plan.sample_texts(_inputs(str(lines)), 60)
     assert sample.to_pylist() == texts[:60]
-    assert total == pytest.approx(600, rel=0.25)  # estimated from the file's size
+    assert total.rows == pytest.approx(600, rel=0.25) and not total.exact  # from its size
 
     sample, total = embed_text_plan.sample_texts(_builtin(300), 5000)
-    assert (len(sample), total) == (300, 300)
+    assert (len(sample), total) == (300, jobs.RowCount(300, exact=True))
 
 
 def _inputs(pattern):
@@ -96,7 +97,7 @@ def test_a_run_with_planned_buckets_pads_as_planned_and_compiles_at_start(tmp_pa
          "--compilation_cache_dir", "none", "--batching", "buckets"]
     )  # fmt: skip
     printed = capsys.readouterr().out
-    assert "planned from 120 texts" in printed
+    assert "embed_text: 120 rows of the built-in corpus -> " in printed
     import jax
 
     plan = embed_text_plan.plan_for(_args("--builtin_texts", "120", "--compile_budget", "3",
@@ -142,12 +143,13 @@ def test_a_packed_run_compiles_its_planned_shapes_and_reports_the_choice(tmp_pat
                               "packed", "--compilation_cache_dir", "none",
                               "--max_tokens_per_batch", "2048"])  # fmt: skip
     printed = capsys.readouterr().out
-    assert "packed rows of" in printed and "--batching packed" in printed
+    assert "texts packed in rows of" in printed  # the reason is in the record (and --verbose)
     assert_conserved(summary.totals())
     assert summary.results == 120 and summary.batching == "packed"
     assert summary.compiles <= 4 and summary.padding_ratio < 1.1
     record = json.loads((out / "_embed_text.json").read_text())
     assert record["batching"]["batching"] == "packed"
+    assert "--batching packed" in record["batching"]["reason"]
     metrics = json.loads((out / "_metrics.json").read_text())
     assert metrics["summary"]["batching"] == "packed"
 
@@ -197,14 +199,14 @@ def test_a_local_run_on_a_gpu_defaults_to_whole_batches(monkeypatch):
     GPU or TPU, batches run whole (no chunks) without --accelerator; a remote runner's
     workers do so only with --accelerator. (The platform comes from ``local_platform``,
     which knows a TPU without opening it.)"""
-    from beam_jax import jobs
+    from beam_jax._src.jobs import runner_here
     from beam_jax.jobs import LocalPlatform
 
     cpu = _args()
     assert not cpu.on_accelerator and cpu.tokens_per_chunk == 1024
     for backend in ("gpu", "tpu"):
         here = LocalPlatform(backend, 1, backend, opened=backend == "gpu")
-        monkeypatch.setattr(jobs, "local_platform", lambda here=here: here)
+        monkeypatch.setattr(runner_here, "local_platform", lambda here=here: here)
         local = _args()
         assert local.on_accelerator, backend
         assert (local.batch_size, local.max_tokens_per_batch, local.tokens_per_chunk) == (
@@ -235,11 +237,9 @@ def test_where_the_workers_run_and_how_many_bundles_at_once(flags, here, bundles
 
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines.embed import plan
-
     options = PipelineOptions(flags)
     bundles = (os.cpu_count() or 1) if bundles == "cpus" else bundles  # 0: Beam's "one per CPU"
 
-    assert plan.workers_here(options) is here
-    assert plan.bundle_workers(options) == bundles
-    assert plan.in_process(options) is one_worker
+    assert jobs.workers_here(options) is here
+    assert jobs.bundle_workers(options) == bundles
+    assert jobs.single_worker_here(options) is one_worker

@@ -79,8 +79,8 @@ def test_a_reshuffle_between_every_pair_of_steps_writes_the_same_bytes(
 ):
     # As on a multi-worker runner: the reader's paths and batches, and the parts, each
     # cross a Reshuffle; the model's worker starts in the pipeline's first stage.
-    monkeypatch.setattr(embed_text.launch_plan, "in_process", lambda options: False)
-    monkeypatch.setattr(embed_text.launch_plan, "workers_here", lambda options: False)
+    monkeypatch.setattr(embed_text.jobs, "single_worker_here", lambda options: False)
+    monkeypatch.setattr(embed_text.jobs, "workers_here", lambda options: False)
     graph = _spy_graph(monkeypatch)
 
     ft.run(source, tmp_path / "out", "--rows_per_part", "4")

@@ -138,7 +138,8 @@ def test_counted_progress_is_read_back_on_the_driver(tmp_path):
     stream = Lines()
     printer = jobs.ProgressPrinter("my_job", str(tmp_path), stream, seconds=60).start()
     printer.stop()
-    assert re.match(r"my_job: 9 records done \(.*/s\), 3 dead letters so far", stream.text)
+    # Every row ended as a result or a dead letter; the last line, the final counts.
+    assert re.match(r"my_job: 9 rows, 3 dead letters, \d+ s\n$", stream.text), stream.text
 
 
 def test_the_console_keeps_logs_in_a_file_and_says_what_failed(tmp_path, capfd):

@@ -99,7 +99,7 @@ def test_write_dead_letters_writes_json_lines_read_back_as_the_records(tmp_path)
 def test_read_dead_letters_names_a_line_that_is_no_dead_letter(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(jobs.dead_letter_json(_record()) + "\n\n" + json.dumps({"id": 1}) + "\n")
-    with pytest.raises(ValueError, match=r"line 2 of .*bad.jsonl is not a dead letter"):
+    with pytest.raises(ValueError, match=r"line 3 of .*bad.jsonl is not a dead letter"):
         list(jobs.read_dead_letters(str(path)))
     assert list(jobs.read_dead_letters(str(tmp_path / "none-*.jsonl"))) == []
 

@@ -204,7 +204,7 @@ def test_a_runner_module_is_imported_only_when_a_flag_needs_it(tmp_path, monkeyp
 
 
 def test_dask_s_options_pass_through_or_say_what_installs_them(capsys):
-    argv = ["--runner", "apache_beam.runners.dask.dask_runner.DaskRunner",
+    argv = ["--runner", "beam_jax.runners.DaskRunner",
             "--dask_client_address", "tcp://127.0.0.1:8786"]  # fmt: skip
     try:
         import dask.distributed  # noqa: F401
@@ -227,7 +227,7 @@ def test_dask_s_options_pass_through_or_say_what_installs_them(capsys):
 @pytest.mark.parametrize(
     ("runner", "said"),
     [
-        ("DaskRunner", "by its path: --runner apache_beam.runners.dask.dask_runner.DaskRunner"),
+        ("DaskRunner", "by its path: --runner beam_jax.runners.DaskRunner"),
         ("tests.no_such_module.Runner", "its module tests.no_such_module does not import"),
     ],
 )

@@ -67,7 +67,12 @@ def test_a_text_sample_is_a_files_first_strings_with_its_row_count(tmp_path):
     bad = pa.array([b"ok", b"\xff\xfe"], pa.binary()).cast(pa.string(), safe=False)
     pq.write_table(pa.table({"text": bad}), tmp_path / "c.parquet")
     [invalid] = jobs.match_inputs(str(tmp_path / "c.parquet"))
-    assert jobs.text_sample(invalid, "text", 5) == (pa.array([], pa.large_string()), 2)
+    assert jobs.text_sample(invalid, "text", 5) == (pa.array(["ok"], pa.large_string()), 2)
+    for kind in (pa.binary(), pa.large_binary(), pa.large_string()):  # texts in any of them
+        typed = pa.array([t.encode() if kind != pa.large_string() else t for t in texts], kind)
+        pq.write_table(pa.table({"text": typed}), tmp_path / "t.parquet", row_group_size=7)
+        [file] = jobs.match_inputs(str(tmp_path / "t.parquet"))
+        assert jobs.text_sample(file, "text", 9) == (pa.array(texts[:9], pa.large_string()), 30)
 
     lines = [json.dumps({"text": t}) for t in texts[:20]]
     lines[1] = json.dumps({"text": 5})  # not a string: left out, its line counted

@@ -267,3 +267,69 @@ def test_embed_takes_dashed_flags_that_it_used_to_ignore(tmp_path):
 def test_beam_jax_names_the_closest_command():
     done = _run_all({"pla": ["-m", "beam_jax", "pla", "--input", "x"]})["pla"]
     assert done.returncode == 2 and "no command 'pla'; did you mean plan?" in done.stderr
+
+
+def test_curate_reads_the_input_s_own_columns_named_by_flags(tmp_path):
+    from beam_jax.text import labelled_corpus
+
+    _, labelled = labelled_corpus(3)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"doc": f"r{i}", "body": t, "topic": lab}) + "\n"
+                            for i, t, lab in labelled[:40]))  # fmt: skip
+    out = tmp_path / "curated"
+    argv = ["-m", "pipelines.curate", "--input", str(rows), "--output", str(out), "--passes", "1",
+            "--id-column", "doc", "--text_column", "body", "--label-column", "topic",
+            "--no-progress"]  # fmt: skip
+    done = _run_all({"curate": argv})["curate"]
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("curate: 40 rows -> 40 records"), done.stdout
+    scores = pq.read_table(next(out.glob("scores-*.parquet")))
+    assert sorted(scores.column("id").to_pylist()) == sorted(f"r{i}" for i in range(40))
+    # A Parquet input without the columns named: the flags that name them.
+    pq.write_table(pa.table({"doc": ["a"], "body": ["x"], "label": ["l"]}), tmp_path / "in.parquet")
+    with pytest.raises(SystemExit) as exit_:
+        curate.main(["--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "o")])
+    assert "has no column 'id'" in str(exit_.value) and "--id_column" in str(exit_.value)
+
+
+def test_keep_columns_carries_input_columns_to_the_output_with_their_types(tmp_path, capsys):
+    source = tmp_path / "mine.parquet"
+    carried = {
+        "url": pa.array(["u0", "u1", "u2", None]),
+        "score": pa.array([0.5, 1.5, 2.5, 3.5], pa.float32()),
+        "tags": pa.array([["a"], [], ["b", "c"], None], pa.list_(pa.string())),
+    }
+    texts = ["a first text", None, "a third text", "the fourth"]  # row 1: a dead letter
+    pq.write_table(pa.table({"doc": [10, 11, 12, 13], "body": texts, **carried}), source)
+    out = tmp_path / "out"
+    argv = ["-m", "pipelines.embed", "--input", str(source), "--output", str(out),
+            "--id-column", "doc", "--text-column", "body", "--keep-columns", "url,score,tags",
+            "--no-progress"]  # fmt: skip
+    done = _run_all({"embed": argv})["embed"]
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(out).sort_by("id")
+    assert table.column_names == ["id", "embedding", "url", "score", "tags"]
+    for name, column in carried.items():
+        assert table.schema.field(name).type == column.type, name
+        assert table.column(name).to_pylist() == column.take([0, 2, 3]).to_pylist(), name
+    for argv, said in [
+        (["--keep_columns", "url"], "--keep_columns carries an --input's columns"),
+        (["--input", str(source), "--keep_columns", "id"], "other than its ids"),
+    ]:
+        with pytest.raises(SystemExit):
+            embed_flags.parse_args(argv)
+        assert said in capsys.readouterr().err
+
+
+def test_keep_columns_from_json_lines_take_the_types_of_the_first_lines(tmp_path, capsys):
+    rows = [{"id": i, "text": f"text {i}", "url": f"u{i}", "n": i * 2} for i in range(5)]
+    source = tmp_path / "mine.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    embed_job.run(["--input", str(source), "--output", str(out), "--keep_columns", "url,n",
+                   "--no-progress"])  # fmt: skip
+    table = pq.read_table(out).sort_by("id")
+    assert (
+        table.schema.field("n").type == pa.int64() and table.schema.field("url").type == pa.string()
+    )
+    assert table.column("n").to_pylist() == [r["n"] for r in rows]

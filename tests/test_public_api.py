@@ -73,6 +73,9 @@ TOP_LEVEL = {
 }
 
 INTERNAL = {
+    "ROW_COLUMN",
+    "bad_lines_of",
+    "row_origin",
     "Plan",
     "PaddedBatch",
     "Validated",
@@ -152,6 +155,22 @@ TEXT = {
 
 
 JOBS = {
+    "accelerator_workers",
+    "run_dry",
+    "embeddings_schema",
+    "embeddings_table",
+    "gather_in_row_order",
+    "vectors_of",
+    "write_embeddings",
+    "RowCount",
+    "column_types",
+    "sample_texts",
+    "progress_line",
+    "bundle_workers",
+    "counted",
+    "devices_per_worker",
+    "single_worker_here",
+    "workers_here",
     "InputFile",
     "id_type_of",
     "input_format",

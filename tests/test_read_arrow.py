@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import beam_jax as bj
-from beam_jax._src.arrow.io import _ReadRowGroup
 from beam_jax._src.arrow.origin import carry_origin, file_rows, row_origin
+from beam_jax._src.arrow.read_files import ReadRowGroup
 from beam_jax.internal import origin_of, with_origin
 from tests.beam_helpers import pipeline, run
 
@@ -87,7 +87,7 @@ def test_an_empty_glob_fails_the_launch_naming_the_pattern(tmp_path):
 
 
 def test_an_unreadable_row_group_is_one_dead_letter(files):
-    reader = _ReadRowGroup(["id", "x"], None, handle_errors=True)
+    reader = ReadRowGroup(["id", "x"], None, handle_errors=True)
     out = list(reader.process((str(files / "a.parquet"), 7, 4)))
     assert len(out) == 1 and out[0].tag == bj.DEAD_LETTERS
     record = out[0].value
@@ -144,7 +144,7 @@ def test_row_groups_are_read_one_ahead_and_emitted_in_their_own_window(files):
     from apache_beam.transforms.window import IntervalWindow
     from apache_beam.utils.windowed_value import WindowedValue
 
-    reader = _ReadRowGroup(["id", "x"], 3, handle_errors=True)
+    reader = ReadRowGroup(["id", "x"], 3, handle_errors=True)
     reader.setup()
     reader.start_bundle()
     path = str(files / "a.parquet")
@@ -184,7 +184,7 @@ def test_a_reader_keeps_footers_but_reads_a_rewritten_file_with_its_new_one(tmp_
     time) is read with its new footer, and each batch says its first file row."""
     path = tmp_path / "a.parquet"
     _write(path, list(range(8)), row_group_size=4)
-    reader = _ReadRowGroup(["id", "x"], None, handle_errors=False)
+    reader = ReadRowGroup(["id", "x"], None, handle_errors=False)
     (batch,) = reader.process((str(path), 1, 4))
     assert _ids(batch) == [4, 5, 6, 7] and origin_of(batch) == (str(path), 4)
     (again,) = reader.process((str(path), 0, 4))
@@ -202,7 +202,7 @@ def test_a_compressed_parquet_file_is_one_dead_letter_naming_it(tmp_path):
     _write(tmp_path / "a.parquet", list(range(6)), row_group_size=3)
     packed = tmp_path / "a.parquet.gz"
     packed.write_bytes(gzip.compress((tmp_path / "a.parquet").read_bytes()))
-    reader = _ReadRowGroup(["id"], None, handle_errors=True)
+    reader = ReadRowGroup(["id"], None, handle_errors=True)
     (out,) = reader.process((str(packed), 1, 3))
     assert out.tag == bj.DEAD_LETTERS and out.value.source == str(packed)
     assert "of Parquet file" in out.value.message and "a.parquet.gz" in out.value.message
@@ -234,7 +234,7 @@ def test_small_row_groups_are_read_together_up_to_max_rows(tmp_path):
 def test_row_groups_read_together_dead_letter_only_the_one_that_cannot_be_read(files):
     """Row groups read together whose read fails are read one by one: the good ones' rows
     come out, batched per row group, and the bad one is one dead letter naming it."""
-    reader = _ReadRowGroup(["id", "x"], 8, handle_errors=True)
+    reader = ReadRowGroup(["id", "x"], 8, handle_errors=True)
     path = str(files / "a.parquet")  # row groups of 4, 4 and 2 rows
     out = list(reader.process((path, (0, 1, 7), 12)))
     dead = [o.value for o in out if getattr(o, "tag", None) == bj.DEAD_LETTERS]
@@ -254,9 +254,9 @@ def test_row_groups_read_together_dead_letter_only_the_one_that_cannot_be_read(f
     max_rows=st.one_of(st.none(), st.integers(1, 40)),
 )
 def test_runs_of_row_groups_cover_each_once_in_order_and_fill_greedily(counts, max_rows):
-    from beam_jax._src.arrow.io import _runs
+    from beam_jax._src.arrow.read_files import row_group_runs
 
-    runs = _runs(counts, max_rows)
+    runs = row_group_runs(counts, max_rows)
     assert [g for r in runs for g in r] == list(range(len(counts)))
     for i, r in enumerate(runs):
         assert r == list(range(r[0], r[0] + len(r)))

@@ -120,7 +120,9 @@ def test_each_bad_line_is_one_dead_letter_and_the_other_lines_are_read(tmp_path)
         assert sorted(by_row) == [1, 2, 3, 5, 6, 7, 8], sorted(by_row)
         assert all(r.stage == "read" and r.source == str(path) for r in records)
         assert all(r.error_type == "InputLineError" for r in records)
-        assert all(f"line {r.row} of {path}" in r.message for r in records)
+        # Lines from 1 in messages (rows from 0); a dead letter is not told to dead-letter.
+        assert all(f"line {r.row + 1} of {path}" in r.message for r in records)
+        assert not any("with_exception_handling" in r.message for r in records)
         assert "not valid JSON" in by_row[1].message and "not json at all" in by_row[1].element
         assert "not valid JSON" in by_row[2].message
         assert "JSON list, not an object" in by_row[3].message
@@ -148,8 +150,9 @@ def test_a_bad_line_without_exception_handling_fails_the_job_naming_file_and_lin
     path.write_bytes(_lines([{"id": 0, "text": "a"}, b"{broken", {"id": 2, "text": "b"}]))
     p = pipeline()
     _ = p | bj.ReadArrowBatches(str(path))
-    with pytest.raises(Exception, match=f"line 1 of {path}: the line is not valid JSON"):
+    with pytest.raises(Exception, match=f"line 2 of {path}: the line is not valid JSON") as e:
         run(p)
+    assert "or read with .with_exception_handling() to dead-letter the line" in str(e.value)
 
 
 def test_a_file_cut_short_keeps_the_lines_before_the_cut(tmp_path):
@@ -184,7 +187,7 @@ def test_a_file_cut_short_keeps_the_lines_before_the_cut(tmp_path):
         (record,) = records
         assert record.source == str(cut) and record.stage == "read"
         assert 0 < record.row < 3000
-        assert f"cannot be read past line {record.row}" in record.message
+        assert f"breaks off at line {record.row + 1}" in record.message
         assert "EOFError" in record.message and "lines before it were read" in record.message
         # Every line before the cut, once; none after it.
         cut_ids = sorted(i for name, _, i, _ in rows_read if name == "in.jsonl.gz")
@@ -336,3 +339,58 @@ def test_every_line_is_one_row_or_one_bad_line_or_blank(lines, block, max_rows):
     assert [i.line if isinstance(i, BadLine) else i.first_line for i in items] == sorted(
         i.line if isinstance(i, BadLine) else i.first_line for i in items
     )
+
+
+def test_bad_lines_in_batches_ride_with_the_rows_around_them(tmp_path):
+    """bad_lines="in_batches": a batch's rows span bad and blank lines (each row's line in
+    ``beam_jax.row``), each bad line's dead letter travels in the metadata of the batch read
+    after it, and a file's bad lines after its last row come in a batch of no rows: every
+    line ends in exactly one batch, as a row or as a dead letter of it."""
+    from beam_jax.internal import bad_lines_of, row_origin
+
+    rows = [{"id": i, "text": f"text {i}"} for i in range(12)]
+    lines = [*rows[:3], b"{broken", *rows[3:6], b"", {"id": "x", "text": "t"}, *rows[6:12], b"[1]"]
+    (tmp_path / "a.jsonl").write_bytes(_lines(lines))
+    (tmp_path / "bad.jsonl").write_bytes(_lines([b"nope", b'{"id": 1, "text": 2}']))
+    p = pipeline()
+    batches, dead = (
+        p
+        | bj.ReadArrowBatches(
+            str(tmp_path / "*.jsonl"), schema=SCHEMA, max_rows=5, bad_lines="in_batches"
+        ).with_exception_handling()
+    )
+    found = _collect(batches, "Batches")
+
+    def check(found):
+        (batches,) = found
+        seen: dict[str, list[tuple[int, str]]] = {}
+        for batch in batches:
+            path, at = row_origin(batch)
+            name = os.path.basename(path)
+            if not batch.num_rows:
+                rows_at = []
+            elif isinstance(at, int):
+                rows_at = list(range(at, at + batch.num_rows))
+            else:
+                rows_at = at.tolist()
+            seen.setdefault(name, []).extend((line, "row") for line in rows_at)
+            for record in bad_lines_of(batch):
+                assert record.source == path and record.stage == "read"
+                assert record.message.startswith(f"line {record.row + 1} of {path}: ")
+                assert "with_exception_handling" not in record.message
+                seen.setdefault(name, []).append((record.row, "bad"))
+                # A bad line comes with the batch read after it, before its rows end.
+                assert not rows_at or record.row < max(rows_at)
+        a = sorted(seen["a.jsonl"])
+        assert [n for n, _ in a] == [n for n in range(len(lines)) if n != 7]  # 7: blank
+        assert [n for n, kind in a if kind == "bad"] == [3, 8, 15]
+        assert sorted(seen["bad.jsonl"]) == [(0, "bad"), (1, "bad")]  # no rows: one batch
+
+    assert_that(found, check)
+    assert_that(dead, equal_to([]), label="NoSeparateDeadLetters")
+    run(p)
+
+
+def test_bad_lines_is_checked():
+    with pytest.raises(bj.SpecError, match="bad_lines must be one of"):
+        bj.ReadArrowBatches("x.jsonl", bad_lines="inline")

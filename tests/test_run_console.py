@@ -15,7 +15,9 @@ from pipelines.embed import job as embed_text
 from pipelines.embed import write as tp
 from tests import flagship as ft
 
-PROGRESS = re.compile(r"^embed_text: ([\d,]+) records done \(.*/s\), ([\d,]+) dead letters so far")
+PROGRESS = re.compile(
+    r"^embed_text: ([\d,]+)(?: of ~?[\d,]+ rows? \(\d+%\)| rows?), ([\d,]+) dead letters?, "
+)
 
 
 def _progress_lines(err: str) -> list[tuple[int, int]]:
@@ -24,9 +26,9 @@ def _progress_lines(err: str) -> list[tuple[int, int]]:
 
 
 def _stdout(out: str) -> list[str]:
-    """stdout less the launch plan's line (``embed_text: buckets ... planned from ...``)."""
+    """stdout less the launch line (``embed_text: 60 rows of IN -> OUT: texts ...``)."""
     lines = out.strip().splitlines()
-    assert len(lines) >= 1 and " planned from " in lines[0], lines
+    assert len(lines) >= 1 and re.match(r"embed_text: \S+ rows? of .* -> ", lines[0]), lines
     return lines[1:]
 
 

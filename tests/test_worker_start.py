@@ -34,12 +34,13 @@ from tests.tiny_bert import sample_texts, write_tiny_bert
 # FnApiRunner runs the pipeline in this process, and Beam pickles these by reference).
 EVENTS: dict[str, list[str]] = {}
 HOST_WORK: dict[str, threading.Event] = {}
+LOAD_ENDED: dict[str, threading.Event] = {}
 WAIT_S = 120  # how long a loader waits for the host work before giving up (a busy machine)
 
 
 def _new() -> str:
     key = uuid.uuid4().hex
-    EVENTS[key], HOST_WORK[key] = [], threading.Event()
+    EVENTS[key], HOST_WORK[key], LOAD_ENDED[key] = [], threading.Event(), threading.Event()
     return key
 
 
@@ -56,8 +57,11 @@ class WaitingLoader:
 
     def __call__(self):
         EVENTS[self.key].append("load started")
-        seen = HOST_WORK[self.key].wait(WAIT_S)
-        EVENTS[self.key].append("load finished" if seen else "load gave up waiting")
+        try:
+            seen = HOST_WORK[self.key].wait(WAIT_S)
+            EVENTS[self.key].append("load finished" if seen else "load gave up waiting")
+        finally:
+            LOAD_ENDED[self.key].set()
         if self.fail:
             raise ValueError(f"no weights for {self.key}")
         return self.params
@@ -186,25 +190,26 @@ def test_a_bundle_without_elements_does_not_wait_for_the_worker():
     assert_that(out, equal_to([]))
     run(p)
     _host_work(key, "pipeline finished")  # only now may the loader finish
-    for _ in range(WAIT_S * 10):  # the loader's thread records its end
-        if "load finished" in EVENTS[key] or "load gave up waiting" in EVENTS[key]:
-            break
-        threading.Event().wait(0.1)
+    assert LOAD_ENDED[key].wait(WAIT_S)  # the loader's thread records its end
     events = EVENTS[key]
     assert events.index("pipeline finished") < events.index("load finished"), events
 
 
 _FAILS_WHILE_THE_WORKER_BUILDS = """
-import pathlib, sys, time
+import atexit, pathlib, sys, threading
 import apache_beam as beam
 import jax.numpy as jnp
 import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 import beam_jax as bj
+from beam_jax._src.engine import worker
 from beam_jax._src.kernel.compiled import Kernel
 
-out = pathlib.Path(sys.argv[1])
+out, hang = pathlib.Path(sys.argv[1]), sys.argv[2] == "hang"
+worker.EXIT_WAIT_SECONDS = 2 if hang else 300
 precompile = Kernel.precompile
+exiting = threading.Event()
+atexit.register(exiting.set)  # registered after beam_jax's own: runs before it
 
 def recorded(self, *args, background=False, **kw):
     if background:
@@ -214,8 +219,12 @@ def recorded(self, *args, background=False, **kw):
 Kernel.precompile = recorded
 
 def load_params():
-    time.sleep(1.5)  # the job fails, and the interpreter begins to exit, meanwhile
-    (out / "parameters loaded").touch()
+    (out / "load started").touch()
+    if hang:
+        threading.Event().wait()  # never returns
+    # Returns once the job has failed and the interpreter has begun to exit.
+    if exiting.wait(300):
+        (out / "parameters loaded").touch()
     return np.float32(2.0)
 
 def scaled_sum(params, element, lengths):
@@ -239,20 +248,36 @@ p.run().wait_until_finish()
 """
 
 
-def test_a_job_failing_while_its_worker_builds_exits_with_its_error_after_the_build(tmp_path):
-    # The worker's thread is inside XLA or load_params as the interpreter exits: exit waits
-    # for it (a daemon thread there was cut off, aborting the process), and the compiles
-    # the finished build then starts compile nothing.
+def _fail_while_the_worker_builds(tmp_path, mode: str) -> subprocess.CompletedProcess:
     root = pathlib.Path(__file__).resolve().parent.parent
-    proc = subprocess.run(
-        [sys.executable, "-c", _FAILS_WHILE_THE_WORKER_BUILDS, str(tmp_path)],
+    return subprocess.run(
+        [sys.executable, "-c", _FAILS_WHILE_THE_WORKER_BUILDS, str(tmp_path), mode],
         env=dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS="cpu"),
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_a_job_failing_while_its_worker_builds_exits_with_its_error_after_the_build(tmp_path):
+    # The worker's thread is inside load_params (then XLA) as the interpreter exits: exit
+    # waits for it (a daemon thread cut off inside XLA aborted the process), and the
+    # compiles the finished build then starts compile nothing.
+    proc = _fail_while_the_worker_builds(tmp_path, "wait")
     assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
     assert "the reader broke (simulated)" in proc.stderr
     assert "terminate called" not in proc.stderr
     assert (tmp_path / "parameters loaded").exists(), "exit did not wait for the build"
     assert not (tmp_path / "compiled in the background").exists(), "compiled during exit"
+    assert "exits without waiting longer" not in proc.stderr
+
+
+def test_a_load_params_that_never_returns_cannot_keep_the_process_from_exiting(tmp_path):
+    proc = _fail_while_the_worker_builds(tmp_path, "hang")
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert (tmp_path / "load started").exists()
+    assert "the reader broke (simulated)" in proc.stderr
+    assert (
+        "beam_jax: the process exits without waiting longer for a worker still being built "
+        "after 2 s" in proc.stderr
+    ), proc.stderr[-2000:]

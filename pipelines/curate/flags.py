@@ -36,9 +36,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     positive = jobs.positive_int
     add(
         "--input",
-        help="Parquet or JSON lines with 'id', 'text' and 'label' (a string); "
-        "default: standard-library docstring passages labelled by their module",
+        help="Parquet or JSON lines with an id, a text and a label (a string) "
+        "(--id_column, --text_column, --label_column); default: standard-library docstring "
+        "passages labelled by their module",
     )
+    add("--id_column", default="id", help="the input's id column (integers or strings)")
+    add("--text_column", default="text", help="the input's text column")
+    add("--label_column", default="label", help="the input's label column (strings)")
     add(
         "--output",
         default=DEFAULT_OUTPUT,
@@ -113,5 +117,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         parser.error(f"--learning_rate must be positive, got {args.learning_rate}")
     if args.hash_bits > 24:
         parser.error(f"--hash_bits must be at most 24, got {args.hash_bits}")
+    args.columns = (args.id_column, args.text_column, args.label_column)
+    if len(set(args.columns)) < 3 or not all(args.columns):
+        parser.error(
+            "--id_column, --text_column and --label_column must be three different names, "
+            f"got {args.columns}"
+        )
     args.format = None if args.input is None else jobs.input_format(args.input)
     return args, options

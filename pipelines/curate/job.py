@@ -43,7 +43,7 @@ LAYOUT = jobs.OutputLayout(
 )
 _JOB_FLAGS = (
     *("input", "classes", "flip_fraction", "seed", "passes", "learning_rate", "hash_bits"),
-    *("dim", "buckets", "num_buckets", "batch_size", "batch_sizes"),
+    *("dim", "buckets", "num_buckets", "batch_size", "batch_sizes", "columns"),
 )
 
 
@@ -75,7 +75,7 @@ def prepare(args: argparse.Namespace, options, work: str, schema: pa.Schema) -> 
         bj.DEAD_LETTERS, main="records"
     )
     data = FileSystems.join(work, "data")
-    records_schema = read.records_schema(schema.field("id").type)
+    records_schema = read.records_schema(schema.field(0).type)
     _ = records.records | "WriteRecords" >> WriteToParquetBatched(
         FileSystems.join(data, "records"), records_schema, file_name_suffix=".parquet"
     )
@@ -130,7 +130,7 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     started = time.perf_counter()
     args, options = parse_args(argv)
     report.require_matplotlib()
-    schema = read.input_schema(args.input, args.format)
+    schema = read.input_schema(args.input, args.format, args.columns)
     output = jobs.OutputDir(args.output, layout=LAYOUT)
     record = {n: getattr(args, n) for n in _JOB_FLAGS}
     output.prepare(record, overwrite=args.overwrite)
@@ -144,8 +144,9 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
         dead = {s: counters.get(f"dead_letters_{s}", 0) for s in ("read", "validation", "tokenize")}
         rows = counters.get("rows", 0) + dead["read"]
         console.say(
-            f"curate: prepared {records:,} records from {rows:,} rows, "
-            f"{sum(dead.values()):,} dead letters, {prepared - started:.1f} s"
+            f"curate: prepared {jobs.counted(records, 'record')} from "
+            f"{jobs.counted(rows, 'row')}, {jobs.counted(sum(dead.values()), 'dead letter')}, "
+            f"{prepared - started:.1f} s"
         )
         if records == 0:
             raise ValueError(f"no usable rows; see the dead letters in {work}/_failed/")
@@ -177,7 +178,7 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
                 f"{pass_stats.seconds:.1f} s"
             )
         scoring = time.perf_counter()
-        scored = passes.score_pass(job, args.passes, schema.field("id").type)
+        scored = passes.score_pass(job, args.passes, schema.field(0).type)
         kernel = bj.summarize(scored)
         console.say(
             f"curate: scored {kernel.results:,} records, {time.perf_counter() - scoring:.1f} s"
@@ -209,8 +210,8 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     )
     _write_json(summary.to_json(), FileSystems.join(work, "summary.json"))
     title = (
-        f"{summary.records} records, {summary.flipped} labels flipped; scores after "
-        f"{len(summary.passes)} full-batch pass{'' if len(summary.passes) == 1 else 'es'}"
+        f"{jobs.counted(summary.records, 'record')}, {summary.flipped} labels flipped; scores "
+        f"after {jobs.counted(len(summary.passes), 'full-batch pass')}"
     )
     named = {"GraNd": scores["grand"], "EL2N": scores["el2n"]}
     report.plot(FileSystems.join(work, "curate.png"), summary.losses, named, flipped, title=title)

@@ -44,35 +44,44 @@ def _builtin_batches(num_classes: int) -> list[pa.RecordBatch]:
     return rows.to_batches(max_chunksize=_ROWS_PER_BATCH)
 
 
-def input_schema(pattern: str | None, format: str | None) -> pa.Schema:  # noqa: A002
-    """The rows' columns, checked at launch: ``id`` (integers or strings: the first Parquet
-    file's type, or inferred from the first JSON lines), ``text`` and ``label`` (strings).
+def input_schema(
+    pattern: str | None,
+    format: str | None,  # noqa: A002
+    columns: tuple[str, str, str] = COLUMNS,
+) -> pa.Schema:
+    """The rows' columns (``columns``: the id, text and label columns of the input; the
+    built-in corpus's are ``COLUMNS``), checked at launch: the id (integers or strings: the
+    first Parquet file's type, or inferred from the first JSON lines), text and label
+    (strings).
 
     Raises:
         ValueError: A Parquet file lacks a column, or a column has another type.
         beam_jax.InputFileError: Nothing matches ``pattern``.
     """
-    id_type = pa.int64()
-    if pattern is not None:
-        read = bj.ReadArrowBatches(pattern, columns=["id"], format=format)
-        first = read.files()[0]
-        if format == "jsonl":
-            types = {"id": jobs.id_type_of([first], "id", "text")}  # the first id's type
-        else:
-            with FileSystems.open(first) as f:
-                schema = pq.read_schema(f)
-            for name in COLUMNS:
-                if name not in schema.names:
-                    raise ValueError(f"{first} has no column {name!r}; it has {schema.names}")
-            types = {name: schema.field(name).type for name in COLUMNS}
-        for name, t in types.items():
-            if not (pa.types.is_string(t) or pa.types.is_large_string(t)) and not (
-                name == "id" and pa.types.is_integer(t)
-            ):
-                kind = "integers or strings" if name == "id" else "strings"
-                raise ValueError(f"the {name!r} of {first} is {t}; expected {kind}")
-        id_type = types["id"]
-    return pa.schema([("id", id_type), ("text", pa.string()), ("label", pa.string())])
+    if pattern is None:
+        return pa.schema([("id", pa.int64()), ("text", pa.string()), ("label", pa.string())])
+    id_column, text_column, _ = columns
+    first = bj.ReadArrowBatches(pattern, columns=[id_column], format=format).files()[0]
+    if format == "jsonl":
+        types = {id_column: jobs.id_type_of([first], id_column, text_column)}  # the first id's
+    else:
+        with FileSystems.open(first) as f:
+            schema = pq.read_schema(f)
+        flags = ("--id_column", "--text_column", "--label_column")
+        for name, flag in zip(columns, flags, strict=True):
+            if name not in schema.names:
+                raise ValueError(
+                    f"{first} has no column {name!r}; it has {schema.names}. Name the "
+                    f"input's own with {flag}"
+                )
+        types = {name: schema.field(name).type for name in columns}
+    for name, t in types.items():
+        text = pa.types.is_string(t) or pa.types.is_large_string(t)
+        if not text and not (name == id_column and pa.types.is_integer(t)):
+            kind = "integers or strings" if name == id_column else "strings"
+            raise ValueError(f"the {name!r} of {first} is {t}; expected {kind}")
+    id_type = types[id_column]
+    return pa.schema([(id_column, id_type), (columns[1], pa.string()), (columns[2], pa.string())])
 
 
 def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
@@ -86,8 +95,8 @@ def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
             | "Spread" >> beam.Reshuffle()
         )
         return rows, pipeline | "NoDeadLetters" >> beam.Create([])
-    typed = {"format": args.format, "schema": schema, "key": "id"}
-    read = bj.ReadArrowBatches(pattern, columns=list(COLUMNS), max_rows=_ROWS_PER_BATCH, **typed)
+    typed = {"format": args.format, "schema": schema, "key": schema.names[0]}
+    read = bj.ReadArrowBatches(pattern, columns=schema.names, max_rows=_ROWS_PER_BATCH, **typed)
     return pipeline | "Read" >> read.with_exception_handling()
 
 
@@ -120,23 +129,25 @@ class ToRecords(beam.DoFn):
     def process(self, batch: pa.RecordBatch):
         n = batch.num_rows
         self._rows.inc(n)
-        ids, text, label = (batch.column(c) for c in COLUMNS)
+        ids, text, label = (batch.column(c) for c in self._schema.names)
+        _, text_name, label_name = self._schema.names
         problems: dict[int, tuple[str, Exception]] = {}
 
         def refuse(mask, message: str, stage: str = VALIDATION):
             for row in np.flatnonzero(np.asarray(mask, bool)).tolist():
                 problems.setdefault(row, (stage, bj.InvalidElementError(message)))
 
-        want = self._schema.field("id").type
+        want = self._schema.field(0).type
         try:
             ids = ids.cast(want)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # another file's type
             refuse(np.ones(n), f"the ids are {ids.type} here, but {want} in the first file")
             ids = pa.nulls(n, want)
         refuse(ids.is_null(), "the row has no id (null or missing); every row needs one")
-        refuse(text.is_null(), "expected a string 'text', got null")
+        refuse(text.is_null(), f"expected a string {text_name!r}, got null")
         label = label.cast(pa.string())
-        refuse(pc.fill_null(pc.equal(label, ""), True), "expected a non-empty string 'label'")
+        empty = pc.fill_null(pc.equal(label, ""), True)
+        refuse(empty, f"expected a non-empty string {label_name!r}")
         tokens, failures = self._tokenizer.encode_arrow(text)
         for row, error in failures.items():
             problems.setdefault(row, (TOKENIZE, error))
@@ -148,7 +159,7 @@ class ToRecords(beam.DoFn):
         source, first = origin_of(batch)  # (None, None) for the built-in corpus
         for row, (stage, error) in sorted(problems.items()):
             element = batch.slice(row, 1).to_pylist()[0]
-            key = ids[row].as_py() if ids[row].is_valid else element.get("id")
+            key = ids[row].as_py() if ids[row].is_valid else element.get(self._schema.names[0])
             record = bj.FailedElement.from_exception(
                 error,
                 stage=stage,

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import scipy.stats
 
-from beam_jax.jobs import open_atomically
+from beam_jax.jobs import counted, open_atomically
 
 SCORES = ("grand", "el2n", "loss")
 TOP_FRACTION = 0.1  # precision is reported for the top 10% of records by score
@@ -76,15 +76,12 @@ class CurateSummary:
             if s in self.auroc
         )
         return (
-            f"curate: {self.rows} rows -> {self.records} records ({self.flipped} flipped), "
-            f"{self.dead_letters} dead letters; {_passes(len(self.passes))}, loss "
+            f"curate: {counted(self.rows, 'row')} -> {counted(self.records, 'record')} "
+            f"({self.flipped} flipped), {counted(self.dead_letters, 'dead letter')}; "
+            f"{counted(len(self.passes), 'full-batch pass')}, loss "
             f"{self.passes[0].loss:.3f} -> {self.final_loss:.3f}; {found or 'no flips to find'}"
             f"; {self.seconds['total']:.1f} s wall"
         )
-
-
-def _passes(n: int) -> str:
-    return f"{n} full-batch pass{'' if n == 1 else 'es'}"
 
 
 def auroc(scores: np.ndarray, positives: np.ndarray) -> float:

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from beam_jax import jobs
 from beam_jax.text import EmbedBatches
-from pipelines.embed.parts import Part
+from pipelines.embed.parts import METRICS_NAMESPACE, Part
 from pipelines.embed.write import PartWriter
 
 __all__ = ["EmbedParts"]
@@ -48,6 +48,7 @@ class EmbedParts(EmbedBatches):
     def setup(self):
         super().setup()
         self._writer.setup()
+        self._bad_lines = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "lines_unreadable")
         self._counts = []
         if self._progress is not None:  # counted by the workers, printed by the driver
             fields = ("done", "dead")
@@ -61,8 +62,13 @@ class EmbedParts(EmbedBatches):
 
     def process(self, batch: pa.RecordBatch, window=_WINDOW, timestamp=_TIMESTAMP) -> Iterator[Any]:
         self._where = (window, timestamp)  # for the outputs of what the tokenizer refuses now
-        self._writer.open(Part.of(batch))
-        yield from self._names(super().process(batch, window, timestamp))
+        part = Part.of(batch)
+        self._writer.open(part)
+        self._bad_lines.inc(len(part.bad_lines))
+        for record in part.bad_lines:  # JSON lines that are no row: the part's dead letters
+            yield from self._names(self._writer.add_dead(record, self._where))
+        if batch.num_rows:
+            yield from self._names(super().process(batch, window, timestamp))
 
     def finish_bundle(self) -> Iterator[Any]:
         yield from self._names(super().finish_bundle())

@@ -161,6 +161,13 @@ def _parser() -> argparse.ArgumentParser:
     add("--id_column", default="id", help="the input's id column; the output names it 'id'")
     add("--text_column", default="text", help="the input's text column")
     add(
+        "--keep_columns",
+        type=lambda text: tuple(c.strip() for c in text.split(",") if c.strip()),
+        default=(),
+        help="input columns to carry through to the output beside each embedding, with their "
+        "types, e.g. url,title (default: none)",
+    )
+    add(
         "--id_type",
         choices=("auto", "int", "string"),
         default="auto",
@@ -214,12 +221,17 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
             f"--id_column and --text_column must be two different names, got "
             f"{args.id_column!r} and {args.text_column!r}"
         )
+    if args.keep_columns and (args.input is None or args.id_column in args.keep_columns):
+        parser.error(
+            f"--keep_columns carries an --input's columns other than its ids (the output's "
+            f"'id'), got {','.join(args.keep_columns)} with --input {args.input}"
+        )
     if args.buckets != "auto":
         problem = buckets_problem(args.buckets, args.model_dir, args.model_manifest)
         if problem:
             parser.error(problem)
     # The default that depends on the device: cache-sized chunks help CPUs, not accelerators.
-    args.on_accelerator = on_accelerator(args.accelerator, options)  # the workers' device
+    args.on_accelerator = jobs.accelerator_workers(args.accelerator, options)  # their device
     if args.tokens_per_chunk is None:
         args.tokens_per_chunk = 0 if args.on_accelerator else DEFAULT_TOKENS_PER_CHUNK
     return args, options
@@ -241,13 +253,3 @@ def buckets_problem(
         f"{','.join(map(str, buckets))}; plan them in token counts with beam-jax plan "
         "--tokenizer minilm (or the --model_dir directory), or leave --buckets auto"
     )
-
-
-def on_accelerator(accelerator: str | None, options: PipelineOptions) -> bool:
-    """Whether the embedding step's workers run the model on an accelerator: ``--accelerator``
-    asks a remote runner for one; the local runners run the workers here, on JAX's default
-    device (a GPU or TPU where JAX finds one), known without opening a TPU
-    (``local_platform``): the device opens in the background while the job reads."""
-    if accelerator or not jobs.is_local(options.view_as(StandardOptions).runner):
-        return bool(accelerator)
-    return jobs.local_platform().accelerator

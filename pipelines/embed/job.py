@@ -21,7 +21,7 @@ from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.options.pipeline_options import DebugOptions, StandardOptions
+from apache_beam.options.pipeline_options import StandardOptions
 
 import beam_jax as bj
 from beam_jax import jobs
@@ -98,15 +98,16 @@ class EmbedTextSummary:
 
     def __str__(self) -> str:
         stages = ", ".join(f"{k} {v}" for k, v in self.dead_letters_by_stage.items() if v)
-        files = f", {self.unreadable_files} unreadable files" if self.unreadable_files else ""
-        resumed = f"; resumed after {self.parts_reused} parts" if self.parts_reused else ""
+        n = jobs.counted
+        files = f", {n(self.unreadable_files, 'unreadable file')}" if self.unreadable_files else ""
+        resumed = f"; resumed after {n(self.parts_reused, 'part')}" if self.parts_reused else ""
         return (
-            f"embed_text: {self.rows} rows -> {self.results} embeddings, "
-            f"{self.dead_letters} dead letters{f' ({stages})' if stages else ''}{files}"
+            f"embed_text: {n(self.rows, 'row')} -> {n(self.results, 'embedding')}, "
+            f"{n(self.dead_letters, 'dead letter')}{f' ({stages})' if stages else ''}{files}"
             f"{resumed}; "
             f"{'packed' if self.batching == 'packed' else 'bucketed'}, padding "
-            f"{self.padding_ratio:.2f}x over {self.batches} batches; "
-            f"{self.compiles} compiles ({self.compile_seconds:.1f} s, "
+            f"{self.padding_ratio:.2f}x over {n(self.batches, 'batch')}; "
+            f"{n(self.compiles, 'compile')} ({self.compile_seconds:.1f} s, "
             f"{self.compile_wait_seconds:.1f} s of it waited for); "
             f"results waited for {self.kernel.result_wait_seconds:.1f} s; "
             f"{self.sentences_per_second:.1f} sentences/s, {self.wall_seconds:.1f} s wall"
@@ -166,7 +167,7 @@ def _read_and_tokenize(pipeline, args, model, inputs, id_type, done=frozenset())
 
 def _read(pipeline, args, inputs, id_type, done=frozenset()):
     """Read parts (those not in ``done``) -> spread (unless one worker runs here)."""
-    spread = not launch_plan.in_process(pipeline.options)
+    spread = not jobs.single_worker_here(pipeline.options)
     return pipeline | "Read" >> ReadParts(inputs, args.rows_per_part, done, id_type, spread=spread)
 
 
@@ -181,14 +182,15 @@ def _build(
     parts, unreadable = _read(pipeline, args, inputs, id_type, done)
     embed = embed_kernel(args, model, launch, encoder or Encoder())
     tokenize = tokenize_parts(id_type, model, inputs.text_column)
-    writer = write.PartWriter(staging, inputs, write.embeddings_schema(id_type))
+    writer = write.PartWriter(staging, inputs, write.embeddings_schema(id_type, inputs.carried))
     step = beam.ParDo(EmbedParts(tokenize, embed, writer, progress))
     names = parts | "Embed" >> on_accelerator(step, args.accelerator)
     # A consumer across a shuffle: the local FnApiRunner then fails when a worker dies
     # there instead of waiting forever (a SIGKILL in the writing step hung it, Beam 2.77).
     _ = names | "KeyPartNames" >> beam.WithKeys(None) | "GatherPartNames" >> beam.GroupByKey()
-    _ = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
-    if launch.planned and not launch_plan.workers_here(pipeline.options):
+    unreadable_writer = write.WriteUnreadable(staging, inputs, progress)
+    _ = unreadable | "WriteUnreadable" >> beam.ParDo(unreadable_writer)
+    if launch.planned and not jobs.workers_here(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the
         # first stage; where the workers run in this process, run() starts it).
         _ = pipeline | "StartEmbedWorker" >> on_accelerator(embed.start_workers(), args.accelerator)
@@ -235,20 +237,11 @@ def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSumma
 
 def _dry_run(args, options, model, inputs: Inputs, id_type, output: OutputDir) -> None:
     """Builds the job for its runner without running it (Beam's ``--dry_run=True``)."""
-    launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options), model)
+    launch = launch_plan.plan_for(args, inputs, jobs.devices_per_worker(options), model)
     print(launch, flush=True)
     pipeline = beam.Pipeline(options=options)  # validates the options for the runner
     _build(pipeline, args, model, inputs, id_type, output.staging, frozenset(), launch)
-    result = pipeline.run()  # DataflowRunner: translated and packaged, not submitted
-    path = options.view_as(DebugOptions).dataflow_job_file
-    if path and hasattr(result, "job"):
-        jobs.write_dataflow_job_file(jobs.dataflow_job_description(result), path)
-    print(
-        f"embed_text: dry run: the job was built for {options.view_as(StandardOptions).runner} "
-        f"and not run{f'; its description is in {path}' if path else ''}; nothing was "
-        f"written to {output.path}",
-        flush=True,
-    )
+    jobs.run_dry(pipeline, "embed_text", output.path)
 
 
 @jobs.freeze_startup_objects()
@@ -281,7 +274,7 @@ def run(
     """
     started = time.perf_counter()
     args, options = parse_args(argv)
-    if launch_plan.workers_here(options) and not jobs.is_dry_run(options):
+    if jobs.workers_here(options) and not jobs.is_dry_run(options):
         jobs.open_local_devices()  # opening a TPU takes seconds: overlap it with the launch
     # A tampered or incomplete model fails the launch, naming the file.
     model = SentenceEncoder.from_dir(
@@ -309,8 +302,10 @@ def run(
     if jobs.is_dry_run(options):
         return _dry_run(args, options, model, inputs, id_type, output)
     reused = output.prepare(job, overwrite=args.overwrite)
-    launch = launch_plan.plan_for(args, inputs, launch_plan.local_devices(options), model)
-    described = str(launch)
+    launch = launch_plan.plan_for(args, inputs, jobs.devices_per_worker(options), model)
+    source = inputs.pattern or "the built-in corpus"
+    print(f"embed_text: {launch.rows} of {source} -> {output.path}: {launch.short()}", flush=True)
+    described = str(launch)  # the details, with --verbose
     model_kernel = encoder is None or None in (encoder.element_fn, encoder.packed_fn)
     if model_kernel and args.matmuls == "auto" and local:
         # (--matmuls applies to the model's kernels only, not to an Encoder's.)
@@ -318,15 +313,18 @@ def run(
     if local and args.on_accelerator and not args.accelerator and not args.tokens_per_chunk:
         platform = jobs.local_platform().platform
         described += f"; batches run whole (no chunks) on this machine's {platform}"
-    print(described, flush=True)
+    if args.verbose:
+        print(described, flush=True)
     pipeline = beam.Pipeline(options=options)
-    console = RunConsole("embed_text", args, options, output.path)
+    results, dead = write.part_counts(output.staging, reused)  # parts of earlier runs
+    total = launch.rows.less(results + dead)
+    console = RunConsole("embed_text", args, options, output.path, total=total)
     done = write.done_parts(reused, inputs)
     where = (output.staging, done, launch, console.progress_dir, encoder)
     embed = _build(pipeline, args, model, inputs, id_type, *where)
     try:
         with console:
-            if launch.planned and launch_plan.workers_here(options):
+            if launch.planned and jobs.workers_here(options):
                 # The workers run here: the model loads and compiles while Beam starts.
                 embed.start_worker_here()
             result = pipeline.run()
@@ -339,7 +337,6 @@ def run(
     summary = _summarize(result, time.perf_counter() - started, len(reused))
     summary = dataclasses.replace(summary, batching=launch.batching, batching_reason=launch.reason)
     print(summary, flush=True)
-    results, dead = write.part_counts(output.staging, reused)  # parts of earlier runs
     rows = (summary.dead_letters + dead, summary.rows + results + dead)
     files = (summary.unreadable_files, len(inputs.files))
     output.check_threshold({"rows": rows, "files": files}, args.threshold)

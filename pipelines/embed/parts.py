@@ -21,10 +21,12 @@ import numpy as np
 import pyarrow as pa
 
 from beam_jax import jobs
+from beam_jax.internal import ROW_COLUMN, bad_lines_of
 
 __all__ = ["KEY", "METRICS_NAMESPACE", "ROW_BITS", "Inputs", "Part", "split_keys"]
 
 KEY = "key"
+PART_FILE = b"embed_text.file"  # a part's file index (a part may hold no row, only bad lines)
 METRICS_NAMESPACE = "embed_text"  # the job's own counters (rows, parts, dead letters)
 ROW_BITS = 40  # rows per file < 2**40; files < 2**23
 ROW_MASK = (1 << ROW_BITS) - 1
@@ -54,6 +56,8 @@ class Inputs:
         builtin_texts: ``--builtin_texts``.
         id_column: The input's id column or field (the output names it ``id``).
         text_column: The input's text column or field.
+        carried: The input columns carried to the output (``--keep_columns``), with their
+            types.
     """
 
     format: str
@@ -62,6 +66,7 @@ class Inputs:
     builtin_texts: int | None = None
     id_column: str = "id"
     text_column: str = "text"
+    carried: pa.Schema = pa.schema([])
 
     @classmethod
     def from_args(cls, args: Any) -> Inputs:
@@ -75,7 +80,9 @@ class Inputs:
             return cls("builtin", (jobs.InputFile(BUILTIN, None, None),), None, args.builtin_texts)
         format_ = jobs.input_format(args.input)
         files = jobs.match_inputs(args.input)
-        return cls(format_, files, args.input, None, args.id_column, args.text_column)
+        keep = args.keep_columns
+        carried = jobs.column_types([f.path for f in files], keep) if keep else pa.schema([])
+        return cls(format_, files, args.input, None, args.id_column, args.text_column, carried)
 
     @property
     def columns(self) -> tuple[str, str]:
@@ -105,30 +112,49 @@ class Inputs:
             "builtin_texts": self.builtin_texts,
             "files": [[f.path, f.size, f.mtime] for f in self.files],
             "columns": list(self.columns),
+            **({"carried": self.carried.names} if self.carried.names else {}),
         }
 
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-    """One part: its file, its rows (positions in the file) and their ids as read."""
+    """One part: its file, its rows (positions in the file) and their ids as read, the
+    input columns it carries to the output, and the dead letters of its JSON lines that are
+    no row (read before its rows: ``beam_jax.internal.bad_lines_of``)."""
 
     file_index: int
     positions: np.ndarray
     ids: pa.Array
+    carried: pa.RecordBatch | None = None
+    bad_lines: tuple = ()
 
     @classmethod
     def of(cls, batch: pa.RecordBatch) -> Part:
-        """The part a record batch of ``key`` and ``id`` holds."""
+        """The part a record batch of ``key``, ``id``, ``text`` and the columns it carries
+        holds."""
         files, positions = split_keys(batch.column(KEY).to_numpy())
-        return cls(int(files[0]), positions, batch.column("id"))
+        meta = batch.schema.metadata or {}
+        file_index = int(meta[PART_FILE]) if PART_FILE in meta else int(files[0])
+        extra = [c for c in batch.schema.names if c not in (KEY, "id", "text", ROW_COLUMN)]
+        carried = batch.select(extra) if extra else None
+        return cls(file_index, positions, batch.column("id"), carried, tuple(bad_lines_of(batch)))
+
+    @property
+    def size(self) -> int:
+        """Its rows and its bad lines: each ends as an embedding or a dead letter."""
+        return len(self.positions) + len(self.bad_lines)
+
+    def kept(self, rows: pa.Array) -> pa.RecordBatch | None:
+        """The carried columns of rows ``rows`` (indexes into the part), if any."""
+        return None if self.carried is None else self.carried.take(rows)
 
     @property
     def start(self) -> int:
-        return int(self.positions[0])
+        return min([*self.positions[:1].tolist(), *(d.row for d in self.bad_lines)])
 
     @property
     def end(self) -> int:
-        return int(self.positions[-1]) + 1
+        return max([*self.positions[-1:].tolist(), *(d.row for d in self.bad_lines)]) + 1
 
     def id_of(self, index: int) -> Any:
         """The id of row ``index`` of the part, for a dead letter of the kernel (whose rows'

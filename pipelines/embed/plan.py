@@ -13,37 +13,34 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 import beam_jax as bj
 from beam_jax import jobs, text
-from beam_jax.jobs import is_local
 from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import Inputs
 
-__all__ = ["LaunchPlan", "in_process", "local_devices", "plan_for", "sample_texts", "token_lengths"]
-
-# Files whose Parquet footers are read to count the job's rows; beyond this the count is
-# extrapolated from their mean (each footer is one read, which on gs:// is ~50 ms).
-_MAX_FOOTERS = 64
+__all__ = ["LaunchPlan", "plan_for", "sample_texts", "token_lengths"]
 
 
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:
     """How a run shapes its batches: ``choice``, planned from a sample of ``sample`` texts
-    for ``total`` rows, or ``fixed`` buckets (``--buckets``; ``choice`` is then None)."""
+    for ``rows`` rows, or ``fixed`` buckets (``--buckets``; ``choice`` is then None)."""
 
     choice: text.BatchingChoice | None
     fixed: bj.Bucketing | None = None
     sample: int = 0
-    total: int = 0
+    rows: jobs.RowCount = jobs.RowCount()
+
+    @property
+    def total(self) -> int:
+        """The rows planned for: counted or estimated, else those sampled."""
+        return max(self.rows.rows or self.sample, 1)
 
     @property
     def planned(self) -> bool:
@@ -72,9 +69,22 @@ class LaunchPlan:
             return self.choice.describe()
         return {"batching": "buckets", "boundaries": list(self.fixed.boundaries["L"])}
 
-    def __str__(self) -> str:
+    def short(self) -> str:
+        """What the batches are, in a glance: the shapes and the padding expected."""
         if not self.planned:
-            return f"embed_text: fixed buckets {','.join(map(str, self.fixed.boundaries['L']))}"
+            return f"fixed buckets {','.join(map(str, self.fixed.boundaries['L']))}"
+        shapes = jobs.counted(self.choice.shapes, "compiled shape")
+        if self.packing is not None:
+            lengths = ",".join(map(str, self.packing.packing.row_lengths))
+            what = f"texts packed in rows of {lengths} tokens"
+        else:
+            what = f"texts padded to {len(self.bucketing.boundaries['L'])} length buckets"
+        return f"{what}, {shapes}, padding ~{self.choice.padding_ratio:.2f}x"
+
+    def __str__(self) -> str:
+        """The plan in full (``--verbose``): its shapes, sample and why it was chosen."""
+        if not self.planned:
+            return f"embed_text: {self.short()} (--buckets)"
         c = self.choice
         if self.packing is not None:
             p = self.packing.packing
@@ -84,42 +94,19 @@ class LaunchPlan:
         else:
             what = f"buckets {','.join(map(str, self.bucketing.boundaries['L']))}"
         return (
-            f"embed_text: {what} planned from {self.sample} texts for ~{self.total} rows: "
-            f"{c.shapes} compiled shapes, expected padding {c.padding_ratio:.3f}x; {c.reason}"
+            f"embed_text: {what} planned from {jobs.counted(self.sample, 'text')} for "
+            f"{self.rows}: {jobs.counted(c.shapes, 'compiled shape')}, expected padding "
+            f"{c.padding_ratio:.3f}x; {c.reason}"
         )
 
 
-def sample_texts(inputs: Inputs, n: int) -> tuple[pa.Array, int]:
-    """Up to ``n`` texts from the input (a ``large_string`` array), and the job's row count
-    (estimated where needed).
-
-    Every file gives a share of the sample (its first rows, ``beam_jax.jobs.text_sample``),
-    so a job of many files is sampled across them. Rows whose text is not a string are
-    skipped, as they are dead letters in the job. A file that cannot be read is skipped here;
-    the job names it.
-    """
+def sample_texts(inputs: Inputs, n: int) -> tuple[pa.Array, jobs.RowCount]:
+    """Up to ``n`` texts from the input (a ``large_string`` array), spread over its files
+    (``beam_jax.jobs.sample_texts``), and its rows, counted or estimated."""
     if inputs.format == "builtin":
         rows = builtin_corpus(inputs.builtin_texts)
-        return pa.array([t for _, t in rows[:n]], pa.large_string()), len(rows)
-    files = [f for f in inputs.files if f.size]
-    per_file = max(1, math.ceil(n / len(files))) if files else 0
-    texts: list[pa.Array] = []
-    got = rows = counted = 0
-    for i, file in enumerate(files):
-        want = min(per_file, n - got)
-        if want <= 0 and counted >= _MAX_FOOTERS:
-            break
-        try:
-            some, count = jobs.text_sample(file, inputs.text_column, want, inputs.format)
-        except Exception:  # noqa: BLE001, S112 - the job reads it again and names the fault
-            continue
-        texts.append(some)
-        got += len(some)
-        if count is not None and i < _MAX_FOOTERS:
-            rows, counted = rows + count, counted + 1
-    total = round(rows * len(files) / counted) if counted else got
-    sampled = pa.concat_arrays(texts) if texts else pa.array([], pa.large_string())
-    return sampled, max(total, got)
+        return pa.array([t for _, t in rows[:n]], pa.large_string()), jobs.RowCount(len(rows), True)
+    return jobs.sample_texts(inputs.files, inputs.text_column, n, inputs.format)
 
 
 def token_lengths(texts: pa.Array | Sequence[str], model: Any = None) -> np.ndarray:
@@ -131,36 +118,6 @@ def token_lengths(texts: pa.Array | Sequence[str], model: Any = None) -> np.ndar
         texts = pa.array(list(texts), pa.large_string())
     ids, failures = (model or text.SentenceEncoder.from_dir()).tokenizer().encode_arrow(texts)
     return np.delete(np.diff(ids.offsets.to_numpy()).astype(np.int64), sorted(failures))
-
-
-def local_devices(options: Any) -> int:
-    """Devices per worker: this process's on the local runners (they run the workers
-    here, known without opening a TPU: ``local_platform``), else 1 (unknown at launch; batch
-    sizes are then rounded up on the workers)."""
-    if not is_local(options.view_as(StandardOptions).runner):
-        return 1
-    return jobs.local_platform().device_count
-
-
-def workers_here(options: Any) -> bool:
-    """Whether the runner runs the job's workers in this process (the FnApiRunner in memory
-    or in threads), so a worker built here is the one the job uses."""
-    runner = options.view_as(StandardOptions).runner
-    name = (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1]
-    mode = options.view_as(DirectOptions).direct_running_mode or "in_memory"
-    local = name in ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner")
-    return local and mode in ("in_memory", "multi_threading")
-
-
-def bundle_workers(options: Any) -> int:
-    """Bundles the local FnApiRunner runs at once (``--direct_num_workers``; 0: one a CPU)."""
-    num = options.view_as(DirectOptions).direct_num_workers
-    return (os.cpu_count() or 1) if num == 0 else (num or 1)
-
-
-def in_process(options: Any) -> bool:
-    """Whether the job runs as one worker in this process, one bundle at a time."""
-    return workers_here(options) and bundle_workers(options) == 1
 
 
 def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None) -> LaunchPlan:
@@ -181,11 +138,12 @@ def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None)
             max_padded_size=args.max_tokens_per_batch,
             batch_sizes=args.batch_sizes,
         )
-        return LaunchPlan(None, fixed)
+        return LaunchPlan(None, fixed, rows=sample_texts(inputs, 0)[1])
     model = model or text.SentenceEncoder.from_dir(
         args.model_dir, manifest=args.model_manifest, matmuls=args.matmuls
     )
-    texts, total = sample_texts(inputs, args.plan_sample)
+    texts, rows = sample_texts(inputs, args.plan_sample)
+    total = max(rows.rows or len(texts), 1)
     choice = text.plan_batching(
         token_lengths(texts, model),
         model,
@@ -195,7 +153,7 @@ def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None)
         max_batch_size=args.batch_size,
         max_tokens_per_batch=args.max_tokens_per_batch,
         buffer_size=args.rows_per_part,
-        total=max(total, 1),
+        total=total,
         num_devices=num_devices,
     )
-    return LaunchPlan(choice, sample=len(texts), total=max(total, 1))
+    return LaunchPlan(choice, sample=len(texts), rows=rows)

@@ -21,36 +21,42 @@ import numpy as np
 import pyarrow as pa
 
 import beam_jax as bj
-from beam_jax.internal import origin_of, with_origin
+from beam_jax.internal import ROW_COLUMN, bad_lines_of, row_origin, with_origin
 from beam_jax.text import builtin_corpus
-from pipelines.embed.parts import BUILTIN_NAME, KEY, ROW_BITS, Inputs
+from pipelines.embed.parts import BUILTIN_NAME, KEY, PART_FILE, ROW_BITS, Inputs
 
 __all__ = ["KeyBatches", "ReadParts"]
 
 
 class KeyBatches(beam.DoFn):
     """A record batch that ``ReadArrowBatches`` read in; the same rows with their keys out,
-    the id and text columns renamed ``id`` and ``text``; nothing for a part already done."""
+    the id and text columns renamed ``id`` and ``text`` (and the bad JSON lines read before
+    them, in its metadata: the part's too); nothing for a part already done."""
 
     def __init__(self, inputs: Inputs, done: frozenset[tuple[int, int]]):
         self._index = {f.path: i for i, f in enumerate(inputs.files)}
-        self._columns = inputs.columns
+        self._carried = inputs.carried.names
+        self._columns = [*inputs.columns, *self._carried]
         self._done = done
 
     def process(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
-        path, first = origin_of(batch)
-        if path not in self._index or first is None:
+        path, at = row_origin(batch)  # the rows' lines: consecutive, or a column of them
+        if path not in self._index or at is None:
             raise RuntimeError(
-                f"a record batch from {path!r} (first row {first}) is not one of the job's "
-                f"files as matched at launch: {sorted(self._index)[:3]}..."
+                f"a record batch from {path!r} (rows at {at}) is not one of the job's files "
+                f"as matched at launch: {sorted(self._index)[:3]}..."
             )
-        file_index = self._index[path]
-        if (file_index, first) in self._done or not batch.num_rows:
+        file_index, dead = self._index[path], bad_lines_of(batch)
+        rows = np.arange(at, at + batch.num_rows) if isinstance(at, int) else at
+        start = min([*rows[:1].tolist(), *(d.row for d in dead)], default=None)
+        if start is None or (file_index, start) in self._done:
             return
-        keys = np.arange(first, first + batch.num_rows, dtype=np.int64) | (file_index << ROW_BITS)
-        columns = [pa.array(keys), *(batch.column(c) for c in self._columns)]
-        out = pa.RecordBatch.from_arrays(columns, names=[KEY, "id", "text"])
-        yield out.replace_schema_metadata(batch.schema.metadata)  # its file and first row
+        lines = [ROW_COLUMN] if ROW_COLUMN in batch.schema.names else []  # rows skip lines
+        keys = pa.array(rows.astype(np.int64) | (file_index << ROW_BITS), pa.int64())
+        columns = [keys, *(batch.column(c) for c in [*self._columns, *lines])]
+        names = [KEY, "id", "text", *self._carried, *lines]
+        meta = {**batch.schema.metadata, PART_FILE: str(file_index).encode()}
+        yield pa.RecordBatch.from_arrays(columns, names=names).replace_schema_metadata(meta)
 
 
 def _builtin_part(start: int, texts: int | None, part_rows: int) -> pa.RecordBatch:
@@ -103,15 +109,20 @@ class ReadParts(beam.PTransform):
         else:
             id_column, text_column = inputs.columns
             json_lines = inputs.format == "jsonl"
-            schema = pa.schema([(id_column, self._id_type), (text_column, pa.string())])
+            fields = [(id_column, self._id_type), (text_column, pa.string()), *inputs.carried]
             read = bj.ReadArrowBatches(
                 inputs.pattern,
-                columns=list(inputs.columns),
+                columns=[*inputs.columns, *inputs.carried.names],
                 max_rows=self._part_rows,
                 format=inputs.format,
-                schema=schema if json_lines else None,
+                schema=pa.schema(fields) if json_lines else None,
                 key=id_column if json_lines else None,
                 spread=spread,
+                type_fix={
+                    id_column: "pass --id_type string if the ids are strings",
+                    text_column: "name the field of the texts with --text_column",
+                },
+                bad_lines="in_batches",  # a bad line in its part, with the rows around it
             ).with_exception_handling()
             batches, dead = pbegin | "Read" >> read
             batches = batches | "Keys" >> beam.ParDo(KeyBatches(inputs, self._done))

@@ -31,7 +31,15 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
-from beam_jax.jobs import OutputLayout, dead_letter_json, open_atomically, write_atomically
+from beam_jax import jobs
+from beam_jax.jobs import (
+    OutputLayout,
+    dead_letter_json,
+    embeddings_schema,
+    embeddings_table,
+    write_atomically,
+    write_embeddings,
+)
 from pipelines.embed.parts import KEY, METRICS_NAMESPACE, Inputs, Part, split_keys
 
 __all__ = [
@@ -118,36 +126,7 @@ class _Open:
 
     @property
     def whole(self) -> bool:
-        return self.done >= len(self.part.positions)
-
-
-def embeddings_schema(id_type: pa.DataType) -> pa.Schema:
-    """``id`` (the input's type) and ``embedding``: a ``list<float32>`` never null, nor its
-    values. So declared, Parquet stores no definition level per value (written in ~0.7x the
-    time of a nullable list)."""
-    values = pa.field("item", pa.float32(), nullable=False)
-    return pa.schema([("id", id_type), pa.field("embedding", pa.list_(values), nullable=False)])
-
-
-def embeddings_table(ids: pa.Array, vectors: np.ndarray, schema: pa.Schema) -> pa.Table:
-    """``ids`` and their ``float32[n, D]`` vectors as a table of ``schema`` (of
-    :func:`embeddings_schema`), the vectors not copied."""
-    n, width = vectors.shape
-    offsets = pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32))
-    embedding = pa.ListArray.from_arrays(
-        offsets, pa.array(vectors.reshape(-1)), type=schema.field("embedding").type
-    )
-    return pa.Table.from_arrays([ids.cast(schema.field("id").type), embedding], schema=schema)
-
-
-def write_embeddings(table: pa.Table, path: str) -> None:
-    """Writes a part's table of :func:`embeddings_schema` to ``path``, whole or not at all."""
-    # Streamed into the staged file: no copy of the part in memory. Embeddings do not
-    # compress (snappy saved ~5%) and have no repeats to look up: without either, writing
-    # took 0.6x the time (8,192 rows x 384 floats); nor do a reader's filters use their
-    # minimum and maximum (0.75x the time without them).
-    with open_atomically(path) as f:
-        pq.write_table(table, f, use_dictionary=["id"], compression="none", write_statistics=["id"])
+        return self.done >= self.part.size
 
 
 class PartWriter:
@@ -267,14 +246,13 @@ class PartWriter:
         table = self._schema.empty_table()
         done, vectors = _in_row_order(collected.results)
         if len(done):
-            ids = part.ids.take(pa.array(np.searchsorted(positions, done)))
-            table = embeddings_table(ids, vectors, self._schema)
+            rows = pa.array(np.searchsorted(positions, done))
+            table = embeddings_table(part.ids.take(rows), vectors, self._schema, part.kept(rows))
         dead = sorted(collected.dead, key=lambda d: d[0])
-        if table.num_rows + len(dead) != len(positions):
+        if table.num_rows + len(dead) != part.size:
             raise RuntimeError(
                 f"part {part.start} of {self._inputs.file_name(part.file_index)}: "
-                f"{len(positions)} rows but {table.num_rows} embeddings and {len(dead)} "
-                "dead letters"
+                f"{part.size} rows but {table.num_rows} embeddings and {len(dead)} dead letters"
             )
         source = self._inputs.source(part.file_index)
         if dead:
@@ -288,44 +266,34 @@ class PartWriter:
 
 def _in_row_order(results) -> tuple[np.ndarray, np.ndarray]:
     """A part's results (record batches of ``key`` and ``output``, each with the rows of it
-    that are the part's, or None for all) as their rows and vectors, sorted by row, with
-    one copy of the vectors (gathered from each batch straight to their place)."""
+    that are the part's, or None for all) as their rows and vectors, sorted by row."""
     pieces = []
     for batch, rows in results:
         done = split_keys(batch.column(KEY).to_numpy())[1]
-        column = batch.column(OUTPUT)
-        size = column.type.list_size  # the batch's vectors, in place (no copy)
-        vectors = column.values.slice(column.offset * size, len(column) * size).to_numpy()
-        vectors = vectors.reshape(len(column), size)
+        vectors = jobs.vectors_of(batch.column(OUTPUT))
         pieces.append((done if rows is None else done[rows], vectors, rows))
-    if not pieces:
-        return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
-    done = np.concatenate([d for d, _, _ in pieces])
-    order = np.argsort(done, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    first = pieces[0][1]
-    out = np.empty((len(done), first.shape[1]), first.dtype)
-    at = 0
-    for rows_done, vectors, rows in pieces:
-        out[rank[at : at + len(rows_done)]] = vectors if rows is None else vectors[rows]
-        at += len(rows_done)
-    return done[order], out
+    return jobs.gather_in_row_order(pieces)
 
 
 class WriteUnreadable(beam.DoFn):
-    """A read step's dead letter in, written to its own file under ``_failed/``: a JSON
-    line that is no row (``InputLineError``: counted as ``lines_unreadable``; its row's
-    dead letter at stage ``read``, filed as if it were a part of one row), or a file or
-    row group that cannot be read (counted as ``files_unreadable``)."""
+    """A read step's dead letter in: a file or row group that cannot be read (counted as
+    ``files_unreadable``; not a row), written to its own file under ``_failed/``. (A JSON
+    line that is no row is its part's: ``ReadArrowBatches(bad_lines="in_batches")``.)"""
 
-    def __init__(self, directory: str, inputs: Inputs):
+    def __init__(self, directory: str, inputs: Inputs, progress: str | None = None):
         self._directory = directory
         self._inputs = inputs
+        self._progress = progress  # the driver's progress directory, if any
 
     def setup(self):
-        counter = functools.partial(beam.metrics.Metrics.counter, METRICS_NAMESPACE)
-        self._files, self._lines = counter("files_unreadable"), counter("lines_unreadable")
+        self._files = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "files_unreadable")
+        self._count = jobs.CountProgress(self._progress, "unreadable") if self._progress else None
+        if self._count is not None:
+            self._count.setup()
+
+    def finish_bundle(self):
+        if self._count is not None:
+            self._count.finish_bundle()
 
     def process(self, record: bj.FailedElement) -> Iterator[str]:
         paths = [self._inputs.file_name(i) for i in range(len(self._inputs.files))]
@@ -334,13 +302,10 @@ class WriteUnreadable(beam.DoFn):
                 f"a read step's dead letter names {record.source!r}, which is not one of the "
                 f"job's input files as matched at launch ({len(paths)}: {paths[:3]}...)"
             )
-        source, row = self._inputs.source(paths.index(record.source)), record.row or 0
-        if record.error_type == bj.InputLineError.__name__:
-            self._lines.inc()
-            name = failed_name(source, row, row + 1)
-        else:
-            self._files.inc()
-            name = unreadable_name(source, row)
+        self._files.inc()
+        if self._count is not None:
+            self._count.process(record)
+        name = unreadable_name(self._inputs.source(paths.index(record.source)), record.row or 0)
         write_atomically(f"{self._directory}/{name}", f"{dead_letter_json(record)}\n".encode())
         yield name
 

@@ -1,325 +1,23 @@
-"""Reading Parquet and JSON lines as Arrow record batches in Beam, and the coder that
-carries them."""
+"""Reading Parquet and JSON lines as Arrow record batches in Beam (``ReadArrowBatches``)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import functools
 import glob
-import itertools
 import os
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import apache_beam as beam
 import pyarrow as pa
-import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics import Metrics
 
 from beam_jax._src.arrow import coder  # noqa: F401 - registers ArrowCoder for record batches
-from beam_jax._src.arrow.ahead import WorkAhead
-from beam_jax._src.arrow.json_lines import (
-    BadLine,
-    FileCut,
-    LineBatch,
-    infer_schema,
-    is_json_lines,
-    open_stream,
-    read_json_lines,
-)
-from beam_jax._src.arrow.origin import stamp_origin
-from beam_jax._src.core.dead_letter import DEAD_LETTERS, METRICS_NAMESPACE, FailedElement, Stage
-from beam_jax._src.errors import InputFileError, InputLineError, SpecError
+from beam_jax._src.arrow.json_lines import infer_schema, is_json_lines
+from beam_jax._src.arrow.read_files import ListRowGroups, ReadJsonLines, ReadRowGroup
+from beam_jax._src.core.dead_letter import DEAD_LETTERS
+from beam_jax._src.errors import InputFileError, SpecError
 from beam_jax._src.runners.dask_refusals import refuse_beams_dask_runner
-
-
-class _ListRowGroups(beam.DoFn):
-    """A file path -> ``(path, row group, rows)`` for each of its row groups (reads the
-    footer); with ``max_rows``, consecutive row groups of at most ``max_rows`` rows in all
-    are one ``(path, (row group, ...), rows)``, read together."""
-
-    def __init__(self, columns: list[str] | None, handle_errors: bool, max_rows: int | None = None):
-        self._columns = columns
-        self._handle_errors = handle_errors
-        self._max_rows = max_rows
-
-    def process(self, path: str):
-        error = None
-        try:
-            with FileSystems.open(path) as f:
-                parquet = pq.ParquetFile(f)
-                meta, names = parquet.metadata, parquet.schema_arrow.names
-        except Exception as e:  # noqa: BLE001 - a file that cannot be opened is reported
-            error = InputFileError(
-                f"cannot read Parquet file {path}: {type(e).__name__}: {e}. Fix or remove the "
-                "file (or read with .with_exception_handling() to dead-letter it)."
-            )
-        if error is None and self._columns:
-            missing = [c for c in self._columns if c not in names]
-            if missing:
-                error = InputFileError(
-                    f"Parquet file {path} has no column(s) {missing}; its columns are {names}. "
-                    "Every file of the pattern needs the columns read."
-                )
-        if error is not None:
-            yield _unreadable(error, self._handle_errors, "files_failed", path, {"file": path})
-            return
-        Metrics.counter(METRICS_NAMESPACE, "files_read").inc()
-        counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-        for groups in _runs(counts, self._max_rows):
-            rows = sum(counts[g] for g in groups)
-            yield (path, groups[0] if len(groups) == 1 else tuple(groups), rows)
-
-
-def _runs(counts: Sequence[int], max_rows: int | None) -> list[list[int]]:
-    """Consecutive row groups (of ``counts`` rows each) with at most ``max_rows`` rows in
-    all, in order; a row group of more rows is a run of its own.
-
-    Example:
-        >>> _runs([4, 4, 4, 9, 2, 2], 8)
-        [[0, 1], [2], [3], [4, 5]]
-    """
-    runs: list[list[int]] = []
-    total = 0
-    for group, rows in enumerate(counts):
-        if runs and max_rows is not None and total + rows <= max_rows:
-            runs[-1].append(group)
-            total += rows
-        else:
-            runs.append([group])
-            total = rows
-    return runs
-
-
-# Footers kept per reader: a worker reads row groups of many files in any order.
-_FOOTERS_KEPT = 64
-
-
-class _Footer(NamedTuple):
-    metadata: pq.FileMetaData
-    starts: list[int]  # the file row of each row group's first row
-
-
-class _Read(NamedTuple):
-    """One read of consecutive row groups of a Parquet file: their rows, or why not."""
-
-    path: str
-    groups: tuple[int, ...]
-    rows: int | None  # in all, as the footer says (None: not known)
-    table: pa.Table | None
-    error: Exception | None
-    first: int | None  # the file row of the first group's first row
-
-
-@contextlib.contextmanager
-def _open_parquet(path: str):
-    """Opens ``path`` for reading one row group: ``(file, cache key or None)``.
-
-    A local file is memory-mapped for the one read (pyarrow reads the row
-    group's pages straight from the page cache, without a Python file object holding the
-    GIL on every read or a copy into read buffers; the map is closed after the read, so
-    the process's resident memory does not grow with the file). Other files go through
-    Beam's file systems.
-    """
-    if "://" not in path:
-        stat = os.stat(path)
-        with pa.memory_map(path) as f:
-            yield f, (path, stat.st_size, stat.st_mtime_ns)
-    else:
-        with FileSystems.open(path) as f:
-            yield f, None
-
-
-class _ReadRowGroup(beam.DoFn):
-    """``(path, row group, rows)`` -> record batches of at most ``max_rows`` rows; for
-    ``(path, (row group, ...), rows)`` the row groups are read in one call and their rows
-    batched together (if that read fails, they are read one by one, and only a row group
-    that cannot be read is a dead letter).
-
-    Reads one element ahead (:class:`~beam_jax._src.arrow.ahead.WorkAhead`): the row
-    groups of an element are read in a background thread (pyarrow releases the GIL while
-    it reads and decodes) while the batches of the previous one go downstream, so reading
-    overlaps the steps fused after it (decoding, padding, the kernel). The last one is
-    emitted at the end of the bundle; at most two elements are held at once.
-    """
-
-    def __init__(self, columns: list[str] | None, max_rows: int | None, handle_errors: bool):
-        self._columns = columns
-        self._max_rows = max_rows
-        self._handle_errors = handle_errors
-        self._footers: dict[Any, _Footer] = {}  # by (path, size, modification time)
-        self._ahead = WorkAhead("beam_jax-read")
-
-    def setup(self):
-        self._ahead.setup()
-
-    def start_bundle(self):
-        self._ahead.start_bundle()
-
-    def process(self, item, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
-        work = functools.partial(self._read, item)
-        yield from self._ahead.submit(work, self._emit_read, window, timestamp)
-
-    def finish_bundle(self):
-        yield from self._ahead.finish_bundle()
-
-    def teardown(self):
-        self._ahead.teardown()
-
-    def _emit_read(self, reads: list[_Read]):
-        for read in reads:
-            yield from self._emit(read)
-
-    def _read(self, item) -> list[_Read]:
-        """Reads an element's row groups: one read for them all, or one per row group if
-        reading them together failed."""
-        path, group, rows = item
-        if isinstance(group, int):
-            return [self._read_groups(path, (group,), rows)]
-        together = self._read_groups(path, tuple(group), rows)
-        if together.error is None:
-            return [together]
-        return [self._read_groups(path, (g,), None) for g in group]
-
-    def _read_groups(self, path: str, groups: tuple[int, ...], rows: int | None) -> _Read:
-        error, first, table = None, None, None
-        try:
-            with _open_parquet(path) as (f, key):
-                footer = self._footer(f, key)
-                if groups[0] < len(footer.starts):
-                    first = footer.starts[groups[0]]
-                    if rows is None:
-                        rows = footer.metadata.row_group(groups[0]).num_rows
-                parquet = pq.ParquetFile(f, metadata=footer.metadata)
-                if len(groups) == 1:
-                    table = parquet.read_row_group(groups[0], columns=self._columns)
-                else:
-                    table = parquet.read_row_groups(list(groups), columns=self._columns)
-        except Exception as e:  # noqa: BLE001 - a corrupt row group is reported, not fatal
-            error = InputFileError(
-                f"cannot read {_groups_name(groups)}{'' if rows is None else f' ({rows} rows)'}"
-                f" of Parquet file {path}: "
-                f"{type(e).__name__}: {e}. Fix or remove the file (or read with "
-                ".with_exception_handling() to dead-letter its unreadable row groups)."
-            )
-        return _Read(path, groups, rows, table, error, first)
-
-    def _footer(self, f, key) -> _Footer:
-        """The file's footer, parsed once per worker for a local file (``key`` its path,
-        size and modification time; ``None``: not cached)."""
-        footers = self._footers
-        footer = footers.get(key) if key is not None else None
-        if footer is None:
-            metadata = pq.ParquetFile(f).metadata
-            counts = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
-            starts = [0, *itertools.accumulate(counts)][: len(counts)]
-            footer = _Footer(metadata, starts)
-            if key is not None:
-                if len(footers) >= _FOOTERS_KEPT:
-                    footers.pop(next(iter(footers)))
-                footers[key] = footer
-        return footer
-
-    def _emit(self, read: _Read):
-        path, groups, first = read.path, read.groups, read.first
-        if read.error is not None:  # one row group: a failed run is read group by group
-            where = {"file": path, "row_group": groups[0], "rows": read.rows}
-            yield _unreadable(
-                read.error, self._handle_errors, "row_groups_failed", path, where, row=first
-            )
-            return
-        table = read.table
-        if len(groups) > 1:
-            table = table.combine_chunks()  # one chunk: batches span the row groups
-        for batch in _to_batches(table, self._max_rows):
-            yield stamp_origin(batch, path, f"{path} ({_groups_name(groups)})", first)
-            first += batch.num_rows
-
-
-def _groups_name(groups: Sequence[int]) -> str:
-    if len(groups) == 1:
-        return f"row group {groups[0]}"
-    return f"row groups {groups[0]}-{groups[-1]}"
-
-
-class _ReadJsonLines(beam.DoFn):
-    """A JSON-lines file's path -> record batches of its rows; each bad line, and a file
-    that cannot be opened or is cut short, one dead letter."""
-
-    def __init__(
-        self, schema: pa.Schema, max_rows: int | None, key: str | None, handle_errors: bool
-    ):
-        self._schema = schema
-        self._max_rows = max_rows
-        self._key = key
-        self._handle_errors = handle_errors
-
-    def process(self, path: str):
-        with contextlib.ExitStack() as stack:
-            yield from self._read(path, stack)
-
-    def _read(self, path: str, stack: contextlib.ExitStack):
-        handle = self._handle_errors
-        try:
-            stream = open_stream(path, stack)
-        except Exception as e:  # noqa: BLE001 - a file that cannot be opened is reported
-            error = InputFileError(
-                f"cannot open JSON-lines file {path}: {type(e).__name__}: {e}. Fix or remove "
-                "the file (or read with .with_exception_handling() to dead-letter it)."
-            )
-            yield _unreadable(error, handle, "files_failed", path, {"file": path})
-            return
-        Metrics.counter(METRICS_NAMESPACE, "files_read").inc()
-        try:
-            for item in read_json_lines(
-                stream, self._schema, max_rows=self._max_rows, key=self._key
-            ):
-                if isinstance(item, LineBatch):
-                    source = f"{path} (line {item.first_line})"
-                    yield stamp_origin(item.batch, path, source, item.first_line)
-                else:
-                    yield self._bad_line(path, item)
-        except FileCut as cut:
-            error = InputFileError(
-                f"JSON-lines file {path} cannot be read past line {cut.line} ({cut}); the "
-                "lines before it were read. Fix or replace the file (or read with "
-                ".with_exception_handling() to dead-letter it)."
-            )
-            where = {"file": path, "line": cut.line}
-            yield _unreadable(error, handle, "files_failed", path, where, row=cut.line)
-
-    def _bad_line(self, path: str, bad: BadLine):
-        error = InputLineError(
-            f"line {bad.line} of {path}: {bad.message} (or read with "
-            ".with_exception_handling() to dead-letter the line)"
-        )
-        text = bad.text.decode("utf-8", errors="backslashreplace")
-        return _unreadable(
-            error, self._handle_errors, "lines_failed", path, text, row=bad.line, key=bad.key
-        )
-
-
-def _unreadable(
-    error: Exception,
-    handle_errors: bool,
-    counter: str,
-    path: str,
-    element: Any,
-    row: int | None = None,
-    key: Any = None,
-):
-    """The failure path of every read step: raise, or count and dead-letter what failed
-    (its ``source`` the file; its ``row`` the row group's first row or the line, when
-    known)."""
-    if not handle_errors:
-        raise error
-    Metrics.counter(METRICS_NAMESPACE, counter).inc()
-    record = FailedElement.from_exception(
-        error, stage=Stage.READ, element=element, key=key, source=path, row=row
-    )
-    return beam.pvalue.TaggedOutput(DEAD_LETTERS, record)
 
 
 class ReadArrowBatches(beam.PTransform):
@@ -350,7 +48,8 @@ class ReadArrowBatches(beam.PTransform):
     types are ``schema``'s when given, else inferred at launch from the first 1,000 object
     lines of the files (pyarrow's inference: int64, double, bool, string, lists, structs; a
     column none of them holds is read as string). Other fields are ignored and a missing
-    field is null. A row's ``first_row`` counts lines from 0; blank lines are skipped (not
+    field is null. A row's ``first_row`` counts lines from 0 (messages name a line from 1,
+    as editors count it); blank lines are skipped (not
     rows) and a leading byte order mark is dropped. A line that is not UTF-8, not JSON, not
     an object, or whose fields do not fit the columns' types is an ``InputFileError``
     naming the file and line; so is a file that cannot be opened, or that breaks off
@@ -380,6 +79,18 @@ class ReadArrowBatches(beam.PTransform):
             columns of it); default inferred.
         key: JSON lines only: a field whose value becomes a bad line's dead-letter ``key``
             when the line can be read that far (an id, so the dead letter names the row).
+        type_fix: JSON lines only: what a bad line's message advises besides fixing the
+            line, by column, where its field does not fit the column's type; default, for
+            every column: read it with a type that holds it (``schema``). A job with flags
+            names them (``{"id": "pass --id_type string if the ids are strings"}``); a
+            column it leaves out gets "fix the line" alone.
+        bad_lines: JSON lines with ``.with_exception_handling()``: where a bad line's dead
+            letter goes: ``"dead_letters"`` (the default), the dead-letter output; or
+            ``"in_batches"``, the metadata of the next batch read from its file
+            (:func:`~beam_jax.internal.bad_lines_of` reads them; a batch of no rows carries
+            those after a file's last row), whose rows then span bad and blank lines (a
+            ``beam_jax.row`` column says each row's line), so that a job cutting its output
+            by batches files each bad line with the rows around it, in the same part.
         spread: Spread the files, then each file's row groups, over the workers (a
             ``Reshuffle`` each; the default). ``False`` where one worker runs the whole
             pipeline (the in-process runners): reading then runs fused with the steps after
@@ -390,6 +101,7 @@ class ReadArrowBatches(beam.PTransform):
     """
 
     FORMATS = ("parquet", "jsonl")
+    BAD_LINES = ("dead_letters", "in_batches")
 
     def __init__(
         self,
@@ -401,8 +113,12 @@ class ReadArrowBatches(beam.PTransform):
         schema: pa.Schema | None = None,
         key: str | None = None,
         spread: bool = True,
+        type_fix: Mapping[str, str] | None = None,
+        bad_lines: str = "dead_letters",
     ):
         super().__init__()
+        if bad_lines not in self.BAD_LINES:
+            raise SpecError(f"bad_lines must be one of {self.BAD_LINES}, got {bad_lines!r}.")
         if max_rows is not None and max_rows < 1:
             raise SpecError(f"max_rows must be a positive int or None, got {max_rows!r}.")
         if format is not None and format not in self.FORMATS:
@@ -429,6 +145,8 @@ class ReadArrowBatches(beam.PTransform):
         self.schema = schema
         self.key = key
         self.spread = bool(spread)
+        self.type_fix = None if type_fix is None else dict(type_fix)
+        self.bad_lines = bad_lines
         self._handle_errors = False
 
     def with_exception_handling(self) -> ReadArrowBatches:
@@ -495,7 +213,7 @@ class ReadArrowBatches(beam.PTransform):
                 pbegin
                 | "Files" >> _Paths(parquet_files, self.spread)
                 | "RowGroups"
-                >> beam.ParDo(_ListRowGroups(self.columns, handle, self.max_rows)).with_outputs(
+                >> beam.ParDo(ListRowGroups(self.columns, handle, self.max_rows)).with_outputs(
                     DEAD_LETTERS, main="groups"
                 )
             )
@@ -503,7 +221,7 @@ class ReadArrowBatches(beam.PTransform):
             if self.spread:
                 groups = groups | "Spread" >> beam.Reshuffle()
             read = groups | "ReadRowGroups" >> beam.ParDo(
-                _ReadRowGroup(self.columns, self.max_rows, handle)
+                ReadRowGroup(self.columns, self.max_rows, handle)
             ).with_output_types(pa.RecordBatch).with_outputs(DEAD_LETTERS, main="batches")
             batches.append(read.batches)
             dead += [rows[DEAD_LETTERS], read[DEAD_LETTERS]]
@@ -512,7 +230,14 @@ class ReadArrowBatches(beam.PTransform):
             # A file is read whole: spreading the paths (``_Paths``) spreads the reading.
             json_paths = pbegin | "JsonFiles" >> _Paths(json_files, self.spread)
             lines = json_paths | "ReadJsonLines" >> beam.ParDo(
-                _ReadJsonLines(schema, self.max_rows, self.key, handle)
+                ReadJsonLines(
+                    schema,
+                    self.max_rows,
+                    self.key,
+                    handle,
+                    self.type_fix,
+                    in_batches=self.bad_lines == "in_batches",
+                )
             ).with_output_types(pa.RecordBatch).with_outputs(DEAD_LETTERS, main="batches")
             batches.append(lines.batches)
             dead.append(lines[DEAD_LETTERS])
@@ -547,7 +272,3 @@ class ReadResult(NamedTuple):
 
     batches: beam.PCollection
     dead_letters: beam.PCollection
-
-
-def _to_batches(table: pa.Table, max_rows: int | None) -> list[pa.RecordBatch]:
-    return [b for b in table.to_batches(max_chunksize=max_rows) if b.num_rows]

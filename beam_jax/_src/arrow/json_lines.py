@@ -35,6 +35,7 @@ import io
 import json
 import lzma
 import os
+import re
 import stat
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
@@ -45,6 +46,7 @@ import pyarrow.json as pj
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_jax._src.core.wording import article
 from beam_jax._src.errors import SpecError
 
 __all__ = [
@@ -76,10 +78,12 @@ SAMPLE_LINES = 1000  # lines read at launch to infer the columns' types
 
 @dataclasses.dataclass(frozen=True)
 class LineBatch:
-    """Rows parsed from consecutive lines ``first_line, first_line + 1, ...``."""
+    """Rows parsed from consecutive lines ``first_line, first_line + 1, ...``, or, where
+    ``lines`` is given (:func:`read_json_lines` with ``gaps``), from those lines."""
 
     first_line: int
     batch: pa.RecordBatch
+    lines: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +95,15 @@ class BadLine:
         text: The line as read (bytes; not always UTF-8).
         message: What is wrong, and how to fix it.
         key: The value of the key field, when the line is a JSON object that has it.
+        column: The column whose type the line's field does not fit, when that is what is
+            wrong (the caller may say how to read it with another type).
     """
 
     line: int
     text: bytes
     message: str
     key: Any = None
+    column: str | None = None
 
 
 class FileCut(Exception):
@@ -249,7 +256,7 @@ class _Lines:
 
 def _parse_rows(
     lines: _Lines, rows: np.ndarray, schema: pa.Schema, key: str | None
-) -> tuple[list[tuple[np.ndarray, pa.Table]], list[tuple[int, str, Any]]]:
+) -> tuple[list[tuple[np.ndarray, pa.Table]], list[tuple[int, str, Any, str | None]]]:
     """``rows`` (non-blank line indexes) parsed: good runs as tables, bad lines described."""
     error: Exception | None = None
     if lines.object[rows].all():
@@ -273,10 +280,28 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
+_CHANGED = re.compile(r"Column\(/([^)]*)\) changed from (\w+) to (\w+)(?: in row \d+)?")
+_IN_ROW = re.compile(r" in row \d+")  # pyarrow's row in the one line parsed: always 0
+
+
+def _cause(error: Exception | None, schema: pa.Schema) -> tuple[str, str | None]:
+    """pyarrow's reason a line's fields do not fit, in the columns' words, and the column."""
+    if error is None:
+        return "it does not read as exactly one row", None
+    text = str(error).removeprefix("JSON parse error: ")
+    changed = _CHANGED.search(text)
+    if changed and schema.get_field_index(changed[1]) >= 0:
+        name, got = changed[1], changed[3]
+        want = schema.field(name).type
+        return f"its field {name!r} holds {article(got)} {got} where the column is {want}", name
+    return _IN_ROW.sub("", text), None
+
+
 def _describe(
     raw: bytes, schema: pa.Schema, key: str | None, error: Exception | None
-) -> tuple[str, Any]:
-    """Why the line ``raw`` is not a row (the message), and its key field if readable."""
+) -> tuple[str, Any, str | None]:
+    """Why the line ``raw`` is not a row (the message), its key field if readable, and the
+    column whose type one of its fields does not fit, if that is why."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -286,13 +311,14 @@ def _describe(
             f"the line is not valid UTF-8 ({e.reason} at byte {e.start}, near {bad!r}); "
             "re-encode the file as UTF-8",
             value.get(key) if key and isinstance(value, dict) else None,
+            None,
         )
     try:
         value = json.loads(text)
     except ValueError as e:
-        return f"the line is not valid JSON ({e}): {_short(text)}", None
+        return f"the line is not valid JSON ({e}): {_short(text)}", None, None
     if not isinstance(value, dict):
-        return f"the line holds a JSON {type(value).__name__}, not an object", None
+        return f"the line holds a JSON {type(value).__name__}, not an object", None, None
     found = value.get(key) if key else None
     found = found if found is None or isinstance(found, bool | int | float | str) else repr(found)
     for name, field in value.items():
@@ -302,13 +328,14 @@ def _describe(
                 f"the field {name!r} holds a lone surrogate ({field[lone]!r} at index {lone}), "
                 "which UTF-8 cannot hold; fix the program that wrote the file",
                 found,
+                None,
             )
-    cause = str(error) if error is not None else "it does not read as exactly one row"
+    cause, column = _cause(error, schema)
     columns = ", ".join(f"{f.name}: {f.type}" for f in schema)
     return (
-        f"the line's fields do not fit the columns ({columns}): {cause}. Fix the line, or "
-        "read the column with a type that holds it (the schema argument)",
+        f"the line's fields do not fit the columns ({columns}): {cause}; fix the line",
         found,
+        column,
     )
 
 
@@ -347,6 +374,7 @@ def read_json_lines(
     max_rows: int | None = None,
     key: str | None = None,
     block_bytes: int = BLOCK_BYTES,
+    gaps: bool = False,
 ) -> Iterator[LineBatch | BadLine]:
     """The rows of a JSON-lines stream as record batches, and each bad line apart, in order.
 
@@ -357,6 +385,10 @@ def read_json_lines(
         max_rows: The most rows in one batch (default: a block's run of lines).
         key: A field whose value names a bad line in its ``BadLine.key``, when readable.
         block_bytes: About how many bytes are parsed at once.
+        gaps: A batch's rows may skip lines (bad and blank ones): up to ``max_rows`` rows
+            of a block each (``LineBatch.lines`` then says each row's line), rather than
+            runs of consecutive lines; each bad line is still yielded, before the batch
+            whose rows follow it.
 
     Raises:
         FileCut: The stream failed part-way (a truncated gzip, a read error); raised after
@@ -367,28 +399,36 @@ def read_json_lines(
         if block:
             lines = _Lines(block)
             good, bad = _parse_rows(lines, lines.rows, schema, key) if len(lines.rows) else ([], [])
-            yield from _in_order(good, bad, line, lines, max_rows)
+            yield from _in_order(good, bad, line, lines, max_rows, gaps)
             line += lines.count
         if fault is not None:
             raise FileCut(line, fault)
 
 
-def _in_order(good, bad, line: int, lines: _Lines, max_rows: int | None):
-    """The block's batches and bad lines, merged in line order."""
+def _in_order(good, bad, line: int, lines: _Lines, max_rows: int | None, gaps: bool = False):
+    """The block's batches and bad lines, merged in line order: a batch where its last row
+    is, so a bad line among its rows (``gaps``) comes before it."""
     items: list[tuple[int, LineBatch | BadLine]] = []
-    for index, message, found in bad:
+    for index, message, found, column in bad:
         raw = lines.block[lines.starts[index] : lines.ends[index]]
-        items.append((index, BadLine(line + index, raw, message, found)))
+        items.append((index, BadLine(line + index, raw, message, found, column)))
     if good:
         tables = [t for _, t in good]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         if any(column.num_chunks > 1 for column in table.columns):
             table = table.combine_chunks()
         numbers = np.concatenate([r for r, _ in good])
-        for offset, length in _runs(numbers, max_rows):
+        step = max_rows or len(numbers)
+        runs = _runs(numbers, max_rows) if not gaps else (
+            (offset, min(step, len(numbers) - offset)) for offset in range(0, len(numbers), step)
+        )  # fmt: skip
+        for offset, length in runs:
             for batch in table.slice(offset, length).to_batches():
-                first = int(numbers[offset])
-                items.append((first, LineBatch(line + first, batch)))
+                rows = numbers[offset : offset + batch.num_rows]
+                first, last = int(rows[0]), int(rows[-1])
+                spread = None if last - first == len(rows) - 1 else line + rows
+                items.append((last, LineBatch(line + first, batch, spread)))
+                offset += batch.num_rows
     items.sort(key=lambda item: item[0])
     for _, item in items:
         yield item

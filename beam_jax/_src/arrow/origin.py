@@ -4,14 +4,18 @@ dead letter can name them."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from beam_jax._src.core.dead_letter import FailedElement
+
 SOURCE_KEY = b"beam_jax.source"
 FILE_KEY = b"beam_jax.file"
 FIRST_ROW_KEY = b"beam_jax.first_row"
+BAD_LINES_KEY = b"beam_jax.bad_lines"  # ReadArrowBatches(bad_lines="in_batches")
 ROW_COLUMN = "beam_jax.row"
 """The column of each row's file row in a batch whose rows are not consecutive rows of its
 file (rows were dropped on the way, e.g. by the tokenize step); its metadata names the
@@ -32,6 +36,16 @@ def with_origin(batch: pa.RecordBatch, path: str, first_row: int) -> pa.RecordBa
     ``ReadArrowBatches``' batches do (:func:`origin_of` reads it back), for batches made
     another way whose rows' dead letters should name where they came from."""
     return stamp_origin(batch, path, path, first_row)
+
+
+def bad_lines_of(batch: pa.RecordBatch) -> list[FailedElement]:
+    """The dead letters of the bad JSON lines read just before ``batch`` (its rows' file,
+    after the batch before it), which ``ReadArrowBatches(bad_lines="in_batches")`` carries
+    in the batch's metadata; ``[]`` for any other batch."""
+    lines = (batch.schema.metadata or {}).get(BAD_LINES_KEY)
+    if not lines:
+        return []
+    return [FailedElement.from_dict(json.loads(line)) for line in lines.decode().splitlines()]
 
 
 def source_of(batch: pa.RecordBatch) -> str | None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from beam_jax._src.arrow.texts import is_text_type
 from beam_jax._src.bucketing.boundaries import boundaries_per_budget
 from beam_jax._src.bucketing.packing_choice import plan_packing
 from beam_jax._src.bucketing.rule import boundary_index
@@ -331,7 +332,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _measures_tokens(args: argparse.Namespace, column: Any) -> bool:
     """Whether the lengths are the tokenizer's counts (``--measure`` tokens, or auto on a
     string column with ``--tokenizer``)."""
-    text = str(column.type) in ("string", "large_string")
+    text = is_text_type(column.type)
     return args.measure == "tokens" or (args.measure == "auto" and text and bool(args.tokenizer))
 
 
@@ -339,10 +340,16 @@ def main(args: argparse.Namespace) -> int:
     if args.max_buckets < 1:
         sys.exit(f"beam-jax plan: --max_buckets must be >= 1, got {args.max_buckets}")
     try:
-        column = lens.read_column(args.input, args.column)
+        column, skipped = lens.read_column(args.input, args.column)
         lengths = lens.column_lengths(column, args.measure, args.tokenizer)
     except (FileNotFoundError, KeyError, ValueError) as e:
         sys.exit(f"beam-jax plan: {e.args[0] if isinstance(e, KeyError) else e}")
+    if skipped.lines or skipped.files_cut:
+        print(
+            f"warning: {skipped}; the plan measures the other rows, which the jobs embed "
+            "(they make each line skipped a dead letter)",
+            file=sys.stderr,
+        )
     if len(lengths) == 0:
         sys.exit(f"beam-jax plan: column {args.column!r} of {args.input} has no non-null values")
     if args.max_size is not None and args.max_size < 1:
@@ -372,7 +379,9 @@ def main(args: argparse.Namespace) -> int:
             "packing": [dataclasses.asdict(p) for p in packed],
             "over_max_size": over,
             "paste": paste,
-        }
+            "skipped": {"lines": skipped.lines, "first": skipped.first,
+                        "files_cut": list(skipped.files_cut)},
+        }  # fmt: skip
         if memory is not None:
             out["memory"] = memory
         print(json.dumps(out, indent=1))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -152,6 +154,32 @@ class Worker:
         return now[0] - done[0], now[1] - done[1], now[2] - done[2]
 
 
+# How long a process that exits waits for a worker still being built (opening the devices,
+# loading and placing the parameters: seconds to a minute or two for a large model).
+EXIT_WAIT_SECONDS = 60.0
+_STARTING: weakref.WeakSet[WorkerStart] = weakref.WeakSet()
+
+
+def _wait_for_starts() -> None:
+    """At exit: waits, :data:`EXIT_WAIT_SECONDS` at most in all, for the workers still
+    being built; warns of each that is not built by then, and leaves it behind."""
+    deadline = time.monotonic() + EXIT_WAIT_SECONDS
+    for start in list(_STARTING):
+        if not start._done.wait(max(0.0, deadline - time.monotonic())):
+            _LOG.warning(
+                "beam_jax: the process exits without waiting longer for a worker still being "
+                "built after %.0f s (its load_params, the devices' opening or the parameters' "
+                "placing has not returned); check what load_params waits for (a download, a "
+                "lock, a device another process holds)",
+                EXIT_WAIT_SECONDS,
+            )
+
+
+# After the interpreter has joined its non-daemon threads (the compiles, which the
+# compiles' own exit hook has stopped), and before it finalizes.
+atexit.register(_wait_for_starts)
+
+
 class WorkerStart:
     """A ``Worker`` being built on a background thread: what waits for the device.
 
@@ -159,8 +187,10 @@ class WorkerStart:
     parameters, fits batch limits to memory and starts the precompiles. None of that is
     needed to read, decode, tokenize or bucket the first elements, so the caller goes on
     with that work and waits (``get``) only when a batch must run on the device. A process
-    that exits meanwhile (a job that failed) waits for the build to end, then exits with
-    its own status.
+    that exits meanwhile (a job that failed) waits for the build to end, for
+    :data:`EXIT_WAIT_SECONDS` at most, then exits with its own status; a build still
+    running then (a ``load_params`` that never returns) is left behind with a warning
+    rather than keeping the process from exiting.
 
     Example:
         >>> import numpy as np, beam_jax as bj
@@ -178,14 +208,20 @@ class WorkerStart:
         self._done = threading.Event()
         self._worker: Worker | None = None
         self._error: BaseException | None = None
-        # Not a daemon: a daemon thread inside XLA (opening the devices, placing the
-        # parameters) as the interpreter finalizes is cut off as it returns, which aborted
-        # a failed job's process at exit ("terminate called after throwing", status 134)
-        # instead of ending with its error. Exit waits for the build; the compiles it then
-        # starts compile nothing (``precompile``).
+        # A daemon, so a build that never ends cannot keep the process from exiting; exit
+        # waits for it (``_wait_for_starts``, a bounded wait), since a daemon thread still
+        # inside XLA (opening the devices, placing the parameters) as the interpreter
+        # finalizes is cut off as it returns, which aborted a failed job's process at exit
+        # ("terminate called after throwing", status 134) instead of ending with its
+        # error. The compiles a build finishing during exit starts compile nothing
+        # (``precompile``).
         self._thread = threading.Thread(
-            target=self._build, args=(fn, spec, options), name="beam_jax-worker-start"
+            target=self._build,
+            args=(fn, spec, options),
+            name="beam_jax-worker-start",
+            daemon=True,
         )
+        _STARTING.add(self)
         self._thread.start()
 
     def _build(self, fn, spec, options) -> None:

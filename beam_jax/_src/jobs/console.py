@@ -34,6 +34,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from beam_jax._src.jobs import progress
+from beam_jax._src.jobs.inputs import RowCount
 
 __all__ = ["RunConsole", "add_flags", "failure_line", "is_local", "prog", "verbose_requested"]
 
@@ -108,6 +109,8 @@ class RunConsole:
         log_name: The log's path under ``output``.
         count_progress: Whether workers count records for a progress line (a job of one
             pipeline); a job of several stages prints a line per stage with ``say``.
+        total: The rows the run will see, as far as its launch knows: the progress line
+            then shows the share done and the time left.
 
     Attributes:
         progress_dir: Where the workers' ``CountProgress`` files go (fields ``"done"`` and
@@ -126,8 +129,10 @@ class RunConsole:
         log_name: str = f"_unfinished/{LOG_NAME}",
         *,
         count_progress: bool = True,
+        total: RowCount | None = None,
     ):
         self.name = name
+        self.total = total or RowCount()
         self.verbose = bool(getattr(args, "verbose", False))
         self.local = is_local(options.view_as(StandardOptions).runner)
         self.seconds = float(getattr(args, "progress_seconds", 2.0))
@@ -175,7 +180,7 @@ class RunConsole:
         self.terminal = terminal
         if self.progress_dir is not None:
             self.printer = progress.ProgressPrinter(
-                self.name, self.progress_dir, terminal, self.seconds
+                self.name, self.progress_dir, terminal, self.seconds, total=self.total
             ).start()
         return self
 

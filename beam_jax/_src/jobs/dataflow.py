@@ -26,7 +26,13 @@ import tarfile
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
+from apache_beam.options.pipeline_options import (
+    DebugOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+    TestOptions,
+)
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.runner import PipelineResult
@@ -35,6 +41,7 @@ from beam_jax._src.compat.beam import dataflow_environment
 
 __all__ = [
     "ACCELERATOR_HINT",
+    "run_dry",
     "dataflow_job_description",
     "dataflow_staged_files",
     "is_dry_run",
@@ -112,3 +119,26 @@ def write_dataflow_job_file(described: dict[str, Any], path: str) -> None:
     """Writes ``described`` (local or ``gs://``) as indented JSON."""
     with FileSystems.create(path) as f:
         f.write(json.dumps(described, indent=1, sort_keys=True).encode())
+
+
+def run_dry(pipeline: Any, name: str, output: str) -> None:
+    """Runs ``pipeline``, built with ``--dry_run=True``: its runner builds the job and does
+    not run it (the DataflowRunner translates and packages it, unsent); writes the job's
+    description to ``--dataflow_job_file`` when given, and says so in one line.
+
+    Args:
+        pipeline: The job's pipeline (its options validated for the runner when built).
+        name: The job's name, first on the line.
+        output: The job's output, which a dry run leaves untouched.
+    """
+    options = pipeline.options
+    result = pipeline.run()
+    path = options.view_as(DebugOptions).dataflow_job_file
+    if path and hasattr(result, "job"):
+        write_dataflow_job_file(dataflow_job_description(result), path)
+    print(
+        f"{name}: dry run: the job was built for {options.view_as(StandardOptions).runner} "
+        f"and not run{f'; its description is in {path}' if path else ''}; nothing was "
+        f"written to {output}",
+        flush=True,
+    )

@@ -70,7 +70,7 @@ def read_dead_letters(pattern: str) -> Iterator[FailedElement]:
     matched = FileSystems.match([pattern])[0].metadata_list
     for path in sorted(m.path for m in matched):
         with FileSystems.open(path, compression_type="uncompressed") as f:
-            for number, line in enumerate(f):
+            for number, line in enumerate(f, start=1):  # as editors count lines
                 if not line.strip():
                     continue
                 try:

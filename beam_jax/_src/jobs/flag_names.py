@@ -133,7 +133,9 @@ def _flags_of_missing_modules() -> dict[str, str]:
         extra = RUNNER_OPTION_MODULES[module]
         fix = f"; install {extra}" if extra else ""
         for flag in defined:
-            out.setdefault(flag, f"an option of {module}, which does not import here ({why}){fix}")
+            out.setdefault(
+                flag, f"is an option of {module}, which does not import here ({why}){fix}"
+            )
     return out
 
 
@@ -146,7 +148,7 @@ def _hint(word: str, ours: Sequence[str], beams: Sequence[str]) -> str | None:
     close = closest_flag(word, ours, beams, missing)
     if close in missing:
         also = "" if _key(close) == _key(word) else f"did you mean {close}? "
-        return f"{also}{close} is {missing[close]}"
+        return f"{also}{close} {missing[close]}"
     return f"did you mean {close} for {word}?" if close else None
 
 

@@ -48,9 +48,10 @@ __all__ = [
     "reject_unknown_flags",
 ]
 
-# Runners Beam ships but names only by their path (its ALL_KNOWN_RUNNERS lacks them).
+# Runners named only by their path (Beam's ALL_KNOWN_RUNNERS lacks them). Dask is
+# beam_jax's adapter over Beam's DaskRunner, which beam_jax's transforms refuse.
 _RUNNERS_BY_PATH_ONLY = (
-    "apache_beam.runners.dask.dask_runner.DaskRunner",
+    "beam_jax.runners.DaskRunner",
     "apache_beam.runners.render.RenderRunner",
 )
 
@@ -156,7 +157,7 @@ def _runner_problem(runner: str) -> str | None:
     by_path = {path.rsplit(".", 1)[-1].lower(): path for path in _RUNNERS_BY_PATH_ONLY}
     path = by_path.get(name) or by_path.get(f"{name}runner")
     if path:
-        return f"Beam knows --runner {runner} only by its path: --runner {path}"
+        return f"--runner {runner} is named by its path: --runner {path}"
     close = difflib.get_close_matches(name, list(lower), n=1, cutoff=0.6)
     close = close or difflib.get_close_matches(f"{name}runner", list(lower), n=1, cutoff=0.6)
     hint = f"did you mean {lower[close[0]]}? " if close else ""

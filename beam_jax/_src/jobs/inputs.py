@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import glob
 import json
+import math
 import os
 from collections.abc import Sequence
 
@@ -32,13 +33,28 @@ from beam_jax._src.arrow.json_lines import (
     BOM,
     JSON_LINES_SUFFIXES,
     SAMPLE_LINES,
+    infer_schema,
     open_stream,
     uncompressed_name,
 )
+from beam_jax._src.arrow.texts import is_text_type, utf8_texts
+from beam_jax._src.core.wording import counted
 
-__all__ = ["InputFile", "id_type_of", "input_format", "match_inputs", "text_sample"]
+__all__ = [
+    "InputFile",
+    "RowCount",
+    "column_types",
+    "id_type_of",
+    "input_format",
+    "match_inputs",
+    "sample_texts",
+    "text_sample",
+]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# Files whose Parquet footers are read to count a job's rows; beyond this the count is
+# extrapolated from their mean (each footer is one read, which on gs:// is ~50 ms).
+MAX_FOOTERS = 64
 
 
 def input_format(pattern: str) -> str:
@@ -91,6 +107,38 @@ def match_inputs(pattern: str) -> tuple[InputFile, ...]:
     return tuple(found[p] for p in sorted(found))
 
 
+@dataclasses.dataclass(frozen=True)
+class RowCount:
+    """How many rows an input holds, as far as a launch knows.
+
+    Attributes:
+        rows: Counted (Parquet footers), estimated (a JSON-lines file's size over its first
+            lines', or footers extrapolated), or ``None`` when not known (compressed JSON
+            lines).
+        exact: Whether ``rows`` is counted rather than estimated.
+
+    Example:
+        >>> str(RowCount(71, exact=True)), str(RowCount(1200)), str(RowCount())
+        ('71 rows', '~1,200 rows', 'an unknown number of rows')
+    """
+
+    rows: int | None = None
+    exact: bool = False
+
+    def __post_init__(self):
+        if self.rows is not None and self.rows < 0:
+            raise ValueError(f"rows must be an int >= 0 or None, got {self.rows}")
+
+    def less(self, rows: int) -> RowCount:
+        """The count without ``rows`` of them (e.g. those an earlier run did)."""
+        return self if self.rows is None else RowCount(max(self.rows - rows, 0), self.exact)
+
+    def __str__(self) -> str:
+        if self.rows is None:
+            return "an unknown number of rows"
+        return f"{'' if self.exact else '~'}{counted(self.rows, 'row')}"
+
+
 def _usable(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
 
@@ -136,6 +184,30 @@ def id_type_of(paths: Sequence[str], id_column: str, text_column: str) -> pa.Dat
     )
 
 
+def column_types(paths: Sequence[str], columns: Sequence[str]) -> pa.Schema:
+    """The types of ``columns`` in the input files, for columns a job carries through as
+    they are: a Parquet file's (the first that can be read), or for JSON lines those the
+    first 1,000 lines give (a column none of them holds: string).
+
+    Raises:
+        ValueError: The first readable Parquet file lacks a column (it lists those it has).
+        SpecError: The sampled JSON lines give a column two types.
+    """
+    if paths and all(input_format(p) == "jsonl" for p in paths):
+        return infer_schema(paths, list(columns))
+    for path in paths:
+        try:
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                schema = pq.read_schema(f)
+        except Exception:  # noqa: BLE001, S112 - its reading will dead-letter it; try the next
+            continue
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise ValueError(f"{path} has no column {missing}; it has {schema.names}")
+        return pa.schema([schema.field(c) for c in columns])
+    return pa.schema([(c, pa.string()) for c in columns])
+
+
 def _json_lines_id_type(paths: Sequence[str], id_column: str) -> pa.DataType:
     lines = 0
     for path in paths:
@@ -167,11 +239,11 @@ def text_sample(
     estimated from its size and the sampled lines' (None otherwise).
 
     The texts are ``column``'s strings, as a ``large_string`` array: a Parquet file's first
-    ``n``, read as Arrow a few whole row groups at a time (no Python string per text); a
-    JSON-lines file's among its first ``n`` lines (blank lines aside), so a file with none
-    is not read to its end. A row whose text is null, not a string or not valid UTF-8 is
-    left out (reading the file dead-letters it), and so are all the rows of a Parquet read
-    that holds one not valid.
+    ``n`` (a ``string``, ``large_string`` or ``binary`` column of UTF-8 alike), read as
+    Arrow a few whole row groups at a time (no Python string per text); a JSON-lines
+    file's among its first ``n`` lines (blank lines aside), so a file with none is not
+    read to its end. A row whose text is null, not a string or not valid UTF-8 is left out
+    (reading the file dead-letters it).
 
     Example:
         >>> [file] = match_inputs("in/part-0.parquet")  # doctest: +SKIP
@@ -191,6 +263,54 @@ def text_sample(
     return _json_lines_texts(file, column, n)
 
 
+def sample_texts(
+    files: Sequence[InputFile], column: str, n: int, format: str | None = None
+) -> tuple[pa.Array, RowCount]:
+    """Up to ``n`` texts of ``files`` (a ``large_string`` array), and how many rows the
+    files hold: a sample for a plan made at launch, and the total its progress counts to.
+
+    Every file gives a share of the sample (its first rows, :func:`text_sample`), so an
+    input of many files is sampled across them; ``n=0`` counts the rows alone. The count is
+    exact when every file is Parquet and at most :data:`MAX_FOOTERS` (their footers); else
+    an estimate, or unknown (compressed JSON lines). A file that cannot be read is skipped
+    here (reading it in the job names the fault).
+
+    Example:
+        >>> texts, rows = sample_texts(match_inputs("in/*.parquet"), "text", 1000)  # doctest: +SKIP
+
+    Args:
+        files: The input files (:func:`match_inputs`).
+        column: The text column.
+        n: The most texts.
+        format: ``"parquet"`` or ``"jsonl"``; default: from each file's extension.
+    """
+    files = [f for f in files if f.size]
+    per_file = max(1, math.ceil(n / len(files))) if files else 0
+    texts: list[pa.Array] = []
+    got = rows = counted_files = 0
+    exact = True
+    for i, file in enumerate(files):
+        want = min(per_file, n - got)
+        if want <= 0 and counted_files >= MAX_FOOTERS:
+            exact = False  # the other files' rows are extrapolated
+            break
+        try:
+            some, count = text_sample(file, column, want, format)
+        except Exception:  # noqa: BLE001, S112 - the job reads it again and names the fault
+            exact = False
+            continue
+        texts.append(some)
+        got += len(some)
+        exact = exact and (format or input_format(file.path)) == "parquet"
+        if count is not None and i < MAX_FOOTERS:
+            rows, counted_files = rows + count, counted_files + 1
+    if not counted_files:
+        return _joined(texts), RowCount(None)
+    total = round(rows * len(files) / counted_files)
+    exact = exact and counted_files == len(files)
+    return _joined(texts), RowCount(max(total, got), exact)
+
+
 def _parquet_texts(path: str, column: str, n: int) -> tuple[pa.Array, int]:
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         parquet = pq.ParquetFile(f)
@@ -206,14 +326,12 @@ def _parquet_texts(path: str, column: str, n: int) -> tuple[pa.Array, int]:
 
 
 def _strings(column: pa.ChunkedArray) -> pa.Array:
-    """A column's non-null values (``large_string``): none if it holds no strings, or any
-    value that is not valid UTF-8."""
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        values = column.combine_chunks().cast(pa.large_string()).drop_null()
-        with contextlib.suppress(pa.ArrowInvalid):
-            values.validate(full=True)  # the UTF-8 of every value
-            return values
-    return pa.array([], pa.large_string())
+    """A column's non-null texts (``large_string``; a binary column's UTF-8 alike, as the
+    jobs embed it): none if it holds neither strings nor bytes; a value not valid UTF-8 is
+    left out (reading the file dead-letters its row)."""
+    if not is_text_type(column.type):
+        return pa.array([], pa.large_string())
+    return utf8_texts(column)[0]
 
 
 def _joined(texts: list[pa.Array]) -> pa.Array:

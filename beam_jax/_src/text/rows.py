@@ -3,7 +3,7 @@ that the tokenize step (:class:`beam_jax.text.TokenizeBatches`) and the YAML fro
 
 Example:
     >>> IdType(pa.int32()).accepts(2**40), IdType(pa.string()).problem(7)
-    (False, "the id 7 is a int, but this input's ids are strings (string)")
+    (False, "the id 7 is an int, but this input's ids are strings (string)")
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from beam_jax._src.core.wording import article
 
 __all__ = ["IdType", "python_values", "unicode_problem"]
 
@@ -93,7 +95,8 @@ class IdType:
             return "the row has no id (null or missing); every row needs one"
         if not self.accepts(value):
             return (
-                f"the id {_short(value, 80)} is a {type(value).__name__}, but this input's "
+                f"the id {_short(value, 80)} is {article(type(value).__name__)} "
+                f"{type(value).__name__}, but this input's "
                 f"ids are {self.describe()}"
             )
         return unicode_problem(value, "id") if isinstance(value, str) else None

@@ -1,0 +1,70 @@
+"""What a launch asks of its runner before building the job: whether the workers run in
+this process, how many bundles they run at once, and how many devices each has.
+
+A job that knows its workers run here (the in-process FnApiRunner) can start their
+expensive part (opening the devices, loading the model) during the launch, and skip the
+shuffles that only spread work over machines.
+
+Example:
+    >>> options = PipelineOptions(["--runner=FnApiRunner", "--direct_num_workers=2"])
+    >>> workers_here(options), bundle_workers(options), single_worker_here(options)
+    (True, 2, False)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from beam_jax._src.jobs.console import is_local
+from beam_jax._src.probe import local_platform
+
+__all__ = [
+    "accelerator_workers",
+    "bundle_workers",
+    "devices_per_worker",
+    "single_worker_here",
+    "workers_here",
+]
+
+_IN_PROCESS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner")
+
+
+def workers_here(options: PipelineOptions) -> bool:
+    """Whether the runner runs the job's workers in this process (the FnApiRunner in memory
+    or in threads), so a worker built here is the one the job uses."""
+    runner: Any = options.view_as(StandardOptions).runner
+    name = (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1]
+    mode = options.view_as(DirectOptions).direct_running_mode or "in_memory"
+    return name in _IN_PROCESS and mode in ("in_memory", "multi_threading")
+
+
+def bundle_workers(options: PipelineOptions) -> int:
+    """Bundles the local FnApiRunner runs at once (``--direct_num_workers``; 0: one a CPU)."""
+    num = options.view_as(DirectOptions).direct_num_workers
+    return (os.cpu_count() or 1) if num == 0 else (num or 1)
+
+
+def single_worker_here(options: PipelineOptions) -> bool:
+    """Whether the job runs as one worker in this process, one bundle at a time."""
+    return workers_here(options) and bundle_workers(options) == 1
+
+
+def devices_per_worker(options: PipelineOptions) -> int:
+    """Devices per worker: this process's on the local runners (they run the workers here,
+    known without opening a TPU: ``local_platform``), else 1 (unknown at launch)."""
+    if not is_local(options.view_as(StandardOptions).runner):
+        return 1
+    return local_platform().device_count
+
+
+def accelerator_workers(accelerator: str | None, options: PipelineOptions) -> bool:
+    """Whether a step's workers run on an accelerator: ``accelerator`` (a Beam resource hint)
+    asks a remote runner for one; the local runners run the workers here, on JAX's default
+    device (a GPU or TPU where JAX finds one), known without opening a TPU
+    (``local_platform``), so the device can open in the background while the job reads."""
+    if accelerator or not is_local(options.view_as(StandardOptions).runner):
+        return bool(accelerator)
+    return local_platform().accelerator
