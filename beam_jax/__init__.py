@@ -5,6 +5,8 @@ the compiled kernel, the batch engine, Arrow decoding) is in ``beam_jax.internal
 """
 
 # First: drops a warning that `import apache_beam` logs on every machine without its GCP extras.
+import warnings as _warnings
+
 from beam_jax import _quiet  # noqa: F401  # isort: skip
 from beam_jax._src.arrow.ahead import WorkAhead as WorkAhead
 from beam_jax._src.arrow.columns import ArrowColumns as ArrowColumns
@@ -42,13 +44,11 @@ from beam_jax._src.errors import SpecError as SpecError
 from beam_jax._src.inference.failed import FailedInferences as FailedInferences
 from beam_jax._src.inference.handler import JaxModelHandler as JaxModelHandler
 from beam_jax._src.inference.handler import KeyedJaxModelHandler as KeyedJaxModelHandler
-from beam_jax._src.inference.rows import RunKernelOnRows as RunKernelOnRows
 from beam_jax._src.kernel.compiled import BatchLengths as BatchLengths
 from beam_jax._src.kernel.compiled import length_mask as length_mask
 from beam_jax._src.kernel.params import read_params as read_params
 from beam_jax._src.kernel.params import write_params as write_params
 from beam_jax._src.transforms.base import RunKernelResult as RunKernelResult
-from beam_jax._src.transforms.read_with_origin import ReadRowsWithOrigin as ReadRowsWithOrigin
 from beam_jax._src.transforms.reduce_kernel import ReduceKernel as ReduceKernel
 from beam_jax._src.transforms.reduce_kernel import Reduction as Reduction
 from beam_jax._src.transforms.run_kernel import RunKernel as RunKernel
@@ -56,6 +56,65 @@ from beam_jax._src.transforms.run_kernel_on_arrow import RunKernelOnArrow as Run
 
 __version__ = "0.2.0"
 
-# Former names, kept importable for now.
-BucketingPlan = BucketingChoice
-PackingPlan = PackingChoice
+__all__ = [
+    "ArraySpec",
+    "ArrowColumns",
+    "BatchLengths",
+    "BeamJaxError",
+    "Bucketing",
+    "BucketingChoice",
+    "BufferingSummary",
+    "CompileError",
+    "CrossBundle",
+    "DEAD_LETTERS",
+    "DeadLetterThresholdError",
+    "ElementTooLargeError",
+    "FailedElement",
+    "FailedInferences",
+    "FitToMemory",
+    "InferenceBatchError",
+    "InputFileError",
+    "InputLineError",
+    "InvalidElementError",
+    "JaxModelHandler",
+    "KernelError",
+    "KernelOptions",
+    "KeyedJaxModelHandler",
+    "Packing",
+    "PackingChoice",
+    "ReadArrowBatches",
+    "ReduceKernel",
+    "Reduction",
+    "RunKernel",
+    "RunKernelOnArrow",
+    "RunKernelResult",
+    "SpecError",
+    "Stage",
+    "Summary",
+    "Validation",
+    "WorkAhead",
+    "default_boundaries",
+    "length_mask",
+    "metric_totals",
+    "plan_boundaries",
+    "plan_bucketing",
+    "plan_packing",
+    "read_params",
+    "summarize",
+    "write_params",
+]
+
+# Former names, importable with a DeprecationWarning until a later release.
+_FORMER = {"BucketingPlan": BucketingChoice, "PackingPlan": PackingChoice}
+
+
+def __getattr__(name: str):
+    if name in _FORMER:
+        now = _FORMER[name].__name__
+        _warnings.warn(
+            f"beam_jax.{name} is now beam_jax.{now}; the old name goes in a later release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _FORMER[name]
+    raise AttributeError(f"module 'beam_jax' has no attribute {name!r}")

@@ -21,6 +21,8 @@ Examples:
     [3.0]
 """
 
+import warnings as _warnings
+
 from beam_jax._src.arrow.origin import ROW_COLUMN as ROW_COLUMN
 from beam_jax._src.arrow.origin import bad_lines_of as bad_lines_of
 from beam_jax._src.arrow.origin import origin_of as origin_of
@@ -44,12 +46,49 @@ from beam_jax._src.engine.fit import fit_plan as fit_plan
 from beam_jax._src.engine.metrics import KernelMetrics as KernelMetrics
 from beam_jax._src.engine.metrics import bucket_totals as bucket_totals
 from beam_jax._src.engine.worker import Worker as Worker
-from beam_jax._src.inference.rows import YamlErrors as YamlErrors
-from beam_jax._src.inference.rows import error_output as error_output
 from beam_jax._src.kernel.compiled import Kernel as Kernel
 from beam_jax._src.transforms.base import Source as Source
 from beam_jax._src.transforms.base import WorkerDoFn as WorkerDoFn
 from beam_jax._src.transforms.base import dead_letter_output as dead_letter_output
-from beam_jax._src.transforms.read_with_origin import OriginFields as OriginFields
 
-PackPlan = Packer  # its former name, kept importable for now
+__all__ = [
+    "BatchEngine",
+    "Buffer",
+    "ElementFrontEnd",
+    "FrontEnd",
+    "Kernel",
+    "KernelMetrics",
+    "Outputs",
+    "Packer",
+    "PaddedBatch",
+    "PerElement",
+    "Plan",
+    "ROW_COLUMN",
+    "RowBuffer",
+    "Source",
+    "Validated",
+    "Worker",
+    "WorkerDoFn",
+    "bad_lines_of",
+    "bucket_totals",
+    "check_row_outputs",
+    "check_summed_outputs",
+    "dead_letter_output",
+    "fit_plan",
+    "origin_of",
+    "padding_ratio",
+    "row_origin",
+    "with_origin",
+]
+
+
+def __getattr__(name: str):
+    if name == "PackPlan":  # Packer's former name, until a later release
+        _warnings.warn(
+            "beam_jax.internal.PackPlan is now beam_jax.internal.Packer; the old name goes in "
+            "a later release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return Packer
+    raise AttributeError(f"module 'beam_jax.internal' has no attribute {name!r}")

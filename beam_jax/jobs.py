@@ -74,10 +74,7 @@ from beam_jax._src.jobs.console import add_flags as add_flags
 from beam_jax._src.jobs.console import failure_line as failure_line
 from beam_jax._src.jobs.console import is_local as is_local
 from beam_jax._src.jobs.console import prog as prog
-from beam_jax._src.jobs.console import verbose_requested as verbose_requested
-from beam_jax._src.jobs.dataflow import ACCELERATOR_HINT as ACCELERATOR_HINT
 from beam_jax._src.jobs.dataflow import dataflow_job_description as dataflow_job_description
-from beam_jax._src.jobs.dataflow import dataflow_staged_files as dataflow_staged_files
 from beam_jax._src.jobs.dataflow import is_dry_run as is_dry_run
 from beam_jax._src.jobs.dataflow import run_dry as run_dry
 from beam_jax._src.jobs.dataflow import write_dataflow_job_file as write_dataflow_job_file
@@ -89,7 +86,6 @@ from beam_jax._src.jobs.embeddings_file import embeddings_table as embeddings_ta
 from beam_jax._src.jobs.embeddings_file import gather_in_row_order as gather_in_row_order
 from beam_jax._src.jobs.embeddings_file import vectors_of as vectors_of
 from beam_jax._src.jobs.embeddings_file import write_embeddings as write_embeddings
-from beam_jax._src.jobs.flags import DEFAULT_COMPILATION_CACHE as DEFAULT_COMPILATION_CACHE
 from beam_jax._src.jobs.flags import DefaultsHelpFormatter as DefaultsHelpFormatter
 from beam_jax._src.jobs.flags import add_compilation_cache_flag as add_compilation_cache_flag
 from beam_jax._src.jobs.flags import int_list as int_list
@@ -97,11 +93,8 @@ from beam_jax._src.jobs.flags import non_negative as non_negative
 from beam_jax._src.jobs.flags import parse_job_args as parse_job_args
 from beam_jax._src.jobs.flags import positive_int as positive_int
 from beam_jax._src.jobs.flags import ratio as ratio
-from beam_jax._src.jobs.flags import reject_unknown_flags as reject_unknown_flags
 from beam_jax._src.jobs.heap import freeze_startup_objects as freeze_startup_objects
 from beam_jax._src.jobs.images import WORKER_IMAGE_BEAM as WORKER_IMAGE_BEAM
-from beam_jax._src.jobs.images import beam_version_mismatch as beam_version_mismatch
-from beam_jax._src.jobs.images import image_beam_version as image_beam_version
 from beam_jax._src.jobs.inputs import InputFile as InputFile
 from beam_jax._src.jobs.inputs import RowCount as RowCount
 from beam_jax._src.jobs.inputs import column_types as column_types
@@ -118,17 +111,70 @@ from beam_jax._src.jobs.output_dir import open_atomically as open_atomically
 from beam_jax._src.jobs.output_dir import write_atomically as write_atomically
 from beam_jax._src.jobs.progress import CountProgress as CountProgress
 from beam_jax._src.jobs.progress import ProgressPrinter as ProgressPrinter
-from beam_jax._src.jobs.progress import progress_line as progress_line
 from beam_jax._src.jobs.progress import read_counts as read_counts
 from beam_jax._src.jobs.report import metrics_record as metrics_record
 from beam_jax._src.jobs.report import write_metrics as write_metrics
 from beam_jax._src.jobs.runner_here import accelerator_workers as accelerator_workers
-from beam_jax._src.jobs.runner_here import bundle_workers as bundle_workers
 from beam_jax._src.jobs.runner_here import devices_per_worker as devices_per_worker
 from beam_jax._src.jobs.runner_here import single_worker_here as single_worker_here
 from beam_jax._src.jobs.runner_here import workers_here as workers_here
-from beam_jax._src.probe import LocalPlatform as LocalPlatform
 from beam_jax._src.probe import local_platform as local_platform
 from beam_jax._src.probe import open_local_devices as open_local_devices
-from beam_jax._src.probe import size_tpu_host_buffer as size_tpu_host_buffer
-from beam_jax._src.probe import tpu_host_buffer_advice as tpu_host_buffer_advice
+from beam_jax._src.transforms.embed_text import on_accelerator as on_accelerator
+
+__all__ = [
+    "CountProgress",
+    "DefaultsHelpFormatter",
+    "InputFile",
+    "OutputDir",
+    "OutputExistsError",
+    "OutputLayout",
+    "ProgressPrinter",
+    "RowCount",
+    "RunConsole",
+    "WORKER_IMAGE_BEAM",
+    "WriteDeadLetters",
+    "accelerator_workers",
+    "add_compilation_cache_flag",
+    "add_flags",
+    "column_types",
+    "counted",
+    "dataflow_job_description",
+    "dead_letter_json",
+    "devices_per_worker",
+    "embeddings_schema",
+    "embeddings_table",
+    "failure_line",
+    "freeze_startup_objects",
+    "gather_in_row_order",
+    "id_type_of",
+    "input_format",
+    "int_list",
+    "is_dry_run",
+    "is_local",
+    "local_platform",
+    "match_inputs",
+    "metrics_record",
+    "non_negative",
+    "on_accelerator",
+    "open_atomically",
+    "open_local_devices",
+    "parse_job_args",
+    "positive_int",
+    "prog",
+    "prompt_bundle_ends",
+    "ratio",
+    "read_counts",
+    "read_dead_letters",
+    "run_dry",
+    "run_main",
+    "sample_texts",
+    "single_worker_here",
+    "text_sample",
+    "vectors_of",
+    "workers_here",
+    "write_atomically",
+    "write_dataflow_job_file",
+    "write_embeddings",
+    "write_metrics",
+]

@@ -21,3 +21,9 @@ except ImportError as e:  # pragma: no cover - the [dask] extra is part of the d
 from beam_jax._src.runners.dask_refusals import UnsupportedOnDaskError as UnsupportedOnDaskError
 from beam_jax._src.runners.dask_runner import DaskJobResult as DaskJobResult
 from beam_jax._src.runners.dask_runner import DaskRunner as DaskRunner
+
+__all__ = [
+    "DaskJobResult",
+    "DaskRunner",
+    "UnsupportedOnDaskError",
+]

@@ -13,6 +13,14 @@ from typing import Any, NamedTuple
 from beam_jax._src.compat.beam import direct_runner_clock, metrics_per_bundle
 from beam_jax._src.engine.metrics import NAMESPACE, Summary, summarize
 
+__all__ = [
+    "Collected",
+    "CountingLoader",
+    "StreamTest",
+    "VirtualClock",
+    "assert_conserved",
+]
+
 
 def assert_conserved(result: Any, *, namespace: str = NAMESPACE) -> Summary:
     """Assert every element that entered RunKernel ended as one result or one dead letter.

@@ -24,19 +24,16 @@ Example:
 
 from beam_jax._src.text.batching import BatchingChoice as BatchingChoice
 from beam_jax._src.text.batching import plan_batching as plan_batching
-from beam_jax._src.text.config import ACTIVATIONS as ACTIVATIONS
 from beam_jax._src.text.config import MODEL_TYPES as MODEL_TYPES
 from beam_jax._src.text.config import BertConfig as BertConfig
 from beam_jax._src.text.corpus import builtin_corpus as builtin_corpus
 from beam_jax._src.text.corpus import labelled_corpus as labelled_corpus
-from beam_jax._src.text.encoder import POOLING as POOLING
 from beam_jax._src.text.encoder import embed as embed
 from beam_jax._src.text.encoder import encode_tokens as encode_tokens
 from beam_jax._src.text.matmuls import MATMULS as MATMULS
 from beam_jax._src.text.model_dir import MINILM_MANIFEST as MINILM_MANIFEST
 from beam_jax._src.text.model_dir import ModelDir as ModelDir
 from beam_jax._src.text.model_dir import ModelFileMismatchError as ModelFileMismatchError
-from beam_jax._src.text.model_dir import file_sha256 as file_sha256
 from beam_jax._src.text.model_dir import make_manifest as make_manifest
 from beam_jax._src.text.model_dir import packaged_model_dir as packaged_model_dir
 from beam_jax._src.text.model_dir import read_model_dir as read_model_dir
@@ -53,10 +50,44 @@ from beam_jax._src.text.tokenizer import TextTooLongError as TextTooLongError
 from beam_jax._src.text.tokenizer import Tokenizer as Tokenizer
 from beam_jax._src.transforms.embed_text import EmbedBatches as EmbedBatches
 from beam_jax._src.transforms.embed_text import EmbedText as EmbedText
-from beam_jax._src.transforms.embed_text import on_accelerator as on_accelerator
 from beam_jax._src.transforms.embed_texts import EmbedTexts as EmbedTexts
 from beam_jax._src.transforms.tokenize import INPUT_IDS as INPUT_IDS
 from beam_jax._src.transforms.tokenize import TOKENIZE as TOKENIZE
-from beam_jax._src.transforms.tokenize import TOKENIZE_THREADS as TOKENIZE_THREADS
 from beam_jax._src.transforms.tokenize import TokenizeBatches as TokenizeBatches
 from beam_jax._src.transforms.tokenize import default_tokenize_threads as default_tokenize_threads
+
+__all__ = [
+    "BatchingChoice",
+    "BertConfig",
+    "EmbedBatches",
+    "EmbedText",
+    "EmbedTexts",
+    "INPUT_IDS",
+    "IdType",
+    "MATMULS",
+    "MAX_TOKENIZED_CHARS",
+    "MINILM_MANIFEST",
+    "MODEL_TYPES",
+    "ModelDir",
+    "ModelFileMismatchError",
+    "SentenceEncoder",
+    "TOKENIZE",
+    "TextTooLongError",
+    "TokenizeBatches",
+    "Tokenizer",
+    "builtin_corpus",
+    "default_tokenize_threads",
+    "embed",
+    "embed_packed",
+    "encode_tokens",
+    "labelled_corpus",
+    "local_model_dir",
+    "make_manifest",
+    "packaged_model_dir",
+    "plan_batching",
+    "read_model_dir",
+    "read_weights",
+    "segment_attention_bias",
+    "unicode_problem",
+    "verify_model_dir",
+]

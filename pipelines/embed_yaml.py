@@ -22,8 +22,9 @@ import pyarrow as pa
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 import beam_jax as bj
-from beam_jax.internal import OriginFields, YamlErrors, error_output, with_origin
+from beam_jax.internal import with_origin
 from beam_jax.text import EmbedText as EmbedTextColumn
+from beam_jax.yaml import OriginFields, YamlErrors, error_output
 from pipelines import text_rows as tr
 
 

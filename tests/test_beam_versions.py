@@ -15,6 +15,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jax import jobs
+from beam_jax._src.jobs.images import beam_version_mismatch, image_beam_version
 
 SDK = apache_beam.__version__
 OTHER = "2.77.0" if SDK != "2.77.0" else "2.76.0"
@@ -35,7 +36,7 @@ OTHER = "2.77.0" if SDK != "2.77.0" else "2.76.0"
     ],
 )
 def test_the_image_s_beam_is_read_from_its_name(image, version):
-    assert jobs.image_beam_version(image) == version
+    assert image_beam_version(image) == version
 
 
 def _options(*flags):
@@ -43,7 +44,7 @@ def _options(*flags):
 
 
 def test_a_mismatch_names_both_versions_and_the_fixes():
-    message = jobs.beam_version_mismatch(
+    message = beam_version_mismatch(
         _options(f"--sdk_container_image=apache/beam_python3.11_sdk:{OTHER}")
     )
     assert f"Beam {SDK}" in message and f"Beam {OTHER}" in message
@@ -52,7 +53,7 @@ def test_a_mismatch_names_both_versions_and_the_fixes():
     portable = _options(
         "--environment_type=DOCKER", f"--environment_config=apache/beam_python3.11_sdk:{OTHER}"
     )
-    assert f"Beam {OTHER}" in jobs.beam_version_mismatch(portable)
+    assert f"Beam {OTHER}" in beam_version_mismatch(portable)
 
 
 @pytest.mark.parametrize(
@@ -65,7 +66,7 @@ def test_a_mismatch_names_both_versions_and_the_fixes():
     ],
 )
 def test_no_mismatch_where_none_can_be_seen(flags):
-    assert jobs.beam_version_mismatch(_options(*flags)) is None
+    assert beam_version_mismatch(_options(*flags)) is None
 
 
 def test_parse_job_args_refuses_before_anything_runs(capsys):

@@ -18,6 +18,7 @@ pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient")
 pytest.importorskip("google.cloud.storage")
 
 from beam_jax import jobs  # noqa: E402
+from beam_jax._src.jobs.dataflow import ACCELERATOR_HINT, dataflow_staged_files
 from pipelines.embed import job as embed_text  # noqa: E402
 
 IMAGE = "us-central1-docker.pkg.dev/my-project/beam-jax/beam-jax-gpu:0.2.0"
@@ -112,7 +113,7 @@ def test_the_setup_file_package_holds_the_library_and_the_pipelines(tmp_path):
     args, options = parse_args(_dataflow_flags(tmp_path))
     pipeline = beam.Pipeline(options=options)
     _ = pipeline | beam.Create([1]) | beam.Map(lambda x: x)
-    files = jobs.dataflow_staged_files(pipeline.run())
+    files = dataflow_staged_files(pipeline.run())
     members = {m.split("/", 1)[-1] for m in files["workflow.tar.gz"]}
     assert {"beam_jax/__init__.py", "pipelines/embed/job.py", "setup.py"} <= members
     assert "beam_jax/_src/text/minilm_manifest.json" in members
@@ -123,7 +124,7 @@ def test_the_gpu_hint_is_on_the_model_step_only(dry_run):
     # fusion needed); reading and spreading the parts stay on the default workers.
     _, _, described = dry_run
     leaves = _leaves(described)
-    on_gpu = {name for name, hints in leaves.items() if jobs.ACCELERATOR_HINT in hints}
+    on_gpu = {name for name, hints in leaves.items() if ACCELERATOR_HINT in hints}
     assert on_gpu, "no step carries the accelerator hint"
     model_steps = ("Embed", "StartEmbedWorker/")
     assert all(name.startswith(model_steps) for name in on_gpu), on_gpu
@@ -132,7 +133,7 @@ def test_the_gpu_hint_is_on_the_model_step_only(dry_run):
         assert any(n.startswith(name) for n in leaves), name
         assert not any(n.startswith(name) for n in on_gpu), name
     encoded = {
-        leaves[name][jobs.ACCELERATOR_HINT] for name in on_gpu
+        leaves[name][ACCELERATOR_HINT] for name in on_gpu
     }  # base64 in the JSON form of the proto
     assert {base64.b64decode(e).decode() for e in encoded} == {GPU}
 
@@ -140,7 +141,7 @@ def test_the_gpu_hint_is_on_the_model_step_only(dry_run):
 def test_without_the_flag_no_step_asks_for_an_accelerator(tmp_path):
     embed_text.run(_dataflow_flags(tmp_path, "--buckets", "16,64,256"))
     leaves = _leaves(json.loads((tmp_path / "job.json").read_text()))
-    assert leaves and not any(jobs.ACCELERATOR_HINT in h for h in leaves.values())
+    assert leaves and not any(ACCELERATOR_HINT in h for h in leaves.values())
 
 
 def test_the_options_are_validated_for_dataflow(tmp_path):
@@ -229,4 +230,4 @@ def test_the_tpu_job_asks_for_the_tpu_for_the_whole_pool_not_per_step(tpu_dry_ru
     # Read, then one step that tokenizes, embeds and writes each part.
     for name in ("Read/", "Embed"):
         assert any(n.startswith(name) for n in leaves), (name, sorted(leaves))
-    assert not any(jobs.ACCELERATOR_HINT in hints for hints in leaves.values())
+    assert not any(ACCELERATOR_HINT in hints for hints in leaves.values())

@@ -20,6 +20,7 @@ import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions, SetupOptions, StandardOptions
 
 from beam_jax import jobs
+from beam_jax._src.jobs.flags import DEFAULT_COMPILATION_CACHE
 from beam_jax.testing import assert_conserved
 from pipelines import text_rows as tr
 from pipelines.embed import job as embed_text
@@ -215,7 +216,7 @@ def test_builtin_corpus_is_the_default_input(tmp_path, monkeypatch):
 def test_local_runs_keep_a_compilation_cache_and_remote_runs_do_not(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     args, _ = embed_text.parse_args([])
-    assert args.compilation_cache_dir == os.path.expanduser(jobs.DEFAULT_COMPILATION_CACHE)
+    assert args.compilation_cache_dir == os.path.expanduser(DEFAULT_COMPILATION_CACHE)
     args, _ = embed_text.parse_args(["--compilation_cache_dir", "none"])
     assert args.compilation_cache_dir is None
     args, _ = embed_text.parse_args(["--runner", "DataflowRunner"])
@@ -247,7 +248,7 @@ def test_a_local_run_on_a_gpu_runs_its_batches_whole(tmp_path, monkeypatch, caps
     pq.write_table(pa.table({"id": list(range(1000)), "text": ft.texts(1000)}), source)
     cpu = ft.run(source, tmp_path / "cpu", "--no-progress")
     assert "batches run whole" not in capsys.readouterr().out
-    from beam_jax.jobs import LocalPlatform
+    from beam_jax._src.probe import LocalPlatform
 
     gpu_here = LocalPlatform("gpu", 1, "gpu", opened=True)
     from beam_jax._src.jobs import runner_here

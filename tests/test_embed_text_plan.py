@@ -11,6 +11,7 @@ import pytest
 
 import beam_jax as bj
 from beam_jax import jobs
+from beam_jax._src.jobs.runner_here import bundle_workers
 from beam_jax.testing import assert_conserved
 from beam_jax.text import SentenceEncoder, builtin_corpus
 from pipelines.embed import job as embed_text
@@ -200,7 +201,7 @@ def test_a_local_run_on_a_gpu_defaults_to_whole_batches(monkeypatch):
     workers do so only with --accelerator. (The platform comes from ``local_platform``,
     which knows a TPU without opening it.)"""
     from beam_jax._src.jobs import runner_here
-    from beam_jax.jobs import LocalPlatform
+    from beam_jax._src.probe import LocalPlatform
 
     cpu = _args()
     assert not cpu.on_accelerator and cpu.tokens_per_chunk == 1024
@@ -241,5 +242,5 @@ def test_where_the_workers_run_and_how_many_bundles_at_once(flags, here, bundles
     bundles = (os.cpu_count() or 1) if bundles == "cpus" else bundles  # 0: Beam's "one per CPU"
 
     assert jobs.workers_here(options) is here
-    assert jobs.bundle_workers(options) == bundles
+    assert bundle_workers(options) == bundles
     assert jobs.single_worker_here(options) is one_worker

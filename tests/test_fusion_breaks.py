@@ -38,6 +38,7 @@ import beam_jax as bj
 from beam_jax.internal import origin_of
 from beam_jax.jobs import WriteDeadLetters
 from beam_jax.text import MAX_TOKENIZED_CHARS, EmbedText, EmbedTexts, SentenceEncoder
+from beam_jax.yaml import RunKernelOnRows
 from tests import tiny_bert
 
 ACCELERATOR = resource_hints.ACCELERATOR.urn
@@ -286,7 +287,7 @@ def run_kernel_on_rows(p, tmp):
     out = (
         p
         | beam.Create(rows)
-        | bj.RunKernelOnRows(
+        | RunKernelOnRows(
             kernel=f"{__name__}.checked_sum",
             fields={"x": {"shape": ["L", 2], "dtype": "float32"}},
             boundaries={"L": [4, 8]},

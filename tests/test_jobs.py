@@ -17,6 +17,8 @@ from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
 from beam_jax import jobs
+from beam_jax._src.jobs.console import verbose_requested
+from beam_jax._src.jobs.flags import reject_unknown_flags
 
 LAYOUT = jobs.OutputLayout(
     published=r"^(part-\d+\.txt|_failed/f-\d+\.jsonl)$",
@@ -161,7 +163,7 @@ def test_the_console_keeps_logs_in_a_file_and_says_what_failed(tmp_path, capfd):
     assert line.endswith(f"(traceback and worker logs in {tmp_path}/_unfinished/run.log)")
     remote = jobs.RunConsole("my_job", args, PipelineOptions(["--runner=DataflowRunner"]), "gs://b")
     assert not remote.local and remote.log_path is None and not remote.show_progress
-    assert jobs.verbose_requested(["--verbose"]) and not jobs.verbose_requested([])
+    assert verbose_requested(["--verbose"]) and not verbose_requested([])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +198,7 @@ def test_the_command_line_refuses_what_neither_the_job_nor_beam_knows(capsys):
     parser.add_argument("--passes", type=jobs.positive_int, default=3, help="passes")
     parser.add_argument("--buckets", type=jobs.int_list, default=(8, 16), help="buckets")
     args, rest = parser.parse_known_args(["--buckets", "4,8", "--direct_num_workers", "2"])
-    jobs.reject_unknown_flags(parser, rest)  # Beam's flags pass
+    reject_unknown_flags(parser, rest)  # Beam's flags pass
     assert args.buckets == (4, 8) and args.passes == 3
     assert "(default: 3)" in parser.format_help() and "(default: 8,16)" in parser.format_help()
     for argv, said in [
@@ -206,7 +208,7 @@ def test_the_command_line_refuses_what_neither_the_job_nor_beam_knows(capsys):
     ]:
         _, rest = parser.parse_known_args(argv)
         with pytest.raises(SystemExit):
-            jobs.reject_unknown_flags(parser, rest)
+            reject_unknown_flags(parser, rest)
         assert said in capsys.readouterr().err
     for bad in (["--passes", "0"], ["--buckets", "a,b"], ["--buckets", ","]):
         with pytest.raises(SystemExit):

@@ -13,6 +13,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jax import jobs
+from beam_jax._src.jobs.dataflow import ACCELERATOR_HINT, dataflow_staged_files
 
 
 def test_is_dry_run_reads_beam_s_flag():
@@ -26,7 +27,7 @@ def test_a_result_that_is_not_a_dry_run_is_refused_with_the_flags_to_pass():
     result = pipeline.run()
     result.wait_until_finish()
     with pytest.raises(ValueError, match="--runner DataflowRunner --dry_run=True"):
-        jobs.dataflow_staged_files(result)
+        dataflow_staged_files(result)
 
 
 def test_the_job_file_is_indented_json_with_sorted_keys(tmp_path):
@@ -37,4 +38,4 @@ def test_the_job_file_is_indented_json_with_sorted_keys(tmp_path):
 
 
 def test_the_accelerator_hint_is_beam_s_urn():
-    assert jobs.ACCELERATOR_HINT == "beam:resources:accelerator:v1"
+    assert ACCELERATOR_HINT == "beam:resources:accelerator:v1"

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from beam_jax import jobs
+from beam_jax._src.jobs.flags import DEFAULT_COMPILATION_CACHE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,7 +67,7 @@ def test_job_flags_and_beam_flags_are_split_and_the_runner_defaults(tmp_path):
 
 def test_the_compilation_cache_is_local_runs_only_and_can_be_turned_off():
     args, _ = jobs.parse_job_args(_parser(), [])
-    assert args.compilation_cache_dir == os.path.expanduser(jobs.DEFAULT_COMPILATION_CACHE)
+    assert args.compilation_cache_dir == os.path.expanduser(DEFAULT_COMPILATION_CACHE)
     args, _ = jobs.parse_job_args(_parser(), ["--compilation_cache_dir", "none"])
     assert args.compilation_cache_dir is None
     args, _ = jobs.parse_job_args(_parser(), ["--runner", "DataflowRunner"])

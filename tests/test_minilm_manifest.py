@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from beam_jax import text
+from beam_jax._src.text.model_dir import file_sha256
 from beam_jax.text import ModelFileMismatchError, SentenceEncoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,10 +52,10 @@ def test_the_shipped_manifest_matches_the_installed_package():
 def test_a_weight_file_with_one_byte_changed_fails_the_load_naming_file_and_digests(tmp_path):
     model = _copy_model(tmp_path / "model")
     weights = model / "model.safetensors"
-    expected = text.file_sha256(weights)
+    expected = file_sha256(weights)
     # A byte deep in the tensor data: safetensors would load it without complaint.
     _flip_one_byte(weights, weights.stat().st_size // 2)
-    actual = text.file_sha256(weights)
+    actual = file_sha256(weights)
     assert actual != expected
     with pytest.raises(ModelFileMismatchError) as info:
         SentenceEncoder.from_dir(model, manifest=text.MINILM_MANIFEST)

@@ -26,7 +26,8 @@ from apache_beam.testing.util import assert_that, equal_to
 import beam_jax as bj
 from beam_jax._src import probe
 from beam_jax._src.engine import worker
-from beam_jax.jobs import LocalPlatform, local_platform
+from beam_jax._src.probe import LocalPlatform
+from beam_jax.jobs import local_platform
 from tests.beam_helpers import pipeline, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +121,7 @@ _LAUNCH = textwrap.dedent(
     from jax._src import xla_bridge
 
     from beam_jax._src import probe
-    from beam_jax.jobs import LocalPlatform
+    from beam_jax._src.probe import LocalPlatform
     from beam_jax.text import Tokenizer
     from pipelines.embed import job
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from beam_jax import jobs
+from beam_jax._src.jobs.progress import progress_line
 from tests import processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -30,19 +31,19 @@ SUMMARY = re.compile(
 
 def test_progress_line_words():
     exact, estimate = jobs.RowCount(100, exact=True), jobs.RowCount(100)
-    line = jobs.progress_line("job", 59, 1, 30.0, exact)
+    line = progress_line("job", 59, 1, 30.0, exact)
     assert line == "job: 60 of 100 rows (60%), 1 dead letter, 30 s, about 20 s left"
-    assert jobs.progress_line("job", 100, 0, 50.0, estimate).startswith(
+    assert progress_line("job", 100, 0, 50.0, estimate).startswith(
         "job: 100 of ~100 rows (99%), 0 dead letters"
     )  # an estimate reached is not the end
-    assert jobs.progress_line("job", 98, 2, 50.0, exact, final=True) == (
+    assert progress_line("job", 98, 2, 50.0, exact, final=True) == (
         "job: 100 of 100 rows (100%), 2 dead letters, 50 s"
     )
-    assert jobs.progress_line("job", 1, 0, 2.0, jobs.RowCount(), unreadable=2) == (
+    assert progress_line("job", 1, 0, 2.0, jobs.RowCount(), unreadable=2) == (
         "job: 1 row, 0 dead letters, 2 unreadable files, 2 s"
     )
-    assert jobs.progress_line("job", 110, 0, 9.0, estimate, final=True).startswith("job: 110 rows,")
-    assert "left" in jobs.progress_line("job", 10, 0, 3600.0, exact)  # "about 9 h left"
+    assert progress_line("job", 110, 0, 9.0, estimate, final=True).startswith("job: 110 rows,")
+    assert "left" in progress_line("job", 10, 0, 3600.0, exact)  # "about 9 h left"
 
 
 def _embed(*argv: str) -> subprocess.CompletedProcess:

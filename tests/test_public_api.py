@@ -4,13 +4,18 @@ import ast
 import dataclasses
 import importlib
 import pathlib
+import re
 import typing
+
+import pytest
 
 import beam_jax as bj
 import beam_jax.internal as internal
 import beam_jax.jobs as jobs
 import beam_jax.runners as runners
+import beam_jax.testing
 import beam_jax.text as text
+import beam_jax.yaml
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
 
 TOP_LEVEL = {
@@ -26,8 +31,6 @@ TOP_LEVEL = {
     "FailedInferences",
     "JaxModelHandler",
     "KeyedJaxModelHandler",
-    "RunKernelOnRows",
-    "ReadRowsWithOrigin",
     # configuration
     "ArraySpec",
     "Bucketing",
@@ -40,11 +43,9 @@ TOP_LEVEL = {
     "plan_boundaries",
     "plan_bucketing",
     "BucketingChoice",
-    "BucketingPlan",  # BucketingChoice's former name, kept importable for now
     "Packing",
     "plan_packing",
     "PackingChoice",
-    "PackingPlan",  # PackingChoice's former name, kept importable for now
     # inside a kernel
     "length_mask",
     "BatchLengths",
@@ -99,11 +100,7 @@ INTERNAL = {
     "WorkerDoFn",
     "Source",
     "dead_letter_output",
-    "YamlErrors",
-    "OriginFields",
-    "error_output",
     "Packer",
-    "PackPlan",  # Packer's former name, kept importable for now
     "KernelMetrics",
 }
 
@@ -117,10 +114,8 @@ TEXT = {
     "TokenizeBatches",
     "IdType",
     "unicode_problem",
-    "on_accelerator",
     "INPUT_IDS",
     "TOKENIZE",
-    "TOKENIZE_THREADS",
     "default_tokenize_threads",
     "plan_batching",
     "BatchingChoice",
@@ -136,7 +131,6 @@ TEXT = {
     "local_model_dir",
     "verify_model_dir",
     "make_manifest",
-    "file_sha256",
     "MINILM_MANIFEST",
     # the forward pass, for kernels of one's own
     "embed",
@@ -144,8 +138,6 @@ TEXT = {
     "encode_tokens",
     "segment_attention_bias",
     "read_weights",
-    "ACTIVATIONS",
-    "POOLING",
     "MATMULS",
     "MAX_TOKENIZED_CHARS",
     # text to try them on
@@ -155,6 +147,7 @@ TEXT = {
 
 
 JOBS = {
+    "on_accelerator",
     "accelerator_workers",
     "run_dry",
     "embeddings_schema",
@@ -165,8 +158,6 @@ JOBS = {
     "RowCount",
     "column_types",
     "sample_texts",
-    "progress_line",
-    "bundle_workers",
     "counted",
     "devices_per_worker",
     "single_worker_here",
@@ -176,12 +167,8 @@ JOBS = {
     "input_format",
     "match_inputs",
     "text_sample",
-    "LocalPlatform",
     "local_platform",
     "open_local_devices",
-    "size_tpu_host_buffer",
-    "tpu_host_buffer_advice",
-    "DEFAULT_COMPILATION_CACHE",
     "DefaultsHelpFormatter",
     "add_compilation_cache_flag",
     "int_list",
@@ -189,7 +176,6 @@ JOBS = {
     "parse_job_args",
     "positive_int",
     "ratio",
-    "reject_unknown_flags",
     "OutputDir",
     "OutputLayout",
     "OutputExistsError",
@@ -203,20 +189,15 @@ JOBS = {
     "failure_line",
     "is_local",
     "prog",
-    "verbose_requested",
     "run_main",
     "dead_letter_json",
     "read_dead_letters",
     "WriteDeadLetters",
-    "ACCELERATOR_HINT",
     "dataflow_job_description",
-    "dataflow_staged_files",
     "is_dry_run",
     "write_dataflow_job_file",
     # one Beam version for a job and its workers' image
     "WORKER_IMAGE_BEAM",
-    "beam_version_mismatch",
-    "image_beam_version",
     "metrics_record",
     "write_metrics",
     "freeze_startup_objects",
@@ -227,8 +208,23 @@ JOBS = {
 RUNNERS = {"DaskRunner", "DaskJobResult", "UnsupportedOnDaskError"}
 
 
+YAML = {"ReadRowsWithOrigin", "RunKernelOnRows", "OriginFields", "YamlErrors", "error_output"}
+
+TESTING = {"assert_conserved", "Collected", "CountingLoader", "StreamTest", "VirtualClock"}
+
+FACES = {
+    bj: TOP_LEVEL,
+    internal: INTERNAL,
+    text: TEXT,
+    jobs: JOBS,
+    runners: RUNNERS,
+    beam_jax.yaml: YAML,
+    beam_jax.testing: TESTING,
+}
+
+
 def _public(module) -> set[str]:
-    faces = {"internal", "testing", "text", "jobs", "runners"}
+    faces = {"internal", "testing", "text", "jobs", "runners", "yaml"}
     return {n for n in dir(module) if not n.startswith("_")} - faces
 
 
@@ -236,8 +232,15 @@ def test_implementation_modules_are_private():
     """Besides the faces (and ``python -m beam_jax``), every module is under _src/."""
     root = pathlib.Path(bj.__file__).parent
     faces = {p.name for p in root.iterdir() if not p.name.startswith("_")} - {"py.typed"}
-    assert faces == {"internal.py", "testing.py", "text.py", "jobs.py", "runners.py"}, faces
-    for face in (bj, internal, text, jobs, runners):
+    assert faces == {
+        "internal.py",
+        "testing.py",
+        "text.py",
+        "jobs.py",
+        "runners.py",
+        "yaml.py",
+    }, faces
+    for face in FACES.keys() - {beam_jax.testing}:  # testing defines its few helpers itself
         for name in _public(face):
             obj = getattr(face, name)
             module = getattr(obj, "__module__", None) if callable(obj) else None
@@ -277,6 +280,43 @@ def test_runners_exports_the_dask_runner():
     from apache_beam.runners.dask.dask_runner import DaskRunner
 
     assert issubclass(runners.DaskRunner, DaskRunner)
+
+
+def test_yaml_exports_what_beam_yaml_pipelines_use():
+    assert _public(beam_jax.yaml) == YAML
+    listing = (
+        pathlib.Path(bj.__file__).parents[1] / "pipelines" / "beam_jax_provider.yaml"
+    ).read_text()
+    named = set(re.findall(r'"(beam_jax[.\w]*)"', listing))
+    assert {f"beam_jax.yaml.{n}" for n in ("ReadRowsWithOrigin", "RunKernelOnRows")} <= named
+    for path in named:  # every name the provider listing gives is public and importable
+        module, _, name = path.rpartition(".")
+        assert name in importlib.import_module(module).__all__, path
+
+
+def test_every_face_declares_all_and_each_name_lives_in_one_face():
+    seen: dict[str, str] = {}
+    for face, names in FACES.items():
+        assert sorted(face.__all__) == sorted(set(face.__all__)), face.__name__
+        assert set(face.__all__) == names, face.__name__
+        if face is not beam_jax.testing:  # a module of its own code, not only re-exports
+            assert _public(face) == names, face.__name__
+        for name in face.__all__:
+            assert name not in seen, f"{name} is in {seen.get(name)} and {face.__name__}"
+            seen[name] = face.__name__
+
+
+@pytest.mark.parametrize(
+    ("module", "former", "now"),
+    [(bj, "PackingPlan", "PackingChoice"), (bj, "BucketingPlan", "BucketingChoice"),
+     (internal, "PackPlan", "Packer")],
+)  # fmt: skip
+def test_a_former_name_still_imports_with_a_warning_naming_the_new_one(module, former, now):
+    with pytest.warns(DeprecationWarning, match=f"{former} is now {module.__name__}.{now}"):
+        assert getattr(module, former) is getattr(module, now)
+    assert former not in module.__all__ and former not in dir(module)
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        module.NoSuchName  # noqa: B018
 
 
 def test_every_error_is_a_beam_jax_error_and_says_how_to_fix_it():

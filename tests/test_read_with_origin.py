@@ -12,8 +12,9 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
-from beam_jax.internal import OriginFields, origin_of
+from beam_jax.internal import origin_of
 from beam_jax.text import IdType
+from beam_jax.yaml import OriginFields, ReadRowsWithOrigin, RunKernelOnRows
 from tests.beam_helpers import pipeline, run
 from tests.flagship import write_json_lines
 
@@ -32,7 +33,7 @@ def test_rows_of_every_file_and_row_group_say_their_file_and_row(tmp_path):
     a = _parquet(tmp_path / "a.parquet", [1, 2, 3, 4, 5], list("abcde"))
     b = _parquet(tmp_path / "b.parquet", [6, 7], ["f", None])
     p = pipeline()
-    rows = p | bj.ReadRowsWithOrigin(str(tmp_path / "*.parquet"))
+    rows = p | ReadRowsWithOrigin(str(tmp_path / "*.parquet"))
     assert OriginFields().carried_by(rows.element_type)
     got = rows | beam.Map(lambda r: (r.id, r.text, r.source, r.row))
     want = [(i + 1, t, a, i) for i, t in enumerate("abcde")] + [(6, "f", b, 0), (7, None, b, 1)]
@@ -43,7 +44,7 @@ def test_rows_of_every_file_and_row_group_say_their_file_and_row(tmp_path):
 def test_json_lines_rows_say_their_line_and_the_fields_can_be_renamed(tmp_path):
     path = str(write_json_lines(tmp_path / "in.jsonl", [{"id": i, "text": "t"} for i in range(3)]))
     p = pipeline()
-    rows = p | bj.ReadRowsWithOrigin(path, columns=["id"], source_field="file", row_field="line")
+    rows = p | ReadRowsWithOrigin(path, columns=["id"], source_field="file", row_field="line")
     assert_that(rows | beam.Map(tuple), equal_to([(i, path, i) for i in range(3)]))
     run(p)
 
@@ -52,9 +53,9 @@ def test_an_origin_field_that_is_already_a_column_is_refused_naming_the_fix(tmp_
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"id": [1], "row": [7]}), path)
     with pytest.raises(bj.SpecError, match=r"already have columns \['row'\].*row_field"):
-        pipeline() | bj.ReadRowsWithOrigin(str(path))
+        pipeline() | ReadRowsWithOrigin(str(path))
     with pytest.raises(bj.SpecError, match="two different non-empty names"):
-        bj.ReadRowsWithOrigin(str(path), source_field="row")
+        ReadRowsWithOrigin(str(path), source_field="row")
 
 
 def test_with_exception_handling_an_unreadable_file_is_a_dead_letter_naming_it(tmp_path):
@@ -62,7 +63,7 @@ def test_with_exception_handling_an_unreadable_file_is_a_dead_letter_naming_it(t
     bad = tmp_path / "b.parquet"
     bad.write_bytes(b"not parquet")
     p = pipeline()
-    read = bj.ReadRowsWithOrigin(str(tmp_path / "*.parquet")).with_exception_handling()
+    read = ReadRowsWithOrigin(str(tmp_path / "*.parquet")).with_exception_handling()
     rows, dead = p | read
     assert_that(rows | beam.Map(lambda r: (r.id, r.row)), equal_to([(1, 0)]))
     assert_that(dead | beam.Map(lambda d: (d.stage, d.source)), equal_to([("read", str(bad))]),
@@ -76,7 +77,7 @@ def test_embed_text_files_dead_letters_under_the_rows_file_and_row(tmp_path):
     a = _parquet(tmp_path / "a.parquet", [1, 2, 3, None], ["fine", None, "ok", "no id"])
     b = _parquet(tmp_path / "b.parquet", [5, 6], [None, "good"])
     p = pipeline()
-    rows = p | bj.ReadRowsWithOrigin(str(tmp_path / "*.parquet")) | beam.Reshuffle()
+    rows = p | ReadRowsWithOrigin(str(tmp_path / "*.parquet")) | beam.Reshuffle()
     out = rows | EmbedText(error_handling={"output": "failed"})
     assert_that(out["output"] | beam.Map(lambda r: r.id), equal_to([1, 3, 6]), label="Good")
     records = out["failed"] | beam.Map(_dead_letter)
@@ -101,8 +102,8 @@ def test_run_kernel_on_rows_files_dead_letters_under_the_named_origin_fields(tmp
     rows = [{"id": "a", "x": [1.0]}, {"id": "b", "x": [SENTINEL]}, {"id": "c", "x": [2.0]}]
     path = str(write_json_lines(tmp_path / "in.jsonl", rows))
     p = pipeline()
-    read = bj.ReadRowsWithOrigin(path, source_field="file", row_field="line")
-    run_kernel = bj.RunKernelOnRows(
+    read = ReadRowsWithOrigin(path, source_field="file", row_field="line")
+    run_kernel = RunKernelOnRows(
         "tests.kernels.failing_sum", {"x": {"shape": ["L"]}}, {"L": [4]}, source_field="file",
         row_field="line", error_handling={"output": "failed"},
     )  # fmt: skip

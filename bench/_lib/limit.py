@@ -47,7 +47,7 @@ def run_limit(cfg: dict) -> dict:
     from beam_jax.internal import Packer
     from bench._lib.harness import device
 
-    jobs.size_tpu_host_buffer()  # as the job's worker does before it opens a TPU
+    jobs.open_local_devices().join()  # sizes a TPU's host buffer first, as a worker does
     jax.config.update("jax_compilation_cache_dir", cfg["cache_dir"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     _, model, packing = flagship_plan(cfg)

@@ -25,8 +25,8 @@ from apache_beam.options.pipeline_options import StandardOptions
 
 import beam_jax as bj
 from beam_jax import jobs
-from beam_jax.jobs import OutputDir, RunConsole
-from beam_jax.text import MAX_TOKENIZED_CHARS, SentenceEncoder, on_accelerator
+from beam_jax.jobs import OutputDir, RunConsole, on_accelerator
+from beam_jax.text import MAX_TOKENIZED_CHARS, SentenceEncoder
 from pipelines.embed import plan as launch_plan
 from pipelines.embed import write
 from pipelines.embed.embed_parts import EmbedParts

@@ -56,7 +56,7 @@ class LaunchPlan:
         return self.fixed if not self.planned or self.batching == "packed" else self.choice.policy
 
     @property
-    def packing(self) -> bj.PackingPlan | None:
+    def packing(self) -> bj.PackingChoice | None:
         return self.choice.policy if self.batching == "packed" else None
 
     @property

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from beam_jax.text import INPUT_IDS, TOKENIZE, TOKENIZE_THREADS, IdType, TokenizeBatches
+from beam_jax.text import INPUT_IDS, TOKENIZE, IdType, TokenizeBatches
 from pipelines.embed.parts import KEY, METRICS_NAMESPACE
 
-__all__ = ["INPUT_IDS", "METRICS_NAMESPACE", "THREADS", "TOKENIZE", "tokenize_parts"]
-
-THREADS = TOKENIZE_THREADS  # the names of the tokenizer's threads start so
+__all__ = ["INPUT_IDS", "METRICS_NAMESPACE", "TOKENIZE", "tokenize_parts"]
 
 
 def tokenize_parts(id_type: pa.DataType, model, text_column: str = "text") -> TokenizeBatches:

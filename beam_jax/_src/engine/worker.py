@@ -33,7 +33,7 @@ class Worker:
     Built once per process through ``apache_beam.utils.shared``: parameters are loaded and
     placed on the devices once, and every shape is compiled once. On a TPU it logs a
     warning where its largest batch moves an array larger than the TPU's host buffer
-    (:func:`~beam_jax.jobs.tpu_host_buffer_advice`).
+    (:func:`~beam_jax._src.probe.tpu_host_buffer_advice`).
 
     Args:
         fn: the function the kernel runs (per element, or batched per ``options.batched``).

@@ -212,7 +212,8 @@ def parse_job_args(
     ``default_runner``; ``--dry_run`` is accepted only with the DataflowRunner (other
     runners ignore it and would run the whole job); a job whose workers' image holds
     another Beam than the one installed here is refused (``--allow_beam_version_mismatch``
-    launches it anyway; ``beam_jax.jobs.beam_version_mismatch``); a ``--compilation_cache_dir`` flag
+    launches it anyway; :func:`~beam_jax._src.jobs.images.beam_version_mismatch`); a
+    ``--compilation_cache_dir`` flag
     (:func:`add_compilation_cache_flag`) is resolved; ``save_main_session`` is off (workers
     import the job's code from its package); ``--version`` prints the versions and exits.
     A flag's prefix is no flag (``parser.allow_abbrev`` is turned off).
