@@ -20,6 +20,7 @@ import numpy as np
 
 def flagship_plan(cfg: dict):
     """The flagship's parsed flags, model and packing plan for ``cfg``'s texts, here."""
+    from beam_jax import jobs
     from beam_jax.text import SentenceEncoder
     from pipelines.embed import plan
     from pipelines.embed.flags import parse_args
@@ -29,7 +30,7 @@ def flagship_plan(cfg: dict):
         ["--input", cfg["parquet"], "--output", cfg["out"], *cfg["pipeline_args"]]
     )
     model = SentenceEncoder.from_dir(args.model_dir, matmuls=args.matmuls)
-    launch = plan.plan_for(args, Inputs.from_args(args), plan.local_devices(options), model)
+    launch = plan.plan_for(args, Inputs.from_args(args), jobs.devices_per_worker(options), model)
     if launch.packing is None:
         raise SystemExit(
             f"limit: the flagship chose {launch.batching} for these texts, not packed rows; "
