@@ -85,3 +85,15 @@ def test_a_text_sample_is_a_files_first_strings_with_its_row_count(tmp_path):
     [compressed] = jobs.match_inputs(str(tmp_path / "e.jsonl.gz"))
     sample, rows = jobs.text_sample(compressed, "text", 3)
     assert (sample.to_pylist(), rows) == ([texts[0], texts[2]], None)  # among three lines
+
+
+def test_a_compressed_file_that_breaks_off_is_sampled_up_to_its_break(tmp_path):
+    """Its texts before the break make the plan (the job dead-letters the break): without
+    them a launch planned from nothing and padded its batches twentyfold."""
+    texts = [f"text number {i}" for i in range(2000)]
+    data = gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in texts).encode())
+    (tmp_path / "cut.jsonl.gz").write_bytes(data[: len(data) // 2])
+    files = jobs.match_inputs(str(tmp_path / "cut.jsonl.gz"))
+    sample, rows = jobs.sample_texts(files, "text", 5000)
+    assert 0 < len(sample) < 2000 and sample.to_pylist() == texts[: len(sample)]
+    assert rows.rows is None  # a compressed file's rows are not estimated

@@ -273,7 +273,8 @@ def sample_texts(
     input of many files is sampled across them; ``n=0`` counts the rows alone. The count is
     exact when every file is Parquet and at most :data:`MAX_FOOTERS` (their footers); else
     an estimate, or unknown (compressed JSON lines). A file that cannot be read is skipped
-    here (reading it in the job names the fault).
+    here, and one that breaks off gives the texts before its break (reading it in the job
+    names the fault).
 
     Example:
         >>> texts, rows = sample_texts(match_inputs("in/*.parquet"), "text", 1000)  # doctest: +SKIP
@@ -341,22 +342,26 @@ def _joined(texts: list[pa.Array]) -> pa.Array:
 def _json_lines_texts(file: InputFile, column: str, n: int) -> tuple[pa.Array, int | None]:
     texts: list[str] = []
     lines = read = 0
+    cut = False
     with contextlib.ExitStack() as stack:
         stream = open_stream(file.path, stack)
-        for raw in iter(stream.readline, b""):
-            if lines >= max(n, 1):
-                break
-            if raw.strip():
-                lines, read = lines + 1, read + len(raw)
-                try:
-                    value = json.loads(raw.removeprefix(BOM)).get(column)
-                    if isinstance(value, str) and len(texts) < n:
-                        value.encode()  # raises for a lone surrogate
-                        texts.append(value)
-                except (ValueError, AttributeError):  # the row is a dead letter
-                    continue
+        try:
+            for raw in iter(stream.readline, b""):
+                if lines >= max(n, 1):
+                    break
+                if raw.strip():
+                    lines, read = lines + 1, read + len(raw)
+                    try:
+                        value = json.loads(raw.removeprefix(BOM)).get(column)
+                        if isinstance(value, str) and len(texts) < n:
+                            value.encode()  # raises for a lone surrogate
+                            texts.append(value)
+                    except (ValueError, AttributeError):  # the row is a dead letter
+                        continue
+        except Exception:  # noqa: BLE001 - a file cut short: its texts before the cut (the
+            cut = True  # job reads it again and names the fault)
     sampled = pa.array(texts, pa.large_string())
-    if not lines or uncompressed_name(file.path) != file.path.lower() or file.size is None:
+    if cut or not lines or uncompressed_name(file.path) != file.path.lower() or file.size is None:
         return sampled, None
     # Lines in the file, from its size and the sampled bytes per line.
     return sampled, max(lines, round(file.size * lines / max(read, 1)))
