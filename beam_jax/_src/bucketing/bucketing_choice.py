@@ -19,7 +19,7 @@ import numpy as np
 
 from beam_jax._src.bucketing.boundaries import boundaries_per_budget
 from beam_jax._src.bucketing.buckets import Bucketing
-from beam_jax._src.bucketing.rule import boundary_index, round_up
+from beam_jax._src.bucketing.rule import boundary_index, check_positive_ints, round_up
 from beam_jax._src.errors import SpecError
 
 
@@ -110,14 +110,12 @@ def plan_bucketing(
     Raises:
         SpecError: ``lengths`` is empty or not integral, or a limit is below 1.
     """
-    for name, value in (
-        ("compile_budget", compile_budget),
-        ("max_batch_size", max_batch_size),
-        ("num_devices", num_devices),
-        ("max_size", max_size),
-    ):
-        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
-            raise SpecError(f"{name} must be a positive int, got {value!r}.")
+    check_positive_ints(
+        compile_budget=compile_budget,
+        max_batch_size=max_batch_size,
+        num_devices=num_devices,
+        max_size=max_size,
+    )
     if max_padded_size is not None and max_padded_size < 1:
         raise SpecError(f"max_padded_size must be positive, got {max_padded_size!r}.")
     if shape_cost < 0:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from beam_jax._src.bucketing.packing import ALGORITHMS, Algorithm, Packing, assign_rows, batch_rows
+from beam_jax._src.bucketing.rule import check_positive_ints
 from beam_jax._src.errors import SpecError
 
 _SEGMENT_MULTIPLE = 8
@@ -282,14 +283,12 @@ def _check_limits(
     max_tokens_per_batch, attention_cost, shape_cost, algorithm, slot_costs,
 ) -> None:  # fmt: skip
     """``plan_packing``'s arguments other than the sample and the candidate lengths."""
-    for name, value in (
-        ("max_size", max_size),
-        ("compile_budget", compile_budget),
-        ("max_rows_per_batch", max_rows_per_batch),
-        ("num_devices", num_devices),
-    ):
-        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
-            raise SpecError(f"{name} must be a positive int, got {value!r}.")
+    check_positive_ints(
+        max_size=max_size,
+        compile_budget=compile_budget,
+        max_rows_per_batch=max_rows_per_batch,
+        num_devices=num_devices,
+    )
     if buffer_size is not None and buffer_size < 1:
         raise SpecError(f"buffer_size must be a positive int or None, got {buffer_size!r}.")
     if max_tokens_per_batch is not None and max_tokens_per_batch < 1:

@@ -79,3 +79,11 @@ def bucket_index(boundaries: tuple[np.ndarray, ...], lengths: np.ndarray) -> np.
 
 def round_up(n: int, multiple: int) -> int:
     return int(math.ceil(n / multiple) * multiple)
+
+
+def check_positive_ints(**values: object) -> None:
+    """Raise ``SpecError`` naming the first of ``values`` that is not an int >= 1 (a numpy
+    integer counts; a bool does not): the planners' shared check of their limits."""
+    for name, value in values.items():
+        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+            raise SpecError(f"{name} must be a positive int, got {value!r}.")
