@@ -30,6 +30,7 @@ from beam_jax._src.text.corpus import builtin_corpus as builtin_corpus
 from beam_jax._src.text.corpus import labelled_corpus as labelled_corpus
 from beam_jax._src.text.encoder import embed as embed
 from beam_jax._src.text.encoder import encode_tokens as encode_tokens
+from beam_jax._src.text.fused import LAYER_KERNELS as LAYER_KERNELS
 from beam_jax._src.text.matmuls import MATMULS as MATMULS
 from beam_jax._src.text.model_dir import MINILM_MANIFEST as MINILM_MANIFEST
 from beam_jax._src.text.model_dir import ModelDir as ModelDir
@@ -64,6 +65,7 @@ __all__ = [
     "EmbedTexts",
     "INPUT_IDS",
     "IdType",
+    "LAYER_KERNELS",
     "MATMULS",
     "MAX_TOKENIZED_CHARS",
     "MINILM_MANIFEST",

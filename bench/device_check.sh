@@ -187,6 +187,10 @@ if "$PY" -c "import sentence_transformers" 2>/dev/null; then
   variants=limit,pipeline,sentence_transformers,host_only,tokenize_only
   if nvidia-smi -L >/dev/null 2>&1; then st_device=cuda; fi
 fi
+# On a TPU, the encoder's layers as one Pallas kernel each (--layer_kernel pallas) beside XLA's.
+if "$PY" -c "import jax, sys; sys.exit(jax.default_backend() != 'tpu')" 2>/dev/null; then
+  variants=$variants,limit_pallas,pipeline_pallas
+fi
 variants=${EMBED_VARIANTS:-$variants}
 # The flagship against its limit (its own packed batches alone, warm) and its peers, on the
 # same texts; a run past --timeout is stopped with its threads' stacks printed.

@@ -14,6 +14,8 @@ rotated order; the table shows medians:
   (``bench/_lib/limit.py``): the fastest the flagship could run here.
 * ``pipeline``: ``pipelines.embed`` end to end on the FnApiRunner, Parquet in and out, timed
   from ``run()`` called to the job finished; ``pipeline_float32``: with ``--matmuls float32``.
+* ``limit_pallas``, ``pipeline_pallas``: the same with ``--layer_kernel pallas``, each
+  encoder layer one Pallas kernel (on a TPU; elsewhere Pallas's interpreter, far slower).
 * ``sentence_transformers`` (``_bf16``: under ``torch.autocast(bfloat16)``): ``encode`` after
   a warm-up batch, in an interpreter with torch (``--st-python``), on ``--st-device``.
 * ``runinference``: the same JAX model under stock ``RunInference``, tuned as a careful user
@@ -52,10 +54,12 @@ from bench._lib import harness  # noqa: E402
 
 DEFAULT_ST_PYTHON = "/tmp/refvenv/bin/python"
 # The variants that compile inside their clock (their first round with an empty cache).
-COMPILING = ("pipeline", "pipeline_float32", "runinference", "host_only")
+COMPILING = ("pipeline", "pipeline_float32", "pipeline_pallas", "runinference", "host_only")
 # Ratios printed under the table: ours over theirs, from their warm medians (else medians).
 PAIRS = (
     ("pipeline", "limit"),
+    ("limit_pallas", "limit"),
+    ("pipeline_pallas", "limit_pallas"),
     ("host_only", "limit"),
     ("pipeline", "sentence_transformers"),
     ("pipeline_float32", "sentence_transformers"),
@@ -74,7 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--quick", action="store_true", help="300 texts, one round (one warm run in --profile)")
     add("--rounds", type=int, default=3, help="turns per variant (median)")
     add("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPUs each run uses")
-    add("--variants", default=",".join(ev.VARIANTS), help="comma-separated, of %(default)s")
+    add(
+        "--variants",
+        default=",".join(ev.DEFAULT_VARIANTS),
+        help=f"comma-separated, of {','.join(ev.VARIANTS)} (default %(default)s)",
+    )
     add("--parquet", help="a corpus of your own: a Parquet file (default: the built-in texts)")
     add("--column", default="text", help="the --parquet file's text column")
     add("--model_dir", help="a sentence-transformers model directory (default: MiniLM's)")

@@ -15,7 +15,8 @@ make small) and to the device's matmul precision: a TPU multiplies float32 input
 to bfloat16 by default (8 significant bits), an NVIDIA GPU of compute capability 8.0 or
 later in TF32 (11 bits), a CPU in float32 (24 bits); ``precision=HIGHEST`` asks every
 device for float32 products. The flagship's encoder (all-MiniLM-L6-v2's shapes, random
-weights: ``tools/make_random_minilm.py``) runs on the device through ``EmbedText`` and is
+weights: ``tools/make_random_minilm.py``) runs on the device through ``EmbedText``, with
+XLA's layers and with each layer as one Pallas kernel (``layer_kernel="pallas"``), and is
 compared with the float32 encoder on the CPU by cosine. Every test runs a real pipeline on
 the FnApiRunner, in this process (no sockets).
 """
@@ -379,15 +380,21 @@ def reference(minilm) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "matmuls, batching, least", [("float32", "buckets", 0.9999), ("bfloat16", "packed", 0.999)]
+    "matmuls, batching, layers, least",
+    [
+        ("float32", "buckets", "xla", 0.9999),
+        ("bfloat16", "packed", "xla", 0.999),
+        ("bfloat16", "packed", "pallas", 0.999),
+        ("bfloat16", "buckets", "pallas", 0.999),
+    ],
 )
 def test_the_flagship_encoder_on_the_device_matches_float32_on_the_cpu(
-    minilm, reference, matmuls, batching, least
+    minilm, reference, matmuls, batching, layers, least
 ):
     from beam_jax.text import EmbedText, SentenceEncoder
 
     path, texts = minilm
-    encoder = SentenceEncoder.from_dir(path, matmuls=matmuls)
+    encoder = SentenceEncoder.from_dir(path, matmuls=matmuls, layer_kernel=layers)
     # One batch size per bucket or row length: a few compiles of a 6-layer model.
     plan = (
         bj.Bucketing(boundaries={"L": (64, 128, 256)}, batch_size=16, batch_sizes=(16,))
@@ -412,8 +419,9 @@ def test_the_flagship_encoder_on_the_device_matches_float32_on_the_cpu(
         cosine = (vectors * reference).sum(1) / (
             np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference, axis=1)
         )
-        print(f"encoder {matmuls} {batching}: least cosine {cosine.min():.6f}", file=sys.stderr)
-        assert cosine.min() >= least, (matmuls, batching, float(cosine.min()), least)
+        least_seen = f"least cosine {cosine.min():.6f}"
+        print(f"encoder {matmuls} {batching} {layers}: {least_seen}", file=sys.stderr)
+        assert cosine.min() >= least, (matmuls, batching, layers, float(cosine.min()), least)
 
     assert_that(rows, check)
     assert_that(failed, lambda dead: not dead or pytest.fail(f"dead letters: {dead}"), label="Dead")

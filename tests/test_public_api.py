@@ -139,6 +139,7 @@ TEXT = {
     "segment_attention_bias",
     "read_weights",
     "MATMULS",
+    "LAYER_KERNELS",
     "MAX_TOKENIZED_CHARS",
     # text to try them on
     "builtin_corpus",

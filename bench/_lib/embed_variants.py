@@ -13,12 +13,20 @@ from bench._lib import harness
 
 BATCH_SIZE = 64
 DIM = 384
-# The flagship's variants: its flags beside the benchmark's --pipeline-args.
-FLAGSHIPS = {"pipeline": [], "pipeline_float32": ["--matmuls", "float32"]}
+# The flagship's variants, and its limit's: their flags beside the benchmark's --pipeline-args.
+PALLAS = ["--layer_kernel", "pallas"]
+FLAGSHIPS = {
+    "pipeline": [],
+    "pipeline_float32": ["--matmuls", "float32"],
+    "pipeline_pallas": PALLAS,
+}
+LIMITS = {"limit": [], "limit_pallas": PALLAS}
 # sentence-transformers in each precision: the torch dtype it computes in.
 ST_VARIANTS = {"sentence_transformers": "float32", "sentence_transformers_bf16": "bfloat16"}
-VARIANTS = ("limit", *FLAGSHIPS, *ST_VARIANTS, "runinference", "host_only", "tokenize_only")
-MODEL_VARIANTS = ("limit", *FLAGSHIPS, *ST_VARIANTS, "runinference")
+VARIANTS = (*LIMITS, *FLAGSHIPS, *ST_VARIANTS, "runinference", "host_only", "tokenize_only")
+MODEL_VARIANTS = (*LIMITS, *FLAGSHIPS, *ST_VARIANTS, "runinference")
+# Run when named: off a TPU the Pallas layers run in Pallas's interpreter.
+DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v not in ("limit_pallas", "pipeline_pallas"))
 
 # Runs in the interpreter that has sentence-transformers (and torch); needs no jax.
 ST_SCRIPT = r"""
@@ -218,10 +226,10 @@ def child(variant: str, cfg_path: str) -> None:
     """Runs ``variant`` on the config the parent wrote, pinned to its CPUs; emits its result."""
     cfg = json.loads(Path(cfg_path).read_text())
     harness.pin(cfg["threads"])
-    if variant == "limit":
+    if variant in LIMITS:
         from bench._lib.limit import run_limit
 
-        out = run_limit(cfg)
+        out = run_limit({**cfg, "pipeline_args": cfg["pipeline_args"] + LIMITS[variant]})
     elif variant == "profile":
         from bench._lib.profile import profiled_run
 

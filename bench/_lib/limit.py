@@ -29,7 +29,9 @@ def flagship_plan(cfg: dict):
     args, options = parse_args(
         ["--input", cfg["parquet"], "--output", cfg["out"], *cfg["pipeline_args"]]
     )
-    model = SentenceEncoder.from_dir(args.model_dir, matmuls=args.matmuls)
+    model = SentenceEncoder.from_dir(
+        args.model_dir, matmuls=args.matmuls, layer_kernel=args.layer_kernel
+    )
     launch = plan.plan_for(args, Inputs.from_args(args), jobs.devices_per_worker(options), model)
     if launch.packing is None:
         raise SystemExit(
@@ -59,7 +61,8 @@ def run_limit(cfg: dict) -> dict:
     batches = [b for r in results for b in r.batches]
     print(
         f"limit: {len(ids)} texts in {len(batches)} packed batches on {device()}; plan "
-        f"{describe(packing.packing)}; {model.resolved_matmuls()} matmuls",
+        f"{describe(packing.packing)}; {model.resolved_matmuls()} matmuls, "
+        f"{model.layer_kernel} layers",
         flush=True,
     )
     fn = jax.jit(jax.vmap(model.packed_fn, in_axes=(None, 0, 0)))
@@ -88,6 +91,7 @@ def run_limit(cfg: dict) -> dict:
         "seconds": seconds,
         "device": device(),
         "matmuls": model.resolved_matmuls(),
+        "layer_kernel": model.layer_kernel,
         "batches": len(batches),
         "shapes": len(shapes),
         "compile_s": sum(shapes.values()),

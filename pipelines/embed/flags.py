@@ -189,6 +189,13 @@ def _parser() -> argparse.ArgumentParser:
         "local runners",
     )
     add(
+        "--layer_kernel",
+        choices=text.LAYER_KERNELS,
+        default="xla",
+        help="how each encoder layer runs: xla (default), as XLA's ops; pallas, as one Pallas "
+        "kernel keeping the layer's activations on the chip (TPU)",
+    )
+    add(
         "--model_manifest",
         help="a manifest (tools/make_minilm_manifest.py --out) that the "
         "--model_dir files must match, checked at launch and on each worker",

@@ -278,7 +278,10 @@ def run(
         jobs.open_local_devices()  # opening a TPU takes seconds: overlap it with the launch
     # A tampered or incomplete model fails the launch, naming the file.
     model = SentenceEncoder.from_dir(
-        args.model_dir, manifest=args.model_manifest, matmuls=args.matmuls
+        args.model_dir,
+        manifest=args.model_manifest,
+        matmuls=args.matmuls,
+        layer_kernel=args.layer_kernel,
     )
     local = jobs.is_local(options.view_as(StandardOptions).runner)
     if args.matmuls == "auto" and local and not jobs.is_dry_run(options):

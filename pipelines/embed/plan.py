@@ -140,7 +140,10 @@ def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None)
         )
         return LaunchPlan(None, fixed, rows=sample_texts(inputs, 0)[1])
     model = model or text.SentenceEncoder.from_dir(
-        args.model_dir, manifest=args.model_manifest, matmuls=args.matmuls
+        args.model_dir,
+        manifest=args.model_manifest,
+        matmuls=args.matmuls,
+        layer_kernel=args.layer_kernel,
     )
     texts, rows = sample_texts(inputs, args.plan_sample)
     total = max(rows.rows or len(texts), 1)

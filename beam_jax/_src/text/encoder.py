@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from beam_jax._src.text import fused
 from beam_jax._src.text.config import BertConfig
 from beam_jax._src.text.params import Params
 
@@ -36,8 +37,6 @@ MASK_VALUE = -1e30
 # Full float32 matmuls. XLA's CPU default already is, but on GPU/TPU the default may use
 # bf16/tf32 passes, which would lose the cosine >= 0.9999 agreement with torch.
 PRECISION = jax.lax.Precision.HIGHEST
-# Rows at least this long multiply attention in bfloat16 when the dense layers do.
-_BFLOAT16_ATTENTION_FROM = 128
 POOLING = ("mean", "cls", "max")
 """The pooling modes: the mean of a text's token vectors, its first ([CLS]) token's vector,
 or their elementwise maximum (sentence-transformers' ``pooling_mode_*_token(s)``)."""
@@ -133,7 +132,7 @@ def _attention(x: jax.Array, bias: jax.Array, p: Params, config: BertConfig) -> 
     # inputs in bfloat16 (sums in float32): on a TPU v5e, 2.1x faster at 256 tokens with a
     # cosine of 0.999998 to the float32 attention; at 64 tokens the float32 form ran faster
     # (0.9x), so short rows keep it.
-    low = p["query"]["w"].dtype == jnp.bfloat16 and length >= _BFLOAT16_ATTENTION_FROM
+    low = p["query"]["w"].dtype == jnp.bfloat16 and length >= fused.BFLOAT16_ATTENTION_FROM
     cast = (lambda y: y.astype(jnp.bfloat16)) if low else (lambda y: y)
     products = {"preferred_element_type": jnp.float32} if low else {"precision": PRECISION}
     logits = jnp.einsum("hqd,hkd->hqk", cast(q), cast(k), **products)
@@ -150,6 +149,7 @@ def encode_tokens(
     positions: jax.Array,
     attention_bias: jax.Array,
     config: BertConfig,
+    kernel: str = "xla",
 ) -> jax.Array:
     """The BERT-family layer stack, shared by the padded and the packed forward pass.
 
@@ -164,6 +164,8 @@ def encode_tokens(
         attention_bias: float32[L, L] or [1, L], added to every head's attention logits
             (query by key): 0 where a query may attend to a key, ``MASK_VALUE`` where not.
         config: The encoder's shape.
+        kernel: One of ``fused.LAYER_KERNELS``: ``"pallas"`` runs each layer as one Pallas
+            kernel where ``fused.unsupported`` finds nothing against it, else as XLA's ops.
 
     Returns:
         float32[L, hidden_size], the last layer's token vectors.
@@ -181,6 +183,9 @@ def encode_tokens(
         relative = _relative_bias(positions, params["relative_attention_bias"], config)
         bias = relative + attention_bias[None, :, :]
     for layer in params["layers"]:
+        if kernel == "pallas" and not fused.unsupported(config, x.shape[0]):
+            x = fused.layer(x, bias, layer, config)
+            continue
         attended = _attention(x, bias, layer, config)
         x = _layer_norm(x + attended, layer["attention_norm"], config.layer_norm_eps)
         hidden = _activation(_dense(x, layer["intermediate"]), config.hidden_act)
@@ -229,6 +234,7 @@ def embed(
     config: BertConfig,
     pooling: str = "mean",
     normalize: bool = True,
+    kernel: str = "xla",
 ) -> jax.Array:
     """Embeds one tokenized text: BERT, pooling over its real tokens, optional L2 norm.
 
@@ -239,6 +245,7 @@ def embed(
         config: The encoder's shape.
         pooling: One of :data:`POOLING`.
         normalize: Scale the vector to unit length.
+        kernel: ``"xla"`` or ``"pallas"`` (:func:`encode_tokens`).
 
     Returns:
         float32[hidden_size].
@@ -261,7 +268,7 @@ def embed(
     mask = mask.astype(jnp.bool_)
     key_bias = jnp.where(mask, jnp.float32(0), jnp.float32(MASK_VALUE))
     positions = jnp.arange(length, dtype=jnp.int32)
-    x = encode_tokens(params, input_ids, positions, key_bias[None, :], config)
+    x = encode_tokens(params, input_ids, positions, key_bias[None, :], config, kernel)
     members = mask.astype(jnp.float32)[None, :]
     first = ((positions == 0) & mask).astype(jnp.float32)[None, :]
     pooled = pool(x, members, first, pooling)[0]

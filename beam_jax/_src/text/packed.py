@@ -39,6 +39,7 @@ def embed_packed(
     config: BertConfig,
     pooling: str = "mean",
     normalize: bool = True,
+    kernel: str = "xla",
 ) -> jax.Array:
     """Embeds every text packed in one row: the vectors the padded form gives each alone.
 
@@ -51,6 +52,7 @@ def embed_packed(
         config: The encoder's shape.
         pooling: ``mean``, ``cls`` or ``max``, per text.
         normalize: Scale each vector to unit length.
+        kernel: ``"xla"`` or ``"pallas"`` (``encoder.encode_tokens``).
 
     Returns:
         float32[num_segments, hidden_size]; zeros for segments with no tokens.
@@ -65,7 +67,8 @@ def embed_packed(
             "jax.vmap for a batch of rows"
         )
     segment_ids = segment_ids.astype(jnp.int32)
-    x = encode_tokens(params, input_ids, positions, segment_attention_bias(segment_ids), config)
+    bias = segment_attention_bias(segment_ids)
+    x = encode_tokens(params, input_ids, positions, bias, config, kernel)
     which = jnp.arange(1, num_segments + 1, dtype=jnp.int32)
     member = which[:, None] == segment_ids[None, :]  # [S, L]
     first = member & (positions.astype(jnp.int32) == 0)[None, :]

@@ -14,9 +14,9 @@ import numpy as np
 
 from beam_jax._src.core.spec import ArraySpec
 from beam_jax._src.errors import SpecError
+from beam_jax._src.text import fused, remote
 from beam_jax._src.text import matmuls as mm
 from beam_jax._src.text import model_dir as md
-from beam_jax._src.text import remote
 from beam_jax._src.text.config import BertConfig
 from beam_jax._src.text.encoder import POOLING, embed
 from beam_jax._src.text.packed import embed_packed
@@ -64,6 +64,10 @@ class SentenceEncoder:
             compute capability >= 8.0, Intel AMX, AMD AVX-512 bfloat16), decided from the
             device, not timed, by each worker process when it loads the weights (see
             ``beam_jax._src.text.matmuls``).
+        layer_kernel: How each encoder layer runs: ``"xla"``, as XLA's ops; ``"pallas"``,
+            as one Pallas kernel that keeps the layer's activations on the chip (on a TPU;
+            elsewhere Pallas's interpreter runs it, far slower: for tests). Layers the
+            kernel does not take (``fused.unsupported``) run as XLA's ops.
     """
 
     path: str | None
@@ -74,6 +78,7 @@ class SentenceEncoder:
     lowercase: bool = False
     manifest: str | None = None
     matmuls: str = "float32"
+    layer_kernel: str = "xla"
 
     def __post_init__(self):
         if not isinstance(self.config, BertConfig):
@@ -82,6 +87,10 @@ class SentenceEncoder:
             raise SpecError(
                 f"matmuls must be one of {mm.MATMULS}, got {self.matmuls!r}; 'auto' takes "
                 "bfloat16 where the device has bfloat16 matrix units"
+            )
+        if self.layer_kernel not in fused.LAYER_KERNELS:
+            raise SpecError(
+                f"layer_kernel must be one of {fused.LAYER_KERNELS}, got {self.layer_kernel!r}"
             )
         if self.pooling not in POOLING:
             raise SpecError(f"pooling must be one of {POOLING}, got {self.pooling!r}")
@@ -103,6 +112,7 @@ class SentenceEncoder:
         manifest: str | pathlib.Path | None = None,
         max_length: int | None = None,
         matmuls: str = "float32",
+        layer_kernel: str = "xla",
     ) -> SentenceEncoder:
         """Reads a sentence-transformers BERT model directory's configs (not its weights).
 
@@ -123,6 +133,7 @@ class SentenceEncoder:
                 must match, checked now and again before a worker reads them.
             max_length: Most tokens per text; defaults to the model's ``max_seq_length``.
             matmuls: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (the attribute).
+            layer_kernel: ``"xla"`` or ``"pallas"`` (the attribute).
 
         Raises:
             FileNotFoundError: The directory, a file it needs, or the package is missing.
@@ -148,6 +159,7 @@ class SentenceEncoder:
             lowercase=model.lowercase,
             manifest=None if manifest is None else str(manifest),  # as given: see model_dir
             matmuls=matmuls,
+            layer_kernel=layer_kernel,
         )
 
     @property
@@ -241,7 +253,9 @@ class SentenceEncoder:
         input_ids = jnp.asarray(element["input_ids"])
         length = jnp.asarray(lengths["L"]).astype(jnp.int32)
         mask = jnp.arange(input_ids.shape[0], dtype=jnp.int32) < length
-        return embed(params, input_ids, mask, self.config, self.pooling, self.normalize)
+        return embed(
+            params, input_ids, mask, self.config, self.pooling, self.normalize, self.layer_kernel
+        )
 
     def packed_fn(
         self, params: Params, element: Mapping[str, jax.Array], segments: Any
@@ -269,6 +283,7 @@ class SentenceEncoder:
             self.config,
             self.pooling,
             self.normalize,
+            self.layer_kernel,
         )
 
     def flops_per_token(self, length: int) -> int:

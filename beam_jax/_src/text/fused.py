@@ -1,0 +1,191 @@
+"""One encoder layer as one Pallas kernel: a row's activations stay in on-chip memory (a
+TPU's VMEM) from the query, key and value projection to the layer's last norm.
+
+XLA fuses at most one matmul per fusion, so the per-layer path (``encoder.py``) writes every
+matmul's output to memory and reads it back; at MiniLM's widths that traffic, not the
+matrix units, bounds a layer. Here a layer reads its input row and weights once and writes
+its output once.
+
+Attention runs ``128 // head_dim`` heads in one 128-lane pass: the query is repeated once
+per head with every other head's lanes zeroed and the copies stacked along rows, so one
+``[heads·L, 128] x [128, L]`` product gives each head's scores in its own rows, softmax runs
+along lanes, and one product with the values puts each head's context in its own lanes.
+A 32-wide head thus fills the matrix unit as a 128-wide one would, where JAX's flash and
+splash attention kernels fill a quarter of each 128-lane block.
+
+Where the layer is not one this kernel takes (:func:`unsupported`), the caller keeps the
+per-layer path. On devices other than a TPU the kernel runs in Pallas's interpreter: the
+same arithmetic, far slower, for tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from beam_jax._src.text.config import BertConfig
+
+__all__ = ["LAYER_KERNELS", "layer", "unsupported"]
+
+LAYER_KERNELS = ("xla", "pallas")
+"""How the encoder's layers run: ``xla``, each as XLA's ops (every device); ``pallas``, each as
+one Pallas kernel (:func:`layer`) where :func:`unsupported` finds nothing against it."""
+
+BFLOAT16_ATTENTION_FROM = 128
+"""Rows at least this long multiply attention in bfloat16 when the dense layers do (both
+paths); shorter rows keep it in float32."""
+_LANES = 128
+_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
+_HIGHEST = jax.lax.Precision.HIGHEST
+_VMEM_CAP = 100 * 2**20  # of a v5e's 128 MiB
+
+
+def unsupported(config: BertConfig, length: int) -> str | None:
+    """Why a layer of ``config`` over rows of ``length`` cannot run as one kernel, or None.
+
+    The kernel takes a hidden size that is a whole number of 128-lane groups, heads that
+    divide 128 lanes, rows a whole number of 8 sublanes, and the activations it implements.
+    """
+    if config.hidden_size % _LANES or _LANES % config.head_dim:
+        return f"hidden size {config.hidden_size}, head size {config.head_dim}"
+    if length % 8:
+        return f"rows of {length} tokens (a multiple of 8 is needed)"
+    if config.hidden_act not in _ACTIVATIONS:
+        return f"activation {config.hidden_act!r}"
+    return None
+
+
+def _erf(x: jax.Array) -> jax.Array:
+    """erf from ``exp`` alone (Abramowitz and Stegun 7.1.26, absolute error <= 1.5e-7)."""
+    a = jnp.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = (
+        (((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592
+    ) * t
+    y = 1.0 - poly * jnp.exp(-a * a)
+    return jnp.where(x < 0, -y, y)
+
+
+def _activate(h: jax.Array, name: str) -> jax.Array:
+    if name == "gelu":
+        return 0.5 * h * (1.0 + _erf(h * (2**-0.5)))
+    if name == "relu":
+        return jnp.maximum(h, 0.0)
+    return 0.5 * h * (1.0 + jnp.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h * h * h)))
+
+
+def _norm(y: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
+    mean = jnp.mean(y, axis=-1, keepdims=True)
+    centred = y - mean
+    var = jnp.mean(centred * centred, axis=-1, keepdims=True)
+    return centred * jax.lax.rsqrt(var + eps) * scale + bias
+
+
+def _dot(a: jax.Array, w: jax.Array) -> jax.Array:
+    """``a @ w`` as ``encoder._dense`` multiplies: in the weights' dtype, sums in float32."""
+    if w.dtype == jnp.bfloat16:
+        return jnp.dot(a.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+    return jnp.dot(a, w, preferred_element_type=jnp.float32, precision=_HIGHEST)
+
+
+def _kernel(x_ref, bias_ref, *refs, config: BertConfig):
+    wqkv, bqkv, wo, bo, g1, be1, w1, b1, w2, b2, g2, be2, out_ref, qkv_ref, ctx_ref = refs
+    length, hidden = x_ref.shape
+    head_dim = config.head_dim
+    per_pass = _LANES // head_dim  # heads in one 128-lane group
+    x = x_ref[...]
+    qkv_ref[...] = _dot(x, wqkv[...]) + bqkv[...]
+    # As encoder._attention: bfloat16 inputs from BFLOAT16_ATTENTION_FROM tokens, else float32.
+    low = wqkv.dtype == jnp.bfloat16 and length >= BFLOAT16_ATTENTION_FROM
+    dtype = jnp.bfloat16 if low else jnp.float32
+    exact = {"preferred_element_type": jnp.float32} | ({} if low else {"precision": _HIGHEST})
+    head_of_lane = jax.lax.broadcasted_iota(jnp.int32, (length, _LANES), 1) // head_dim
+    shared_bias = bias_ref.shape[0] == length  # one [L, L] bias for every head
+    if shared_bias:
+        shared = jnp.concatenate([bias_ref[...]] * per_pass, axis=0)
+    for g in range(hidden // _LANES):
+        lanes = slice(g * _LANES, (g + 1) * _LANES)
+        q = qkv_ref[:, lanes] * (head_dim**-0.5)
+        k = qkv_ref[:, hidden + g * _LANES : hidden + (g + 1) * _LANES].astype(dtype)
+        v = qkv_ref[:, 2 * hidden + g * _LANES : 2 * hidden + (g + 1) * _LANES].astype(dtype)
+        stacked = jnp.concatenate(
+            [jnp.where(head_of_lane == j, q, 0.0) for j in range(per_pass)], axis=0
+        ).astype(dtype)  # [heads·L, 128]: head j's query in its lanes, zeros elsewhere
+        scores = jax.lax.dot_general(stacked, k, (((1,), (1,)), ((), ())), **exact)
+        scores = scores + (
+            shared
+            if shared_bias
+            else bias_ref[g * per_pass * length : (g + 1) * per_pass * length, :]
+        )
+        scores = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+        total = jnp.sum(scores, axis=-1, keepdims=True)
+        context = jnp.dot(scores.astype(dtype), v, **exact) * (
+            1.0 / total
+        )  # [heads·L, 128]; head j's rows hold its lanes
+        merged = context[:length]
+        for j in range(1, per_pass):
+            merged = jnp.where(head_of_lane == j, context[j * length : (j + 1) * length], merged)
+        ctx_ref[:, lanes] = merged
+    eps = config.layer_norm_eps
+    x = _norm(x + _dot(ctx_ref[...], wo[...]) + bo[...], g1[...], be1[...], eps)
+    h = _activate(_dot(x, w1[...]) + b1[...], config.hidden_act)
+    out_ref[...] = _norm(x + _dot(h, w2[...]) + b2[...], g2[...], be2[...], eps)
+
+
+def layer(x: jax.Array, bias: jax.Array, p: Mapping, config: BertConfig) -> jax.Array:
+    """One encoder layer over one row, as ``encoder.encode_tokens`` computes it.
+
+    Args:
+        x: float32[L, hidden], the layer's input.
+        bias: float32[L, L] (every head) or [heads, L, L], added to the attention logits.
+        p: The layer's weights; dense matrices in bfloat16 multiply in bfloat16, summed in
+            float32, and in float32 at ``Precision.HIGHEST`` otherwise, as XLA's layers do.
+        config: The encoder's shape.
+
+    Returns:
+        float32[L, hidden]. Under ``jax.vmap`` the rows of a batch become the kernel's grid.
+    """
+    length, hidden = x.shape
+    if bias.ndim == 3:
+        bias = jnp.reshape(bias, (-1, length))
+    bias = jnp.broadcast_to(bias, (max(bias.shape[0], length), length)).astype(jnp.float32)
+
+    def row(v):
+        return jnp.reshape(v, (1, -1))
+
+    dense = [p[name] for name in ("query", "key", "value")]
+    args = [
+        x,
+        bias,
+        jnp.concatenate([d["w"] for d in dense], axis=1),
+        row(jnp.concatenate([d["b"] for d in dense])),
+        p["attention_out"]["w"],
+        row(p["attention_out"]["b"]),
+        row(p["attention_norm"]["scale"]),
+        row(p["attention_norm"]["bias"]),
+        p["intermediate"]["w"],
+        row(p["intermediate"]["b"]),
+        p["output"]["w"],
+        row(p["output"]["b"]),
+        row(p["output_norm"]["scale"]),
+        row(p["output_norm"]["bias"]),
+    ]
+    weights = sum(a.size * a.dtype.itemsize for a in args[2:])
+    activations = 4 * length * (4 * hidden + config.intermediate_size + 2 * bias.shape[0])
+    limit = min(_VMEM_CAP, max(16 * 2**20, 2 * weights + 4 * activations))
+    return pl.pallas_call(
+        functools.partial(_kernel, config=config),
+        out_shape=jax.ShapeDtypeStruct((length, hidden), jnp.float32),
+        scratch_shapes=[
+            pltpu.VMEM((length, 3 * hidden), jnp.float32),
+            pltpu.VMEM((length, hidden), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=int(limit)),
+        interpret=jax.default_backend() != "tpu",
+    )(*args)

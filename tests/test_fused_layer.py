@@ -1,0 +1,195 @@
+"""The encoder layer as one Pallas kernel (``layer_kernel="pallas"``), in Pallas's
+interpreter on the CPU, against the XLA layers it replaces: BERT (MiniLM's widths), MPNet
+and XLM-RoBERTa, padded and packed, alone and in a real Beam pipeline with dead letters.
+
+With float32 matmuls both sum in float32 from float32 products: cosine >= 0.99999. With
+bfloat16 matmuls each rounds its own float32 sums to bfloat16 at every layer, so the two
+differ as each differs from float32: both are held to the bound ``--matmuls bfloat16``
+documents against float32."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+
+import apache_beam as beam
+import jax
+import numpy as np
+import pytest
+from apache_beam.testing.util import assert_that
+
+import beam_jax as bj
+from beam_jax._src.text import fused
+from beam_jax._src.text import matmuls as mm
+from beam_jax.text import EmbedTexts, SentenceEncoder
+from tests import tiny_families as tf
+from tools import make_random_minilm as rm
+
+# Hidden sizes of whole 128-lane groups; heads of 32 lanes (MPNet: two groups, each with
+# its own heads' relative-position bias) and of 64 (XLM-R).
+WIDE = {"intermediate": 256, "max_positions": 130, "max_seq_length": 64}
+
+
+def _minilm_two_layers(path):
+    """BERT at all-MiniLM-L6-v2's widths (384, 12 heads of 32: three lane groups), 2 layers."""
+    config = {**rm.CONFIG, "num_hidden_layers": 2, "vocab_size": 2000}
+    return rm.write_random_minilm(path, words=tf.sample_texts(200), config=config)
+
+
+FAMILIES = {
+    "bert": _minilm_two_layers,
+    "mpnet": functools.partial(tf.write_tiny_mpnet, hidden=256, heads=8, **WIDE),
+    "xlm-roberta": functools.partial(tf.write_tiny_xlm_roberta, hidden=128, heads=2, **WIDE),
+}
+ROW = 64  # padded elements: attention in float32 below BFLOAT16_ATTENTION_FROM tokens
+PACKED_ROW = 128  # packed rows: in bfloat16 with bfloat16 matmuls, as the flagship's
+
+
+BFLOAT16_COSINE = 0.9999  # against float32: docs/models.md, tests/test_minilm.py
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def encoders(request, tmp_path_factory):
+    """The family's encoder: XLA's layers and the kernel's, with their float32 weights."""
+    path = FAMILIES[request.param](tmp_path_factory.mktemp(request.param))
+    xla = SentenceEncoder.from_dir(str(path), max_length=48)
+    return xla, dataclasses.replace(xla, layer_kernel="pallas"), xla.load_params()
+
+
+def _bfloat16(encoder, params):
+    """The encoder and its weights with bfloat16 matmuls."""
+    return dataclasses.replace(encoder, matmuls="bfloat16"), mm.cast_dense(params, "bfloat16")
+
+
+def _cosines(a, b) -> np.ndarray:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def _packed(encoder, params, rows: list[list[str]]) -> np.ndarray:
+    """float32[rows, most texts in a row, dim]: each list of texts packed in one row."""
+    ids = np.zeros((len(rows), PACKED_ROW), np.int32)
+    seg, pos = np.zeros_like(ids), np.zeros_like(ids)
+    for r, row in enumerate(rows):
+        at = 0
+        for s, text in enumerate(row, 1):
+            tokens = encoder.tokenizer().encode(text)
+            ids[r, at : at + len(tokens)] = tokens
+            seg[r, at : at + len(tokens)] = s
+            pos[r, at : at + len(tokens)] = np.arange(len(tokens))
+            at += len(tokens)
+    most = max(map(len, rows))
+
+    def one(i, s, p):  # what packed_fn reads of a row's SegmentInfo
+        segments = types.SimpleNamespace(ids=s, positions=p, lengths=np.zeros(most))
+        return encoder.packed_fn(params, {"input_ids": i}, segments)
+
+    return np.asarray(jax.jit(jax.vmap(one))(ids, seg, pos))
+
+
+def _padded(encoder, params, texts: list[str]) -> np.ndarray:
+    ids = np.zeros((len(texts), ROW), np.int32)
+    lengths = np.zeros(len(texts), np.int32)
+    for i, text in enumerate(texts):
+        tokens = encoder.tokenizer().encode(text)
+        ids[i, : len(tokens)], lengths[i] = tokens, len(tokens)
+    fn = jax.jit(jax.vmap(encoder.element_fn, in_axes=(None, 0, 0)))
+    return np.asarray(fn(params, {"input_ids": ids}, {"L": lengths}))
+
+
+def test_the_kernel_takes_these_layers(encoders):
+    assert fused.unsupported(encoders[0].config, ROW) is None
+    assert fused.unsupported(encoders[0].config, PACKED_ROW) is None
+
+
+def test_padded_elements_match_xla_s_layers(encoders):
+    xla, pallas, params = encoders
+    texts = tf.sample_texts(3, seed=11) + ["", "a cat"]
+    want, got = _padded(xla, params, texts), _padded(pallas, params, texts)
+    assert _cosines(got, want).min() >= 0.99999
+    assert not np.array_equal(got, want)  # the kernel ran: its sums are in another order
+    pallas16, params16 = _bfloat16(pallas, params)
+    assert _cosines(_padded(pallas16, params16, texts), want).min() >= BFLOAT16_COSINE
+
+
+def test_packed_rows_match_xla_s_layers_and_row_mates_change_nothing(encoders):
+    xla, pallas, params = encoders
+    texts = tf.sample_texts(4, seed=12)  # at most 48 tokens each
+    rows = [texts[:2], texts[2:], [texts[1]]]  # texts[1] with a row-mate, then alone
+    want, got = _packed(xla, params, rows), _packed(pallas, params, rows)
+    real = np.linalg.norm(want, axis=-1) > 0
+    assert np.array_equal(real, np.linalg.norm(got, axis=-1) > 0)  # empty segments stay zeros
+    assert _cosines(got[real], want[real]).min() >= 0.99999
+    assert _cosines(got[0, 1], got[2, 0]) >= 0.999999
+    pallas16, params16 = _bfloat16(pallas, params)
+    got16 = _packed(pallas16, params16, rows)
+    assert _cosines(got16[real], want[real]).min() >= BFLOAT16_COSINE
+    assert _cosines(got16[0, 1], got16[2, 0]) >= 0.999999
+
+
+def test_layers_the_kernel_does_not_take_run_as_xla_s(tmp_path):
+    narrow = tf.write_tiny_mpnet(tmp_path / "narrow")  # 64 wide: half a lane group
+    xla = SentenceEncoder.from_dir(str(narrow), max_length=48)
+    assert "hidden size 64" in fused.unsupported(xla.config, ROW)
+    params = xla.load_params()
+    texts = tf.sample_texts(3, seed=13)
+    pallas = dataclasses.replace(xla, layer_kernel="pallas")
+    assert np.array_equal(_padded(pallas, params, texts), _padded(xla, params, texts))
+
+
+def test_an_unknown_layer_kernel_is_refused_naming_the_known_ones():
+    with pytest.raises(bj.SpecError, match=r"layer_kernel must be one of \('xla', 'pallas'\)"):
+        SentenceEncoder.from_dir(layer_kernel="mosaic")
+
+
+def test_a_pipeline_embeds_packed_rows_with_the_kernel_and_keeps_dead_letters(tmp_path):
+    model = str(FAMILIES["mpnet"](tmp_path / "mpnet"))
+    xla = SentenceEncoder.from_dir(model)
+    pallas = dataclasses.replace(xla, layer_kernel="pallas")
+    texts = tf.sample_texts(12, seed=14)
+    want = _padded(xla, xla.load_params(), texts)
+    lengths = [len(xla.tokenizer().encode(t)) for t in texts]
+    packing = bj.plan_packing(lengths, max_size=ROW, buffer_size=len(texts))
+    elements = list(enumerate(texts)) + [(99, None)]
+
+    def check(pairs):
+        assert sorted(i for i, _ in pairs) == list(range(len(texts)))
+        got = np.array([vector for _, vector in sorted(pairs, key=lambda kv: kv[0])])
+        assert _cosines(got, want).min() >= 0.99999
+
+    with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
+        vectors, dead = (
+            p
+            | beam.Create(elements)
+            | EmbedTexts(pallas, max_batch_size=8, batching=packing).with_exception_handling()
+        )
+        assert_that(vectors, check)
+        assert_that(
+            dead | beam.Map(lambda record: record.key),
+            lambda ids: ids == [99] or pytest.fail(str(ids)),
+            label="Dead",
+        )
+
+
+def test_the_flagship_runs_the_kernel_with_layer_kernel_pallas(tmp_path, monkeypatch):
+    from tests import flagship as ft
+
+    traced = []  # the layers traced through the kernel, every compiled shape's
+    kernel = fused.layer
+    monkeypatch.setattr(fused, "layer", lambda *a: traced.append(a[0].shape) or kernel(*a))
+
+    model = FAMILIES["mpnet"](tmp_path / "mpnet")
+    xla = SentenceEncoder.from_dir(str(model))
+    texts = tf.sample_texts(10, seed=15)
+    rows = [{"id": i, "text": t} for i, t in enumerate(texts)] + [{"id": 99, "text": None}]
+    source = ft.write_json_lines(tmp_path / "in.jsonl", rows)
+    flags = ("--model_dir", str(model), "--layer_kernel", "pallas", "--matmuls", "float32")
+    ft.run(source, tmp_path / "out", *flags, "--no-progress")
+    table, failed = ft.read_outputs(tmp_path / "out")
+    assert [d["id"] for d in failed] == [99]
+    assert traced and len(traced) % 2 == 0  # both layers of every shape compiled
+    order = np.argsort(table.column("id").to_numpy())
+    got = np.array(table.column("embedding").to_pylist())[order]
+    assert sorted(ft.ids(table)) == list(range(len(texts)))
+    assert _cosines(got, _padded(xla, xla.load_params(), texts)).min() >= 0.99999
