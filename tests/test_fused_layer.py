@@ -42,8 +42,7 @@ FAMILIES = {
     "mpnet": functools.partial(tf.write_tiny_mpnet, hidden=256, heads=8, **WIDE),
     "xlm-roberta": functools.partial(tf.write_tiny_xlm_roberta, hidden=128, heads=2, **WIDE),
 }
-ROW = 64  # padded elements: attention in float32 below BFLOAT16_ATTENTION_FROM tokens
-PACKED_ROW = 128  # packed rows: in bfloat16 with bfloat16 matmuls, as the flagship's
+ROW = 128  # padded elements and packed rows: the kernel takes whole 128-lane groups
 
 
 BFLOAT16_COSINE = 0.9999  # against float32: docs/models.md, tests/test_minilm.py
@@ -69,7 +68,7 @@ def _cosines(a, b) -> np.ndarray:
 
 def _packed(encoder, params, rows: list[list[str]]) -> np.ndarray:
     """float32[rows, most texts in a row, dim]: each list of texts packed in one row."""
-    ids = np.zeros((len(rows), PACKED_ROW), np.int32)
+    ids = np.zeros((len(rows), ROW), np.int32)
     seg, pos = np.zeros_like(ids), np.zeros_like(ids)
     for r, row in enumerate(rows):
         at = 0
@@ -88,8 +87,8 @@ def _packed(encoder, params, rows: list[list[str]]) -> np.ndarray:
     return np.asarray(jax.jit(jax.vmap(one))(ids, seg, pos))
 
 
-def _padded(encoder, params, texts: list[str]) -> np.ndarray:
-    ids = np.zeros((len(texts), ROW), np.int32)
+def _padded(encoder, params, texts: list[str], length: int = ROW) -> np.ndarray:
+    ids = np.zeros((len(texts), length), np.int32)
     lengths = np.zeros(len(texts), np.int32)
     for i, text in enumerate(texts):
         tokens = encoder.tokenizer().encode(text)
@@ -100,7 +99,7 @@ def _padded(encoder, params, texts: list[str]) -> np.ndarray:
 
 def test_the_kernel_takes_these_layers(encoders):
     assert fused.unsupported(encoders[0].config, ROW) is None
-    assert fused.unsupported(encoders[0].config, PACKED_ROW) is None
+    assert fused.unsupported(encoders[0].config, 2 * ROW) is None
 
 
 def test_padded_elements_match_xla_s_layers(encoders):
@@ -135,7 +134,12 @@ def test_layers_the_kernel_does_not_take_run_as_xla_s(tmp_path):
     params = xla.load_params()
     texts = tf.sample_texts(3, seed=13)
     pallas = dataclasses.replace(xla, layer_kernel="pallas")
-    assert np.array_equal(_padded(pallas, params, texts), _padded(xla, params, texts))
+    assert np.array_equal(_padded(pallas, params, texts, 64), _padded(xla, params, texts, 64))
+    assert "rows of 64 tokens" in fused.unsupported(SentenceEncoder.from_dir().config, 64)
+    minilm = SentenceEncoder.from_dir(max_length=48)
+    params = minilm.load_params()
+    short = dataclasses.replace(minilm, layer_kernel="pallas")
+    assert np.array_equal(_padded(short, params, texts, 64), _padded(minilm, params, texts, 64))
 
 
 def test_an_unknown_layer_kernel_is_refused_naming_the_known_ones():
@@ -184,7 +188,8 @@ def test_the_flagship_runs_the_kernel_with_layer_kernel_pallas(tmp_path, monkeyp
     texts = tf.sample_texts(10, seed=15)
     rows = [{"id": i, "text": t} for i, t in enumerate(texts)] + [{"id": 99, "text": None}]
     source = ft.write_json_lines(tmp_path / "in.jsonl", rows)
-    flags = ("--model_dir", str(model), "--layer_kernel", "pallas", "--matmuls", "float32")
+    flags = ("--model_dir", str(model), "--layer_kernel", "pallas", "--matmuls", "float32",
+             "--batching", "buckets", "--buckets", str(ROW))  # fmt: skip
     ft.run(source, tmp_path / "out", *flags, "--no-progress")
     table, failed = ft.read_outputs(tmp_path / "out")
     assert [d["id"] for d in failed] == [99]

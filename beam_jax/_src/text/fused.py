@@ -49,13 +49,14 @@ _VMEM_CAP = 100 * 2**20  # of a v5e's 128 MiB
 def unsupported(config: BertConfig, length: int) -> str | None:
     """Why a layer of ``config`` over rows of ``length`` cannot run as one kernel, or None.
 
-    The kernel takes a hidden size that is a whole number of 128-lane groups, heads that
-    divide 128 lanes, rows a whole number of 8 sublanes, and the activations it implements.
+    The kernel takes a hidden size and rows that are whole numbers of 128-lane groups (the
+    packed rows and the longer buckets on a TPU), heads that divide 128 lanes, and the
+    activations it implements.
     """
     if config.hidden_size % _LANES or _LANES % config.head_dim:
         return f"hidden size {config.hidden_size}, head size {config.head_dim}"
-    if length % 8:
-        return f"rows of {length} tokens (a multiple of 8 is needed)"
+    if length % _LANES:
+        return f"rows of {length} tokens (a multiple of {_LANES} is needed)"
     if config.hidden_act not in _ACTIVATIONS:
         return f"activation {config.hidden_act!r}"
     return None
@@ -105,7 +106,8 @@ def _kernel(x_ref, bias_ref, *refs, config: BertConfig):
     low = wqkv.dtype == jnp.bfloat16 and length >= BFLOAT16_ATTENTION_FROM
     dtype = jnp.bfloat16 if low else jnp.float32
     exact = {"preferred_element_type": jnp.float32} | ({} if low else {"precision": _HIGHEST})
-    head_of_lane = jax.lax.broadcasted_iota(jnp.int32, (length, _LANES), 1) // head_dim
+    lane = jax.lax.broadcasted_iota(jnp.int32, (length, _LANES), 1)
+    head_of_lane = lane >> (head_dim.bit_length() - 1)  # head_dim divides 128: a power of 2
     shared_bias = bias_ref.shape[0] == length  # one [L, L] bias for every head
     if shared_bias:
         shared = jnp.concatenate([bias_ref[...]] * per_pass, axis=0)
