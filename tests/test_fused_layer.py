@@ -198,3 +198,21 @@ def test_the_flagship_runs_the_kernel_with_layer_kernel_pallas(tmp_path, monkeyp
     got = np.array(table.column("embedding").to_pylist())[order]
     assert sorted(ft.ids(table)) == list(range(len(texts)))
     assert _cosines(got, _padded(xla, xla.load_params(), texts)).min() >= 0.99999
+
+
+def test_a_batch_runs_in_blocks_of_rows_as_each_row_alone(tmp_path):
+    model = FAMILIES["xlm-roberta"](tmp_path / "xlmr")  # 128 wide: 9 rows of 128 in 3 blocks
+    config = SentenceEncoder.from_dir(str(model)).config
+    layer = jax.tree.map(jax.numpy.asarray, SentenceEncoder.from_dir(str(model)).load_params())
+    layer = mm.cast_dense(layer, "bfloat16")["layers"][0]
+    rng = np.random.default_rng(16)
+    x = rng.normal(size=(9, ROW, config.hidden_size)).astype(np.float32)
+    bias = np.where(rng.random((9, ROW, ROW)) < 0.8, 0, -1e30).astype(np.float32)
+    blocks = jax.jit(jax.vmap(lambda x, b: fused.layer(x, b, layer, config)))(x, bias)
+    alone = [fused.layer(x[i], bias[i], layer, config) for i in (0, 4, 8)]
+    np.testing.assert_allclose(np.asarray(blocks)[[0, 4, 8]], np.stack(alone), atol=1e-5)
+    # Weights that differ by row: the kernel mapped row by row.
+    twice = jax.tree.map(lambda w: jax.numpy.stack([w, 2 * w]), layer)
+    mapped = jax.vmap(lambda w, x, b: fused.layer(x, b, w, config))(twice, x[:2], bias[:2])
+    np.testing.assert_allclose(np.asarray(mapped)[0], np.asarray(alone[0]), atol=1e-5)
+    assert not np.allclose(np.asarray(mapped)[1], np.asarray(blocks)[1], atol=1e-2)

@@ -3,8 +3,10 @@ TPU's VMEM) from the query, key and value projection to the layer's last norm.
 
 XLA fuses at most one matmul per fusion, so the per-layer path (``encoder.py``) writes every
 matmul's output to memory and reads it back; at MiniLM's widths that traffic, not the
-matrix units, bounds a layer. Here a layer reads its input row and weights once and writes
-its output once.
+matrix units, bounds a layer. Here a layer reads its input rows and weights once and writes
+its output once. Under ``jax.vmap`` (how the engine runs a row's kernel over a batch) the
+rows run in blocks of up to 1,024 tokens, one program each: every dense matmul takes the
+whole block, attention runs row by row within it.
 
 Attention runs ``128 // head_dim`` heads in one 128-lane pass: the query is repeated once
 per head with every other head's lanes zeroed and the copies stacked along rows, so one
@@ -43,6 +45,7 @@ paths); shorter rows keep it in float32."""
 _LANES = 128
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 _HIGHEST = jax.lax.Precision.HIGHEST
+_BLOCK_TOKENS = 1024  # a program's rows, end to end
 _VMEM_CAP = 100 * 2**20  # of a v5e's 128 MiB
 
 
@@ -95,12 +98,12 @@ def _dot(a: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.dot(a, w, preferred_element_type=jnp.float32, precision=_HIGHEST)
 
 
-def _kernel(x_ref, bias_ref, *refs, config: BertConfig):
+def _kernel(x_ref, bias_ref, *refs, config: BertConfig, length: int):
     wqkv, bqkv, wo, bo, g1, be1, w1, b1, w2, b2, g2, be2, out_ref, qkv_ref, ctx_ref = refs
-    length, hidden = x_ref.shape
+    tokens, hidden = x_ref.shape
     head_dim = config.head_dim
     per_pass = _LANES // head_dim  # heads in one 128-lane group
-    x = x_ref[...]
+    x = x_ref[...]  # the block's rows end to end: every dense matmul takes them all at once
     qkv_ref[...] = _dot(x, wqkv[...]) + bqkv[...]
     # As encoder._attention: bfloat16 inputs from BFLOAT16_ATTENTION_FROM tokens, else float32.
     low = wqkv.dtype == jnp.bfloat16 and length >= BFLOAT16_ATTENTION_FROM
@@ -108,63 +111,52 @@ def _kernel(x_ref, bias_ref, *refs, config: BertConfig):
     exact = {"preferred_element_type": jnp.float32} | ({} if low else {"precision": _HIGHEST})
     lane = jax.lax.broadcasted_iota(jnp.int32, (length, _LANES), 1)
     head_of_lane = lane >> (head_dim.bit_length() - 1)  # head_dim divides 128: a power of 2
-    shared_bias = bias_ref.shape[0] == length  # one [L, L] bias for every head
-    if shared_bias:
-        shared = jnp.concatenate([bias_ref[...]] * per_pass, axis=0)
-    for g in range(hidden // _LANES):
-        lanes = slice(g * _LANES, (g + 1) * _LANES)
-        q = qkv_ref[:, lanes] * (head_dim**-0.5)
-        k = qkv_ref[:, hidden + g * _LANES : hidden + (g + 1) * _LANES].astype(dtype)
-        v = qkv_ref[:, 2 * hidden + g * _LANES : 2 * hidden + (g + 1) * _LANES].astype(dtype)
-        stacked = jnp.concatenate(
-            [jnp.where(head_of_lane == j, q, 0.0) for j in range(per_pass)], axis=0
-        ).astype(dtype)  # [heads·L, 128]: head j's query in its lanes, zeros elsewhere
-        scores = jax.lax.dot_general(stacked, k, (((1,), (1,)), ((), ())), **exact)
-        scores = scores + (
-            shared
-            if shared_bias
-            else bias_ref[g * per_pass * length : (g + 1) * per_pass * length, :]
-        )
-        scores = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-        total = jnp.sum(scores, axis=-1, keepdims=True)
-        context = jnp.dot(scores.astype(dtype), v, **exact) * (
-            1.0 / total
-        )  # [heads·L, 128]; head j's rows hold its lanes
-        merged = context[:length]
-        for j in range(1, per_pass):
-            merged = jnp.where(head_of_lane == j, context[j * length : (j + 1) * length], merged)
-        ctx_ref[:, lanes] = merged
+
+    def attend(r, carry):  # attention within row r of the block
+        span = pl.ds(pl.multiple_of(r * length, length), length)
+        bias = bias_ref[r]  # [L, L] for every head, or [heads·L, L]
+        if bias.shape[0] == length:
+            bias = jnp.concatenate([bias] * per_pass, axis=0)
+        for g in range(hidden // _LANES):
+            lanes = [pl.ds(part * hidden + g * _LANES, _LANES) for part in range(3)]
+            q = qkv_ref[span, lanes[0]] * (head_dim**-0.5)
+            k, v = (qkv_ref[span, lanes[i]].astype(dtype) for i in (1, 2))
+            stacked = jnp.concatenate(
+                [jnp.where(head_of_lane == j, q, 0.0) for j in range(per_pass)], axis=0
+            ).astype(dtype)  # [heads·L, 128]: head j's query in its lanes, zeros elsewhere
+            scores = jax.lax.dot_general(stacked, k, (((1,), (1,)), ((), ())), **exact)
+            if bias.shape[0] > per_pass * length:  # each head its own bias
+                scores = scores + bias[g * per_pass * length : (g + 1) * per_pass * length]
+            else:
+                scores = scores + bias
+            scores = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+            total = jnp.sum(scores, axis=-1, keepdims=True)
+            # [heads·L, 128]: head j's context in its lanes of its rows.
+            context = jnp.dot(scores.astype(dtype), v, **exact) * (1.0 / total)
+            merged = context[:length]
+            for j in range(1, per_pass):
+                merged = jnp.where(
+                    head_of_lane == j, context[j * length : (j + 1) * length], merged
+                )
+            ctx_ref[span, lanes[0]] = merged
+        return carry
+
+    jax.lax.fori_loop(0, tokens // length, attend, 0)
     eps = config.layer_norm_eps
     x = _norm(x + _dot(ctx_ref[...], wo[...]) + bo[...], g1[...], be1[...], eps)
     h = _activate(_dot(x, w1[...]) + b1[...], config.hidden_act)
     out_ref[...] = _norm(x + _dot(h, w2[...]) + b2[...], g2[...], be2[...], eps)
 
 
-def layer(x: jax.Array, bias: jax.Array, p: Mapping, config: BertConfig) -> jax.Array:
-    """One encoder layer over one row, as ``encoder.encode_tokens`` computes it.
-
-    Args:
-        x: float32[L, hidden], the layer's input.
-        bias: float32[L, L] (every head) or [heads, L, L], added to the attention logits.
-        p: The layer's weights; dense matrices in bfloat16 multiply in bfloat16, summed in
-            float32, and in float32 at ``Precision.HIGHEST`` otherwise, as XLA's layers do.
-        config: The encoder's shape.
-
-    Returns:
-        float32[L, hidden]. Under ``jax.vmap`` the rows of a batch become the kernel's grid.
-    """
-    length, hidden = x.shape
-    if bias.ndim == 3:
-        bias = jnp.reshape(bias, (-1, length))
-    bias = jnp.broadcast_to(bias, (max(bias.shape[0], length), length)).astype(jnp.float32)
+def _weights(p: Mapping) -> list[jax.Array]:
+    """The layer's weights as the kernel takes them: Q, K and V as one matrix, vectors as
+    ``[1, n]`` rows."""
 
     def row(v):
         return jnp.reshape(v, (1, -1))
 
     dense = [p[name] for name in ("query", "key", "value")]
-    args = [
-        x,
-        bias,
+    return [
         jnp.concatenate([d["w"] for d in dense], axis=1),
         row(jnp.concatenate([d["b"] for d in dense])),
         p["attention_out"]["w"],
@@ -178,16 +170,77 @@ def layer(x: jax.Array, bias: jax.Array, p: Mapping, config: BertConfig) -> jax.
         row(p["output_norm"]["scale"]),
         row(p["output_norm"]["bias"]),
     ]
-    weights = sum(a.size * a.dtype.itemsize for a in args[2:])
-    activations = 4 * length * (4 * hidden + config.intermediate_size + 2 * bias.shape[0])
-    limit = min(_VMEM_CAP, max(16 * 2**20, 2 * weights + 4 * activations))
-    return pl.pallas_call(
-        functools.partial(_kernel, config=config),
-        out_shape=jax.ShapeDtypeStruct((length, hidden), jnp.float32),
+
+
+def _rows(x: jax.Array, bias: jax.Array, weights, config: BertConfig) -> jax.Array:
+    """The layer over a batch of rows, ``x`` [B, L, hidden] and ``bias`` [B, ·, L]: one
+    program per block of rows of up to _BLOCK_TOKENS tokens."""
+    batch, length, hidden = x.shape
+    fits = (r for r in range(1, batch + 1) if batch % r == 0 and r * length <= _BLOCK_TOKENS)
+    per_block = max(fits, default=1)
+    tokens = per_block * length
+    weight_bytes = sum(w.size * w.dtype.itemsize for w in weights)
+    activations = 4 * tokens * (5 * hidden + config.intermediate_size + 2 * bias.shape[1])
+    limit = min(_VMEM_CAP, max(16 * 2**20, 2 * weight_bytes + 3 * activations))
+
+    def whole(w):
+        return pl.BlockSpec(w.shape, lambda i: (0,) * w.ndim)
+
+    out = pl.pallas_call(
+        functools.partial(_kernel, config=config, length=length),
+        grid=(batch // per_block,),
+        in_specs=[
+            pl.BlockSpec((tokens, hidden), lambda i: (i, 0)),
+            pl.BlockSpec((per_block, *bias.shape[1:]), lambda i: (i, 0, 0)),
+            *map(whole, weights),
+        ],
+        out_specs=pl.BlockSpec((tokens, hidden), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((batch * length, hidden), jnp.float32),
         scratch_shapes=[
-            pltpu.VMEM((length, 3 * hidden), jnp.float32),
-            pltpu.VMEM((length, hidden), jnp.float32),
+            pltpu.VMEM((tokens, 3 * hidden), jnp.float32),
+            pltpu.VMEM((tokens, hidden), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(vmem_limit_bytes=int(limit)),
         interpret=jax.default_backend() != "tpu",
-    )(*args)
+    )(jnp.reshape(x, (batch * length, hidden)), bias, *weights)
+    return jnp.reshape(out, (batch, length, hidden))
+
+
+def layer(x: jax.Array, bias: jax.Array, p: Mapping, config: BertConfig) -> jax.Array:
+    """One encoder layer over one row, as ``encoder.encode_tokens`` computes it.
+
+    Under ``jax.vmap`` the batch's rows run in blocks of up to 1,024 tokens, one block a
+    program, so each weight tile of the matrix units meets every token of the block.
+
+    Args:
+        x: float32[L, hidden], the layer's input.
+        bias: float32[L, L] or [1, L] (every head) or [heads, L, L], added to the attention
+            logits.
+        p: The layer's weights; dense matrices in bfloat16 multiply in bfloat16, summed in
+            float32, and in float32 at ``Precision.HIGHEST`` otherwise, as XLA's layers do.
+        config: The encoder's shape.
+
+    Returns:
+        float32[L, hidden].
+    """
+    length = x.shape[0]
+    bias = jnp.reshape(bias, (-1, length)) if bias.ndim == 3 else bias
+    bias = jnp.broadcast_to(bias, (max(bias.shape[0], length), length)).astype(jnp.float32)
+
+    def row(x, bias, *weights):
+        return _rows(x[None], bias[None], weights, config)[0]
+
+    one = jax.custom_batching.custom_vmap(row)
+
+    @one.def_vmap
+    def batched(size, in_batched, x, bias, *weights):
+        if any(in_batched[2:]):  # weights that differ by row: Pallas's own batching, by row
+            axes = [0 if b else None for b in in_batched]
+            return jax.vmap(row, in_axes=axes)(x, bias, *weights), True
+        x, bias = (
+            a if b else jnp.broadcast_to(a, (size, *a.shape))
+            for a, b in zip((x, bias), in_batched[:2], strict=True)
+        )
+        return _rows(x, bias, weights, config), True
+
+    return one(x, bias, *_weights(p))
