@@ -46,7 +46,6 @@ _LANES = 128
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 _HIGHEST = jax.lax.Precision.HIGHEST
 _BLOCK_TOKENS = 1024  # a program's rows, end to end
-_VMEM_CAP = 100 * 2**20  # of a v5e's 128 MiB
 
 
 def unsupported(config: BertConfig, length: int) -> str | None:
@@ -103,8 +102,8 @@ def _kernel(x_ref, bias_ref, *refs, config: BertConfig, length: int):
     tokens, hidden = x_ref.shape
     head_dim = config.head_dim
     per_pass = _LANES // head_dim  # heads in one 128-lane group
-    x = x_ref[...]  # the block's rows end to end: every dense matmul takes them all at once
-    qkv_ref[...] = _dot(x, wqkv[...]) + bqkv[...]
+    # The block's rows end to end: every dense matmul takes them all at once.
+    qkv_ref[...] = _dot(x_ref[...], wqkv[...]) + bqkv[...]
     # As encoder._attention: bfloat16 inputs from BFLOAT16_ATTENTION_FROM tokens, else float32.
     low = wqkv.dtype == jnp.bfloat16 and length >= BFLOAT16_ATTENTION_FROM
     dtype = jnp.bfloat16 if low else jnp.float32
@@ -143,7 +142,7 @@ def _kernel(x_ref, bias_ref, *refs, config: BertConfig, length: int):
 
     jax.lax.fori_loop(0, tokens // length, attend, 0)
     eps = config.layer_norm_eps
-    x = _norm(x + _dot(ctx_ref[...], wo[...]) + bo[...], g1[...], be1[...], eps)
+    x = _norm(x_ref[...] + _dot(ctx_ref[...], wo[...]) + bo[...], g1[...], be1[...], eps)
     h = _activate(_dot(x, w1[...]) + b1[...], config.hidden_act)
     out_ref[...] = _norm(x + _dot(h, w2[...]) + b2[...], g2[...], be2[...], eps)
 
@@ -176,12 +175,19 @@ def _rows(x: jax.Array, bias: jax.Array, weights, config: BertConfig) -> jax.Arr
     """The layer over a batch of rows, ``x`` [B, L, hidden] and ``bias`` [B, ·, L]: one
     program per block of rows of up to _BLOCK_TOKENS tokens."""
     batch, length, hidden = x.shape
-    fits = (r for r in range(1, batch + 1) if batch % r == 0 and r * length <= _BLOCK_TOKENS)
-    per_block = max(fits, default=1)
-    tokens = per_block * length
     weight_bytes = sum(w.size * w.dtype.itemsize for w in weights)
-    activations = 4 * tokens * (5 * hidden + config.intermediate_size + 2 * bias.shape[1])
-    limit = min(_VMEM_CAP, max(16 * 2**20, 2 * weight_bytes + 3 * activations))
+
+    def vmem(rows: int) -> int:  # the weights and a block's activations, each twice over
+        tokens = rows * length
+        activations = 4 * tokens * (5 * hidden + config.intermediate_size + 2 * bias.shape[1])
+        return 2 * (weight_bytes + activations)
+
+    interpret = jax.default_backend() != "tpu"
+    capacity = 64 * 2**20 if interpret else pltpu.get_tpu_info().vmem_capacity_bytes
+    fits = [r for r in range(1, batch + 1) if not batch % r and r * length <= _BLOCK_TOKENS]
+    per_block = max([r for r in fits if vmem(r) <= capacity * 3 // 4], default=1)
+    tokens = per_block * length
+    limit = min(capacity * 9 // 10, max(32 * 2**20, vmem(per_block)))
 
     def whole(w):
         return pl.BlockSpec(w.shape, lambda i: (0,) * w.ndim)
@@ -201,7 +207,7 @@ def _rows(x: jax.Array, bias: jax.Array, weights, config: BertConfig) -> jax.Arr
             pltpu.VMEM((tokens, hidden), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(vmem_limit_bytes=int(limit)),
-        interpret=jax.default_backend() != "tpu",
+        interpret=interpret,
     )(jnp.reshape(x, (batch * length, hidden)), bias, *weights)
     return jnp.reshape(out, (batch, length, hidden))
 
