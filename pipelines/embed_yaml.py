@@ -1,12 +1,10 @@
 """The flagship's text embedding as a Beam YAML transform (``EmbedText``).
 
-``EmbedText`` batches rows with an id and a text field into Arrow record batches and runs
-the library's ``beam_jax.text.EmbedText``; it emits rows of ``id`` and ``embedding``. Rows
-that cannot be embedded follow Beam YAML's error handling (``error_handling: {output:
-NAME}``), one ``(element, msg, stack, dead_letter)`` row each, which the provider's
-``WriteDeadLetters`` writes as dead-letter files; rows read by ``ReadRowsWithOrigin`` give
-their dead letters the row's file and row. ``pipelines/beam_jax_provider.yaml`` lists
-it for YAML pipelines; ``pipelines/embed_text.yaml`` is an example (docs/beam_ml.md).
+``EmbedText`` batches rows with an id and a text field into Arrow record batches for
+``beam_jax.text.EmbedText`` and emits rows of ``id`` and ``embedding``. Rows that cannot be
+embedded follow Beam YAML's error handling (``error_handling: {output: NAME}``), with the
+row's file and row where ``ReadRowsWithOrigin`` read it. ``pipelines/beam_jax_provider.yaml``
+lists it; ``pipelines/embed_text.yaml`` is an example (docs/beam_ml.md).
 
 Example:
     >>> rows | EmbedText(id_type="int", error_handling={"output": "failed"})  # doctest: +SKIP
@@ -24,8 +22,22 @@ from apache_beam.typehints.row_type import RowTypeConstraint
 import beam_jax as bj
 from beam_jax.internal import with_origin
 from beam_jax.text import EmbedText as EmbedTextColumn
+from beam_jax.text import IdType, unicode_problem
 from beam_jax.yaml import OriginFields, YamlErrors, error_output
-from pipelines import text_rows as tr
+
+
+def _row_problem(id_type: IdType, key: Any, text: Any) -> str | None:
+    """Why a row read as ``(key, text)`` cannot be tokenized, or None if it can.
+
+    Example:
+        >>> _row_problem(IdType(pa.string()), "a", 7)
+        "expected a string 'text', got text of type int"
+    """
+    problem = id_type.problem(key)
+    if problem is None and not isinstance(text, str):
+        got = f"text of type {type(text).__name__}" if text is not None else "a null text"
+        problem = f"expected a string 'text', got {got}"
+    return problem
 
 
 def _entry(row: Any, id_field: str, text_field: str, origin: OriginFields | None) -> tuple:
@@ -49,15 +61,14 @@ def _runs(entries: list[tuple]) -> Iterator[list[tuple]]:
         yield run
 
 
-def _to_batch(entries: list[tuple], id_type: tr.IdType) -> Iterator[Any]:
+def _to_batch(entries: list[tuple], id_type: IdType) -> Iterator[Any]:
     """``(id, text, file, row)`` entries as record batches of ``id`` and ``text``, one per
-    run of consecutive rows of a file (the tokenize step's dead letters then name each row's
-    file and row); an entry whose id or text cannot be used is its dead letter instead."""
+    run of consecutive rows of a file; an entry whose id or text is unusable is a dead letter."""
     good = []
     for key, text, source, at in entries:
-        problem = tr.row_problem(id_type, key, text)
+        problem = _row_problem(id_type, key, text)
         if problem is None and isinstance(text, str):
-            problem = tr.unicode_problem(text, "text")
+            problem = unicode_problem(text, "text")
         if problem is None:
             good.append((key, text, source, at))
             continue
@@ -105,8 +116,7 @@ class EmbedText(beam.PTransform):
         rows_per_batch: rows tokenized together (one tokenizer call).
         error_handling: Beam YAML's ``{output: NAME}``.
         source_field: the field naming each row's file, as ``ReadRowsWithOrigin`` gives
-            it; with ``row_field``, a dead letter's ``source`` and ``row``. Rows without
-            the two fields have dead letters with the id only. ``None``: never read them.
+            it (with ``row_field``, a dead letter's ``source`` and ``row``); ``None``: none.
         row_field: the field holding each row's index in its file.
     """
 
@@ -122,7 +132,7 @@ class EmbedText(beam.PTransform):
         row_field: str = "row",
     ):
         super().__init__()
-        self._id_type = tr.IdType.from_name(id_type)  # fails now for an unknown name
+        self._id_type = IdType.from_name(id_type)  # fails now for an unknown name
         self._id_python_type = int if self._id_type.is_integer else str
         self._fields = (id_field, text_field)
         self._model_dir = model_dir

@@ -1,9 +1,7 @@
 """The flagship's JAX MiniLM as an ``MLTransform`` embeddings manager (``MiniLMEmbeddings``).
 
-Its handler tokenizes each batch of strings with a ``beam_jax.text.SentenceEncoder``'s Rust
-tokenizer and embeds them with ``beam_jax.JaxModelHandler`` over its kernel, so padding and
-compiles follow the token-length buckets. What MLTransform's interface does not carry (Beam
-batches whole rows, not token ids): docs/beam_ml.md.
+Its handler tokenizes each batch of strings and embeds them with ``beam_jax.JaxModelHandler``,
+so padding and compiles follow the token-length buckets (limits: docs/beam_ml.md).
 
 Example:
     >>> from apache_beam.ml.transforms.base import MLTransform
@@ -27,8 +25,7 @@ from pipelines.embed.flags import DEFAULT_BUCKETS, DEFAULT_TOKENS_PER_CHUNK
 
 
 class _Loaded:
-    """The tokenizer and the engine's worker of one process (weak-referenceable for Beam's
-    model sharing)."""
+    """One process's tokenizer and worker (weak-referenceable for Beam's model sharing)."""
 
     def __init__(self, tokenizer: Any, worker: Any):
         self.tokenizer = tokenizer
@@ -78,9 +75,7 @@ class MiniLMEmbeddings(EmbeddingsManager):
 
     Args:
         columns: the text columns to embed.
-        model_dir: as for the flagship's ``--model_dir``.
-        bucketing: token-length buckets and batch sizes; default the flagship's buckets in
-            batches of at most 1,024 padded tokens (what its model runs at once).
+        model_dir, bucketing: as for ``MiniLMTextHandler``.
         **kwargs: ``EmbeddingsManager``'s (``min_batch_size``, ``max_batch_size``, ...).
     """
 

@@ -22,7 +22,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, SetupOption
 from beam_jax import jobs
 from beam_jax._src.jobs.flags import DEFAULT_COMPILATION_CACHE
 from beam_jax.testing import assert_conserved
-from pipelines import text_rows as tr
+from beam_jax.text import IdType
 from pipelines.embed import job as embed_text
 from tests import flagship as ft
 
@@ -185,11 +185,11 @@ def test_input_format_and_id_types():
     assert jobs.input_format("gs://b/x.JSONL.gz") == "jsonl"
     with pytest.raises(ValueError, match="cannot tell the format"):
         jobs.input_format("data.csv")
-    int32 = tr.IdType(pa.int32())
+    int32 = IdType(pa.int32())
     assert int32.accepts(7) and not int32.accepts(2**31) and not int32.accepts(True)
-    assert not int32.accepts("7") and tr.IdType.from_name("string").accepts("7")
+    assert not int32.accepts("7") and IdType.from_name("string").accepts("7")
     with pytest.raises(ValueError, match="integer or string"):
-        tr.IdType(pa.float64())
+        IdType(pa.float64())
 
 
 def test_missing_column_is_reported_before_running(tmp_path):

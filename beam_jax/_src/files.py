@@ -6,11 +6,22 @@ run without Beam on local paths.
 
 from __future__ import annotations
 
+import glob
+import os
 import pathlib
 import shutil
 from collections.abc import Iterable
 
-__all__ = ["copy_to_local"]
+__all__ = ["copy_to_local", "dangling_links"]
+
+
+def dangling_links(pattern: str) -> list[str]:
+    """The links to nothing a local ``pattern`` matches, which Beam's match leaves out: a
+    job lists them so that their reading fails and names them, as any unreadable file's."""
+    if "://" in pattern:
+        return []
+    found = glob.glob(pattern, recursive=True)
+    return [p for p in found if os.path.islink(p) and not os.path.exists(p)]
 
 
 def copy_to_local(base: str, names: Iterable[str], local: pathlib.Path) -> list[str]:

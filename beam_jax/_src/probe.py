@@ -1,12 +1,8 @@
 """What JAX will run on in this process, known without opening a device.
 
-Opening a TPU takes seconds (fewer with the host buffer :func:`size_tpu_host_buffer`
-gives it than with libtpu's default), and until it is open ``jax.devices()``,
-``jax.default_backend()`` and ``jax.local_device_count()`` block.
-A job launch asks what it runs on to choose its defaults (chunk sizes, matmul precision,
-batch sizes per device) long before it needs the device itself; :func:`local_platform`
-answers from what is already known, so the launch can read and tokenize while the device
-opens in the background:
+Opening a TPU takes seconds, and until it is open ``jax.devices()`` blocks. A launch asks
+what it runs on to choose its defaults long before it needs the device; :func:`local_platform`
+answers from what is already known, while the device opens in the background:
 
 1. JAX's backends, where they are already open (free);
 2. ``JAX_PLATFORMS`` / ``jax_platforms``, where it names the platform JAX will take first;
@@ -15,8 +11,7 @@ opens in the background:
 4. otherwise JAX's backends, opened here (CPUs open in milliseconds; a GPU where the TPU
    reading found nothing).
 
-:func:`open_local_devices` then opens them on a thread of their own, so that a launch whose
-workers run in its own process overlaps the opening with the rest of its start.
+:func:`open_local_devices` opens them on a thread of their own.
 """
 
 from __future__ import annotations
@@ -91,11 +86,9 @@ class LocalPlatform:
 
 
 def local_platform() -> LocalPlatform:
-    """This process's default JAX platform, without opening a TPU that is not yet open.
-
-    See the module's description for the order of the readings. A TPU found on the PCI bus
-    counts as the default platform only where ``JAX_PLATFORMS`` leaves it to JAX's own
-    choice (unset, empty, or naming ``tpu`` first) and ``libtpu`` is installed.
+    """This process's default JAX platform, without opening a TPU that is not yet open
+    (the readings: the module's description). A TPU on the PCI bus counts only where
+    ``JAX_PLATFORMS`` is unset, empty or names ``tpu`` first, and ``libtpu`` is installed.
     """
     opened = _from_open_backends()
     if opened is not None:
@@ -111,16 +104,11 @@ def local_platform() -> LocalPlatform:
 def open_local_devices() -> threading.Thread:
     """Start opening this process's JAX devices on a thread of their own; returns it.
 
-    A job whose workers run in its own process (the in-process FnApiRunner) calls it first
-    thing, so that the devices open (seconds on a TPU) while the launch loads the
-    model, plans its batches and builds its graph (:func:`local_platform` answers meanwhile
-    without waiting for them); whatever needs the devices waits only for what is left of
-    the opening (JAX opens its backends once per process). An error while opening is not
-    raised here: it surfaces where the devices are used. The thread is not a daemon, so a
-    launch that fails meanwhile exits after the opening ends, not in the middle of it.
-
-    Before it starts the thread it sizes the TPU's host buffer (:func:`size_tpu_host_buffer`),
-    where the environment does not.
+    A job whose workers run in its own process calls it first thing, so the devices open
+    while the launch loads the model and builds its graph. An error while opening surfaces
+    where the devices are used. The thread is not a daemon, so a launch that fails meanwhile
+    exits after the opening ends. The TPU's host buffer is sized first
+    (:func:`size_tpu_host_buffer`).
 
     Example:
         >>> open_local_devices().join()
@@ -134,19 +122,14 @@ def open_local_devices() -> threading.Thread:
 def size_tpu_host_buffer(nbytes: int = TPU_HOST_BUFFER_BYTES) -> int | None:
     """Size the host buffer a TPU maps for its transfers when it opens, unless already sized.
 
-    As a TPU opens, its runtime (libtpu) maps a host buffer for the transfers to and from
-    the device, 4 GiB unless ``TPU_PREMAPPED_BUFFER_SIZE`` says otherwise, and unmaps it at
-    exit. Where the host has no transparent hugepages that mapping is most of the opening,
-    and of the process's exit (``bench/RESULTS.md`` has the times). A transfer larger than
-    the buffer still runs, outside it, but far slower: where one batch's arrays are larger
-    than the buffer, set ``TPU_PREMAPPED_BUFFER_SIZE`` (bytes) above them.
+    libtpu maps a 4 GiB host buffer for transfers as a TPU opens; without transparent
+    hugepages that mapping is most of the opening and of the exit (``bench/RESULTS.md``). A
+    transfer larger than the buffer runs far slower, outside it.
 
     This sets ``TPU_PREMAPPED_BUFFER_SIZE`` and ``TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES``
-    to ``nbytes`` where the environment sets neither; a size already set there (by the
-    user, or the worker image) is kept. libtpu reads them once, when the process's TPU
-    opens: call this before that (beam_jax calls it before it opens devices itself, in
-    :func:`open_local_devices` and where a worker selects its devices). Other platforms
-    ignore them.
+    to ``nbytes`` where the environment sets neither (a size already set is kept). libtpu
+    reads them once, when the TPU opens: call this before (beam_jax does, where it opens
+    devices itself). Other platforms ignore them.
 
     Args:
         nbytes: the buffer's size in bytes, at least 1 MiB.
@@ -187,9 +170,8 @@ def tpu_host_buffer_advice(largest_transfer: int) -> str | None:
             leaf of the largest padded batch, over the devices it is split across).
 
     Returns:
-        ``None`` where the buffer this process's environment gives the TPU holds it
-        (libtpu's 4 GiB where the environment sets none); otherwise a message that says
-        how large the transfer and the buffer are, what it costs and how to fix it.
+        ``None`` where the buffer the environment gives the TPU (else libtpu's 4 GiB) holds
+        it; otherwise a message with both sizes, what it costs and how to fix it.
     """
     buffer = _host_buffer_in_env()
     buffer = _LIBTPU_HOST_BUFFER_BYTES if buffer is None else buffer

@@ -12,8 +12,7 @@ from beam_jax import jobs
 
 DEFAULT_OUTPUT = "output/curate"
 DEFAULT_CLASSES = 10
-# Measured on the built-in corpus (bench/RESULTS.md: curate_steps.py): with Adam at 0.05 the scores
-# separate flipped from clean labels best after 14-20 full-batch steps.
+# With Adam at 0.05 the scores separate flipped labels best after 14-20 steps (bench/RESULTS.md).
 DEFAULT_PASSES = 14
 DEFAULT_LEARNING_RATE = 0.05
 DEFAULT_FLIP_FRACTION = 0.1  # the built-in corpus only; a user's labels are kept as given
@@ -43,17 +42,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     add("--id_column", default="id", help="the input's id column (integers or strings)")
     add("--text_column", default="text", help="the input's text column")
     add("--label_column", default="label", help="the input's label column (strings)")
-    add(
-        "--output",
-        default=DEFAULT_OUTPUT,
-        help="output directory; must be empty, or see --overwrite",
-    )
+    add("--output", default=DEFAULT_OUTPUT, help="output directory; empty, or see --overwrite")
     add(
         "--overwrite",
         action="store_true",
-        help="replace this job's earlier files in "
-        "--output once this run succeeds (they are kept until then; other files are never "
-        "touched); also discards another run's unfinished files there",
+        help="replace this job's earlier files in --output once this run succeeds (they are "
+        "kept until then; other files are never touched); also discards another run's "
+        "unfinished files there",
     )
     add(
         "--classes",
@@ -97,12 +92,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         default=DEFAULT_NUM_BUCKETS,
         help="without --buckets: how many token-length buckets to plan",
     )
-    add(
-        "--batch_size",
-        type=positive,
-        default=64,
-        help="the largest padded batch of records per kernel call",
-    )
+    add("--batch_size", type=positive, default=64, help="largest padded batch per kernel call")
     add(
         "--batch_sizes", type=jobs.int_list, help="padded batch sizes allowed (default powers of 2)"
     )

@@ -216,8 +216,7 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     named = {"GraNd": scores["grand"], "EL2N": scores["el2n"]}
     report.plot(FileSystems.join(work, "curate.png"), summary.losses, named, flipped, title=title)
     output.publish({"job": record, "summary": str(summary)})
-    # beam-jax report OUTPUT reads it, as it reads every flagship's: the scoring run's
-    # kernel metrics (totals and per bucket) beside the job's figures.
+    # beam-jax report OUTPUT reads the scoring run's kernel metrics beside the job's figures.
     metrics = _Metrics(
         summary.rows,
         kernel.results,

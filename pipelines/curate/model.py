@@ -1,8 +1,6 @@
 """The curation job's classifier, its kernels and its optimizer (pure JAX and numpy).
 
-Hashed word-piece embeddings, a masked mean, a linear layer; see docs/curate.md ("The
-model"). :func:`gradient_kernel` is one record's gradient for ``ReduceKernel``,
-:func:`score_kernel` a padded batch's GraNd and EL2N for ``RunKernel(batched=True)``.
+Hashed word-piece embeddings, a masked mean, a linear layer (docs/curate.md, "The model").
 
 Example:
     >>> params = init_params(ModelConfig(num_classes=3, hash_bits=4, dim=2), seed=0)
@@ -82,11 +80,8 @@ def example_loss(params: Any, tokens: jax.Array, length: jax.Array, label: jax.A
 
 
 def gradient_kernel(params: Any, element: dict, lengths: dict) -> dict:
-    """One record's loss gradient, loss and correctness; ``ReduceKernel`` sums them.
-
-    A padded batch of ``B`` records builds ``B`` full gradients before summing them, the
-    reason the default embedding table is small (1,024 rows).
-    """
+    """One record's loss gradient, loss and correctness; ``ReduceKernel`` sums them (a
+    batch of ``B`` builds ``B`` full gradients first: why the default table is small)."""
     tokens, label = element["tokens"], element["label"]
 
     def loss_and_logits(p):

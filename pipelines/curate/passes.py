@@ -1,9 +1,7 @@
-"""The curation job's passes over its records, each one Beam pipeline run (any runner): a
-training pass sums every record's gradient with ``ReduceKernel``; the scoring pass runs
-``RunKernel`` for GraNd and EL2N and writes them to Parquet (docs/curate.md, "How it works").
-
-Labels are flipped on the way into the kernels, not in storage: :class:`LabelNoise` decides
-per record from a seeded hash of its id, so every pass, worker and runner sees the same labels.
+"""The curation job's passes, each one Beam pipeline run: a training pass sums every record's
+gradient with ``ReduceKernel``; the scoring pass runs ``RunKernel`` for GraNd and EL2N
+(docs/curate.md). Labels are flipped on the way into the kernels by :class:`LabelNoise`, from
+a seeded hash of each id, so every pass, worker and runner sees the same labels.
 
 Example:
     >>> LabelNoise(("a", "b"), fraction=0.0, seed=0).observe(7, "b")
@@ -63,8 +61,7 @@ class LabelNoise:
 
 
 def examples(batch: pa.RecordBatch | pa.Table, noise: LabelNoise):
-    """Keyed kernel inputs: ``((id, true, observed, source, row), {"tokens", "label":
-    observed})``, the key ending with where the record's row was read from."""
+    """Keyed kernel inputs: ``((id, true, observed, source, row), {"tokens", "label"})``."""
     tokens = batch.column("tokens")
     tokens = tokens.combine_chunks() if isinstance(tokens, pa.ChunkedArray) else tokens
     offsets = tokens.offsets.to_numpy()
@@ -149,8 +146,7 @@ def _save_reduction(reduction: bj.Reduction, path: str) -> None:
 
 
 def gradient_pass(job: Job, step: int) -> tuple[dict, PassStats]:
-    """One pipeline run: the full-batch mean gradient at ``params-step``, and the pass's
-    statistics."""
+    """One pipeline run: the full-batch mean gradient at ``params-step``, and its stats."""
     started = time.perf_counter()
     pipeline = beam.Pipeline(options=job.options)
     reduce = job.kernel(bj.ReduceKernel, gradient_kernel, step)
@@ -188,11 +184,8 @@ def _scores_table(rows, schema: pa.Schema, classes) -> pa.Table:
 
 
 def score_pass(job: Job, step: int, id_type: pa.DataType) -> Any:
-    """One pipeline run: every record's scores at ``params-step``, to ``scores-*.parquet``.
-
-    Returns:
-        The finished ``PipelineResult`` (its kernel metrics: ``bj.summarize``, and per
-        bucket for ``_metrics.json``)."""
+    """One pipeline run: every record's scores at ``params-step``, to ``scores-*.parquet``;
+    returns the finished ``PipelineResult`` (for its kernel metrics)."""
     pipeline = beam.Pipeline(options=job.options)
     score = job.kernel(bj.RunKernel, score_kernel, step, batched=True)
     results, dead = job.examples(pipeline) | "Score" >> score.with_exception_handling()

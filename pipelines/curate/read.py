@@ -1,10 +1,9 @@
 """The curation job's records: rows of ``id``, ``text`` and ``label`` read, checked and
 tokenized once, so every pass reads tokens rather than text (docs/curate.md, "The data").
 
-Rows come from Parquet or JSON lines through ``beam_jax.ReadArrowBatches`` (a line it cannot
-read is that line's dead letter, stage ``read``), or from ``beam_jax.text.labelled_corpus``.
-Each record batch is tokenized in one call (``Tokenizer.encode_arrow``); a row without an
-id, text or label is a ``validation`` dead letter, a text without tokens a ``tokenize`` one.
+Rows come from ``beam_jax.ReadArrowBatches`` or ``beam_jax.text.labelled_corpus``; each
+record batch is tokenized in one call. A row without an id, text or label is a
+``validation`` dead letter, a text without tokens a ``tokenize`` one.
 
 Example:
     >>> [f.name for f in input_schema(None, None)]
@@ -49,10 +48,8 @@ def input_schema(
     format: str | None,  # noqa: A002
     columns: tuple[str, str, str] = COLUMNS,
 ) -> pa.Schema:
-    """The rows' columns (``columns``: the id, text and label columns of the input; the
-    built-in corpus's are ``COLUMNS``), checked at launch: the id (integers or strings: the
-    first Parquet file's type, or inferred from the first JSON lines), text and label
-    (strings).
+    """The rows' id, text and label columns, checked at launch: the id integers or strings
+    (the first Parquet file's type, or the first JSON lines'), text and label strings.
 
     Raises:
         ValueError: A Parquet file lacks a column, or a column has another type.
@@ -101,9 +98,8 @@ def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
 
 
 def records_schema(id_type: pa.DataType) -> pa.Schema:
-    """``id`` (the input's type), ``label`` (the true one), ``tokens`` (``list<int32>``), and
-    where the row was read from (``source`` and ``row``, null for the built-in corpus), so a
-    pass's dead letter names the input row rather than the records file."""
+    """``id``, ``label``, ``tokens`` (``list<int32>``), and where the row was read from
+    (``source``, ``row``), so a pass's dead letter names the input row."""
     return pa.schema(
         [
             ("id", id_type),

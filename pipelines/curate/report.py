@@ -39,11 +39,8 @@ class PassStats:
 
 @dataclasses.dataclass(frozen=True)
 class CurateSummary:
-    """What a finished run did and found (the fields of ``summary.json``, docs/curate.md).
-
-    ``auroc`` and ``precision_at_top`` hold, per score, how well it finds the flipped
-    records (``random``: chance); they are empty when nothing (or everything) was flipped.
-    """
+    """What a finished run did and found (``summary.json``, docs/curate.md); ``auroc`` and
+    ``precision_at_top`` are empty when nothing (or everything) was flipped."""
 
     rows: int
     records: int

@@ -1,10 +1,8 @@
 """The job's one step per part: tokenize, embed and write it (``beam_jax.text.EmbedBatches``
 with a :class:`~pipelines.embed.write.PartWriter`).
 
-Doing the three in one DoFn is what makes the job correct however a runner fuses steps: a
-part's rows, their results and their dead letters meet in the instance that opened it,
-never across steps. The ``accelerator`` resource hint goes on this step; the read step's
-parts may be shuffled to it (``--direct_num_workers``, Dataflow).
+One DoFn makes the job correct however a runner fuses steps: a part's rows, results and
+dead letters meet in the instance that opened it. The ``accelerator`` hint goes on this step.
 
 Example:
     >>> step = EmbedParts(tokenize, kernel, writer, progress_dir)  # doctest: +SKIP

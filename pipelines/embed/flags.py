@@ -19,28 +19,19 @@ from beam_jax.jobs import DefaultsHelpFormatter, int_list, positive_int
 
 __all__ = ["DEFAULT_BUCKETS", "DEFAULT_OUTPUT", "buckets_problem", "parse_args"]
 
-# Token-length buckets up to the model's 256-token window, with midpoints between powers
-# of two (docs/embed_text.md); the launch-time planner (--buckets auto) and its costs:
-# one MiniLM shape compiles in ~0.5 s, in which 2 cores embed ~2,000 tokens.
+# Token-length buckets up to the model's 256-token window (docs/embed_text.md); the
+# launch-time planner's costs: one MiniLM shape compiles in the time 2 cores embed ~2,000 tokens.
 DEFAULT_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
 DEFAULT_COMPILE_BUDGET = 24
 DEFAULT_PLAN_SAMPLE = 10_000
 DEFAULT_SHAPE_COST = 2000.0
-# Rows x padded tokens per batch, on every device: what the host lays out and the kernel
-# gets in one call. The host's work per batch (laying out, dispatch, results) is paid per
-# call, so fewer, larger calls feed the model faster: with 32k-token batches instead of 8k
-# (245 kernel calls instead of 976 for 200,000 texts) the host alone ran 1.04-1.15x as fast
-# on 2 cores with 0.83-0.93x the CPU, and the model as fast, since a CPU runs a batch in
-# cache-sized chunks (bench/RESULTS.md, "32k-token batches on every device"). At 32k tokens a
-# batch's largest activations (attention scores, float32) stay under ~0.5 GB on an
-# accelerator, which runs it whole.
+# Rows x padded tokens per batch, on every device: the host's work is paid per call, so
+# fewer, larger calls feed the model faster, and a CPU runs a batch in cache-sized chunks
+# (bench/RESULTS.md, "32k-token batches on every device"); an accelerator runs it whole.
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_MAX_TOKENS = 32768
-# On a CPU the model runs each batch in chunks of DEFAULT_TOKENS_PER_CHUNK padded tokens
-# inside the one call (about 1k tokens keep a layer's activations in a CPU's cache: 2k-token
-# chunks ran ~8% slower, 4k ~20%); an accelerator (--accelerator, or a local run on a GPU
-# or TPU) runs batches whole (on an H200, 32k-token batches whole ran 1.26x as fast as
-# 8k-token batches in chunks: bench/RESULTS.md, "On a GPU").
+# On a CPU the model runs each batch in chunks of this many padded tokens inside the one call
+# (2k-token chunks ran ~8% slower, 4k ~20%); an accelerator runs batches whole.
 DEFAULT_TOKENS_PER_CHUNK = 1024
 # Rows per output part (~12 MB of embeddings): the most a crash makes a rerun redo.
 DEFAULT_ROWS_PER_PART = 8192
@@ -211,11 +202,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PipelineOptions]:
-    """Splits ``argv`` into this job's flags and Beam's ``PipelineOptions``.
-
-    The runner defaults to the in-process FnApiRunner; any ``--runner`` and its flags
-    (``--project``, ``--region``, ``--temp_location``, ``--setup_file``,
-    ``--sdk_container_image`` ...) pass through to Beam unchanged.
+    """Splits ``argv`` into this job's flags and Beam's ``PipelineOptions`` (the runner
+    defaults to the in-process FnApiRunner; Beam's flags pass through unchanged).
 
     Raises:
         SystemExit: On a flag that neither this job nor Beam knows, or a bad value (after

@@ -1,10 +1,5 @@
-"""The flagship's job graph and run: resume, staged publishing, threshold, summary.
-
-The route is drawn in the package's docstring and docs/embed_text.md: read parts
-(:mod:`~pipelines.embed.read`), spread them, then one step per part
-(:mod:`~pipelines.embed.embed_parts`): tokenize (:mod:`~pipelines.embed.tokenize`),
-``beam_jax.RunKernelOnArrow`` as :mod:`~pipelines.embed.plan` planned, and write the part
-(:mod:`~pipelines.embed.write`).
+"""The flagship's job graph and run: resume, staged publishing, threshold, summary (the
+route: the package's docstring and docs/embed_text.md).
 
 Example:
     >>> summary = run(["--builtin_texts", "50", "--output", "/tmp/embed"])  # doctest: +SKIP
@@ -40,25 +35,12 @@ __all__ = ["DEFAULT_OUTPUT", "EmbedTextSummary", "Encoder", "embed_kernel", "run
 
 @dataclasses.dataclass(frozen=True)
 class EmbedTextSummary:
-    """What a finished run did.
-
-    Attributes:
-        rows: Input rows read (blank JSON lines are not rows).
-        results: Embeddings written.
-        dead_letters: Rows written to ``_failed/``, total and per stage.
-        padding_ratio: Padded / real tokens, counting padded batch rows.
-        compiles: Batch shapes compiled (per worker process, summed).
-        compile_seconds: Time spent compiling them, summed over compiles (most run in
-            background threads while the job reads and tokenizes).
-        batches: Kernel calls.
-        wall_seconds: From ``run()`` called to the pipeline finished.
-        kernel: The ``beam_jax.Summary`` of the embedding step alone.
-        unreadable_files: Files whose reading failed (each has one dead letter naming it).
-        parts_written: Output parts written by this run.
-        parts_reused: Parts found written by an earlier, unfinished run of the same job.
-        batching: ``"packed"`` or ``"buckets"``: how the batches were shaped.
-        batching_reason: Why (``--batching``, or the launch plan's prediction).
-    """
+    """What a finished run did: rows read (blank JSON lines are not rows), embeddings and
+    dead letters written (total and per stage), padding (padded / real tokens), compiles
+    (per worker process, summed) and their seconds, kernel calls, wall seconds, the
+    embedding step's ``beam_jax.Summary``, unreadable files, parts written and reused from an
+    earlier unfinished run, and how the batches were shaped (``"packed"`` or ``"buckets"``)
+    and why."""
 
     rows: int
     results: int
@@ -116,15 +98,10 @@ class EmbedTextSummary:
 
 @dataclasses.dataclass(frozen=True)
 class Encoder:
-    """Functions that replace the model's in the embedding step, e.g. a kernel that takes
-    no time, for measuring the host alone (``bench/embed.py --variants host_only``); they
-    keep the model's tokenizer and output shape. ``None`` keeps the model's own.
-
-    Attributes:
-        element_fn: ``fn(params, element, lengths)``, for token-length buckets.
-        packed_fn: ``fn(params, row, segments)``, for packed rows.
-        load_params: ``load_params()`` on each worker.
-    """
+    """Functions that replace the model's in the embedding step (``None`` keeps the model's),
+    e.g. a kernel that takes no time, to measure the host alone (``bench/embed.py --variants
+    host_only``): ``element_fn`` for token-length buckets, ``packed_fn`` for packed rows,
+    ``load_params`` on each worker."""
 
     element_fn: Any = None
     packed_fn: Any = None
@@ -134,8 +111,8 @@ class Encoder:
 def embed_kernel(
     args, model: SentenceEncoder, launch: launch_plan.LaunchPlan, encoder=Encoder()
 ) -> bj.RunKernelOnArrow:
-    """The embedding step: token ids in (``key``, ``input_ids``), ``key`` and ``output``
-    (``fixed_size_list<float32, dim>``) out, bucketed or packed as ``launch`` says."""
+    """The embedding step: ``key`` and ``input_ids`` in, ``key`` and ``output`` out,
+    bucketed or packed as ``launch`` says."""
     packed = launch.packing is not None
     fn = (
         (encoder.packed_fn or model.packed_fn)
@@ -155,31 +132,17 @@ def embed_kernel(
     ).with_exception_handling()
 
 
-def _read_and_tokenize(pipeline, args, model, inputs, id_type, done=frozenset()):
-    """The job's read step, and its tokenize step alone (for measuring the host): returns
-    the tokenize step's outputs (``tokens``, ``DEAD_LETTERS``) and the unreadable files."""
-    batches, unreadable = _read(pipeline, args, inputs, id_type, done)
-    tokens = batches | "Tokenize" >> beam.ParDo(
-        tokenize_parts(id_type, model, inputs.text_column)
-    ).with_output_types(pa.RecordBatch).with_outputs(bj.DEAD_LETTERS, main="tokens")
-    return tokens, unreadable
-
-
-def _read(pipeline, args, inputs, id_type, done=frozenset()):
-    """Read parts (those not in ``done``) -> spread (unless one worker runs here)."""
-    spread = not jobs.single_worker_here(pipeline.options)
-    return pipeline | "Read" >> ReadParts(inputs, args.rows_per_part, done, id_type, spread=spread)
-
-
 def _build(
     pipeline, args, model, inputs, id_type, staging, done, launch, progress=None, encoder=None
 ):
     """Adds the job to ``pipeline``; returns its embedding transform (to start its worker).
 
-    read parts -> spread (unless one worker runs here) -> tokenize, embed and write each
-    part in one step (``EmbedParts``, on the accelerator if asked for): fusion-proof.
+    read parts (those not in ``done``) -> spread (unless one worker runs here) -> tokenize,
+    embed and write each part in one step (``EmbedParts``, on the accelerator if asked for).
     """
-    parts, unreadable = _read(pipeline, args, inputs, id_type, done)
+    spread = not jobs.single_worker_here(pipeline.options)
+    read = ReadParts(inputs, args.rows_per_part, done, id_type, spread=spread)
+    parts, unreadable = pipeline | "Read" >> read
     embed = embed_kernel(args, model, launch, encoder or Encoder())
     tokenize = tokenize_parts(id_type, model, inputs.text_column)
     writer = write.PartWriter(staging, inputs, write.embeddings_schema(id_type, inputs.carried))
@@ -258,9 +221,8 @@ def run(
 
     Returns:
         The run's counts, padding, compiles and throughput; ``None`` with Beam's
-        ``--dry_run=True``, which builds the job for its runner (options validated, the
-        ``--setup_file`` package built) and writes the Dataflow job description to
-        ``--dataflow_job_file``, if given, without running or submitting anything.
+        ``--dry_run=True``, which builds the job for its runner (and writes
+        ``--dataflow_job_file``, if given) without running or submitting anything.
 
     Raises:
         SystemExit: On an unknown flag or a bad value.

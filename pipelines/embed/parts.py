@@ -1,9 +1,8 @@
 """The run's inputs, its parts, and how a row is known on the way: its key.
 
-A part is rows ``[start, end)`` of one input file (lines, for JSON lines), read as one
-Arrow record batch. A row's key is ``file_index << 40 | row``: it travels with the row
-through tokenizing and the kernel (as ``RunKernelOnArrow``'s id column), so every result
-and dead letter finds its part (:class:`Part`: its rows and their ids).
+A part is rows ``[start, end)`` of one input file, read as one Arrow record batch. A row's
+key, ``file_index << 40 | row``, travels with it through the kernel (as its id column), so
+every result and dead letter finds its part.
 
 Example:
     >>> split_keys(np.array([3 << ROW_BITS | 17]))
@@ -47,18 +46,9 @@ def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-    """What a run reads: ``--input``'s files as matched at launch, or the built-in corpus.
-
-    Attributes:
-        format: ``"parquet"``, ``"jsonl"`` or ``"builtin"``.
-        files: The files (the built-in corpus is one, ``"builtin"``).
-        pattern: ``--input``.
-        builtin_texts: ``--builtin_texts``.
-        id_column: The input's id column or field (the output names it ``id``).
-        text_column: The input's text column or field.
-        carried: The input columns carried to the output (``--keep_columns``), with their
-            types.
-    """
+    """What a run reads: ``--input``'s files as matched at launch (``format`` ``"parquet"``
+    or ``"jsonl"``), or the built-in corpus (``"builtin"``, one file), with the flags that
+    name its columns and ``carried``, the columns ``--keep_columns`` carries, typed."""
 
     format: str
     files: tuple[jobs.InputFile, ...]
@@ -118,9 +108,8 @@ class Inputs:
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-    """One part: its file, its rows (positions in the file) and their ids as read, the
-    input columns it carries to the output, and the dead letters of its JSON lines that are
-    no row (read before its rows: ``beam_jax.internal.bad_lines_of``)."""
+    """One part: its file, its rows (positions in the file) and their ids, the columns it
+    carries, and the dead letters of its bad JSON lines (``beam_jax.internal.bad_lines_of``)."""
 
     file_index: int
     positions: np.ndarray
@@ -157,6 +146,5 @@ class Part:
         return max([*self.positions[-1:].tolist(), *(d.row for d in self.bad_lines)]) + 1
 
     def id_of(self, index: int) -> Any:
-        """The id of row ``index`` of the part, for a dead letter of the kernel (whose rows'
-        ids passed the tokenize step's checks: valid UTF-8)."""
+        """The id of row ``index`` of the part, for a dead letter of the kernel."""
         return self.ids[index].as_py()

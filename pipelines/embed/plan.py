@@ -1,8 +1,7 @@
 """At launch: the run's batches, planned from a sample of its input (docs/embed_text.md).
 
-The first texts of the input (spread over its files) are tokenized as the job will
-tokenize them; ``beam_jax.text.plan_batching`` plans buckets and packed rows from their
-token counts and says which it chose and why. ``--buckets 16,32,...`` fixes buckets.
+A sample of the input is tokenized as the job will, and ``beam_jax.text.plan_batching``
+chooses buckets or packed rows from its token counts; ``--buckets 16,32,...`` fixes buckets.
 
 Example:
     >>> plan = plan_for(args, inputs)  # doctest: +SKIP
@@ -110,10 +109,8 @@ def sample_texts(inputs: Inputs, n: int) -> tuple[pa.Array, jobs.RowCount]:
 
 
 def token_lengths(texts: pa.Array | Sequence[str], model: Any = None) -> np.ndarray:
-    """Token counts (with ``[CLS]``/``[SEP]``, after truncation) as the job counts them:
-    tokenized as its tokenize step does (``Tokenizer.encode_arrow``), with the tokenizer it
-    shares when it runs in this process; the texts that fail there (dead letters in the
-    job) are not counted."""
+    """Token counts (with ``[CLS]``/``[SEP]``, after truncation) as the job's tokenize step
+    counts them; the texts that fail there (dead letters in the job) are not counted."""
     if not isinstance(texts, pa.Array):
         texts = pa.array(list(texts), pa.large_string())
     ids, failures = (model or text.SentenceEncoder.from_dir()).tokenizer().encode_arrow(texts)
@@ -124,9 +121,7 @@ def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None)
     """The run's batches: fixed buckets, or buckets or packed rows planned from a sample.
 
     Args:
-        args: the parsed flags (``--buckets``, ``--batching``, ``--compile_budget``,
-            ``--plan_sample``, ``--shape_cost``, ``--batch_size``, ``--max_tokens_per_batch``,
-            ``--batch_sizes``, ``--rows_per_part``).
+        args: the parsed flags.
         inputs: the run's input files.
         num_devices: devices per worker where known (batch sizes are multiples of it).
         model: the ``SentenceEncoder`` (default: ``--model_dir``'s).

@@ -1,11 +1,8 @@
 """Every input as keyed Arrow record batches of ``key``, ``id`` and ``text``, one per part.
 
-Parquet and JSON lines are read by ``beam_jax.ReadArrowBatches`` (a JSON line that is not
-an object whose id and text fit the run's types is that line's dead letter, stage
-``read``); the built-in corpus is made here. ``key`` is ``file_index << 40 | row``
-(:mod:`pipelines.embed.parts`), and a part already written by an earlier run is dropped.
-Each batch says which file and rows it holds (``beam_jax.internal.origin_of``), for its
-rows' dead letters.
+Parquet and JSON lines are read by ``beam_jax.ReadArrowBatches`` (a bad JSON line is a dead
+letter, stage ``read``); the built-in corpus is made here. ``key`` is ``file_index << 40 |
+row`` (:mod:`pipelines.embed.parts`); a part already written by an earlier run is dropped.
 
 Example:
     >>> read = ReadParts(inputs, 8192, done, pa.int64())  # doctest: +SKIP
@@ -29,9 +26,8 @@ __all__ = ["KeyBatches", "ReadParts"]
 
 
 class KeyBatches(beam.DoFn):
-    """A record batch that ``ReadArrowBatches`` read in; the same rows with their keys out,
-    the id and text columns renamed ``id`` and ``text`` (and the bad JSON lines read before
-    them, in its metadata: the part's too); nothing for a part already done."""
+    """A record batch ``ReadArrowBatches`` read in; its rows with their keys out, the columns
+    renamed ``id`` and ``text`` (bad lines kept in its metadata); nothing for a part done."""
 
     def __init__(self, inputs: Inputs, done: frozenset[tuple[int, int]]):
         self._index = {f.path: i for i, f in enumerate(inputs.files)}
@@ -70,17 +66,16 @@ def _builtin_part(start: int, texts: int | None, part_rows: int) -> pa.RecordBat
 
 
 class ReadParts(beam.PTransform):
-    """The run's inputs as keyed record batches (one per part), spread over the workers,
-    and the dead letters of what could not be read (files, row groups, JSON lines).
+    """The run's inputs as keyed record batches (one per part), spread over the workers, and
+    the dead letters of what could not be read.
 
     Args:
         inputs: The run's inputs.
         part_rows: The most rows in a part.
         done: ``(file_index, first row)`` of the parts already written; skipped.
         id_type: The ids' Arrow type (JSON lines are read with it).
-        spread: Spread the parts over the workers after reading. Without it (one worker,
-            as on the in-process runner) reading runs fused with the steps after it, in a
-            background thread, and the text crosses no shuffle.
+        spread: Spread the parts over the workers after reading; without it (one worker)
+            reading runs fused with the steps after it, and the text crosses no shuffle.
     """
 
     def __init__(

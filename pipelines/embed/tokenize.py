@@ -1,6 +1,5 @@
-"""The tokenize step: the library's (``beam_jax.text.TokenizeBatches``), one tokenizer call
-per part, checking ids against the run's type; a bad row is a dead letter at stage
-``validation`` or ``tokenize`` (docs/embed_text.md).
+"""The tokenize step: ``beam_jax.text.TokenizeBatches``, one tokenizer call per part, ids
+checked against the run's type (docs/embed_text.md).
 
 Example:
     >>> step = tokenize_parts(pa.int64(), model, "text")  # doctest: +SKIP

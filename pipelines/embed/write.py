@@ -1,15 +1,11 @@
 """Writing the flagship's output in parts, each named by its input file and row range.
 
 Once every row of a part has an embedding or a dead letter, :class:`PartWriter` writes its
-dead letters to ``_failed/failed-SOURCE-START-END.jsonl`` (if it has any), then its
-embeddings to ``embeddings-SOURCE-START-END.parquet``: that file, written last, marks the
-part done. ``SOURCE`` is the file's stem and a hash of its path, ``START`` and ``END``
-12-digit row numbers. Each file is written under a temporary name and renamed, so a part is
-whole or absent, and writing a part twice (a retried bundle, a resumed run) rewrites the
-same file: no id is ever written twice. What could not be read (a file, a row group, a
-JSON line) is written by :class:`WriteUnreadable`. :class:`EmbedParts` is the step that
-tokenizes, embeds and writes each part: one DoFn, so no runner's fusion decides whether a
-part's rows meet their results.
+dead letters to ``_failed/failed-SOURCE-START-END.jsonl`` (if any), then its embeddings to
+``embeddings-SOURCE-START-END.parquet``, which marks the part done (``SOURCE``: the file's
+stem and a hash of its path). Each file is written whole under a temporary name and
+renamed, and writing a part twice rewrites the same file: no id is written twice. What
+could not be read is written by :class:`WriteUnreadable`.
 
 Example:
     >>> embeddings_name("in-1a2b3c4d", 0, 1024)
@@ -107,7 +103,7 @@ _WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 
 
 class _Open:
-    """A part being collected: its rows, and the results and dead letters seen so far."""
+    """A part being collected, with the results and dead letters seen so far."""
 
     def __init__(self, part: Part):
         self.part = part
@@ -130,14 +126,12 @@ class _Open:
 
 
 class PartWriter:
-    """The parts one DoFn instance has open in its bundle; each written, in the background,
-    as soon as every row of it has an embedding or a dead letter.
+    """The parts one DoFn instance has open in its bundle; each written, in the background
+    (a ``beam_jax.WorkAhead``), as soon as every row of it has an embedding or a dead letter.
 
     A DoFn calls :meth:`setup`, :meth:`start_bundle`, :meth:`finish_bundle` and
-    :meth:`teardown` from its own, :meth:`open` for each part before any of its results,
-    and yields what :meth:`add_results` and :meth:`add_dead` yield: the names of the parts
-    written (one part behind: encoding and writing release the GIL, and run in a
-    ``beam_jax.WorkAhead`` while the bundle goes on).
+    :meth:`teardown` from its own, :meth:`open` for each part before any of its results, and
+    yields what :meth:`add_results` and :meth:`add_dead` yield: the names of parts written.
 
     Args:
         directory: Where the parts go (the run's staging directory).
@@ -239,8 +233,8 @@ class PartWriter:
             )
 
     def _write(self, collected: _Open) -> tuple[str, int, int]:
-        """Writes a whole part: its dead letters (if any), then its embeddings, in row order.
-        Returns its name, its embeddings and its dead letters."""
+        """Writes a whole part's dead letters (if any), then its embeddings, in row order;
+        returns its name and counts."""
         part = collected.part
         positions = part.positions
         table = self._schema.empty_table()
@@ -276,9 +270,8 @@ def _in_row_order(results) -> tuple[np.ndarray, np.ndarray]:
 
 
 class WriteUnreadable(beam.DoFn):
-    """A read step's dead letter in: a file or row group that cannot be read (counted as
-    ``files_unreadable``; not a row), written to its own file under ``_failed/``. (A JSON
-    line that is no row is its part's: ``ReadArrowBatches(bad_lines="in_batches")``.)"""
+    """A read step's dead letter in (a file or row group that cannot be read, counted as
+    ``files_unreadable``), written to its own file under ``_failed/``."""
 
     def __init__(self, directory: str, inputs: Inputs, progress: str | None = None):
         self._directory = directory

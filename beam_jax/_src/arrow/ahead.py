@@ -1,12 +1,10 @@
 """Work ahead: a DoFn's heavy step for one element runs in a background thread while the
 outputs of the elements before it go downstream.
 
-Beam runs a bundle's fused steps one element at a time on one thread, so a step that waits
-on native code (reading a file, a Rust tokenizer, encoding Parquet, all of which release
-the GIL) leaves the rest of the stage idle meanwhile. :class:`WorkAhead` lets such a step
-hand its native work to a thread of its own and emit each element's outputs one or more
-elements later (and the last ones when the bundle finishes), so the native work of the next
-element overlaps the Python work downstream of this one.
+Beam runs a bundle's fused steps one element at a time on one thread, so a step waiting on
+native code that releases the GIL (reading a file, a Rust tokenizer) leaves the stage idle.
+:class:`WorkAhead` runs such work on a thread of its own and emits each element's outputs
+one or more elements later, so it overlaps the Python work downstream.
 """
 
 from __future__ import annotations
@@ -35,15 +33,12 @@ class _Pending:
 class WorkAhead:
     """Runs each element's ``work`` in background threads, up to ``depth`` elements ahead.
 
-    A DoFn holds one, calls :meth:`setup`, :meth:`start_bundle`, :meth:`finish_bundle` and
-    :meth:`teardown` from its own methods, and hands each element's work to :meth:`submit`
-    with ``then``, which turns the work's result into the element's outputs. ``work`` runs in
-    the background thread and must not touch Beam (no metrics, no outputs: Beam's metrics
-    are per thread); ``then`` runs on the bundle's thread, in the order elements came, and
-    may count and yield as a ``process`` method does (``TaggedOutput`` included). An
-    exception in ``work`` is raised by the call that emits its element, which fails the
-    bundle as if ``process`` had raised it. Without :meth:`setup` (a DoFn called directly,
-    as in a unit test) ``work`` runs at once.
+    A DoFn calls :meth:`setup`, :meth:`start_bundle`, :meth:`finish_bundle` and
+    :meth:`teardown` from its own, and hands each element's work to :meth:`submit` with
+    ``then``, which turns its result into outputs. ``work`` runs in the background and must
+    not touch Beam (metrics are per thread); ``then`` runs on the bundle's thread, in order,
+    and may count and yield as ``process`` does. An exception in ``work`` is raised where its
+    element is emitted. Without :meth:`setup` (a unit test) ``work`` runs at once.
 
     Example:
         >>> ahead = WorkAhead("square")
@@ -60,10 +55,8 @@ class WorkAhead:
         name: The background threads' name (shown by profilers and in thread dumps).
         depth: How many elements' work may run or wait beyond the one being emitted; more
             holds more elements' results in memory at once.
-        workers: Threads that run the work: up to ``min(workers, depth + 1)`` elements'
-            work at once, e.g. 2 for work that releases the GIL and may complete in a burst
-            (the parts a bundle's last batches complete, written on both of two cores).
-            Outputs keep the elements' order whatever finishes first.
+        workers: Threads that run the work (up to ``min(workers, depth + 1)`` elements at
+            once); outputs keep the elements' order whatever finishes first.
 
     Raises:
         ValueError: ``depth`` or ``workers`` is not a positive int.
@@ -105,17 +98,15 @@ class WorkAhead:
         """Starts ``work`` and yields the outputs of the elements now ``depth`` behind.
 
         Args:
-            work: The element's native work, called with no arguments in the background
-                thread.
+            work: The element's native work, called with no arguments in the background.
             then: The element's outputs from ``work``'s result, run on the bundle's thread.
             window: The element's window (``beam.DoFn.WindowParam``), for outputs emitted
-                from a later element or when the bundle finishes.
+                later.
             timestamp: The element's timestamp (``beam.DoFn.TimestampParam``).
 
         Yields:
             The outputs of earlier elements, each as a ``WindowedValue`` of its own element's
-            window and timestamp (``TaggedOutput`` kept), or as ``then`` gave them if no
-            window was given; without :meth:`setup`, this element's outputs at once.
+            window and timestamp (as ``then`` gave them without a window).
         """
         if self._pool is None:
             yield from then(work())

@@ -1,11 +1,9 @@
 """Padded batches filled straight from decoded Arrow values (vectorised numpy).
 
-Rows of one bucket are copied once, from a decoded record batch's flat values into the
-bucket's padded buffer, with one vectorised gather per (record batch, bucket, leaf), or
-one slice copy per row where rows are long (several KB each); the record batch can then
-be dropped, so memory is bounded by one buffer per bucket. For
-packing, ``ColumnRecords`` stages a record batch's rows as they are (flat values, where
-each row starts, its length) and lays a packed batch out with one gather per leaf.
+Rows of one bucket are copied once from a decoded record batch's flat values into the
+bucket's padded buffer (one gather per record batch, bucket and leaf, or one slice copy per
+long row), so memory is bounded by one buffer per bucket. For packing, ``ColumnRecords``
+stages a record batch's rows as they are and lays a packed batch out with one gather per leaf.
 """
 
 from __future__ import annotations
@@ -28,15 +26,10 @@ class BucketFill:
     """The padded batch of one bucket, filled by row ranges, run, then reused.
 
     The buffers are allocated once per bucket and reused for every batch (fresh multi-MB
-    buffers per batch would cost more in page faults than the copy itself). Each row
-    remembers how many leading steps hold data, so reuse re-pads only what the previous
-    batch wrote beyond the new row's length.
-
-    Rows of a ragged leaf whose padded row holds at least ``row_copy_values`` values are
-    copied row by row, their real values only, and only the steps the buffer's previous
-    batch left beyond a row's length are re-padded. For long rows this moves less memory
-    than gathering whole padded rows and then masking their padding; for short ones,
-    Python's per-row work costs more than it saves.
+    buffers would cost more in page faults than the copy). Each row remembers how many
+    leading steps hold data, so reuse re-pads only what the previous batch wrote beyond
+    the new row's length. Rows of at least ``row_copy_values`` padded values are copied row
+    by row, their real values only; shorter ones by one gather of whole padded rows.
 
     Args:
         plan: the batching plan.
@@ -95,12 +88,6 @@ class BucketFill:
         """Copy ``rows`` of ``decoded`` (at most ``free``) into the next batch rows;
         ``describe(key, row)`` makes a row's dead-letter source from its id and its row in
         ``decoded`` (``source``), as ``ColumnRecords``' does.
-
-        Short rows: one ``take`` per leaf writes the rows' whole padded block straight from
-        the Arrow values (padding positions read whatever follows the row, clipped to the
-        values, and are then overwritten with the pad value), so no per-row work and no
-        temporary copies. Rows of at least ``row_copy_values`` padded values: one slice
-        copy per row, then only the stale steps beyond it are re-padded.
         """
         k = len(rows)
         at = self.size
@@ -186,18 +173,16 @@ class BucketFill:
         if not self.ids:
             return None
         if len(self.ids) > 1 or isinstance(self.ids[0], np.ndarray):
-            parts = self.ids
-            if all(isinstance(part, np.ndarray) for part in parts):
-                whole = pa.array(np.concatenate(parts), type=self._id_type)
-            else:
-                whole = pa.concat_arrays(
-                    [
-                        pa.array(part, type=self._id_type) if isinstance(part, np.ndarray) else part
-                        for part in parts
-                    ]
-                )
-            self.ids = [whole]
+            self.ids = [_arrow_ids(self.ids, self._id_type)]
         return self.ids[0]
+
+
+def _arrow_ids(parts: Sequence[pa.Array | np.ndarray], id_type: pa.DataType | None) -> pa.Array:
+    """Parts of an id column (numpy or Arrow arrays) as one Arrow array."""
+    if all(isinstance(part, np.ndarray) for part in parts):
+        return pa.array(np.concatenate(parts), type=id_type)
+    arrays = [pa.array(p, type=id_type) if isinstance(p, np.ndarray) else p for p in parts]
+    return pa.concat_arrays(arrays)
 
 
 def _gather_rows(block, leaf, start, steps, per_row, pad_value, *, ragged: bool) -> None:
@@ -236,12 +221,9 @@ def _copy_rows(block, leaf, start, steps, dirty, pad_value) -> None:
 class ColumnRecords:
     """Records staged for packing as the columns they were decoded from: no per-row objects.
 
-    Per leaf, one flat values array and each record's first value; per record, its length
-    along the packed axis, its id and its row in its record batch. A record's dead-letter
-    description is made only when one is needed, by its batch's ``describe(key, row)``.
-    ``take`` and ``concat`` make subsets and unions (the engine's ``PackedStage`` stages,
-    packs and keeps the rest with them); ``lay_out`` copies a packed batch's values with one
-    gather per leaf.
+    A record's dead-letter description is made only when needed, by its batch's
+    ``describe(key, row)``. ``take`` and ``concat`` make subsets and unions (for the engine's
+    ``PackedStage``); ``lay_out`` copies a packed batch's values with one gather per leaf.
 
     Args:
         values: per leaf, its values, flat.
@@ -342,7 +324,7 @@ class ColumnRecords:
         elif all(isinstance(k, np.ndarray) for k in keys):
             keys = np.concatenate(keys)
         else:
-            keys = pa.concat_arrays([k if isinstance(k, pa.Array) else pa.array(k) for k in keys])
+            keys = _arrow_ids(keys, parts[0].id_type)
         # Only the record batches still referenced keep their description.
         shift = np.cumsum([0] + [len(p.describe) for p in parts[:-1]])
         batch = np.concatenate([p.batch + k for p, k in zip(parts, shift, strict=True)])

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import glob
-import os
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -17,50 +15,36 @@ from beam_jax._src.arrow.json_lines import infer_schema, is_json_lines
 from beam_jax._src.arrow.read_files import ListRowGroups, ReadJsonLines, ReadRowGroup
 from beam_jax._src.core.dead_letter import DEAD_LETTERS
 from beam_jax._src.errors import InputFileError, SpecError
+from beam_jax._src.files import dangling_links
 from beam_jax._src.runners.dask_refusals import refuse_beams_dask_runner
 
 
 class ReadArrowBatches(beam.PTransform):
     """Read Parquet or JSON-lines files as a PCollection of ``pyarrow.RecordBatch``.
 
-    The pattern is matched when the pipeline is built (no match fails the launch, naming the
-    pattern). Each batch has at most ``max_rows`` rows, and its schema metadata says where
-    it was read from (``beam_jax.file``, ``beam_jax.first_row``: the file, and the file row
-    or line of its first row), so dead letters downstream (``RunKernelOnArrow``) name the
-    file and row of each failed row.
+    The pattern is matched when the pipeline is built (no match fails the launch). Each
+    batch's schema metadata says where it was read from (``beam_jax.file``,
+    ``beam_jax.first_row``), so dead letters downstream name the file and row.
 
-    **Parquet** (any file not named as JSON lines): each file's footer is read to list its
-    row groups, which are then read in parallel. With ``max_rows``, consecutive row groups
-    of at most ``max_rows`` rows in all are read together and batched as one (a file
-    written in small row groups still gives batches of about ``max_rows`` rows, not one
-    small batch per row group). Each worker reads one row group (or run of them) ahead of
-    the steps fused after the read (decoding, padding, the kernel), so reading overlaps
-    them; memory per worker is about two row groups or ``max_rows`` rows, whichever is
-    larger, whatever the size of the dataset, so write files with row groups of a few MB.
-    A local file is memory-mapped for each read (and its footer parsed once per worker),
-    so do not rewrite a file while a job reads it. A file that cannot be read (truncated,
-    not Parquet, lacking a column read) or a row group that cannot be decoded is an
-    ``InputFileError`` naming the file.
+    **Parquet** (any file not named as JSON lines): each file's row groups are listed from
+    its footer and read in parallel; with ``max_rows``, consecutive small row groups are read
+    together up to it. Each worker reads one row group ahead of the steps fused after it;
+    memory per worker is about two row groups or ``max_rows`` rows, whatever the dataset's
+    size. A local file is memory-mapped, so do not rewrite a file while a job reads it.
 
-    **JSON lines** (``.jsonl``, ``.json``, ``.ndjson``, also compressed: ``.gz``, ``.bz2``,
-    ``.xz``, ``.lzma``, ``.zst``, ``.deflate``; or ``format="jsonl"``): one JSON object per
-    line, each file read by one worker in blocks that pyarrow parses whole. The columns'
-    types are ``schema``'s when given, else inferred at launch from the first 1,000 object
-    lines of the files (pyarrow's inference: int64, double, bool, string, lists, structs; a
-    column none of them holds is read as string). Other fields are ignored and a missing
-    field is null. A row's ``first_row`` counts lines from 0 (messages name a line from 1,
-    as editors count it); blank lines are skipped (not
-    rows) and a leading byte order mark is dropped. A line that is not UTF-8, not JSON, not
-    an object, or whose fields do not fit the columns' types is an ``InputFileError``
-    naming the file and line; so is a file that cannot be opened, or that breaks off
-    part-way (a truncated ``.gz``), after the lines before the break were read.
+    **JSON lines** (``.jsonl``, ``.json``, ``.ndjson``, also compressed; or
+    ``format="jsonl"``): one JSON object per line, each file read by one worker in blocks
+    that pyarrow parses whole. The columns' types are ``schema``'s, else inferred at launch
+    from the first 1,000 object lines (a column none holds is read as string); other fields
+    are ignored and a missing one is null. ``first_row`` counts lines from 0 (messages count
+    from 1); blank lines are skipped and a leading byte order mark is dropped.
 
-    Without ``.with_exception_handling()`` such a fault fails the job. With it, each
-    becomes one ``FailedElement`` on the dead-letter output (stage ``"read"``, ``source``
-    the file's path, ``row`` the row group's first row, the bad line, or the line a file
-    broke off at; a bad line's text as its ``element`` and its ``key`` field as its
-    ``key``), and everything else is still read: every line ends as one row or one dead
-    letter.
+    A file that cannot be read, a row group that cannot be decoded, a line that is not a
+    JSON object fitting the columns' types, or a file that breaks off part-way is an
+    ``InputFileError`` naming the file (and line). Without ``.with_exception_handling()`` it
+    fails the job; with it, each is one ``FailedElement`` (stage ``"read"``, ``source`` the
+    file, ``row`` the row group's first row or the line; a bad line's text as ``element``
+    and its ``key`` field as ``key``) and everything else is still read.
 
     Examples:
         >>> read = ReadArrowBatches("data/*.parquet", columns=["id", "x"], max_rows=4096)
@@ -79,22 +63,17 @@ class ReadArrowBatches(beam.PTransform):
             columns of it); default inferred.
         key: JSON lines only: a field whose value becomes a bad line's dead-letter ``key``
             when the line can be read that far (an id, so the dead letter names the row).
-        type_fix: JSON lines only: what a bad line's message advises besides fixing the
-            line, by column, where its field does not fit the column's type; default, for
-            every column: read it with a type that holds it (``schema``). A job with flags
-            names them (``{"id": "pass --id_type string if the ids are strings"}``); a
-            column it leaves out gets "fix the line" alone.
+        type_fix: JSON lines only: by column, what a bad line's message advises where its
+            field does not fit the column's type (e.g. ``{"id": "pass --id_type string"}``);
+            default: read it with a type that holds it (``schema``).
         bad_lines: JSON lines with ``.with_exception_handling()``: where a bad line's dead
-            letter goes: ``"dead_letters"`` (the default), the dead-letter output; or
-            ``"in_batches"``, the metadata of the next batch read from its file
-            (:func:`~beam_jax.internal.bad_lines_of` reads them; a batch of no rows carries
-            those after a file's last row), whose rows then span bad and blank lines (a
-            ``beam_jax.row`` column says each row's line), so that a job cutting its output
-            by batches files each bad line with the rows around it, in the same part.
-        spread: Spread the files, then each file's row groups, over the workers (a
-            ``Reshuffle`` each; the default). ``False`` where one worker runs the whole
-            pipeline (the in-process runners): reading then runs fused with the steps after
-            it, with no shuffle and no stage of its own.
+            letter goes: ``"dead_letters"`` (the default) or ``"in_batches"``, the metadata
+            of the next batch read from its file (:func:`~beam_jax.internal.bad_lines_of`;
+            a ``beam_jax.row`` column then says each row's line), so a job cutting its output
+            by batches files each bad line with the rows around it.
+        spread: Spread the files, then each file's row groups, over the workers (the
+            default). ``False`` where one worker runs the whole pipeline: reading then runs
+            fused with the steps after it, with no shuffle.
 
     Raises:
         SpecError: ``max_rows``, ``format``, ``schema`` or ``columns`` is not valid.
@@ -150,11 +129,8 @@ class ReadArrowBatches(beam.PTransform):
         self._handle_errors = False
 
     def with_exception_handling(self) -> ReadArrowBatches:
-        """Dead-letter unreadable files and row groups instead of failing the job.
-
-        The transform then returns ``(batches, dead_letters)``, a ``RunKernelResult``-like
-        pair; dead letters are ``FailedElement`` records whose ``source`` is the file's
-        path.
+        """Dead-letter unreadable files and row groups instead of failing the job: the
+        transform then returns ``ReadResult(batches, dead_letters)``.
         """
         clone = copy.copy(self)
         clone._handle_errors = True
@@ -172,13 +148,7 @@ class ReadArrowBatches(beam.PTransform):
             matched, cause = [], e
         else:
             cause = None
-        paths = {m.path for m in matched}
-        if "://" not in self.file_pattern:
-            # Beam's local match leaves out a link to nothing: the user named it, so its
-            # reading fails and says so, as any other unreadable file's does.
-            found = glob.glob(self.file_pattern, recursive=True)
-            paths |= {p for p in found if os.path.islink(p) and not os.path.exists(p)}
-        paths = sorted(paths)
+        paths = sorted({m.path for m in matched} | set(dangling_links(self.file_pattern)))
         if not paths:
             raise InputFileError(
                 f"no files match {self.file_pattern!r}"
@@ -249,9 +219,7 @@ class ReadArrowBatches(beam.PTransform):
 
 class _Paths(beam.PTransform):
     """The file paths as a PCollection: spread over the workers (``beam.Create``'s
-    reshuffle, where there is more than one path), or, where one worker reads every file
-    (no spread), one step after an impulse (``beam.Create`` adds a step that decodes
-    each value, and each step costs every launch a few milliseconds)."""
+    reshuffle), or, unspread, one step after an impulse (``beam.Create`` adds a step)."""
 
     def __init__(self, paths: Sequence[str], spread: bool):
         super().__init__()

@@ -1,15 +1,10 @@
 """JSON lines as Arrow record batches: whole blocks through pyarrow, bad lines found apart.
 
-A file is read in blocks of about a megabyte of whole lines. pyarrow's JSON reader parses a
-block at once into columns of the given types; when every line of the block is a JSON
-object whose fields fit those types (the common case) no Python runs per line. Only when
-a block fails is it halved, and the halves parsed again, until each bad line stands alone:
-``k`` bad lines among ``n`` cost about ``2k log2(n)`` more parses. Each bad line is then
-described (not UTF-8, not JSON, not an object, a field of another type) in Python.
-
-Line numbers count every line from 0, blank ones too; a blank line (only whitespace) is
-neither a row nor a fault. A record batch holds consecutive lines, so its first line and
-its row offsets say each row's line: blank and bad lines end a batch.
+pyarrow parses a block of about a megabyte of whole lines at once, so no Python runs per
+line when every line fits the columns (the common case). A block that fails is halved until
+each bad line stands alone (``k`` bad lines among ``n`` cost about ``2k log2(n)`` more
+parses), and each bad line is described in Python. Line numbers count every line from 0;
+a blank line is neither a row nor a fault, and blank and bad lines end a batch.
 
 Example:
     >>> import io
@@ -88,16 +83,9 @@ class LineBatch:
 
 @dataclasses.dataclass(frozen=True)
 class BadLine:
-    """A line that is not a row of the schema: its number, text, key and why.
-
-    Attributes:
-        line: The line's number in the file, from 0.
-        text: The line as read (bytes; not always UTF-8).
-        message: What is wrong, and how to fix it.
-        key: The value of the key field, when the line is a JSON object that has it.
-        column: The column whose type the line's field does not fit, when that is what is
-            wrong (the caller may say how to read it with another type).
-    """
+    """A line that is not a row of the schema: its number (from 0), text (bytes), what is
+    wrong and how to fix it, its key field when readable, and the column whose type a field
+    does not fit, when that is what is wrong."""
 
     line: int
     text: bytes
@@ -135,9 +123,7 @@ def uncompressed_name(path: str) -> str:
 
 def open_stream(path: str, stack: contextlib.ExitStack) -> BinaryIO:
     """``path`` opened for reading, decompressed as its extension says; ``stack`` closes it.
-
-    A local path that is not a regular file (a named pipe, a socket, a directory) is refused
-    rather than opened: opening a pipe would wait for a writer forever.
+    A local path that is not a regular file is refused: opening a pipe would wait forever.
 
     Raises:
         OSError: The file cannot be opened.
@@ -229,10 +215,9 @@ class _Lines:
         self.ends = ends
         self.count = len(ends)
         self.block = block
-        # Lines that cannot be one object ({...}) never reach pyarrow: besides being no
-        # row, a top-level null reads as a row of nulls, and pyarrow 25 crashes when a
-        # block's first row is null and a later one fails conversion. Checked per line
-        # with numpy; only lines with whitespace at either end are looked at in Python.
+        # Lines that cannot be one object ({...}) never reach pyarrow: a top-level null
+        # reads as a row of nulls, and pyarrow 25 crashes on a block whose first row is
+        # null. Checked with numpy; only lines with whitespace at either end in Python.
         length = self.ends - self.starts
         full = length > 0
         self.object = np.zeros(len(ends), dtype=bool)
@@ -385,10 +370,8 @@ def read_json_lines(
         max_rows: The most rows in one batch (default: a block's run of lines).
         key: A field whose value names a bad line in its ``BadLine.key``, when readable.
         block_bytes: About how many bytes are parsed at once.
-        gaps: A batch's rows may skip lines (bad and blank ones): up to ``max_rows`` rows
-            of a block each (``LineBatch.lines`` then says each row's line), rather than
-            runs of consecutive lines; each bad line is still yielded, before the batch
-            whose rows follow it.
+        gaps: A batch's rows may skip bad and blank lines (``LineBatch.lines`` then says
+            each row's line); each bad line is yielded before the batch that follows it.
 
     Raises:
         FileCut: The stream failed part-way (a truncated gzip, a read error); raised after
@@ -439,11 +422,9 @@ def infer_schema(
 ) -> pa.Schema:
     """Column types from the first ``lines`` JSON-object lines of ``paths`` (in order).
 
-    pyarrow infers each field's type from those lines (int64, double, bool, string, lists,
-    structs; an int column with a float in it is double). A column in ``columns`` that
-    none of them holds, or holds only as null, is read as string. Files that cannot be
-    opened, and lines that are not JSON objects, are skipped here (reading dead-letters
-    them).
+    pyarrow infers each field's type; a column of ``columns`` none of them holds (or only
+    as null) is read as string. Files that cannot be opened, and lines that are not JSON
+    objects, are skipped here (reading dead-letters them).
 
     Raises:
         SpecError: The sampled lines give a field two types (e.g. a number and a string);

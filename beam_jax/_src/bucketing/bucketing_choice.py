@@ -1,11 +1,8 @@
 """Buckets and batch sizes planned together from a sample, under a compile budget.
 
-``plan_boundaries`` minimises the padding along the ragged axis alone. A job also pads
-batch rows: the last batch of each bucket is padded up to an allowed batch size, and every
-allowed ``(bucket, batch size)`` is one more compiled shape. ``plan_bucketing`` weighs all
-three: it picks the number of buckets, their boundaries and each bucket's batch sizes that
-minimise the expected padded volume (batch rows included) plus a price per compiled shape,
-with at most ``compile_budget`` shapes in all (pure numpy).
+``plan_boundaries`` minimises the padding along the ragged axis alone; ``plan_bucketing``
+also weighs the padded batch rows and a price per compiled ``(bucket, batch size)``, with at
+most ``compile_budget`` shapes in all (pure numpy).
 """
 
 from __future__ import annotations
@@ -74,16 +71,11 @@ def plan_bucketing(
 ) -> BucketingChoice:
     """Boundaries and batch sizes that minimise expected padded volume, batch rows included.
 
-    For each number of buckets ``k`` up to the budget, ``plan_boundaries`` places the
-    boundaries; the ``total`` elements are then spread over the buckets as the sample's are,
-    and each bucket of ``n`` elements (at most ``cap`` per batch) gets ``ceil(n / cap)``
-    equal batches, so its padded rows are fewer than its batches with one compiled shape.
-    Shapes left in the budget go to the buckets whose last batch pads the most volume. The
-    plan with the least ``padded volume + shape_cost * shapes`` wins (fewer shapes on ties).
-
-    Counts are expectations: an input that arrives in several bundles, or differs from the
-    sample, pads its buckets' last batches more, never fails (every bucket's largest batch
-    size takes any remainder).
+    For each number of buckets up to the budget, ``plan_boundaries`` places the boundaries,
+    the ``total`` elements are spread over them as the sample's are, and shapes left in the
+    budget go to the buckets whose last batch pads the most. The plan with the least
+    ``padded volume + shape_cost * shapes`` wins. Counts are expectations: an input unlike
+    the sample pads more, never fails.
 
     Example:
         >>> plan = plan_bucketing([3, 3, 4, 9, 9, 10], max_size=16, compile_budget=3)
@@ -98,8 +90,7 @@ def plan_bucketing(
         max_padded_size: the most rows x boundary in a batch (e.g. padded tokens).
         total: how many elements the job has; default the sample's size.
         shape_cost: the price of one more compiled shape, in padded volume (e.g. tokens the
-            device embeds in the time one shape compiles); 0 spends the whole budget
-            wherever it lowers padding.
+            device embeds in the time one shape compiles).
         num_devices: batch sizes are multiples of this (batches shard over the devices).
         axis: the ragged axis's name in the ``Bucketing``.
         **kwargs: other ``Bucketing`` fields (``oversize``).

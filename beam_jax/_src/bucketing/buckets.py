@@ -15,10 +15,9 @@ from beam_jax._src.errors import SpecError
 class Bucketing:
     """How elements are grouped into padded batches.
 
-    Each ragged axis has sorted bucket boundaries; an element goes to the smallest boundary
-    that fits on every axis, so a bucket is one boundary per axis. The batch dimension is
-    padded up to one of ``batch_sizes``, so the kernel only ever sees
-    ``len(buckets) x len(batch_sizes)`` shapes, all known before the job starts.
+    An element goes to the smallest boundary that fits on every ragged axis (a bucket is
+    one boundary per axis), and the batch dimension is padded up to one of ``batch_sizes``,
+    so every shape the kernel sees is known before the job starts.
 
     Examples:
         >>> b = Bucketing(boundaries={"L": 512}, batch_size=32, max_padded_size=4096)

@@ -1,13 +1,9 @@
 """Batch sizes that fit by construction: the policy, and the search over analysed bytes.
 
 Pure numpy: the search takes a callback that analyses one ``(bucket, batch size)`` shape
-(``kernel/memory.py`` compiles it and reads XLA's memory analysis), so the rules here test
-without a compiler.
-
-The search, per bucket, over the plan's allowed batch sizes (smallest first): analyse the
-smallest size, then bisect for the largest size whose bytes fit the budget. Bytes grow with
-the batch size, so at most ``ceil(log2 n) + 1`` analyses per bucket decide ``n`` sizes, and
-the chosen size and the next one up are both analysed: the first fits, the second not.
+(``kernel/memory.py`` reads XLA's memory analysis). Per bucket it bisects the allowed batch
+sizes for the largest whose bytes fit the budget: bytes grow with the batch size, so at most
+``ceil(log2 n) + 1`` analyses per bucket decide ``n`` sizes.
 """
 
 from __future__ import annotations
@@ -24,11 +20,9 @@ Bucket = tuple[int, ...]
 class FitToMemory:
     """Per bucket, the largest allowed batch size whose compiled program fits in memory.
 
-    At worker start each bucket's batch sizes (``Bucketing``'s, after its ``batch_size`` and
-    ``max_padded_size`` caps) are compiled and analysed by XLA (arguments, outputs,
-    temporaries, generated code, per device; replicated parameters count against each
-    device), and the bucket's batch limit becomes the largest size within the budget. The
-    out-of-memory back-off stays as the safety net.
+    At worker start each bucket's batch sizes are compiled and analysed by XLA (per device,
+    replicated parameters included), and the bucket's batch limit becomes the largest size
+    within the budget. The out-of-memory back-off stays as the safety net.
 
     Example:
         >>> fit = FitToMemory(budget_bytes=256 << 20)
@@ -39,11 +33,9 @@ class FitToMemory:
         budget_bytes: bytes per device a batch's program may use. Required on CPU, whose
             devices do not report their memory; on GPU/TPU it overrides the default.
         device_fraction: without ``budget_bytes``, this fraction of each device's free
-            memory at worker start (``memory_stats()``: ``bytes_limit - bytes_in_use``,
-            the parameters' own bytes added back since the analysis counts them).
+            memory at worker start (the parameters' own bytes added back).
         one_size: pad every batch of a bucket to its chosen size, so the run compiles one
-            shape per bucket (a bundle's last partial batch is padded up) instead of also
-            the smaller sizes.
+            shape per bucket.
     """
 
     budget_bytes: int | None = None
@@ -77,9 +69,8 @@ class ShapeBytes:
         temp: temporaries XLA's buffer assignment allocates.
         generated_code: the compiled code (on GPU/TPU it lives in device memory).
         alias: outputs that reuse argument buffers (counted once).
-        hidden: an estimate of buffers XLA's analysis does not see: on CPU, intermediates
-            inside XNNPACK fusions, which allocate their own (``kernel/memory.py``).
-            0 where the analysis is complete.
+        hidden: an estimate of buffers XLA's analysis does not see (on CPU, inside XNNPACK
+            fusions: ``kernel/memory.py``); 0 where the analysis is complete.
     """
 
     argument: int

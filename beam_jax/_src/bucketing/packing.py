@@ -1,11 +1,9 @@
 """Sequence packing, the policy: several short records per fixed-length row (pure numpy).
 
-Bucketing pads every record to its bucket's boundary; packing instead lays records end to
-end along their one ragged axis in rows of a fixed length, so a row holds several records
-(segments) and little padding. ``Packing`` is the policy; ``assign_rows`` places one
-buffer's records in rows from their lengths alone, and ``batch_rows`` groups the rows into
-batches of the listed sizes. Both are shared by the packer (``packed_batch.Packer``) and
-the planner (``packing_choice``), so what the planner predicts is what the packer does.
+Packing lays records end to end along their one ragged axis in rows of a fixed length, so a
+row holds several records (segments) and little padding. ``assign_rows`` places a buffer's
+records in rows from their lengths alone and ``batch_rows`` groups rows into batches; the
+packer and the planner share both, so what the planner predicts is what the packer does.
 
 Example:
     >>> a = assign_rows([5, 3, 2], Packing(row_lengths=8, rows_per_batch=2))
@@ -52,16 +50,11 @@ def _positive_ints(name: str, value: Any) -> tuple[int, ...]:
 class Packing:
     """How records are packed into rows, and rows into batches: the packing policy.
 
-    Records are placed longest first into rows of the longest row length (first-fit or
-    best-fit); each row is then cut to the shortest listed row length that holds it, and the
-    rows of each length are grouped into batches of a listed size (full batches of the
-    largest size, the rest in the smallest size that holds it). The kernel sees only
-    ``len(row_lengths) x len(rows_per_batch)`` shapes (:meth:`shapes`).
-
-    With ``pack_lengths`` (length classes), a record is packed among the records of its
-    class only, into rows of its class's length: the shortest of ``pack_lengths`` that
-    holds it. Short records then fill short rows of their own (cheaper per slot where
-    attention's cost grows with the row length) and only the longer ones use the long rows.
+    Records are placed longest first into rows of the longest row length; each row is then
+    cut to the shortest listed row length that holds it, and rows are grouped into batches
+    of the listed sizes. The kernel sees only the shapes of :meth:`shapes`. With
+    ``pack_lengths`` (length classes), short records fill short rows of their own (cheaper
+    per slot where attention's cost grows with the row length).
 
     Example:
         >>> Packing(row_lengths=(128, 256), rows_per_batch=(8, 32)).shapes()
@@ -176,14 +169,9 @@ class _Placed:
 def _first_fit(groups, max_segments) -> _Placed:
     """Runs by first fit: each record, longest first, into the first row with room for it.
 
-    A length's records fill every row with room for one, in row order, each taking as many
-    as its room and segments allow, until the length's count runs out inside one row; the
-    rest open rows of their own, each as full as the first, the last with the rest. So rows
-    in the same state (room, records, used slots) are held together as blocks of
-    consecutive rows, split only where a length's count runs out, and a length costs a step
-    per block with room for it, not per row or record. Blocks with room are found by room
-    (a sorted list of the room values held, a list of blocks per value), and placed in row
-    order.
+    Rows in the same state (room, records, used slots) are held as blocks of consecutive
+    rows, split only where a length's count runs out inside one, so a length costs a step
+    per block with room for it, not per row or record. Blocks are found by room.
     """
     blocks: dict[int, tuple[int, int, int, int]] = {}  # first row -> (rows, room, held, used)
     by_room: dict[int, list[int]] = {}  # room -> the first rows of the blocks with it
@@ -264,12 +252,9 @@ def _first_fit(groups, max_segments) -> _Placed:
 def _best_fit(groups, max_segments) -> _Placed:
     """Runs by best fit: the open row with the least room that still holds the record.
 
-    That row stays the least roomy that holds one until it is spent, so, as in
-    ``_first_fit``, a group's records are placed as one run per row. The open rows are kept
-    by room (a heap of row indices per room value, the first row among equals first), and
-    the room values held in a short sorted list: rooms are at most the longest row, so a
-    search and an update cost the same however many rows are open. Plain Python lists:
-    numpy scalar indexing costs several times more per step.
+    That row stays the least roomy one until it is spent, so a group's records are placed
+    as one run per row. Open rows are kept by room (a heap of rows per room value, the room
+    values in a short sorted list), in plain Python lists: numpy scalar indexing is slower.
     """
     room: list[int] = []  # per row
     counts: list[int] = []
@@ -311,10 +296,9 @@ def _best_fit(groups, max_segments) -> _Placed:
 def assign_rows(lengths: Sequence[int] | np.ndarray, packing: Packing) -> Assignment:
     """Places the records of one buffer in rows, from their lengths alone.
 
-    Records are taken longest first (ties in input order), each class of
-    ``packing.pack_lengths`` into rows of its own length, after filling the room left in
-    the rows of longer classes; each row's segments are in placement order and laid end to
-    end from slot 0.
+    Records are taken longest first (ties in input order), each length class into rows of
+    its own length after filling the room left in rows of longer classes; a row's segments
+    are laid end to end from slot 0 in placement order.
 
     Example:
         >>> a = assign_rows([5, 3, 2, 9], Packing(row_lengths=8))
@@ -378,10 +362,9 @@ def batch_rows(
 ) -> list[tuple[int, int, np.ndarray]]:
     """Groups an assignment's rows into batches: ``(row length, rows, row indices)`` each.
 
-    Rows of each length, in order, fill batches of the largest listed size; the remainder
-    goes in the smallest listed size that holds it (its empty rows are padding). With
-    ``first`` (``bool`` per row), the rows it marks come before the others of their length,
-    so they fill the full batches before any remainder does (the same batches and sizes).
+    Rows of each length fill batches of the largest listed size; the remainder goes in the
+    smallest size that holds it. With ``first`` (``bool`` per row), the rows it marks come
+    first among their length, so they fill the full batches before the remainder does.
     """
     out = []
     for length in packing.row_lengths:

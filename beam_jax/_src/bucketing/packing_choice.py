@@ -1,14 +1,8 @@
 """Packing planned from a sample: row lengths and rows per batch under a compile budget.
 
-``plan_packing`` is the packing counterpart of ``plan_bucketing``. It packs a sample of
-lengths exactly as a job would (buffer by buffer, with ``assign_rows`` and ``batch_rows``), so
-the padding it predicts is the padding those buffers get, empty slots and empty rows
-included. It chooses the longest row (from candidates at least ``max_size``), length classes
-(shorter rows that short records are packed into on their own), shorter rows that the last,
-partly filled rows of a buffer may be cut to, and the rows per batch of each row length,
-minimising the executed slots (optionally weighted by a per-slot cost that grows with the
-row length, as attention's does, or measured per row length) plus a price per compiled
-shape (pure numpy).
+``plan_packing``, the packing counterpart of ``plan_bucketing``, packs a sample exactly as a
+job would (buffer by buffer, with ``assign_rows`` and ``batch_rows``), so the padding it
+predicts is the padding those buffers get, empty rows included (pure numpy).
 """
 
 from __future__ import annotations
@@ -176,8 +170,7 @@ def _choose_sizes(counts, lengths, caps, budget, weight, shape_cost, num_devices
 
 
 def _class_sets(candidates, tops, budget, length_classes):
-    """``(longest row, shorter length classes)`` to try: no classes first, then every set
-    of shorter candidates that leaves room in the compile budget."""
+    """``(longest row, shorter length classes)`` to try, within the compile budget."""
     for top in tops:
         shorter = [n for n in candidates if n < top] if length_classes else []
         for k in range(min(len(shorter), budget - 1) + 1):
@@ -205,16 +198,12 @@ def plan_packing(
     """Row lengths and rows per batch that minimise the executed slots of a sample.
 
     Every candidate longest row ``T >= max_size``, alone or with shorter length classes
-    (``Packing.pack_lengths``: records that fit a shorter class row are packed into rows
-    of that length on their own), packs the sample buffer by buffer; each set of shorter
-    candidates (that a buffer's partly filled rows are cut to) and each choice of rows per
-    batch is then priced by the rows it runs. A slot of a row of length ``L`` costs
-    ``slot_costs[L]`` when given (e.g. measured time per token at that row length), else
-    ``1 + attention_cost * L`` (for a transformer, attention adds about ``4 L h`` FLOPs per
-    token per layer to the dense ``24 h**2``: ``attention_cost = 1 / (6 h)``), and each
-    compiled shape ``shape_cost``. Length classes are chosen only when that price is lower
-    than without them. The padding it reports is that of the sample packed with the chosen
-    policy (``simulate_packing``), so it is exact for the sample and its buffering.
+    (``Packing.pack_lengths``), packs the sample buffer by buffer; each set of shorter rows
+    that partly filled rows are cut to, and each choice of rows per batch, is priced by the
+    rows it runs. A slot of a row of length ``L`` costs ``slot_costs[L]`` when given, else
+    ``1 + attention_cost * L`` (for a transformer, about ``1 / (6 h)``: attention's ``4 L h``
+    FLOPs per token and layer beside the dense ``24 h**2``); each compiled shape costs
+    ``shape_cost``. The padding reported is that of the sample packed with the plan.
 
     Example:
         >>> plan = plan_packing([30, 12, 7, 100, 64, 3] * 20, max_size=128, buffer_size=60)
@@ -237,12 +226,9 @@ def plan_packing(
         shape_cost: the price of one more compiled shape, in slots.
         num_devices: rows per batch are multiples of this.
         slot_costs: the cost of one slot in a row of each candidate length, in the unit of
-            ``shape_cost`` (a slot at cost 1); replaces ``attention_cost``'s rule.
-        length_classes: try length classes (``Packing.pack_lengths``); ``False``: every
-            record is packed into rows of the longest length (then cut).
-
-    Returns:
-        The plan, with its ``Packing`` and the padding of the sample packed with it.
+            ``shape_cost``; replaces ``attention_cost``'s rule.
+        length_classes: try length classes; ``False``: every record is packed into rows of
+            the longest length (then cut).
 
     Raises:
         SpecError: ``lengths`` is empty or not integral, a limit is below 1, or no
@@ -343,8 +329,8 @@ def _rows_cap(n: int, max_rows: int, max_tokens: int | None, num_devices: int) -
 
 
 def _pack_sample(sample, buffer_size, classes, max_segments, algorithm):
-    """The sample packed buffer by buffer into rows of the given length classes, uncut and
-    uncapped: each buffer's rows' used slots, and the most records a row held."""
+    """Each buffer's rows' used slots (packed uncut and uncapped), and the most records a
+    row held."""
     uncapped = Packing(
         row_lengths=classes, pack_lengths=classes, max_segments=max_segments, algorithm=algorithm
     )

@@ -25,11 +25,8 @@ _BUCKET_MEMO_SIZE = 1 << 16
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """``np.empty`` with the data 64-byte aligned.
-
-    XLA:CPU reads an aligned host array in place, so a batch is not copied again on its
-    way to the kernel (numpy alone aligns to 16).
-    """
+    """``np.empty`` with the data 64-byte aligned: XLA:CPU reads an aligned host array in
+    place, so a batch is not copied again on its way to the kernel (numpy aligns to 16)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + _ALIGN, np.uint8)
@@ -48,9 +45,8 @@ def pad_leaf(shape: tuple[int, ...], spec: Any, values: Sequence[np.ndarray]) ->
     """``values`` (validated leaves of one spec leaf) as the leading rows of one aligned
     array of ``shape``, everything else ``spec.pad_value``.
 
-    With at most one ragged axis only the padding is written besides the values (each
-    row's tail past its length, then the unused rows), not the whole buffer filled first
-    and then overwritten: each byte is written once.
+    With at most one ragged axis each byte is written once: the values, then only the
+    padding (each row's tail past its length, then the unused rows).
     """
     n = len(values)
     ragged = [axis for axis, _ in spec.ragged_axes]
@@ -186,26 +182,21 @@ class PlanBase:
             raise SpecError(f"{n} rows exceed the largest batch size {sizes[-1]}.")
         return sizes[i]
 
+    def _checks(self) -> dict[str, Any]:
+        return {
+            "validation": self.validation,
+            "max_sizes": self.max_sizes,
+            "truncate": self.truncate,
+        }
+
     def validate(self, element: Any) -> Validated:
         """Validate one element; see ``beam_jax.Validation``."""
-        return validate(
-            self.layout,
-            element,
-            validation=self.validation,
-            max_sizes=self.max_sizes,
-            truncate=self.truncate,
-        )
+        return validate(self.layout, element, **self._checks())
 
     def validate_many(self, elements: Sequence[Any]) -> list[Validated | Exception]:
         """``validate`` of each element, checked a batch at once (``validate_many``): its
         ``Validated`` or the exception ``validate`` raises for it."""
-        return validate_many(
-            self.layout,
-            elements,
-            validation=self.validation,
-            max_sizes=self.max_sizes,
-            truncate=self.truncate,
-        )
+        return validate_many(self.layout, elements, **self._checks())
 
     def split_outputs(
         self, outputs: BatchOutputs, rows: Sequence[int], items: Sequence[Validated]
@@ -296,11 +287,8 @@ class Plan(PlanBase):
         return self._sizes[bucket]
 
     def with_batch_limits(self, limits: Mapping[Bucket, int], *, one_size: bool = False) -> Plan:
-        """This plan with each bucket's batch sizes cut at ``limits[bucket]`` (one of them).
-
-        With ``one_size`` every batch of a bucket is padded to its limit, so the compile set
-        is one shape per bucket. Used when batch limits are fitted to memory (``FitToMemory``).
-        """
+        """This plan with each bucket's batch sizes cut at ``limits[bucket]`` (one of them),
+        as ``FitToMemory`` fits them; with ``one_size``, one shape per bucket."""
         sizes = {
             bucket: cut_batch_sizes(allowed, limits.get(bucket), one_size, f"bucket {bucket}")
             for bucket, allowed in self._sizes.items()
@@ -328,11 +316,8 @@ class Plan(PlanBase):
         return bucket_index(self._bounds, lengths)
 
     def bucket_for(self, lengths: Sequence[int]) -> Bucket:
-        """The smallest bucket that fits ``lengths`` (one per ragged axis).
-
-        The per-element path: ``bucket_indices`` for one row, memoised by the lengths (a
-        dict lookup instead of numpy calls on the per-element hot path).
-        """
+        """The smallest bucket that fits ``lengths`` (one per ragged axis): the per-element
+        path, memoised (a dict lookup instead of numpy calls on the hot path)."""
         key = tuple(lengths)
         bucket = self._bucket_memo.get(key)
         if bucket is None:

@@ -1,24 +1,17 @@
 """The batch engine: the one mechanism under every kernel transform (no Beam here).
 
 Per DoFn instance, the engine owns the buffers (one per bucket and slot, e.g. window),
-chunking by each bucket's current batch limit, dispatch with a bounded number of batches
-in flight (the host pads batch N+1 while the device runs batch N), bisection of failed
-batches down to the failing rows, out-of-memory splitting with limit lowering, the output
+chunking by each bucket's batch limit, dispatch with a bounded number of batches in flight,
+bisection of failed batches down to the failing rows, out-of-memory splitting, the output
 check, per-batch metrics, and the one failure path. Front ends (``FrontEnd``) supply only
-what differs: the buffers rows are added to, how a successful batch's outputs become
-results, and how a row is described in a dead letter.
-
-How a buffer's records fill batch rows is a policy the plan hands the engine
-(``plan.row_policy``): bucketing's ``OwnRows``, one batch row each, or packing's
-``SharedRows``, several records to a row.
+what differs: the buffers, how outputs become results, how a row is described in a dead
+letter. How records fill batch rows is the plan's ``row_policy`` (``OwnRows`` or packing's
+``SharedRows``).
 
 The bisection bound: a batch of ``n`` records holding ``k`` failing ones costs at most
-``1 + 2 k ceil(log2 n)`` kernel calls. Packed records are bisected the same way, each half
-laid out again in at most as many batch rows of the same length. Where records share rows,
-a batch whose output check fails (the contract, or non-finite records with
-``check_outputs_finite``) runs its failing records again apart the same way, since a
-record's row-mates share its row's computation: a failing record among good row-mates
-costs them nothing but one more call each half, within the same bound.
+``1 + 2 k ceil(log2 n)`` kernel calls. Packed records are bisected the same way; where
+records share rows, a batch whose output check fails runs its failing records again apart,
+since row-mates share a row's computation, within the same bound.
 """
 
 from __future__ import annotations
@@ -163,9 +156,8 @@ class BatchEngine:
         on_cpu = all(d.platform == "cpu" for d in worker.kernel.devices)
         if max_in_flight is None:
             max_in_flight = 1 if on_cpu else 2
-        # Outputs to the host: on CPUs ``np.asarray`` waits for each leaf, where
-        # ``jax.device_get``'s early host copies kept the waiting thread busy (about 3 µs
-        # of its CPU per record of a 64-row batch). Elsewhere they overlap the transfers.
+        # Outputs to the host: on CPUs ``np.asarray`` waits for each leaf (``device_get``'s
+        # early host copies keep the waiting thread busy); elsewhere they overlap transfers.
         self._fetch = fetch_on_cpu if on_cpu else jax.device_get
         self._max_in_flight = max_in_flight
         self._buffers: dict[tuple[Bucket, Any], Buffer] = {}

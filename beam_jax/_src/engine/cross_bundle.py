@@ -18,12 +18,11 @@ class CrossBundle:
     """Buffer elements in Beam state across bundles until a batch is full or has waited long
     enough.
 
-    Bundle mode (the default) flushes every buffer at the end of each bundle: right for the
-    FnApiRunner and Dataflow batch jobs, whose bundles are large, wasteful where bundles hold
-    a handful of elements (Dataflow streaming, Flink). In cross-bundle mode, elements are
-    keyed by ``(bucket, shard)``, kept in ``BagState`` per key and window, and a batch runs
-    when it is full, when its oldest element has waited ``max_wait_s`` (a processing-time
-    timer) or when its window ends (an event-time timer). See docs/streaming.md.
+    Bundle mode (the default) flushes every buffer at the end of each bundle, wasteful where
+    bundles hold a handful of elements (Dataflow streaming, Flink). Cross-bundle mode keys
+    elements by ``(bucket, shard)`` in ``BagState`` per window, and a batch runs when full,
+    when its oldest element has waited ``max_wait_s``, or when its window ends
+    (docs/streaming.md).
 
     Example:
         >>> config = CrossBundle(max_wait_s=0.5, shards=4, when="unbounded")
@@ -34,9 +33,8 @@ class CrossBundle:
         max_wait_s: the longest an element waits in a buffer before its batch runs (seconds
             of processing time; the runner fires timers best-effort, so add one timer
             firing delay).
-        shards: keys per bucket: a hot bucket's elements are spread round-robin over this
-            many keys, so they can run on as many workers. About the number of workers (or
-            devices) is a good start; each shard fills ``shards`` times more slowly.
+        shards: keys per bucket, spread round-robin so a hot bucket runs on as many workers
+            (about the number of workers is a good start; each fills ``shards`` times slower).
         when: ``"always"``, or ``"unbounded"`` to use the mode only on unbounded input
             (``pcoll.is_bounded`` false, i.e. streaming) and bundle mode on bounded input.
         clock: processing time in seconds; the default is ``time.time``. Tests pass the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 from typing import Any
 
 from apache_beam.metrics import Metrics
@@ -94,12 +95,6 @@ class KernelMetrics:
         self.batches.inc()
         self.padded_size.inc(padded)
         self.real_size.inc(real)
-        self.bucket_batch(bucket, rows, padded, real, latency_ms)
-
-    def bucket_batch(
-        self, bucket: tuple[int, ...], rows: int, padded: int, real: int, latency_ms: int
-    ) -> None:
-        """One successful kernel call on ``bucket``: its rows, sizes and latency."""
         metrics = self._batch_metrics.get(bucket)
         if metrics is None:
             metrics = self._batch_metrics[bucket] = (
@@ -177,16 +172,10 @@ class BufferingSummary:
 
 def _wait_quantile(totals: dict[str, int], q: float) -> float:
     counts = [totals.get(f"buffer_wait_ms_le_{b}", 0) for b in WAIT_BOUNDS_MS]
-    counts.append(totals.get("buffer_wait_ms_over", 0))
-    total = sum(counts)
-    if not total:
+    seen = list(itertools.accumulate([*counts, totals.get("buffer_wait_ms_over", 0)]))
+    if not seen[-1]:
         return float("nan")
-    seen = 0
-    for bound, n in zip((*WAIT_BOUNDS_MS, float("inf")), counts, strict=True):
-        seen += n
-        if seen >= q * total:
-            return float(bound)
-    return float("inf")
+    return float((*WAIT_BOUNDS_MS, float("inf"))[bisect.bisect_left(seen, q * seen[-1])])
 
 
 def _buffering(totals: dict[str, int], waits: list) -> BufferingSummary:
@@ -212,26 +201,22 @@ class Summary:
         batches: kernel calls that succeeded.
         padding_ratio: padded / real size, along ragged axes and counting padded batch rows.
         compiles: distinct shapes compiled, summed over worker processes.
-        compile_seconds: time spent compiling (summed over compiles, also those run in
-            parallel in the background).
+        compile_seconds: time spent compiling, summed over compiles.
         out_of_memory: kernel calls that ran out of memory.
         batch_limit_lowered: times a bucket's batch limit was lowered after out of memory.
         kernel_calls: kernel calls, including failed ones and bisection retries.
         kernel_retries: times a failed batch was split in two and retried.
         mean_batch_latency_ms: mean time from a batch's launch to its results.
         fit_out_of_memory: out-of-memory failures at a batch size ``FitToMemory`` chose.
-        fit_missed_by_pct: over those, the least amount (percent) by which the memory
-            analysis was at least off (``nan`` when there were none); see docs/memory.md.
+        fit_missed_by_pct: over those, the least percent by which the memory analysis was
+            off (``nan`` when none); see docs/memory.md.
         batch_fill: real rows / batch limit over every launched batch (1.0: all full).
-        buffering: cross-bundle buffering (flush causes, time waited); see
-            ``BufferingSummary``.
+        buffering: cross-bundle buffering (``BufferingSummary``).
         compile_wait_seconds: compile time on the critical path: how long batches waited
             for their shape to compile (or compiled it themselves).
         result_wait_seconds: how long the host waited for the results of batches it had
-            dispatched (the run and the copy back): the device's time on the host's
-            critical path. Near 0 where the host is the bottleneck; near the kernel's
-            time where the device is. JAX's CPU client may run a batch while it is
-            dispatched: that time is not counted here.
+            dispatched: the device's time on the host's critical path (near 0 where the
+            host is the bottleneck; JAX's CPU client may run a batch while dispatching it).
     """
 
     elements: int
@@ -287,11 +272,9 @@ def metric_totals(result: Any, namespace: str) -> dict[str, int]:
 def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
     """Read the RunKernel metrics of a finished ``PipelineResult``.
 
-    What it reads is what the runner's metrics hold. Beam's local streaming runner (the
-    BundleBasedDirectRunner, the one that runs a Python ``TestStream``) keeps only the first
+    Beam's local streaming runner (the one that runs a ``TestStream``) keeps only the first
     bundle's counter updates of each step and thread, so a plain run there under-counts; run
-    such pipelines through ``beam_jax.testing.StreamTest``, whose ``summary`` counts every
-    bundle. Other runners are not affected.
+    such pipelines through ``beam_jax.testing.StreamTest``, whose ``summary`` counts all.
 
     Examples:
         >>> summary = summarize(pipeline.run().wait_until_finish() and result)  # doctest: +SKIP

@@ -52,15 +52,12 @@ class KernelOptions:
         metrics_namespace: the Beam metrics namespace.
         fit_to_memory: per bucket, the largest allowed batch size whose compiled program
             fits a memory budget (``FitToMemory``), chosen at worker start; default off.
-        packing: pack several short records per row instead of bucketing (a ``Packing``,
-            or what ``plan_packing`` returned); the kernel is then
-            ``fn(params, packed_row, segments)`` and returns one output per segment
-            (docs/guide.md, "Sequence packing"). Not with ``bucketing``.
+        packing: pack several short records per row instead of bucketing (a ``Packing`` or
+            ``PackingChoice``); the kernel is then ``fn(params, packed_row, segments)``,
+            one output per segment (docs/guide.md, "Sequence packing").
         chunk_units: the most padded units (batch rows x padded bucket volume, e.g.
-            tokens; with packing, rows x row length) the kernel runs at once. A larger batch
-            runs as equal chunks of that size one after another inside the same call: the
-            host pays one dispatch for the whole batch while each chunk's activations stay
-            cache-sized on a CPU. Default off (each batch runs whole).
+            tokens) the kernel runs at once: a larger batch runs as chunks inside the same
+            call, one dispatch, activations cache-sized on a CPU. Default off.
     """
 
     bucketing: Bucketing = dataclasses.field(default_factory=Bucketing)

@@ -1,18 +1,12 @@
 """Packing in the engine: records of all lengths staged, packed into rows, run as batches.
 
-The element front end hands a ``PackedStage`` its validated records instead of bucket
-buffers. Once the staged records fill a few batches (or a ``plan_packing`` buffer), the
-stage places them in rows (``assign_rows``, the policy the planner simulates) and groups
-the rows into batches (``batch_rows``); each full batch becomes a ``PackedBuffer`` the
-``BatchEngine`` runs like any other, and the rest stay staged for the next records: the next
-pack puts their rows in its full batches first, so an input batch's records run soon after
-it comes without a batch run less full. At the end of a bundle everything staged runs.
-
-A ``PackedBuffer``'s records are ordered by batch row then segment (the plan's
-``SharedRows`` counts the batch rows they take); ``padded(rows)`` lays a subset out again in
-at most the same batch rows (``Packer.lay_out``), so bisection halves a failed batch's
-records, each half one kernel call: within ``1 + 2 k ceil(log2 n)`` calls for ``k``
-failing records among ``n``.
+A ``PackedStage`` stages validated records; once they fill a few batches (or a
+``plan_packing`` buffer) it places them in rows (``assign_rows``, as the planner simulates)
+and groups the rows into batches (``batch_rows``). Each full batch becomes a
+``PackedBuffer`` the ``BatchEngine`` runs like any other; the rest stay staged, and the
+next pack puts their rows in its full batches first. At the end of a bundle all staged runs.
+``padded(rows)`` lays a subset out again in at most the same batch rows, so bisection halves
+a failed batch's records within the engine's bound.
 """
 
 from __future__ import annotations
@@ -34,10 +28,8 @@ from beam_jax._src.errors import ElementTooLargeError
 class ItemRecords:
     """Staged records as ``(tag, Validated)`` pairs (the element front end's records).
 
-    Staged records of either kind (this, or a front end's columnar records such as the
-    Arrow front end's ``ColumnRecords``) answer the same questions: how many, their
-    lengths, a subset (``take``), several joined (``concat``), a record's dead-letter
-    source, and a subset laid out as one packed batch (``lay_out``).
+    They answer what columnar records (the Arrow front end's ``ColumnRecords``) do: how
+    many, their lengths, ``take``, ``concat``, a record's ``source``, and ``lay_out``.
     """
 
     def __init__(self, items: list[tuple[Any, Validated]], lengths: Any = None):
@@ -158,20 +150,18 @@ class PackedStage:
         self._plan = plan
         self._engine = engine
         self._per_window = per_window
-        # Per slot: the staged records, as a list of record sets (records added one at a
-        # time go to a trailing list of ``(tag, Validated)`` pairs).
+        # Per slot: the staged record sets (records added one at a time go to a trailing
+        # list of ``(tag, Validated)`` pairs).
         self._staged: dict[Any, list[Any]] = {}
-        # Records staged since the last pack, per slot: ``[slots, records]``; what was left
-        # over then (at most one partial batch per row length) does not trigger the next pack.
+        # Per slot, ``[slots, records]`` staged since the last pack: what was left over then
+        # does not trigger the next pack.
         self._fresh: dict[Any, list[int]] = {}
-        # Per slot: how many of the staged records (the first ones) a partial batch held
-        # back at the last pack; the next pack puts their rows in full batches first, so
-        # they do not wait pack after pack while fresh records fill the batches.
+        # Per slot: how many of the first staged records a partial batch held back at the
+        # last pack; the next pack puts their rows in full batches first.
         self._carried: dict[Any, int] = {}
         packing = plan.packing
         # Pack once the staged records fill the planner's buffer (what its prediction
-        # packed together) or, without one, two batches of the largest shape: enough for
-        # the rows to fill well, few repacks of the rest.
+        # packed together) or, without one, two batches of the largest shape.
         self._min_slots = 2 * max(n * s for (n,), s in plan.shapes())
         self._min_records = plan.buffer_size or 0
         self._full = {n: packing.sizes_for(n)[-1] for n in packing.row_lengths}
@@ -192,8 +182,6 @@ class PackedStage:
         staged[-1].append((tag, item))
         fresh[0] += item.lengths[0]
         fresh[1] += 1
-        # A planner's buffer is what its prediction packed together: keep to it; without
-        # one, pack once the staged records fill two batches of the largest shape.
         if self._is_full(fresh):
             yield from self._pack(slot, final=False)
 
@@ -237,8 +225,7 @@ class PackedStage:
     def run_now(self, bucket: Any, slot: Any, items: list) -> Iterator[Any]:
         """Pack ``(tag, Validated)`` pairs and run every batch they fill (a cross-bundle
         flush; the bucket is the plan's one packed key)."""
-        for tag, item in items:
-            yield from self.add(tag, item, slot)
+        yield from self.add_many(items, slot)
         yield from self.drain()
 
     def _pack(self, slot: Any, final: bool) -> Iterator[Any]:

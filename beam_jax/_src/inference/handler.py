@@ -1,13 +1,9 @@
 """JaxModelHandler: beam_jax's batch engine behind Beam's ``RunInference(handler)``.
 
-Beam's ``RunInference`` owns the batching (``BatchElements``) and calls the handler once
-per batch. The handler gives ``BatchElements`` a length function and bucket boundaries
-equal to the plan's (so Beam groups elements of one bucket together), loads the
-parameters and compiles through a ``Worker`` that Beam's model sharing keeps once per
-process, and runs each batch through the ``BatchEngine`` that ``RunKernel`` uses
-(``batch.py``): checked as columns, padded to its bucket and to one of the plan's batch
-sizes, with true lengths, out-of-memory splitting, bisection of failing rows and the
-engine's metrics. Every compile is one of ``Plan.shapes()``.
+Beam's ``RunInference`` owns the batching (``BatchElements``), to which the handler gives
+length buckets equal to the plan's; the parameters and compiles live in a ``Worker`` that
+Beam's model sharing keeps once per process, and each batch runs through ``RunKernel``'s
+``BatchEngine`` (``batch.py``). Every compile is one of ``Plan.shapes()``.
 """
 
 from __future__ import annotations
@@ -124,12 +120,9 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
         >>> from apache_beam.ml.inference.base import RunInference
         >>> predictions = elements | RunInference(handler)  # doctest: +SKIP
 
-    Each batch Beam forms is validated against ``spec``, grouped by bucket, padded to the
-    bucket and to one of the plan's batch sizes, and run by the engine under ``RunKernel``;
+    Each Beam batch is validated, padded to its buckets and run by ``RunKernel``'s engine;
     each element's result is a ``PredictionResult(example, inference, model_id)``. With
-    ``packing=Packing(...)`` (a spec with one ragged axis, a kernel that returns one output
-    per segment, as for ``RunKernel``) each Beam batch is packed into rows instead: Beam
-    batches records of every length together, up to the records one packed batch holds.
+    ``packing=Packing(...)`` (as for ``RunKernel``) each Beam batch is packed into rows.
 
     Args:
         fn: ``fn(params, element, lengths)``, as for ``RunKernel``.
@@ -138,8 +131,8 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
             read once per process as the parameters; ``update_model_path`` replaces it
             (RunInference's model updates). Exclusive with ``load_params``.
         batch_length_fn: the length Beam's ``BatchElements`` buckets elements by; default
-            the number of the element's bucket in the plan, for any number of ragged axes,
-            so each Beam batch holds one bucket's elements. Refused with packing.
+            the element's bucket in the plan, so each Beam batch holds one bucket's
+            elements. Refused with packing.
         max_batch_duration_secs: how long Beam's stateful ``BatchElements`` may hold a
             batch; its length buckets exist only on that path. ``None`` turns both off.
         min_batch_size: Beam's smallest batch; default the plan's largest batch (a fixed
@@ -193,8 +186,7 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
             one = len(plan.boundaries) == 1
             beam_bounds = [b + 1 for b in plan.boundaries[0][:-1]] if one else []
         # A Beam batch is what one engine run takes: a bucket's largest batch, or with
-        # packing the records packed together (the planner's buffer, else as many as the
-        # largest batch of rows holds).
+        # packing the records packed together.
         top = max(plan.records_per_flush(b, plan.max_batch(b)) for b in plan.buckets)
         if min_batch_size is not None and not 1 <= min_batch_size <= top:
             raise SpecError(
@@ -255,8 +247,7 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
 
     def get_num_bytes(self, batch: Sequence[Any]) -> int:
         """Bytes of the elements' arrays (Beam's default pickles the whole batch)."""
-        # One flatten of the whole batch: Beam asks this of every batch, on the thread
-        # that holds the interpreter lock (1.2 µs per record flattened element by element).
+        # One flatten of the whole batch: Beam asks this of every batch, holding the GIL.
         return sum(
             leaf.nbytes if type(leaf) is np.ndarray else int(np.asarray(leaf).nbytes)
             for leaf in jax.tree_util.tree_leaves(list(batch))
@@ -266,9 +257,8 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
         return METRICS_NAMESPACE
 
     def update_model_path(self, model_path: str | None = None) -> None:
-        """Read the parameters from ``model_path`` at the next load (RunInference's side
-        input model updates). The next load builds a new worker: its shapes compile again,
-        from JAX's caches where they hit."""
+        """Read the parameters from ``model_path`` at the next load (RunInference's model
+        updates); the new worker's shapes compile again, from JAX's caches where they hit."""
         if model_path:
             if self._options.load_params is not None:
                 raise SpecError(
@@ -360,8 +350,8 @@ def _batch_error(batch: Sequence[Any], failures) -> InferenceBatchError:
 class KeyedJaxModelHandler(KeyedModelHandler):
     """``JaxModelHandler`` for ``(key, example)`` pairs; results are ``(key, prediction)``.
 
-    Beam's ``KeyedModelHandler`` would hand the pairs themselves to the length function;
-    this one measures the example, so Beam's length buckets still apply.
+    Unlike Beam's ``KeyedModelHandler``, it measures the example, not the pair, so Beam's
+    length buckets still apply.
 
     Example:
         >>> handler = KeyedJaxModelHandler(mean, spec=spec, bucketing=bucketing)  # doctest: +SKIP

@@ -1,15 +1,12 @@
 """RunKernelOnRows: ``RunKernel`` on schema'd rows, configured by plain values (Beam YAML).
 
-Beam YAML passes rows (``beam.Row``) between transforms and configures each transform
-with YAML scalars, lists and mappings. ``RunKernelOnRows`` takes the kernel by its dotted
-name and the element spec as field shapes, turns each row's fields into arrays, runs them
-through ``RunKernel`` (so batching, padding, compiles and per-element dead letters are
-RunKernel's), and emits rows of the key field and the output as a flat list of floats.
-Failed rows follow Beam YAML's error handling: with ``error_handling: {output: NAME}`` each
-is one ``(element, msg, stack, dead_letter)`` row on ``NAME`` (``dead_letter`` the
-``FailedElement``'s JSON line, which ``beam_jax.jobs.WriteDeadLetters`` writes to files);
-without it the pipeline fails. Rows read by ``ReadRowsWithOrigin`` (with its ``source`` and
-``row`` fields) give their dead letters that file and row.
+``RunKernelOnRows`` takes the kernel by its dotted name and the element spec as field
+shapes, turns each row's fields into arrays, runs them through ``RunKernel``, and emits rows
+of the key field and the output as a flat list of floats. Failed rows follow Beam YAML's
+error handling: with ``error_handling: {output: NAME}`` each is one ``(element, msg, stack,
+dead_letter)`` row on ``NAME`` (``dead_letter`` the ``FailedElement``'s JSON line); without
+it the pipeline fails. Rows read by ``ReadRowsWithOrigin`` give their dead letters that file
+and row.
 """
 
 from __future__ import annotations
@@ -202,8 +199,7 @@ class RunKernelOnRows(beam.PTransform):
         precompile: compile every listed shape when a worker starts.
         error_handling: Beam YAML's ``{output: NAME}``.
         source_field: the field naming each row's file, as ``ReadRowsWithOrigin`` gives
-            it; with ``row_field``, a dead letter's ``source`` and ``row``. Rows without
-            the two fields have dead letters with the key only. ``None``: never read them.
+            it (with ``row_field``, a dead letter's ``source`` and ``row``); ``None``: none.
         row_field: the field holding each row's index in its file.
     """
 

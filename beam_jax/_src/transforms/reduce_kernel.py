@@ -126,9 +126,8 @@ class ReduceKernel(KernelTransform):
     """Sum a per-element JAX function over a whole PCollection, in bucketed padded batches.
 
     The full-dataset counterpart of ``RunKernel``, e.g. a full-batch gradient: each batch is
-    summed on the device with padded rows masked out, partial sums are added per bundle and
-    then combined across workers. Elements stay in bounded mini-batches, so memory does not
-    grow with the dataset. One ``Reduction(total, count)`` comes out per window.
+    summed on the device (padded rows masked out), then per bundle and across workers, in
+    bounded memory. One ``Reduction(total, count)`` comes out per window.
 
     Examples:
         >>> def grad(params, element, lengths):
@@ -137,10 +136,8 @@ class ReduceKernel(KernelTransform):
         >>> # full: PCollection of one Reduction; .total is the summed gradient pytree
 
     Args:
-        fn: as for ``RunKernel``; a ``batched`` function returns per-row outputs, which are
-            summed over the real rows. With ``packing``, a packed kernel
-            ``fn(params, row, segments)`` returning one output per segment, summed over
-            the real segments.
+        fn: as for ``RunKernel`` (per-row or, with ``packing``, per-segment outputs), summed
+            over the real rows or segments.
         spec: as for ``RunKernel``.
         keyed: elements are ``(key, value)``; keys only label dead letters.
         options: a ``KernelOptions``; keyword options given here override its fields.

@@ -1,9 +1,8 @@
 """TokenizeBatches: the one tokenize step: record batches of ids and texts in, token ids out.
 
-Every text front end tokenizes here (``EmbedText``, the flagship job): one tokenizer call
-per record batch (``Tokenizer.encode_arrow``, flat Arrow arrays, no Python object per row),
-the rows checked first, and one ``FailedElement`` per row that cannot be tokenized, keyed
-by its id as read, with its file and row where the batch says (``ReadArrowBatches``).
+Every text front end tokenizes here: one tokenizer call per record batch
+(``Tokenizer.encode_arrow``, no Python object per row), and one ``FailedElement`` per row
+that cannot be tokenized, keyed by its id, with its file and row where the batch says.
 
 Example:
     >>> tokens = batches | beam.ParDo(TokenizeBatches(encoder)).with_outputs(  # doctest: +SKIP
@@ -54,19 +53,14 @@ def _valid_strings(column: pa.Array) -> bool:
 
 def default_tokenize_threads() -> int:
     """Batches a ``TokenizeBatches`` instance tokenizes at once by default: two where this
-    process may use four cores or more, else one.
-
-    Where cores are free a second thread speeds the flagship's host up and more threads
-    do not (the bundle's own thread is then the bound: bench/RESULTS.md). On two cores a
-    second thread only competes with the bundle's.
-    """
+    process may use four cores or more (more do not help: bench/RESULTS.md), else one (on
+    two cores a second thread only competes with the bundle's)."""
     return 2 if usable_cores() >= 4 else 1
 
 
 def _work_ahead(threads: int) -> WorkAhead:
     # Ahead by one batch more than the threads (two at least): the tokenizer keeps working
-    # while the kernel or the writer holds up a batch (two ahead measured 1.04x the host's
-    # throughput of one ahead with one thread; three no faster).
+    # while the kernel or the writer holds up a batch (bench/RESULTS.md).
     return WorkAhead(TOKENIZE_THREADS, depth=max(2, threads + 1), workers=threads)
 
 
@@ -74,19 +68,13 @@ class TokenizeBatches(beam.DoFn):
     """Checks and tokenizes record batches of ids and texts.
 
     Outputs: a record batch of ``carry`` and ``input_ids`` (``list<int32>``) for the rows
-    that tokenize (main), saying where they were read as the input batch says (its
-    metadata, and a ``ROW_COLUMN`` of file rows where rows were dropped), so the kernel's
-    dead letters name each row's file and row too; one ``FailedElement`` per row that does
-    not (``DEAD_LETTERS``): stage ``validation`` for a null or non-string text, a text that
-    is not UTF-8, or an id that is not of ``id_type``; stage ``tokenize`` for a text the
-    tokenizer cannot cut or rejects. Where the batch's columns have the expected types and
-    valid UTF-8 (the usual case), only nulls are looked for; otherwise the batch is checked
-    value by value.
+    that tokenize (main), carrying where they were read (so the kernel's dead letters name
+    each row's file and row); one ``FailedElement`` per row that does not
+    (``DEAD_LETTERS``): stage ``validation`` for a null, non-string or non-UTF-8 text or an
+    id not of ``id_type``; stage ``tokenize`` for a text the tokenizer cannot cut or rejects.
 
-    A batch's tokens (and its tokenizer's dead letters) come out while a later batch is
-    processed, or when the bundle finishes: the tokenizer works ahead in background threads
-    (``WorkAhead``), its native work releasing the interpreter lock, and the outputs keep
-    the batches' order.
+    The tokenizer works ahead in background threads (``WorkAhead``), so a batch's outputs
+    come out while a later batch is processed, or when the bundle finishes, in order.
 
     Example:
         >>> from beam_jax.text import SentenceEncoder, TokenizeBatches
@@ -103,9 +91,8 @@ class TokenizeBatches(beam.DoFn):
         metrics_namespace: Where ``rows`` and ``dead_letters_<stage>`` are counted.
         text_name: How messages name the text (default ``text_column``), e.g. the input's
             field where the batches renamed it.
-        threads: Batches tokenized at once, each in a background thread of the DoFn's
-            instance; default ``default_tokenize_threads()`` on the worker: two where its
-            process may use four cores or more, else one.
+        threads: Batches tokenized at once, each in a background thread; default
+            ``default_tokenize_threads()`` on the worker.
 
     Raises:
         ValueError: ``threads`` is not a positive int (or None).
