@@ -52,7 +52,7 @@ runners: $(VENV)/.installed
 	PYTHON=$(PY) bash tools/runners.sh fetch prism
 
 test: lint docs runners
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The lock's resolver (uv) at the lock's version.
 lock: $(VENV)/.installed
