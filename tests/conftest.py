@@ -41,7 +41,8 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 # the most tests first); a worker takes the next file when it is nearly done with its own.
 # The longest files go first, so that none of them starts while the other worker is
 # finishing: each of these took 2 to 8 minutes of a worker in `make test` on 2 cores
-# (2847fc6); no other file took more than 2. The rest keep their collection order.
+# (2847fc6), and test_fused_layer.py, added since, about 2; no other file took more than
+# 2. The rest keep their collection order.
 LONGEST_FILES = (
     "test_curate.py",
     "test_docs_snippets.py",
@@ -53,6 +54,7 @@ LONGEST_FILES = (
     "test_embed_text.py",
     "test_bench.py",
     "test_device_check.py",
+    "test_fused_layer.py",
 )
 
 
