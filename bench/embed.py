@@ -28,7 +28,9 @@ Every JAX variant computes on its process's default backend, as the job would, a
 says which device it timed; the children's lines (the job's progress, the limit's compiles)
 are printed as they come. The variants that compile inside their clock have a compilation
 cache each, empty before round 1 (cold); later rounds are warm. ``MFU``: the model's useful
-FLOPs per second over the matmul peak of the dtype its matmuls ran in. Each model's
+FLOPs per second over the matmul peak of the dtype its matmuls ran in; under the table, each
+limit's roofline (``bench/_lib/limit.py``: XLA's FLOPs and bytes per token and layer, the
+least bytes, and the MFU bound each leaves on this device). Each model's
 embeddings are checked against sentence-transformers' (else the flagship's) by their least
 cosine. ``--profile`` runs the flagship as whole processes instead, phase by phase, each
 traced (``bench/_lib/profile.py``). The flagship's XLA settings: bench/README.md.
@@ -50,7 +52,7 @@ if not __package__:  # python bench/embed.py: the repository's root in the place
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench._lib import embed_variants as ev  # noqa: E402
-from bench._lib import harness  # noqa: E402
+from bench._lib import harness, limit  # noqa: E402
 
 DEFAULT_ST_PYTHON = "/tmp/refvenv/bin/python"
 # The variants that compile inside their clock (their first round with an empty cache).
@@ -241,6 +243,9 @@ def _print_table(report: dict) -> None:
     print(format_fingerprint(report["fingerprint"]))
     for name, ratio in report["ratios"].items():
         print(f"{name}: {ratio:.2f}x")
+    for v, r in report["variants"].items():
+        for line in r.get("roofline", {}).get("lines", []):
+            print(f"roofline, {v}: {line}")
     cosines = report["min_cosine"]
     for v in (v for v in cosines if v != "reference"):
         print(f"min cosine, {v} vs {cosines['reference']}: {cosines[v]:.6f}")
@@ -306,6 +311,10 @@ def main(argv: list[str] | None = None) -> dict:
         peak = machine["peak_gflops"].get("bf16" if r.get("matmuls") == "bfloat16" else "fp32")
         model = bool(r.get("matmuls"))  # host_only and tokenize_only run no model
         r["mfu"] = data["flops"] / r["timed_s"] / (peak * 1e9) if model and peak else None
+        if r.get("roofline") and peak and machine.get("memory_gbps"):
+            r["roofline"]["lines"] = limit.report(
+                r["roofline"], data["flops"], peak, machine["memory_gbps"]
+            )
     ratios = {
         f"{a}_vs_{b}": rows[b]["timed_s"] / rows[a]["timed_s"]
         for a, b in PAIRS
@@ -314,6 +323,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "texts": data["n"],
         "tokens": data["tokens"],
+        "flops": data["flops"],
         "source": data["source"],
         "threads": args.threads,
         "rounds": args.rounds,

@@ -107,6 +107,10 @@ def test_a_users_corpus_of_longer_texts_the_limit_and_the_host_on_this_device(tm
         assert 0 < rows[name]["mfu"] < 1 and rows[name]["matmuls"] in ("float32", "bfloat16")
     assert rows["host_only"]["mfu"] is None
     assert rows["limit"]["shapes"] >= 1 and rows["limit"]["batches"] >= 1
+    roof = rows["limit"]["roofline"]  # XLA's accounting of the timed batches
+    assert roof["batches"] == rows["limit"]["batches"] and roof["tokens"] >= report["tokens"]
+    assert roof["flops"] >= 0.9 * report["flops"] and 0 < roof["least_bytes"] < roof["bytes"]
+    assert len(roof["lines"]) == 3 and roof["lines"][2].startswith("MFU bound at XLA's traffic")
     pairs = (("pipeline", "limit"), ("host_only", "limit"), ("host_only", "tokenize_only"))
     for ours, theirs in pairs:
         assert report["ratios"][f"{ours}_vs_{theirs}"] == pytest.approx(
@@ -119,7 +123,8 @@ def test_a_users_corpus_of_longer_texts_the_limit_and_the_host_on_this_device(tm
     for name in ("limit", "pipeline", "host_only"):
         assert f"round 1 {name}: " in out and " on cpu (" in out
     assert "    | limit: 40 texts in " in out and " ready in " in out  # the child, as it runs
-    assert "pipeline_vs_limit: " in out and "XLA environment:" in out
+    assert "pipeline_vs_limit: " in out and "XLA environment:" in out and " GB/s;" in out
+    assert "roofline, limit: per token slot and layer: " in out and "ridge" in out
     host = embed_variants.load_vectors(str(tmp_path / "runs" / "host_only-0"), 40)
     np.testing.assert_array_equal(host, embed_variants.expected_host_only(texts))
 

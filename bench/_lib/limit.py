@@ -8,6 +8,12 @@ parts are (``--rows_per_part`` at a time, by the library's ``Packer``), under
 CPU), each batch run whole (as on an accelerator; on a CPU the job runs them in chunks).
 Every shape is compiled (or loaded from the compilation cache) before the clock, one call
 each; the clock covers one pass over every batch, results fetched.
+
+The roofline: after the clock, XLA's cost analysis of each shape's program (``costs``: its
+FLOPs and the bytes its ops read and write, on an accelerator its HBM traffic) and the bytes
+a kernel keeping each layer on the chip would move (``least_bytes``). No kernel beats
+``max(FLOPs / peak, bytes / bandwidth)``: ``report`` gives the MFU bound at each traffic.
+Op by op: the traces of ``bench/embed.py --profile --profile_dir DIR``, in XProf.
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ def run_limit(cfg: dict) -> dict:
         at += n
     np.save(Path(cfg["out"]) / "vectors.npy", np.concatenate(vectors).astype(np.float32))
     return {
+        "roofline": _roofline(fn, params, batches, model),
         "seconds": seconds,
         "device": device(),
         "matmuls": model.resolved_matmuls(),
@@ -99,9 +106,67 @@ def run_limit(cfg: dict) -> dict:
     }
 
 
+def _roofline(fn, params, batches, model) -> dict:
+    """XLA's costs of every batch (each shape's program once, times its batches), and the
+    least traffic of a kernel that keeps each layer's work on the chip."""
+    import jax
+
+    total, by_shape = None, {}
+    for b in batches:
+        by_shape.setdefault((b.size, b.row_length), []).append(b)
+    for b, *rest in by_shape.values():
+        compiled = fn.lower(params, {"input_ids": b.element_leaves[0]}, b.segments).compile()
+        total = costs(compiled, 1 + len(rest), total)
+    layers, tokens = params["layers"], sum(b.size * b.row_length for b in batches)
+    weights = sum(x.nbytes for x in jax.tree_util.tree_leaves(layers[0]))
+    least = least_bytes(weights, model.dim, 4, tokens, len(batches), len(layers))
+    return {**total, "tokens": tokens, "layers": len(layers), "batches": len(batches),
+            "least_bytes": least}  # fmt: skip
+
+
 def describe(packing) -> str:
     """The packing in one phrase: rows per batch by row length, and texts per row."""
     sizes = ", ".join(
         f"{w}: {'/'.join(map(str, packing.sizes_for(w)))}" for w in packing.row_lengths
     )
     return f"rows per batch by row length {sizes}; at most {packing.max_segments} texts a row"
+
+
+def costs(compiled, batches: int, total: dict | None = None) -> dict:
+    """``total`` (new if None) plus ``batches`` runs of ``compiled``: XLA's FLOPs and bytes."""
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis  # older JAX: a list
+    total = total or {"flops": 0.0, "bytes": 0.0}
+    total["flops"] += float(analysis.get("flops", 0.0)) * batches
+    total["bytes"] += float(analysis.get("bytes accessed", 0.0)) * batches
+    return total
+
+
+def least_bytes(weight_bytes: int, hidden: int, item: int, tokens: int, batches: int,
+                layers: int) -> float:  # fmt: skip
+    """Per layer: its input and output rows (``item`` bytes a value) once per token slot
+    and its weights (``weight_bytes``) once per batch."""
+    return float(layers * (2 * hidden * item * tokens + weight_bytes * batches))
+
+
+def report(roof: dict, useful_flops: float, peak_gflops: float, gbps: float) -> list[str]:
+    """Lines: per token slot and layer XLA's FLOPs and bytes and the least bytes; the
+    intensities and this device's ridge; the MFU bound of each traffic."""
+    per, peak, bandwidth = roof["tokens"] * roof["layers"], peak_gflops * 1e9, gbps * 1e9
+    if roof["flops"] < useful_flops / 2:  # e.g. a Pallas kernel in its interpreter
+        return [f"XLA counts {roof['flops'] / 1e9:.1f} of the model's {useful_flops / 1e9:.1f} "
+                "GFLOP: it does not see inside this program's kernels; no roofline"]  # fmt: skip
+
+    def bound(nbytes: float) -> str:
+        return f"{useful_flops / peak / max(roof['flops'] / peak, nbytes / bandwidth):.1%}"
+
+    return [
+        f"per token slot and layer: {roof['flops'] / per / 1e6:.2f} MFLOP (XLA), "
+        f"{roof['bytes'] / per / 1e3:.1f} KB moved (XLA), {roof['least_bytes'] / per / 1e3:.2f} "
+        f"KB at least ({roof['layers']} layers, {roof['tokens']:,} token slots)",
+        f"intensity {roof['flops'] / roof['bytes']:.0f} FLOP/B (XLA), "
+        f"{roof['flops'] / roof['least_bytes']:.0f} at least; this device's ridge "
+        f"{peak / bandwidth:.0f} ({peak_gflops / 1000:.1f} TFLOP/s over {gbps:.0f} GB/s)",
+        f"MFU bound at XLA's traffic {bound(roof['bytes'])}, at the least "
+        f"{bound(roof['least_bytes'])}",
+    ]

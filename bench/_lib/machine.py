@@ -5,7 +5,8 @@ cores this process may use, the load, the device JAX computes on, the environmen
 settings, and the measured matmul peak: the ceiling model FLOP utilisation (MFU) divides
 by. A ``n x n`` matmul does ``2 n^3`` FLOPs; each timed run queues ``calls`` products and
 waits for the last; the peak is the best size's median. Accelerators reach it only with
-large products: 8,192 on a GPU or TPU by default, 2,048 on a CPU.
+large products: 8,192 on a GPU or TPU by default, 2,048 on a CPU. ``memory_gbps``: the
+roofline's other side (``bench/_lib/limit.py``).
 
     python -m bench._lib.machine --sizes 2048,8192 --repeat 5 --json peak.json
 """
@@ -88,6 +89,22 @@ def matmul_gflops(n: int, dtype: str = "float32", repeat: int = 5, calls: int = 
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
+def memory_gbps(mib: int = 0, repeat: int = 5) -> float:
+    """Memory bandwidth: GB/s read and written by ``x * 0.5 + 1`` over ``mib`` MiB of float32
+    (0: 1,024 on an accelerator, 256 on a CPU), its input donated (no new pages to touch)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones(((mib or (256 if jax.default_backend() == "cpu" else 1024)) * 2**18,))
+    exe = jax.jit(lambda a: a * 0.5 + 1, donate_argnums=0).lower(x).compile()
+    times = []
+    for _ in range(max(1, repeat) + 1):  # the first run warms up
+        start = time.perf_counter()
+        x = exe(x).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * x.nbytes / statistics.median(times[1:]) / 1e9
+
+
 def measure(sizes=None, repeat: int = 5, calls: int = 0) -> dict[str, dict[int, float]]:
     """``{"fp32": {size: GFLOP/s}, "bf16": ...}`` at ``sizes`` (default: the device's)."""
     return {
@@ -100,8 +117,8 @@ def measure(sizes=None, repeat: int = 5, calls: int = 0) -> dict[str, dict[int, 
 
 def fingerprint(by_size: dict[str, dict[int, float]] | None = None) -> dict:
     """CPU model and flags, usable cores, load, JAX's backend and devices, the XLA settings
-    of the environment, and the matmul peak per dtype (measured here, about a second on a
-    CPU, unless ``by_size`` gives :func:`measure`'s answer)."""
+    of the environment, the matmul peak per dtype (measured here, about a second on a CPU,
+    unless ``by_size`` gives :func:`measure`'s answer) and the memory bandwidth."""
     import jax
 
     by_size = by_size or measure()
@@ -124,6 +141,7 @@ def fingerprint(by_size: dict[str, dict[int, float]] | None = None) -> dict:
         "xla_env": {k: os.environ[k] for k in XLA_ENV if os.environ.get(k)},
         "peak_gflops": {k: max(v.values()) for k, v in by_size.items()},
         "peak_size": max(max(v, key=v.get) for v in by_size.values()),
+        "memory_gbps": round(memory_gbps(), 1),
     }
 
 
@@ -137,7 +155,8 @@ def format_fingerprint(info: dict) -> str:
     return (
         f"machine: {info['cpu']} ({' '.join(info['flags']) or 'no vector flags'}), "
         f"{info['cores']} cores, load {load}; jax {info['jax']} {info['backend']} ({device}); "
-        f"matmul peak GFLOP/s at {info['peak_size']}^2: {peak}; XLA environment: {env}"
+        f"matmul peak GFLOP/s at {info['peak_size']}^2: {peak}; memory "
+        f"{info.get('memory_gbps', 0):.0f} GB/s; XLA environment: {env}"
     )
 
 

@@ -192,6 +192,19 @@ def _rows(x: jax.Array, bias: jax.Array, weights, config: BertConfig) -> jax.Arr
     def whole(w):
         return pl.BlockSpec(w.shape, lambda i: (0,) * w.ndim)
 
+    # What the kernel executes, for XLA's scheduling and cost analysis (a custom call's
+    # insides are hidden from both): the dense matmuls, attention's two products at
+    # ``per_pass`` heads a pass, exp over the scores and in GELU; the rows in and out, the
+    # bias, and the weights once (their blocks never change).
+    per_pass, tokens_all = _LANES // config.head_dim, batch * length
+    cost = pl.CostEstimate(
+        flops=tokens_all * (8 * hidden**2 + 4 * hidden * config.intermediate_size)
+        + tokens_all * 4 * per_pass * length * hidden,
+        transcendentals=tokens_all * (per_pass * length * hidden // _LANES)
+        + tokens_all * config.intermediate_size,
+        bytes_accessed=2 * 4 * tokens_all * hidden + bias.size * bias.dtype.itemsize + weight_bytes,
+    )
+
     out = pl.pallas_call(
         functools.partial(_kernel, config=config, length=length),
         grid=(batch // per_block,),
@@ -207,6 +220,7 @@ def _rows(x: jax.Array, bias: jax.Array, weights, config: BertConfig) -> jax.Arr
             pltpu.VMEM((tokens, hidden), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(vmem_limit_bytes=int(limit)),
+        cost_estimate=cost,
         interpret=interpret,
     )(jnp.reshape(x, (batch * length, hidden)), bias, *weights)
     return jnp.reshape(out, (batch, length, hidden))
