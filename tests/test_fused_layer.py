@@ -142,6 +142,15 @@ def test_layers_the_kernel_does_not_take_run_as_xla_s(tmp_path):
     assert np.array_equal(_padded(short, params, texts, 64), _padded(minilm, params, texts, 64))
 
 
+def test_a_gpu_keeps_xla_s_layers_and_a_cpu_runs_the_interpreter(encoders, monkeypatch):
+    """The kernel is written for a TPU's VMEM: a GPU would otherwise get the interpreter."""
+    config = encoders[0].config
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert fused.unsupported(config, ROW) == "the gpu backend (the kernel is written for a TPU)"
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    assert fused.unsupported(config, ROW) is None
+
+
 def test_an_unknown_layer_kernel_is_refused_naming_the_known_ones():
     with pytest.raises(bj.SpecError, match=r"layer_kernel must be one of \('xla', 'pallas'\)"):
         SentenceEncoder.from_dir(layer_kernel="mosaic")

@@ -53,8 +53,12 @@ def unsupported(config: BertConfig, length: int) -> str | None:
 
     The kernel takes a hidden size and rows that are whole numbers of 128-lane groups (the
     packed rows and the longer buckets on a TPU), heads that divide 128 lanes, and the
-    activations it implements.
+    activations it implements. It is written for a TPU; a CPU runs it in Pallas's
+    interpreter (for tests), and other backends (GPUs) keep XLA's layers.
     """
+    backend = jax.default_backend()
+    if backend not in ("tpu", "cpu"):
+        return f"the {backend} backend (the kernel is written for a TPU)"
     if config.hidden_size % _LANES or _LANES % config.head_dim:
         return f"hidden size {config.hidden_size}, head size {config.head_dim}"
     if length % _LANES:

@@ -61,8 +61,9 @@ class SentenceEncoder:
             loads the weights (``beam_jax._src.text.matmuls``).
         layer_kernel: How each encoder layer runs: ``"xla"``, as XLA's ops; ``"pallas"``,
             as one Pallas kernel that keeps the layer's activations on the chip (on a TPU;
-            elsewhere Pallas's interpreter runs it, far slower: for tests). Layers the
-            kernel does not take (``fused.unsupported``) run as XLA's ops.
+            on a CPU Pallas's interpreter runs it, far slower: for tests). Layers the
+            kernel does not take (``fused.unsupported``: a GPU, or a width or row length
+            not a multiple of 128) run as XLA's ops.
     """
 
     path: str | None
