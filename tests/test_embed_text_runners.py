@@ -25,6 +25,10 @@ from pipelines.embed import job as embed_text
 from tests import flagship as ft
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Parts of 4 rows; float32 matmuls, as these runs are compared to 1e-5 and batched
+# otherwise: with bfloat16 (`--matmuls auto` on a CPU with AMX) other batches round
+# otherwise by up to about 1e-3.
+PARTS = ("--rows_per_part", "4", "--matmuls", "float32")
 T4 = "type:nvidia-tesla-t4;count:1"
 NO_SPLIT = "--experiments=prism_disable_sdf_split"  # as tests/test_prism.py runs it
 
@@ -59,13 +63,13 @@ def source(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def reference(source, tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("fused") / "out"
-    summary = ft.run(source, out, "--rows_per_part", "4")
+    summary = ft.run(source, out, *PARTS)
     assert summary.conserved and summary.dead_letters == 4, summary
     return out
 
 
 def test_an_accelerator_hint_on_the_fnapi_runner_writes_the_same_bytes(source, reference, tmp_path):
-    summary = ft.run(source, tmp_path / "out", "--rows_per_part", "4", "--accelerator", T4)
+    summary = ft.run(source, tmp_path / "out", *PARTS, "--accelerator", T4)
 
     assert summary.conserved and summary.results == 24
     got, want = _files(tmp_path / "out"), _files(reference)
@@ -83,7 +87,7 @@ def test_a_reshuffle_between_every_pair_of_steps_writes_the_same_bytes(
     monkeypatch.setattr(embed_text.jobs, "workers_here", lambda options: False)
     graph = _spy_graph(monkeypatch)
 
-    ft.run(source, tmp_path / "out", "--rows_per_part", "4")
+    ft.run(source, tmp_path / "out", *PARTS)
 
     shuffles = [label for label in graph if label.endswith("Reshuffle") or "Spread" in label]
     assert "StartEmbedWorker" in graph and "Read/SpreadParts" in graph, sorted(graph)
@@ -122,7 +126,7 @@ def test_bundles_in_threads_of_this_process_write_the_same_embeddings(
     monkeypatch.setattr(base, "_start", lambda *a, f=base._start: started.append(a[0]) or f(*a))
     graph = _spy_graph(monkeypatch)
 
-    summary = ft.run(source, tmp_path / "out", "--rows_per_part", "4", "--direct_num_workers=3")
+    summary = ft.run(source, tmp_path / "out", *PARTS, "--direct_num_workers=3")
 
     assert summary.conserved and summary.results == 24
     assert "Read/SpreadParts" in graph and "StartEmbedWorker" not in graph, sorted(graph)
@@ -160,8 +164,8 @@ def test_on_prism_the_accelerator_hint_writes_the_same_bytes(source, reference, 
     # for byte, and with the FnApiRunner's run part by part.
     flags = ["--runner=PrismRunner", f"--prism_location={prism}", NO_SPLIT]
 
-    ft.run(source, tmp_path / "plain", "--rows_per_part", "4", *flags)
-    ft.run(source, tmp_path / "hinted", "--rows_per_part", "4", *flags, "--accelerator", T4)
+    ft.run(source, tmp_path / "plain", *PARTS, *flags)
+    ft.run(source, tmp_path / "hinted", *PARTS, *flags, "--accelerator", T4)
 
     assert _files(tmp_path / "hinted") == _files(tmp_path / "plain")
     _assert_same_embeddings(tmp_path / "hinted", reference)
