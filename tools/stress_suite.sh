@@ -59,7 +59,7 @@ for run in $(seq "$RUNS"); do
     log="$LOG_DIR/run-$run.log"
     start=$SECONDS
     # In the background and waited for, so that an interrupt stops it and the load at once.
-    "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadfile "${ARGS[@]}" >"$log" 2>&1 &
+    "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadfile --no-loadscope-reorder "${ARGS[@]}" >"$log" 2>&1 &
     TEST_PID=$!
     wait "$TEST_PID"
     status=$?
