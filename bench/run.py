@@ -8,23 +8,15 @@ r"""beam_jax against the physical limit and against stock Beam, on the same data
                                                  #  "ratios", "strongest_stock", "fingerprint"}
 
 Two kernels (``heavy``: masked self-attention plus MLP; ``light``: a masked mean-pool and
-one matmul) run over long-tailed ``(L, 64)`` records (``bench/_lib/records.py``). Every
-variant (``bench/_lib/variants.py``) runs on the same records in a fresh process (its peak
-RSS its own), each round in a rotated order, and reports its median over the rounds with
-the spread, on the device its process computes on (the default backend, printed).
-
-Each is set against the strongest stock Beam peer of the run (``x stock``: the fastest
-``stock_*`` variant, Beam's own length buckets or batches tuned as Beam's docs advise) and
-against ``limit`` (``x limit``): the same jitted kernel over pre-bucketed, pre-padded
-batches, its compiles done before its clock (reported beside). ``limit`` and the read of
-each variant's own input file (``read_only*``) always run with it: ``x bound`` is the rate
-over the slower of the limit and that read, ``x serial`` the rate over their serial bound
-1 / (1/limit + 1/read) (above 1: reading and computing overlap). ``host us`` is the wall
-time per record the variant adds to the limit's: what decides whether an accelerator is
-fed. Variants run as the library's jobs launch (``beam_jax.jobs.freeze_startup_objects``
-and ``prompt_bundle_ends``); every variant's outputs are checked against ``limit``'s. With
-py-spy (beside the interpreter, on PATH or ``$BEAM_JAX_PY_SPY``) each run also reports the
-microseconds per record a thread held the interpreter lock (``gil us``).
+one matmul) over long-tailed ``(L, 64)`` records (``bench/_lib/records.py``). Each variant
+(``bench/_lib/variants.py``) runs in a fresh process, rounds rotated, on its default
+backend; its median is set against the fastest stock Beam variant (``x stock``) and against
+``limit`` (``x limit``: the jitted kernel over pre-padded batches, compiles excluded).
+``x bound`` and ``x serial`` divide by the slower of the limit and the variant's own read
+(``read_only*``), and by their serial sum (above 1: reading and computing overlap); ``host
+us`` is the wall time per record added to the limit's. Variants launch as the library's
+jobs do; every output is checked against ``limit``'s. With py-spy (on PATH or
+``$BEAM_JAX_PY_SPY``), ``gil us`` is the time per record a thread held the interpreter lock.
 """
 
 from __future__ import annotations

@@ -5,23 +5,16 @@
     python bench/soak.py --records 1000000 --baseline 100000  # the figures in reliability.md
     python bench/soak.py --records 1000000 --json soak.json
 
-Records are ``(id, {"x": float32[L, 4]})`` with L in 1..16, generated lazily inside the
-pipeline (``beam.Create`` of id ranges, then a FlatMap), so the driver never holds them. A
-seeded 1% are bad, in five kinds: a wrong dtype (complex), a wrong rank, a NaN (with
-``Validation(nonfinite="reject")``), too long for the largest bucket, and a value that makes
-the kernel raise at run time (a ``pure_callback``, as in tests/reliability_kernels.py). They
-run through ``RunKernel(...).with_exception_handling()`` on the FnApiRunner in
-``multi_processing`` mode with 2 workers; results are written as id lines and dead letters
-as ``FailedElement`` JSON lines, and the driver then reads back what was written and checks
-that every id appears exactly once, in the results or in the dead letters, and that the dead
-letters are exactly the bad ids, each at its expected stage.
-
-Memory is the peak of the summed RSS (and PSS) of the process that runs the pipeline and all
-its descendants (the SDK worker processes), sampled from /proc every 0.2 s. Throughput over
-time comes from each worker counting the outputs it writes per wall-clock second.
-``--baseline N`` first runs N records, each size in a fresh process, and prints the ratios.
-The workers compute on their default backend (each says which): on a host with one
-accelerator, which one process at a time may hold, run the soak with ``JAX_PLATFORMS=cpu``.
+Records are ``(id, {"x": float32[L, 4]})``, L in 1..16, generated inside the pipeline.
+A seeded 1% are bad in five kinds (complex dtype, wrong rank, a NaN under
+``Validation(nonfinite="reject")``, too long, a kernel that raises at run time) and run
+through ``RunKernel(...).with_exception_handling()`` on the FnApiRunner's
+``multi_processing`` mode with 2 workers; the driver reads back every result and dead
+letter and checks each id appears exactly once, the bad ones at their expected stage.
+Memory: the peak summed RSS (and PSS) of the process tree, sampled every 0.2 s; throughput
+over time: outputs each worker writes per second. ``--baseline N`` runs N records first,
+each size in a fresh process, and prints the ratios. On a host with one accelerator, which
+one process may hold, run the soak with ``JAX_PLATFORMS=cpu``.
 """
 
 from __future__ import annotations

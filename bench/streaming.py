@@ -3,28 +3,21 @@
     python bench/streaming.py --quick                   # 400 records, one run per mode
     python bench/streaming.py --elements 4000 --per-bundle 10 --repeat 3
 
-Streaming runners hand a DoFn bundles of a handful of elements; bundle mode then runs
-batches of one or two rows per bucket, and cross-bundle mode (``with_cross_bundle_batching``)
-buffers rows across bundles in state. The heavy kernel of ``bench/run.py`` (masked
-self-attention plus MLP over ``(L, 64)`` records, lengths log-normal, median 48) runs the
-same records in each mode, side by side in one process, ``--repeat`` times each in
-alternating order (forward, then backward); the table shows medians:
+Streaming runners hand a DoFn bundles of a handful of elements: bundle mode then runs
+batches of a row or two, cross-bundle mode (``with_cross_bundle_batching``) buffers rows
+across bundles in state. ``bench/run.py``'s heavy kernel runs the same records in each mode,
+side by side in one process, ``--repeat`` times in alternating order (medians shown):
 
-* on the BundleBasedDirectRunner (``--streaming``), through ``beam_jax.testing.StreamTest``
-  (a ``TestStream`` emitting ``--per-bundle`` records every ``--arrival-ms`` of stream time,
-  its clock shared with the transform, every bundle's metrics counted): ``large_bundle``
-  (bundle mode, all records in one bundle), ``small_bundle`` (bundle mode, small bundles)
-  and ``cross_bundle`` (cross-bundle mode, small bundles; waits in stream time);
-* on the FnApiRunner: ``fnapi_large`` and ``fnapi_cross`` (one large bundle, bundle and
-  cross-bundle mode: what the extra shuffle and state cost on a fast runner), and
-  ``fnapi_small`` and ``fnapi_small_cross`` (a splittable source that defers the rest of
-  its range after each ``--per-bundle`` records, so each residual runs as a bundle of its
-  own; waits in wall time).
+* on the BundleBasedDirectRunner through ``beam_jax.testing.StreamTest`` (``--per-bundle``
+  records every ``--arrival-ms`` of stream time): ``large_bundle`` and ``small_bundle``
+  (bundle mode), ``cross_bundle`` (cross-bundle mode, small bundles);
+* on the FnApiRunner: ``fnapi_large`` and ``fnapi_cross`` (one large bundle, each mode),
+  ``fnapi_small`` and ``fnapi_small_cross`` (a splittable source deferring its range after
+  each ``--per-bundle`` records, so each residual is a bundle).
 
-It prints records/s (wall time, compile time excluded) against the runner's large bundle,
-the mean batch fill, the padding, the batches, the buffer waits (p50, p99 as upper bounds
-of the wait-bucket counters) and flush causes, on the device this process computes on
-(its default backend). Every mode's outputs are checked against the first one's.
+It prints records/s (compiles excluded) against the runner's large bundle, batch fill,
+padding, batches, buffer waits (p50, p99) and flush causes, on this process's default
+backend. Every mode's outputs are checked against the first one's.
 """
 
 from __future__ import annotations

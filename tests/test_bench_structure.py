@@ -16,7 +16,7 @@ BENCH = ROOT / "bench"
 # against its peers and the limit (and with --profile), streaming, soak, the device check.
 ENTRY_POINTS = {"run.py", "embed.py", "streaming.py", "soak.py", "device_check.sh"}
 MAX_LINES = 400  # per module as ruff formats it (the longest, bench/embed.py, ~330 today)
-MAX_TOTAL = 3500  # bench/'s code, its shell script included (~3,490 today)
+MAX_TOTAL = 3500  # bench/'s code, its shell script included (~3,470 today)
 # The libraries a bench module must not change: imported names bound to these.
 GUARDED = ("beam_jax", "pipelines", "jax", "apache_beam", "numpy", "pyarrow", "tokenizers")
 
