@@ -1,6 +1,7 @@
 """The encoder layer as one Pallas kernel (``layer_kernel="pallas"``), in Pallas's
 interpreter on the CPU, against the XLA layers it replaces: BERT (MiniLM's widths), MPNet
-and XLM-RoBERTa, padded and packed, alone and in a real Beam pipeline with dead letters.
+and XLM-RoBERTa, padded and packed, alone and in a real Beam pipeline with dead letters;
+and lowered for a TPU from here (Pallas's TPU lowering of every layer).
 
 With float32 matmuls both sum in float32 from float32 products: cosine >= 0.99999. With
 bfloat16 matmuls each rounds its own float32 sums to bfloat16 at every layer, so the two
@@ -149,6 +150,40 @@ def test_a_gpu_keeps_xla_s_layers_and_a_cpu_runs_the_interpreter(encoders, monke
     assert fused.unsupported(config, ROW) == "the gpu backend (the kernel is written for a TPU)"
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     assert fused.unsupported(config, ROW) is None
+
+
+@pytest.mark.parametrize("matmuls", ["float32", "bfloat16"])
+def test_the_kernel_lowers_for_a_tpu(encoders, matmuls, monkeypatch):
+    """Traced as on a TPU (not interpreted) and lowered for one from here: Pallas's TPU
+    lowering of every layer, padded rows of 128 and 256 tokens (where the model has the
+    positions) and packed rows, each a Mosaic kernel in the program (what only the chip's
+    own compiler then checks further)."""
+    xla, pallas, params = encoders
+    if matmuls == "bfloat16":
+        pallas, params = _bfloat16(pallas, params)
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    info = types.SimpleNamespace(vmem_capacity_bytes=128 * 2**20)  # a v5e's VMEM
+    monkeypatch.setattr(fused.pltpu, "get_tpu_info", lambda: info, raising=False)
+    layers = len(params["layers"])
+
+    def kernels(fn, *args) -> int:
+        lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))
+        return lowered.as_text().count("tpu_custom_call")
+
+    padded = jax.vmap(pallas.element_fn, in_axes=(None, 0, 0))
+    for length in [n for n in (ROW, 2 * ROW) if n <= pallas.config.max_tokens]:
+        ids, lengths = np.ones((4, length), np.int32), np.full(4, length, np.int32)
+        assert kernels(padded, params, {"input_ids": ids}, {"L": lengths}) == layers
+
+    def packed(ids, seg, pos):
+        segments = types.SimpleNamespace(ids=seg, positions=pos, lengths=np.zeros(3))
+        return pallas.packed_fn(params, {"input_ids": ids}, segments)
+
+    rows = np.ones((4, ROW), np.int32)
+    assert (
+        kernels(jax.vmap(packed), rows, rows, np.tile(np.arange(ROW, dtype=np.int32), (4, 1)))
+        == layers
+    )
 
 
 def test_an_unknown_layer_kernel_is_refused_naming_the_known_ones():
