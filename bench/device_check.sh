@@ -188,7 +188,14 @@ if "$PY" -c "import sentence_transformers" 2>/dev/null; then
   if nvidia-smi -L >/dev/null 2>&1; then st_device=cuda; fi
 fi
 # On a TPU, the encoder's layers as one Pallas kernel each (--layer_kernel pallas) beside XLA's.
-if "$PY" -c "import jax, sys; sys.exit(jax.default_backend() != 'tpu')" 2>/dev/null; then
+# The backend as the devices step read it, else as the library's probe reads it (no device
+# opened: one process at a time holds a TPU, and opening it takes seconds).
+if wanted devices; then
+  backend=$(sed -n 's/^backend \([a-z]*\).*/\1/p' "$OUT/devices.txt" | tail -n 1)
+else
+  backend=$("$PY" -c "from beam_jax import jobs; print(jobs.local_platform().platform)" 2>/dev/null)
+fi
+if [ "$backend" = tpu ]; then
   variants=$variants,limit_pallas,pipeline_pallas
 fi
 variants=${EMBED_VARIANTS:-$variants}
