@@ -79,13 +79,19 @@ def _packed(encoder, params, rows: list[list[str]]) -> np.ndarray:
             seg[r, at : at + len(tokens)] = s
             pos[r, at : at + len(tokens)] = np.arange(len(tokens))
             at += len(tokens)
-    most = max(map(len, rows))
-
-    def one(i, s, p):  # what packed_fn reads of a row's SegmentInfo
-        segments = types.SimpleNamespace(ids=s, positions=p, lengths=np.zeros(most))
-        return encoder.packed_fn(params, {"input_ids": i}, segments)
-
+    one = _packed_row(encoder, params, max(map(len, rows)))
     return np.asarray(jax.jit(jax.vmap(one))(ids, seg, pos))
+
+
+def _packed_row(encoder, params, most: int):
+    """``packed_fn`` over one row's ``(ids, segment ids, positions)``: what it reads of a
+    row's ``SegmentInfo``, ``most`` outputs."""
+
+    def one(ids, seg, pos):
+        segments = types.SimpleNamespace(ids=seg, positions=pos, lengths=np.zeros(most))
+        return encoder.packed_fn(params, {"input_ids": ids}, segments)
+
+    return one
 
 
 def _padded(encoder, params, texts: list[str], length: int = ROW) -> np.ndarray:
@@ -175,15 +181,8 @@ def test_the_kernel_lowers_for_a_tpu(encoders, matmuls, monkeypatch):
         ids, lengths = np.ones((4, length), np.int32), np.full(4, length, np.int32)
         assert kernels(padded, params, {"input_ids": ids}, {"L": lengths}) == layers
 
-    def packed(ids, seg, pos):
-        segments = types.SimpleNamespace(ids=seg, positions=pos, lengths=np.zeros(3))
-        return pallas.packed_fn(params, {"input_ids": ids}, segments)
-
-    rows = np.ones((4, ROW), np.int32)
-    assert (
-        kernels(jax.vmap(packed), rows, rows, np.tile(np.arange(ROW, dtype=np.int32), (4, 1)))
-        == layers
-    )
+    rows, positions = np.ones((4, ROW), np.int32), np.tile(np.arange(ROW, dtype=np.int32), (4, 1))
+    assert kernels(jax.vmap(_packed_row(pallas, params, 3)), rows, rows, positions) == layers
 
 
 def test_an_unknown_layer_kernel_is_refused_naming_the_known_ones():
