@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import bisect
 import copy
 import dataclasses
@@ -158,7 +159,7 @@ def cut_batch_sizes(
     return (limit,) if one_size else tuple(s for s in allowed if s <= limit)
 
 
-class PlanBase:
+class PlanBase(abc.ABC):
     """What ``Plan`` and ``PackedPlan`` answer alike, from their ``layout``, ``validation``,
     ``max_sizes``, ``truncate`` and ``batch_sizes(bucket)``."""
 
@@ -167,8 +168,9 @@ class PlanBase:
     max_sizes: dict[str, int]
     truncate: bool
 
+    @abc.abstractmethod
     def batch_sizes(self, bucket: Bucket) -> tuple[int, ...]:
-        raise NotImplementedError
+        """The batch dimensions ``bucket``'s batches may have, smallest first."""
 
     def max_batch(self, bucket: Bucket) -> int:
         """How many rows fill a batch of ``bucket``."""
