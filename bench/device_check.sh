@@ -187,7 +187,7 @@ if "$PY" -c "import sentence_transformers" 2>/dev/null; then
   variants=limit,pipeline,sentence_transformers,host_only,tokenize_only
   if nvidia-smi -L >/dev/null 2>&1; then st_device=cuda; fi
 fi
-# On a TPU, the encoder's layers as one Pallas kernel each (--layer_kernel pallas) beside XLA's.
+# On a TPU (where each encoder layer runs as one Pallas kernel), XLA's layers beside them.
 # The backend as the devices step read it, else as the library's probe reads it (no device
 # opened: one process at a time holds a TPU, and opening it takes seconds).
 if wanted devices; then
@@ -196,7 +196,7 @@ else
   backend=$("$PY" -c "from beam_jax import jobs; print(jobs.local_platform().platform)" 2>/dev/null)
 fi
 if [ "$backend" = tpu ]; then
-  variants=$variants,limit_pallas,pipeline_pallas
+  variants=$variants,limit_xla,pipeline_xla
 fi
 variants=${EMBED_VARIANTS:-$variants}
 # The flagship against its limit (its own packed batches alone, warm) and its peers, on the

@@ -14,8 +14,8 @@ rotated order; the table shows medians:
   (``bench/_lib/limit.py``): the fastest the flagship could run here.
 * ``pipeline``: ``pipelines.embed`` end to end on the FnApiRunner, Parquet in and out, timed
   from ``run()`` called to the job finished; ``pipeline_float32``: with ``--matmuls float32``.
-* ``limit_pallas``, ``pipeline_pallas``: the same with ``--layer_kernel pallas``, each
-  encoder layer one Pallas kernel (on a TPU; elsewhere Pallas's interpreter, far slower).
+* ``limit_xla``, ``pipeline_xla``: the same with ``--layer_kernel xla``, XLA's layers (the
+  default off a TPU; on a TPU the default runs each layer as one Pallas kernel).
 * ``sentence_transformers`` (``_bf16``: under ``torch.autocast(bfloat16)``): ``encode`` after
   a warm-up batch, in an interpreter with torch (``--st-python``), on ``--st-device``.
 * ``runinference``: the same JAX model under stock ``RunInference``, tuned as a careful user
@@ -56,12 +56,12 @@ from bench._lib import harness, limit  # noqa: E402
 
 DEFAULT_ST_PYTHON = "/tmp/refvenv/bin/python"
 # The variants that compile inside their clock (their first round with an empty cache).
-COMPILING = ("pipeline", "pipeline_float32", "pipeline_pallas", "runinference", "host_only")
+COMPILING = ("pipeline", "pipeline_float32", "pipeline_xla", "runinference", "host_only")
 # Ratios printed under the table: ours over theirs, from their warm medians (else medians).
 PAIRS = (
     ("pipeline", "limit"),
-    ("limit_pallas", "limit"),
-    ("pipeline_pallas", "limit_pallas"),
+    ("limit", "limit_xla"),
+    ("pipeline_xla", "limit_xla"),
     ("host_only", "limit"),
     ("pipeline", "sentence_transformers"),
     ("pipeline_float32", "sentence_transformers"),

@@ -17,12 +17,14 @@ later in TF32 (11 bits), a CPU in float32 (24 bits); ``precision=HIGHEST`` asks 
 device for float32 products. The flagship's encoder (all-MiniLM-L6-v2's shapes, random
 weights: ``tools/make_random_minilm.py``) runs on the device through ``EmbedText``, with
 XLA's layers and with each layer as one Pallas kernel (``layer_kernel="pallas"``), and is
-compared with the float32 encoder on the CPU by cosine. Every test runs a real pipeline on
+compared with the float32 encoder on the CPU by cosine; so are MPNet and XLM-RoBERTa
+(``tests/tiny_families.py``, widths the kernel takes) with the default ``layer_kernel``. Every test runs a real pipeline on
 the FnApiRunner, in this process (no sockets).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -376,7 +378,9 @@ def reference(minilm) -> np.ndarray:
     from beam_jax.text import SentenceEncoder
 
     path, texts = minilm
-    return cpu_embeddings(SentenceEncoder.from_dir(path, matmuls="float32"), texts)
+    return cpu_embeddings(
+        SentenceEncoder.from_dir(path, matmuls="float32", layer_kernel="xla"), texts
+    )
 
 
 @pytest.mark.parametrize(
@@ -422,6 +426,48 @@ def test_the_flagship_encoder_on_the_device_matches_float32_on_the_cpu(
         least_seen = f"least cosine {cosine.min():.6f}"
         print(f"encoder {matmuls} {batching} {layers}: {least_seen}", file=sys.stderr)
         assert cosine.min() >= least, (matmuls, batching, layers, float(cosine.min()), least)
+
+    assert_that(rows, check)
+    assert_that(failed, lambda dead: not dead or pytest.fail(f"dead letters: {dead}"), label="Dead")
+    run(p)
+
+
+@pytest.mark.parametrize("family", ["mpnet", "xlm-roberta"])
+def test_other_families_with_the_default_layers_match_float32_on_the_cpu(tmp_path, family):
+    """MPNet (per-head relative bias) and XLM-R (heads of 64) packed, with the default
+    ``layer_kernel`` (on a TPU each layer one kernel): float32 matmuls on both sides."""
+    from beam_jax.text import EmbedText, SentenceEncoder
+    from tests import tiny_families as tf
+
+    write = {"mpnet": tf.write_tiny_mpnet, "xlm-roberta": tf.write_tiny_xlm_roberta}[family]
+    heads = {"mpnet": 8, "xlm-roberta": 4}[family]
+    path = write(tmp_path / family, hidden=256, heads=heads, intermediate=512,
+                 max_positions=130, max_seq_length=64)  # fmt: skip
+    encoder = SentenceEncoder.from_dir(str(path))
+    texts = tf.sample_texts(24, seed=21)
+    want = cpu_embeddings(dataclasses.replace(encoder, layer_kernel="xla"), texts)
+    plan = bj.Packing(row_lengths=(128,), rows_per_batch=4, max_segments=8)
+    batch = pa.record_batch({"doc": list(range(len(texts))), "body": texts})
+    p = pipeline()
+    vectors, failed = (
+        p
+        | beam.Create([batch])
+        | EmbedText(encoder, text_column="body", id_column="doc", batching=plan)
+    )
+    rows = vectors | beam.FlatMap(
+        lambda b: zip(b.column("doc").to_pylist(), b.column("embedding").to_pylist(), strict=True)
+    )
+
+    def check(actual):
+        got = dict(actual)
+        assert sorted(got) == list(range(len(texts)))
+        vectors = np.array([got[i] for i in range(len(texts))], np.float64)
+        cosine = (vectors * want).sum(1) / (
+            np.linalg.norm(vectors, axis=1) * np.linalg.norm(want, axis=1)
+        )
+        print(f"{family} {encoder.resolved_layer_kernel()}: least cosine {cosine.min():.6f}",
+              file=sys.stderr)  # fmt: skip
+        assert cosine.min() >= 0.9999, (family, float(cosine.min()))
 
     assert_that(rows, check)
     assert_that(failed, lambda dead: not dead or pytest.fail(f"dead letters: {dead}"), label="Dead")

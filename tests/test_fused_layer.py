@@ -186,8 +186,22 @@ def test_the_kernel_lowers_for_a_tpu(encoders, matmuls, monkeypatch):
 
 
 def test_an_unknown_layer_kernel_is_refused_naming_the_known_ones():
-    with pytest.raises(bj.SpecError, match=r"layer_kernel must be one of \('xla', 'pallas'\)"):
+    with pytest.raises(bj.SpecError, match=r"one of \('auto', 'xla', 'pallas'\), got 'mosaic'"):
         SentenceEncoder.from_dir(layer_kernel="mosaic")
+
+
+def test_auto_runs_the_kernel_on_a_tpu_and_xla_s_layers_elsewhere(encoders, monkeypatch):
+    """The default: each layer one kernel where the backend is a TPU, decided where the model
+    is traced; a CPU keeps XLA's layers (bitwise), not the interpreter."""
+    xla, _, params = encoders
+    auto = dataclasses.replace(xla, layer_kernel="auto")
+    assert SentenceEncoder.from_dir().layer_kernel == "auto"
+    assert auto.resolved_layer_kernel() == "xla"
+    texts = tf.sample_texts(2, seed=15)
+    assert np.array_equal(_padded(auto, params, texts), _padded(xla, params, texts))
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert auto.resolved_layer_kernel() == "pallas"
+    assert fused.resolve("xla") == "xla" and fused.resolve("auto") == "pallas"
 
 
 def test_a_pipeline_embeds_packed_rows_with_the_kernel_and_keeps_dead_letters(tmp_path):

@@ -14,19 +14,15 @@ from bench._lib import harness
 BATCH_SIZE = 64
 DIM = 384
 # The flagship's variants, and its limit's: their flags beside the benchmark's --pipeline-args.
-PALLAS = ["--layer_kernel", "pallas"]
-FLAGSHIPS = {
-    "pipeline": [],
-    "pipeline_float32": ["--matmuls", "float32"],
-    "pipeline_pallas": PALLAS,
-}
-LIMITS = {"limit": [], "limit_pallas": PALLAS}
+XLA = ["--layer_kernel", "xla"]
+FLAGSHIPS = {"pipeline": [], "pipeline_float32": ["--matmuls", "float32"], "pipeline_xla": XLA}
+LIMITS = {"limit": [], "limit_xla": XLA}
 # sentence-transformers in each precision: the torch dtype it computes in.
 ST_VARIANTS = {"sentence_transformers": "float32", "sentence_transformers_bf16": "bfloat16"}
 VARIANTS = (*LIMITS, *FLAGSHIPS, *ST_VARIANTS, "runinference", "host_only", "tokenize_only")
 MODEL_VARIANTS = (*LIMITS, *FLAGSHIPS, *ST_VARIANTS, "runinference")
-# Run when named: off a TPU the Pallas layers run in Pallas's interpreter.
-DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v not in ("limit_pallas", "pipeline_pallas"))
+# Run when named: XLA's layers, the default's off a TPU.
+DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v not in ("limit_xla", "pipeline_xla"))
 
 # Runs in the interpreter that has sentence-transformers (and torch); needs no jax.
 ST_SCRIPT = r"""

@@ -68,7 +68,7 @@ def run_limit(cfg: dict) -> dict:
     print(
         f"limit: {len(ids)} texts in {len(batches)} packed batches on {device()}; plan "
         f"{describe(packing.packing)}; {model.resolved_matmuls()} matmuls, "
-        f"{model.layer_kernel} layers",
+        f"{model.resolved_layer_kernel()} layers",
         flush=True,
     )
     fn = jax.jit(jax.vmap(model.packed_fn, in_axes=(None, 0, 0)))
@@ -98,7 +98,7 @@ def run_limit(cfg: dict) -> dict:
         "seconds": seconds,
         "device": device(),
         "matmuls": model.resolved_matmuls(),
-        "layer_kernel": model.layer_kernel,
+        "layer_kernel": model.resolved_layer_kernel(),
         "batches": len(batches),
         "shapes": len(shapes),
         "compile_s": sum(shapes.values()),

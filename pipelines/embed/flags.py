@@ -182,9 +182,10 @@ def _parser() -> argparse.ArgumentParser:
     add(
         "--layer_kernel",
         choices=text.LAYER_KERNELS,
-        default="xla",
-        help="how each encoder layer runs: xla (default), as XLA's ops; pallas, as one Pallas "
-        "kernel keeping the layer's activations on the chip (TPU)",
+        default="auto",
+        help="how each encoder layer runs: xla, as XLA's ops; pallas, as one Pallas kernel "
+        "keeping the layer's activations on the chip (TPU); auto (default): pallas on a "
+        "TPU, xla elsewhere",
     )
     add(
         "--model_manifest",

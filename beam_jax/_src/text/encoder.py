@@ -165,7 +165,8 @@ def encode_tokens(
             (query by key): 0 where a query may attend to a key, ``MASK_VALUE`` where not.
         config: The encoder's shape.
         kernel: One of ``fused.LAYER_KERNELS``: ``"pallas"`` runs each layer as one Pallas
-            kernel where ``fused.unsupported`` finds nothing against it, else as XLA's ops.
+            kernel where ``fused.unsupported`` finds nothing against it, else as XLA's ops;
+            ``"auto"``, as ``fused.resolve`` picks for this backend.
 
     Returns:
         float32[L, hidden_size], the last layer's token vectors.
@@ -182,6 +183,7 @@ def encode_tokens(
     if config.relative_attention:  # one bias for every layer, as MPNet computes it
         relative = _relative_bias(positions, params["relative_attention_bias"], config)
         bias = relative + attention_bias[None, :, :]
+    kernel = fused.resolve(kernel)
     for layer in params["layers"]:
         if kernel == "pallas" and not fused.unsupported(config, x.shape[0]):
             x = fused.layer(x, bias, layer, config)

@@ -33,11 +33,12 @@ from jax.experimental.pallas import tpu as pltpu
 
 from beam_jax._src.text.config import BertConfig
 
-__all__ = ["LAYER_KERNELS", "layer", "unsupported"]
+__all__ = ["LAYER_KERNELS", "layer", "resolve", "unsupported"]
 
-LAYER_KERNELS = ("xla", "pallas")
+LAYER_KERNELS = ("auto", "xla", "pallas")
 """How the encoder's layers run: ``xla``, each as XLA's ops (every device); ``pallas``, each as
-one Pallas kernel (:func:`layer`) where :func:`unsupported` finds nothing against it."""
+one Pallas kernel (:func:`layer`) where :func:`unsupported` finds nothing against it;
+``auto``, ``pallas`` on a TPU and ``xla`` elsewhere (:func:`resolve`)."""
 
 BFLOAT16_ATTENTION_FROM = 128
 """Rows at least this long multiply attention in bfloat16 when the dense layers do (both
@@ -46,6 +47,15 @@ _LANES = 128
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 _HIGHEST = jax.lax.Precision.HIGHEST
 _BLOCK_TOKENS = 1024  # a program's rows, end to end
+
+
+def resolve(kernel: str) -> str:
+    """``kernel`` with ``auto`` resolved for this process's default backend: ``pallas`` on a
+    TPU (on a v5e, MiniLM's packed batches 1.6x faster than XLA's layers, bench/RESULTS.md),
+    ``xla`` elsewhere (a CPU would run the kernel in Pallas's interpreter)."""
+    if kernel != "auto":
+        return kernel
+    return "pallas" if jax.default_backend() == "tpu" else "xla"
 
 
 def unsupported(config: BertConfig, length: int) -> str | None:

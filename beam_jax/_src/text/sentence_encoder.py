@@ -61,9 +61,10 @@ class SentenceEncoder:
             loads the weights (``beam_jax._src.text.matmuls``).
         layer_kernel: How each encoder layer runs: ``"xla"``, as XLA's ops; ``"pallas"``,
             as one Pallas kernel that keeps the layer's activations on the chip (on a TPU;
-            on a CPU Pallas's interpreter runs it, far slower: for tests). Layers the
-            kernel does not take (``fused.unsupported``: a GPU, or a width or row length
-            not a multiple of 128) run as XLA's ops.
+            on a CPU Pallas's interpreter runs it, far slower: for tests); ``"auto"``
+            (default), ``pallas`` on a TPU and ``xla`` elsewhere, decided where the model
+            is traced. Layers the kernel does not take (``fused.unsupported``: a GPU, or a
+            width or row length not a multiple of 128) run as XLA's ops.
     """
 
     path: str | None
@@ -74,7 +75,7 @@ class SentenceEncoder:
     lowercase: bool = False
     manifest: str | None = None
     matmuls: str = "float32"
-    layer_kernel: str = "xla"
+    layer_kernel: str = "auto"
 
     def __post_init__(self):
         if not isinstance(self.config, BertConfig):
@@ -108,7 +109,7 @@ class SentenceEncoder:
         manifest: str | pathlib.Path | None = None,
         max_length: int | None = None,
         matmuls: str = "float32",
-        layer_kernel: str = "xla",
+        layer_kernel: str = "auto",
     ) -> SentenceEncoder:
         """Reads a sentence-transformers BERT model directory's configs (not its weights).
 
@@ -125,7 +126,7 @@ class SentenceEncoder:
                 must match, checked now and again before a worker reads them.
             max_length: Most tokens per text; defaults to the model's ``max_seq_length``.
             matmuls: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (the attribute).
-            layer_kernel: ``"xla"`` or ``"pallas"`` (the attribute).
+            layer_kernel: ``"auto"``, ``"xla"`` or ``"pallas"`` (the attribute).
 
         Raises:
             FileNotFoundError: The directory, a file it needs, or the package is missing.
@@ -199,6 +200,11 @@ class SentenceEncoder:
         """``"float32"`` or ``"bfloat16"``: :attr:`matmuls`, with ``"auto"`` resolved for
         this process's default device."""
         return mm.resolve(self.matmuls)
+
+    def resolved_layer_kernel(self) -> str:
+        """``"xla"`` or ``"pallas"``: :attr:`layer_kernel`, with ``"auto"`` resolved for this
+        process's default backend."""
+        return fused.resolve(self.layer_kernel)
 
     def tokenizer(self) -> Tokenizer:
         """The model's tokenizer, truncating to ``max_length`` as sentence-transformers does.
