@@ -18,8 +18,8 @@ device for float32 products. The flagship's encoder (all-MiniLM-L6-v2's shapes, 
 weights: ``tools/make_random_minilm.py``) runs on the device through ``EmbedText``, with
 XLA's layers and with each layer as one Pallas kernel (``layer_kernel="pallas"``), and is
 compared with the float32 encoder on the CPU by cosine; so are MPNet and XLM-RoBERTa
-(``tests/tiny_families.py``, widths the kernel takes) with the default ``layer_kernel``. Every test runs a real pipeline on
-the FnApiRunner, in this process (no sockets).
+(``tests/tiny_families.py``, widths the kernel takes) with the default ``layer_kernel``.
+Every test runs a real pipeline on the FnApiRunner, in this process (no sockets).
 """
 
 from __future__ import annotations
