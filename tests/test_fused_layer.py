@@ -202,6 +202,16 @@ def test_auto_runs_the_kernel_on_a_tpu_and_xla_s_layers_elsewhere(encoders, monk
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     assert auto.resolved_layer_kernel() == "pallas"
     assert fused.resolve("xla") == "xla" and fused.resolve("auto") == "pallas"
+    # A TPU host's CPU, named as the default device: XLA's layers, and an explicit
+    # "pallas" runs in the interpreter there rather than lowering for the TPU.
+    with jax.default_device(jax.devices("cpu")[0]):
+        assert auto.resolved_layer_kernel() == "xla"
+        assert np.array_equal(_padded(auto, params, texts), _padded(xla, params, texts))
+        pallas = dataclasses.replace(xla, layer_kernel="pallas")
+        got = _padded(pallas, params, texts)
+        assert _cosines(got, _padded(xla, params, texts)).min() >= 0.99999
+    with jax.default_device("cpu"):
+        assert fused.resolve("auto") == "xla"
 
 
 def test_a_pipeline_embeds_packed_rows_with_the_kernel_and_keeps_dead_letters(tmp_path):

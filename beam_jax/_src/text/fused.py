@@ -49,13 +49,22 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 _BLOCK_TOKENS = 1024  # a program's rows, end to end
 
 
+def _platform() -> str:
+    """Where a program traced now runs: ``jax.default_device``'s platform where one is set
+    (``with jax.default_device(cpu)`` on a TPU host), else JAX's default backend."""
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.default_backend()
+    return device if isinstance(device, str) else device.platform
+
+
 def resolve(kernel: str) -> str:
-    """``kernel`` with ``auto`` resolved for this process's default backend: ``pallas`` on a
-    TPU (on a v5e, MiniLM's packed batches 1.6x faster than XLA's layers, bench/RESULTS.md),
-    ``xla`` elsewhere (a CPU would run the kernel in Pallas's interpreter)."""
+    """``kernel`` with ``auto`` resolved for the platform a program traced now runs on:
+    ``pallas`` on a TPU (on a v5e, MiniLM's packed batches 1.6x faster than XLA's layers,
+    bench/RESULTS.md), ``xla`` elsewhere (a CPU would run the kernel in Pallas's interpreter)."""
     if kernel != "auto":
         return kernel
-    return "pallas" if jax.default_backend() == "tpu" else "xla"
+    return "pallas" if _platform() == "tpu" else "xla"
 
 
 def unsupported(config: BertConfig, length: int) -> str | None:
@@ -66,7 +75,7 @@ def unsupported(config: BertConfig, length: int) -> str | None:
     activations it implements. It is written for a TPU; a CPU runs it in Pallas's
     interpreter (for tests), and other backends (GPUs) keep XLA's layers.
     """
-    backend = jax.default_backend()
+    backend = _platform()
     if backend not in ("tpu", "cpu"):
         return f"the {backend} backend (the kernel is written for a TPU)"
     if config.hidden_size % _LANES or _LANES % config.head_dim:
@@ -196,7 +205,7 @@ def _rows(x: jax.Array, bias: jax.Array, weights, config: BertConfig) -> jax.Arr
         activations = 4 * tokens * (5 * hidden + config.intermediate_size + 2 * bias.shape[1])
         return 2 * (weight_bytes + activations)
 
-    interpret = jax.default_backend() != "tpu"
+    interpret = _platform() != "tpu"
     capacity = 64 * 2**20 if interpret else pltpu.get_tpu_info().vmem_capacity_bytes
     fits = [r for r in range(1, batch + 1) if not batch % r and r * length <= _BLOCK_TOKENS]
     per_block = max([r for r in fits if vmem(r) <= capacity * 3 // 4], default=1)
