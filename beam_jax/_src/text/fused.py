@@ -60,8 +60,8 @@ def _platform() -> str:
 
 def resolve(kernel: str) -> str:
     """``kernel`` with ``auto`` resolved for the platform a program traced now runs on:
-    ``pallas`` on a TPU (on a v5e, MiniLM's packed batches 1.6x faster than XLA's layers,
-    bench/RESULTS.md), ``xla`` elsewhere (a CPU would run the kernel in Pallas's interpreter)."""
+    ``pallas`` on a TPU (faster there than XLA's layers: bench/RESULTS.md), ``xla`` elsewhere
+    (a CPU would run the kernel in Pallas's interpreter)."""
     if kernel != "auto":
         return kernel
     return "pallas" if _platform() == "tpu" else "xla"
