@@ -2,12 +2,14 @@
 
 import threading
 import time
+import types
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
+from beam_jax._src.kernel import precompile
 from beam_jax._src.kernel.precompile import BackgroundCompile
 from beam_jax.internal import Kernel
 from beam_jax.testing import CountingLoader, assert_conserved
@@ -45,6 +47,32 @@ def test_background_compiles_every_shape_and_a_batch_of_a_ready_shape_waits_zero
         assert float(out) == 6.0 * n
     assert kernel.compiles == 5
     assert kernel.wait_seconds == 0.0
+
+
+def test_a_kernel_on_a_tpu_compiles_its_shapes_on_one_thread_in_order(monkeypatch):
+    """On a TPU each of several parallel compiles or loads ran about 3x slower than alone:
+    one thread, so the shape listed first is ready first; elsewhere one per usable CPU, at
+    most 4."""
+    tpu = types.SimpleNamespace(platform="tpu")
+    monkeypatch.setattr(precompile, "usable_cores", lambda: 8)
+    assert precompile.default_threads(types.SimpleNamespace(devices=[tpu])) == 1
+    kernel = Kernel(lambda p, x, lengths: x.sum(), batched=True)
+    assert precompile.default_threads(kernel) == 4 and precompile.default_threads() == 4
+    asked, order, real = [], [], kernel.precompile
+
+    def one_thread_for(k):  # as for a kernel on a TPU
+        asked.append(k)
+        return 1
+
+    def record(params, shapes, treedef, background=False):
+        order.append(shapes[0][0][0][0][0])
+        return real(params, shapes, treedef, background=background)
+
+    monkeypatch.setattr(precompile, "default_threads", one_thread_for)
+    monkeypatch.setattr(kernel, "precompile", record)
+    job = BackgroundCompile(kernel, None, _shapes([8, 1, 4]), None)
+    assert job.wait(60) and asked == [kernel] and len(job._threads) == 1
+    assert order == [8, 1, 4] and kernel.compiles == 3
 
 
 def test_a_caller_waits_for_a_shape_another_thread_compiles_and_it_compiles_once():
