@@ -53,9 +53,8 @@ def test_a_kernel_on_a_tpu_compiles_its_shapes_on_one_thread_in_order(monkeypatc
     """On a TPU each of several parallel compiles or loads ran about 3x slower than alone:
     one thread, so the shape listed first is ready first; elsewhere one per usable CPU, at
     most 4."""
-    tpu = types.SimpleNamespace(platform="tpu")
     monkeypatch.setattr(precompile, "usable_cores", lambda: 8)
-    assert precompile.default_threads(types.SimpleNamespace(devices=[tpu])) == 1
+    assert precompile.default_threads(types.SimpleNamespace(platform="tpu")) == 1
     kernel = Kernel(lambda p, x, lengths: x.sum(), batched=True)
     assert precompile.default_threads(kernel) == 4 and precompile.default_threads() == 4
     asked, order, real = [], [], kernel.precompile

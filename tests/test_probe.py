@@ -26,6 +26,7 @@ from apache_beam.testing.util import assert_that, equal_to
 import beam_jax as bj
 from beam_jax._src import probe
 from beam_jax._src.engine import worker
+from beam_jax._src.kernel.compiled import Kernel
 from beam_jax._src.probe import LocalPlatform
 from beam_jax.jobs import local_platform
 from tests.beam_helpers import pipeline, run
@@ -320,7 +321,7 @@ def test_a_tpu_worker_whose_batches_outgrow_its_host_buffer_says_so(advised, mon
     # each device's share (advice) or just as large (none).
     share = -(-128 // len(jax.local_devices()))
     buffer = share - 1 if advised else share
-    monkeypatch.setattr(worker, "_platform", lambda kernel: "tpu")
+    monkeypatch.setattr(Kernel, "platform", property(lambda self: "tpu"))
     monkeypatch.setenv(probe._HOST_BUFFER, str(buffer))
     values = [np.ones(n, np.float32) for n in range(1, 9)]
     p = pipeline()

@@ -88,10 +88,9 @@ def fit_budget(policy: FitToMemory, kernel: Kernel, params: Any) -> tuple[int, s
         return policy.budget_bytes, "stated"
     free = device_free_bytes(kernel.devices)
     if free is None:
-        platform = kernel.devices[0].platform
         raise SpecError(
-            f"FitToMemory has no budget_bytes and the {platform} devices do not report their "
-            "memory (memory_stats() is None); state one, e.g. "
+            f"FitToMemory has no budget_bytes and the {kernel.platform} devices do not report "
+            "their memory (memory_stats() is None); state one, e.g. "
             "FitToMemory(budget_bytes=2 << 30) for 2 GiB per device."
         )
     # The parameters are already placed (in use) and the analysis counts them again.

@@ -22,11 +22,6 @@ from beam_jax._src.probe import tpu_host_buffer_advice
 _LOG = logging.getLogger(__name__)
 
 
-def _platform(kernel) -> str:
-    """The platform the kernel's devices are (``"cpu"``, ``"gpu"``, ``"tpu"``, ...)."""
-    return str(kernel.devices[0].platform)
-
-
 class Worker:
     """Per-process state shared by all DoFn instances and threads of one transform.
 
@@ -55,7 +50,7 @@ class Worker:
             self.plan = self.plan.with_batch_limits(
                 self.fit.limits, one_size=options.fit_to_memory.one_size
             )
-        if _platform(self.kernel) == "tpu":
+        if self.kernel.platform == "tpu":
             advice = tpu_host_buffer_advice(self._largest_transfer())
             if advice is not None:
                 _LOG.warning("beam_jax: %s", advice)

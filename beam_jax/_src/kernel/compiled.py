@@ -161,6 +161,11 @@ class Kernel:
     def num_devices(self) -> int:
         return len(self.devices)
 
+    @property
+    def platform(self) -> str:
+        """The platform of the kernel's devices (``"cpu"``, ``"gpu"``, ``"tpu"``, ...)."""
+        return str(self.devices[0].platform)
+
     def put_params(self, params: Any) -> Any:
         """Place ``params`` on every device (replicated); do this once per process."""
         return jax.device_put(params, self._replicate)

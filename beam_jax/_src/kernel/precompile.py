@@ -26,8 +26,7 @@ def default_threads(kernel: Kernel | None = None) -> int:
     about 3x slower than alone, so the shape listed first was ready only when nearly all
     were (bench/RESULTS.md, 2026-12-07); a batch whose shape no thread has started still
     compiles it itself meanwhile."""
-    devices = getattr(kernel, "devices", None) or [None]
-    if getattr(devices[0], "platform", None) == "tpu":
+    if kernel is not None and kernel.platform == "tpu":
         return 1
     return max(1, min(4, usable_cores()))
 

@@ -202,8 +202,8 @@ class SentenceEncoder:
         return mm.resolve(self.matmuls)
 
     def resolved_layer_kernel(self) -> str:
-        """``"xla"`` or ``"pallas"``: :attr:`layer_kernel`, with ``"auto"`` resolved for this
-        process's default backend."""
+        """``"xla"`` or ``"pallas"``: :attr:`layer_kernel`, with ``"auto"`` resolved as the
+        encoder would be traced now (``fused.resolve``)."""
         return fused.resolve(self.layer_kernel)
 
     def tokenizer(self) -> Tokenizer:
