@@ -163,7 +163,8 @@ def test_the_kernel_lowers_for_a_tpu(encoders, matmuls, monkeypatch):
     """Traced as on a TPU (not interpreted) and lowered for one from here: Pallas's TPU
     lowering of every layer, padded rows of 128 and 256 tokens (where the model has the
     positions) and packed rows, each a Mosaic kernel in the program (what only the chip's
-    own compiler then checks further)."""
+    own compiler then checks further). The layers share one shape, so the program holds
+    the kernel once (lowered once, which keeps a worker's start short), called per layer."""
     xla, pallas, params = encoders
     if matmuls == "bfloat16":
         pallas, params = _bfloat16(pallas, params)
@@ -172,17 +173,17 @@ def test_the_kernel_lowers_for_a_tpu(encoders, matmuls, monkeypatch):
     monkeypatch.setattr(fused.pltpu, "get_tpu_info", lambda: info, raising=False)
     layers = len(params["layers"])
 
-    def kernels(fn, *args) -> int:
-        lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))
-        return lowered.as_text().count("tpu_custom_call")
+    def kernels(fn, *args) -> tuple[int, int]:
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
+        return text.count("tpu_custom_call"), text.count("call @_layer(")
 
     padded = jax.vmap(pallas.element_fn, in_axes=(None, 0, 0))
     for length in [n for n in (ROW, 2 * ROW) if n <= pallas.config.max_tokens]:
         ids, lengths = np.ones((4, length), np.int32), np.full(4, length, np.int32)
-        assert kernels(padded, params, {"input_ids": ids}, {"L": lengths}) == layers
+        assert kernels(padded, params, {"input_ids": ids}, {"L": lengths}) == (1, layers)
 
     rows, positions = np.ones((4, ROW), np.int32), np.tile(np.arange(ROW, dtype=np.int32), (4, 1))
-    assert kernels(jax.vmap(_packed_row(pallas, params, 3)), rows, rows, positions) == layers
+    assert kernels(jax.vmap(_packed_row(pallas, params, 3)), rows, rows, positions) == (1, layers)
 
 
 def test_an_unknown_layer_kernel_is_refused_naming_the_known_ones():

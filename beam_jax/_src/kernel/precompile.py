@@ -20,14 +20,8 @@ from beam_jax._src.cores import usable_cores
 from beam_jax._src.kernel.compiled import Kernel
 
 
-def default_threads(kernel: Kernel | None = None) -> int:
-    """Compile threads: one per CPU this process may use, at most 4; one for a kernel on a
-    TPU. There, programs compiled or loaded from the cache in parallel threads each ran
-    about 3x slower than alone, so the shape listed first was ready only when nearly all
-    were (bench/RESULTS.md, 2026-12-07); a batch whose shape no thread has started still
-    compiles it itself meanwhile."""
-    if kernel is not None and kernel.platform == "tpu":
-        return 1
+def default_threads() -> int:
+    """Compile threads: one per CPU this process may use, at most 4."""
     return max(1, min(4, usable_cores()))
 
 
@@ -69,7 +63,7 @@ class BackgroundCompile:
         params: its parameters, already placed.
         shapes: ``(leaf_shapes, length_names)`` per shape, the ones needed first first.
         treedef: the element's tree structure.
-        threads: compiles at once; default ``default_threads(kernel)``.
+        threads: compiles at once; default ``default_threads()``.
     """
 
     def __init__(
@@ -87,7 +81,7 @@ class BackgroundCompile:
         for shape in shapes:
             self._todo.put(shape)
         self._stopped = _EXITING.is_set()
-        count = min(threads or default_threads(kernel), max(1, len(shapes)))
+        count = min(threads or default_threads(), max(1, len(shapes)))
         self._threads = [
             threading.Thread(target=self._work, name=f"beam_jax-compile-{i}", daemon=False)
             for i in range(count)

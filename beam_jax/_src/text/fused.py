@@ -194,9 +194,10 @@ def _weights(p: Mapping) -> list[jax.Array]:
     ]
 
 
-def _rows(x: jax.Array, bias: jax.Array, weights, config: BertConfig) -> jax.Array:
+def _rows(x: jax.Array, bias: jax.Array, weights, config: BertConfig, interpret: bool) -> jax.Array:
     """The layer over a batch of rows, ``x`` [B, L, hidden] and ``bias`` [B, ·, L]: one
-    program per block of rows of up to _BLOCK_TOKENS tokens."""
+    program per block of rows of up to _BLOCK_TOKENS tokens; ``interpret``: in Pallas's
+    interpreter (off a TPU)."""
     batch, length, hidden = x.shape
     weight_bytes = sum(w.size * w.dtype.itemsize for w in weights)
 
@@ -205,7 +206,6 @@ def _rows(x: jax.Array, bias: jax.Array, weights, config: BertConfig) -> jax.Arr
         activations = 4 * tokens * (5 * hidden + config.intermediate_size + 2 * bias.shape[1])
         return 2 * (weight_bytes + activations)
 
-    interpret = _platform() != "tpu"
     capacity = 64 * 2**20 if interpret else pltpu.get_tpu_info().vmem_capacity_bytes
     fits = [r for r in range(1, batch + 1) if not batch % r and r * length <= _BLOCK_TOKENS]
     per_block = max([r for r in fits if vmem(r) <= capacity * 3 // 4], default=1)
@@ -266,12 +266,20 @@ def layer(x: jax.Array, bias: jax.Array, p: Mapping, config: BertConfig) -> jax.
     Returns:
         float32[L, hidden].
     """
+    return _layer(x, bias, p, config, _platform() != "tpu")
+
+
+# Jitted: a model's layers share one shape, so a program traces, batches and lowers the
+# layer once and calls it per layer; traced six times over, MiniLM's layers held the GIL
+# long enough at a worker's start to slow its feed (bench/RESULTS.md, 2026-12-07).
+@functools.partial(jax.jit, static_argnames=("config", "interpret"))
+def _layer(x: jax.Array, bias: jax.Array, p: Mapping, config: BertConfig, interpret: bool):
     length = x.shape[0]
     bias = jnp.reshape(bias, (-1, length)) if bias.ndim == 3 else bias
     bias = jnp.broadcast_to(bias, (max(bias.shape[0], length), length)).astype(jnp.float32)
 
     def row(x, bias, *weights):
-        return _rows(x[None], bias[None], weights, config)[0]
+        return _rows(x[None], bias[None], weights, config, interpret)[0]
 
     one = jax.custom_batching.custom_vmap(row)
 
@@ -284,6 +292,6 @@ def layer(x: jax.Array, bias: jax.Array, p: Mapping, config: BertConfig) -> jax.
             a if b else jnp.broadcast_to(a, (size, *a.shape))
             for a, b in zip((x, bias), in_batched[:2], strict=True)
         )
-        return _rows(x, bias, weights, config), True
+        return _rows(x, bias, weights, config, interpret), True
 
     return one(x, bias, *_weights(p))
