@@ -85,7 +85,7 @@ def test_each_shape_compiles_once_and_precompile_covers_the_set():
     ]
     run_plan(kernel, plan, params, elements)
     assert kernel.compiles == len(plan.shapes())
-    assert kernel.compile_seconds > 0
+    assert 0 < kernel.trace_seconds < kernel.compile_seconds  # tracing is part of compiling
 
 
 def test_batches_are_sharded_over_all_local_devices():

@@ -160,6 +160,8 @@ def test_precompile_compiles_shapes_no_batch_needs_off_the_critical_path():
     assert eager.compiles == 3 and lazy.compiles == 1  # the listed set, against the one used
     assert eager.compile_seconds > eager.compile_wait_seconds
     assert eager.compile_overlapped_seconds > 0
+    # Of the compiles, the tracing and lowering, reported through the pipeline's metrics.
+    assert 0 < eager.compile_trace_seconds <= eager.compile_seconds
 
 
 def test_without_precompile_every_compile_is_on_the_critical_path():

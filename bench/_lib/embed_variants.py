@@ -75,6 +75,7 @@ def pipeline(cfg: dict, flags: list[str], encoder=None) -> dict:
         "matmuls": None if encoder else matmuls,
         "compiles": summary.compiles,
         "compile_seconds": summary.compile_seconds,
+        "compile_trace_seconds": summary.kernel.compile_trace_seconds,
         "padding_ratio": summary.padding_ratio,
         "batching": summary.batching,
     }

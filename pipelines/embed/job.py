@@ -90,7 +90,8 @@ class EmbedTextSummary:
             f"{'packed' if self.batching == 'packed' else 'bucketed'}, padding "
             f"{self.padding_ratio:.2f}x over {n(self.batches, 'batch')}; "
             f"{n(self.compiles, 'compile')} ({self.compile_seconds:.1f} s, "
-            f"{self.compile_wait_seconds:.1f} s of it waited for); "
+            f"{self.kernel.compile_trace_seconds:.1f} s of it tracing, "
+            f"{self.compile_wait_seconds:.1f} s waited for); "
             f"results waited for {self.kernel.result_wait_seconds:.1f} s; "
             f"{self.sentences_per_second:.1f} sentences/s, {self.wall_seconds:.1f} s wall"
         )

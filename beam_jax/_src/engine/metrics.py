@@ -37,6 +37,7 @@ class KernelMetrics:
         self.compiles = c("compiles")
         self.compile_ms = c("compile_ms")
         self.compile_wait_ms = c("compile_wait_ms")
+        self.compile_trace_ms = c("compile_trace_ms")
         # Time the host waited for the results of batches it had dispatched: the device's
         # time on the critical path (none where the device keeps ahead of the host).
         self.result_wait_us = c("result_wait_us")
@@ -58,11 +59,13 @@ class KernelMetrics:
         self._per_bucket: dict[tuple[Any, str], Any] = {}
         self._batch_metrics: dict[tuple[int, ...], tuple[Any, ...]] = {}
 
-    def compiled(self, n: int, seconds: float, waited: float = 0.0) -> None:
-        """``n`` shapes compiled in ``seconds``; batches waited ``waited`` seconds for them."""
+    def compiled(self, n: int, seconds: float, waited: float = 0.0, traced: float = 0.0) -> None:
+        """``n`` shapes compiled in ``seconds``, ``traced`` of them tracing and lowering;
+        batches waited ``waited`` seconds for them."""
         if n:
             self.compiles.inc(n)
             self.compile_ms.inc(int(seconds * 1000))
+            self.compile_trace_ms.inc(int(traced * 1000))
         if waited > 0:
             self.compile_wait_ms.inc(int(waited * 1000))
 
@@ -214,6 +217,9 @@ class Summary:
         buffering: cross-bundle buffering (``BufferingSummary``).
         compile_wait_seconds: compile time on the critical path: how long batches waited
             for their shape to compile (or compiled it themselves).
+        compile_trace_seconds: of ``compile_seconds``, the time spent tracing the kernel
+            and lowering it for XLA: Python holding the interpreter lock, so it slows the
+            host's other threads meanwhile, and a compilation cache does not skip it.
         result_wait_seconds: how long the host waited for the results of batches it had
             dispatched: the device's time on the host's critical path (near 0 where the
             host is the bottleneck; JAX's CPU client may run a batch while dispatching it).
@@ -238,6 +244,7 @@ class Summary:
     buffering: BufferingSummary | None = None
     compile_wait_seconds: float = 0.0
     result_wait_seconds: float = 0.0
+    compile_trace_seconds: float = 0.0
 
     @property
     def compile_overlapped_seconds(self) -> float:
@@ -320,6 +327,7 @@ def summarize(result: Any, namespace: str = NAMESPACE) -> Summary:
         buffering=_buffering(totals, waits),
         compile_wait_seconds=totals.get("compile_wait_ms", 0) / 1000.0,
         result_wait_seconds=totals.get("result_wait_us", 0) / 1e6,
+        compile_trace_seconds=totals.get("compile_trace_ms", 0) / 1000.0,
     )
 
 

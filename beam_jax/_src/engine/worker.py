@@ -56,7 +56,7 @@ class Worker:
                 _LOG.warning("beam_jax: %s", advice)
         self._lock = threading.Lock()
         self._limits = {b: self.plan.max_batch(b) for b in self.plan.buckets}
-        self._reported = (0, 0.0, 0.0)
+        self._reported = (0, 0.0, 0.0, 0.0)
         self._background: BackgroundCompile | None = None
         self._compile_order = sorted(
             self.plan.shapes(), key=lambda bs: bs[1] != self.plan.max_batch(bs[0])
@@ -136,17 +136,17 @@ class Worker:
                 return True
             return False
 
-    def take_compile_stats(self) -> tuple[int, float, float]:
-        """Compiles, compile seconds and seconds batches waited for compiles, not yet
-        reported to metrics."""
+    def take_compile_stats(self) -> tuple[int, float, float, float]:
+        """Compiles, compile seconds, seconds batches waited for compiles and seconds of the
+        compiles spent tracing and lowering, not yet reported to metrics."""
         k = self.kernel
-        if (k.compiles, k.compile_seconds, k.wait_seconds) == self._reported:
-            return 0, 0.0, 0.0  # the common case after start-up: no lock taken per batch
+        if (k.compiles, k.compile_seconds, k.wait_seconds, k.trace_seconds) == self._reported:
+            return 0, 0.0, 0.0, 0.0  # the common case after start-up: no lock taken per batch
         with self._lock:
-            now = (k.compiles, k.compile_seconds, k.wait_seconds)
+            now = (k.compiles, k.compile_seconds, k.wait_seconds, k.trace_seconds)
             done = self._reported
             self._reported = now
-        return now[0] - done[0], now[1] - done[1], now[2] - done[2]
+        return now[0] - done[0], now[1] - done[1], now[2] - done[2], now[3] - done[3]
 
 
 # How long a process that exits waits for a worker still being built (opening the devices,

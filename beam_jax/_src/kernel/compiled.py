@@ -146,6 +146,9 @@ class Kernel:
         self._lowering = threading.Lock()
         self.compiles = 0
         self.compile_seconds = 0.0
+        # Of compile_seconds, the tracing and lowering (Python, holding the interpreter lock;
+        # a compilation cache skips XLA's compile, not this).
+        self.trace_seconds = 0.0
         self.wait_seconds = 0.0
 
     def count_wait(self, seconds: float) -> None:
@@ -236,10 +239,12 @@ class Kernel:
             jax.ShapeDtypeStruct((size,), np.bool_, sharding=sharding),
         )
         start = time.perf_counter()
-        error = None
+        error, traced = None, 0.0
         try:
             with self._lowering:
+                lowering = time.perf_counter()
                 lowered = self._jitted.lower(params, element, lengths)
+                traced = time.perf_counter() - lowering
             # XLA releases the GIL while it compiles, so compiles in threads overlap.
             exe = lowered.compile()
         except Exception as e:  # noqa: BLE001 - any trace/compile failure is per shape
@@ -247,6 +252,7 @@ class Kernel:
         with self._lock:
             if error is None:
                 self.compile_seconds += time.perf_counter() - start
+                self.trace_seconds += traced
                 self.compiles += 1
                 self._compiled[key] = exe
             else:
