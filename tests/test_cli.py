@@ -222,6 +222,10 @@ def test_a_run_s_metrics_file_feeds_the_report_and_its_plot(tmp_path, capsys):
     assert cli.main(["report", str(out), "--plot", str(png)]) == 0
     text = capsys.readouterr().out
     assert "per bucket:" in text and f"{stage}: 1" in text
+    traced = record["kernel"]["compile_trace_seconds"]
+    assert 0 < traced <= record["summary"]["compile_seconds"]
+    (line,) = [line for line in text.splitlines() if line.strip().startswith("of it tracing")]
+    assert line.split()[-1] == f"{traced:,.2f}"
     for label, b in record["buckets"].items():
         assert any(line.split()[:2] == [label, str(b["elements"])] for line in text.splitlines())
     assert png.read_bytes()[:8] == PNG_SIGNATURE

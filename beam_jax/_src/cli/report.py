@@ -80,6 +80,7 @@ def render(record: dict[str, Any]) -> str:
         ("batches", s.get("batches", kernel.get("batches"))),
         ("compiles", s.get("compiles", kernel.get("compiles"))),
         ("compile seconds", s.get("compile_seconds", kernel.get("compile_seconds"))),
+        ("  of it tracing", kernel.get("compile_trace_seconds")),
         ("mean batch latency ms", kernel.get("mean_batch_latency_ms")),
         ("wall seconds", s.get("wall_seconds")),
     ]
