@@ -207,6 +207,9 @@ def test_profile_times_a_fresh_process_phase_by_phase_and_keeps_its_trace(tmp_pa
     keys = [k for k, _ in profile.PHASES if k not in ("first_batch", "last_batch")]
     times = [marks[k] for k in keys]
     assert times == sorted(times) and 0 < marks["jax"], marks
+    # The trace's writing and reading is the profile's own, named apart from the job's end.
+    own = marks["traced"] - marks["returned"]
+    assert f"({own:.1f} s of it writing and reading the trace)" in report["summary"]
     # A CPU's trace has no device line: no batch times, and the table says so.
     assert run["trace"]["batches"] == 0 and "first_batch" not in marks
     out = capsys.readouterr().out

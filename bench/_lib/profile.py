@@ -7,7 +7,9 @@ flagship's defaults) on the benchmark's texts: a first one with an empty compila
 output. A run marks, in seconds from its process's start: ``jax`` imported,
 ``pipelines.embed`` imported (Beam, pyarrow, the tokenizer), ``run()`` called, the devices
 open (``beam_jax.jobs.open_local_devices``, started as ``run()`` is called, as ``run()``
-itself starts it), ``run()`` returned and the process ended. From the devices' opening to
+itself starts it), ``run()`` returned, the trace written and read back (the profile's own
+cost: seconds on a TPU for a million texts, so a process's end here is not a job's) and
+the process ended. From the devices' opening to
 ``run()``'s end the process is traced with ``jax.profiler`` (its Python tracer off): from
 the trace come the first batch's start and the last batch's end on the device (its ``XLA
 Modules`` line, one event per batch), the batches' median, and the device's busy time over
@@ -39,6 +41,7 @@ PHASES = (
     ("first_batch", "first batch on the device"),
     ("last_batch", "last batch done on the device"),
     ("returned", "run() returned"),
+    ("traced", "trace written and read"),  # the profile's own cost, not the job's
     ("exited", "process ended"),
 )
 ANCHOR = "bench_profile_anchor"  # a host event of known time, to place the trace's events
@@ -84,6 +87,7 @@ def profiled_run(cfg: dict) -> dict:
         raise RuntimeError("the trace did not start: the devices did not open (see above)")
     jax.profiler.stop_trace()
     trace = device_batches(cfg["trace_dir"])
+    mark("traced")
     at, first, last = (trace.pop(k, None) for k in ("anchor_at", "first_s", "last_s"))
     if at is not None and first is not None:  # the trace's clock, placed by the anchor
         shift = anchor[0] - at
@@ -185,4 +189,6 @@ def summary(runs: list[tuple[str, dict]]) -> str:
     m, t = r["marks"], r["trace"]
     first = f"first batch {m['first_batch']:.1f} s, " if m.get("first_batch") else ""
     busy = f"; device busy {t['busy_s'] / t['window_s']:.0%}" if t["batches"] else ""
-    return f"{name}: {first}devices open {m['open']:.1f} s, process {m['exited']:.1f} s{busy}"
+    own = m["traced"] - m["returned"]
+    return (f"{name}: {first}devices open {m['open']:.1f} s, process {m['exited']:.1f} s "
+            f"({own:.1f} s of it writing and reading the trace){busy}")  # fmt: skip
