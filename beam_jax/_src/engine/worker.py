@@ -146,7 +146,7 @@ class Worker:
             now = (k.compiles, k.compile_seconds, k.wait_seconds, k.trace_seconds)
             done = self._reported
             self._reported = now
-        return now[0] - done[0], now[1] - done[1], now[2] - done[2], now[3] - done[3]
+        return tuple(a - b for a, b in zip(now, done, strict=True))
 
 
 # How long a process that exits waits for a worker still being built (opening the devices,
