@@ -175,6 +175,20 @@ def test_jax_runs_on_an_accelerator_or_says_why_not(accelerator):
         assert accelerator.platform != "cpu"
 
 
+def test_the_tpu_counted_before_opening_is_the_one_that_opened(accelerator):
+    """A launch plans for the devices it reads off the PCI bus before the TPU opens
+    (``beam_jax.jobs.local_platform``); they must be those that opened, or its batch sizes
+    and compiled shapes change with whether the TPU had opened yet."""
+    from beam_jax._src import probe
+
+    on_bus = probe._tpu_on_pci_bus()
+    if on_bus is None:
+        pytest.skip(f"no TPU on the PCI bus ({accelerator.platform})")
+    opened = probe._open()
+    assert (on_bus.platform, on_bus.device_count) == (opened.platform, opened.device_count)
+    assert on_bus.kind == opened.kind
+
+
 # --- RunKernel, ReduceKernel, FitToMemory through pipelines ------------------------------
 
 

@@ -66,6 +66,55 @@ def test_v3_chips_show_two_devices_each(tmp_path, libtpu_installed):
     assert probe._tpu_on_pci_bus(str(tmp_path)).device_count == 2
 
 
+@pytest.mark.parametrize(
+    ("env", "count"),
+    [
+        ({}, 4),
+        ({"TPU_VISIBLE_CHIPS": "0"}, 1),
+        ({"TPU_VISIBLE_CHIPS": "0,1"}, 2),
+        ({"TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1"}, 1),
+        ({"TPU_CHIPS_PER_PROCESS_BOUNDS": "2,1,1", "TPU_VISIBLE_CHIPS": "0"}, 2),
+        ({"TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,2"}, 4),  # no more than the bus holds
+        ({"TPU_CHIPS_PER_PROCESS_BOUNDS": "odd"}, 4),  # libtpu's to refuse; all counted
+    ],
+)
+def test_only_the_chips_this_process_opens_are_counted(
+    tmp_path, monkeypatch, libtpu_installed, env, count
+):
+    """A host's chips split among processes: the launch plans for the devices that open."""
+    for i in range(4):
+        _pci_device(tmp_path, f"0000:00:0{4 + i}.0", "0x1ae0", "0x0063")
+    for name in ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_PROCESS_BOUNDS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert probe._tpu_on_pci_bus(str(tmp_path)).device_count == count
+
+
+def test_only_chips_whose_device_node_this_process_may_open_are_counted(tmp_path, libtpu_installed):
+    """A host of four v5e chips that gives this process one: the others' VFIO groups have
+    no node in its /dev (v4 and earlier: no accel node)."""
+    bus, dev = tmp_path / "bus", tmp_path / "dev"
+    (dev / "vfio").mkdir(parents=True)
+    (tmp_path / "groups").mkdir()
+    for i in range(4):
+        _pci_device(bus, f"0000:00:0{8 + i}.0", "0x1ae0", "0x0063")
+        (tmp_path / "groups" / str(i)).mkdir()
+        (bus / f"0000:00:0{8 + i}.0" / "iommu_group").symlink_to(tmp_path / "groups" / str(i))
+    (dev / "vfio" / "vfio").touch()
+    (dev / "vfio" / "3").touch()
+    assert probe._tpu_on_pci_bus(str(bus), str(dev)).device_count == 1
+    for i in range(3):
+        (dev / "vfio" / str(i)).touch()
+    assert probe._tpu_on_pci_bus(str(bus), str(dev)).device_count == 4
+    v4 = tmp_path / "v4"
+    for i in range(2):
+        _pci_device(v4, f"0000:00:0{4 + i}.0", "0x1ae0", "0x005e")
+        (v4 / f"0000:00:0{4 + i}.0" / "accel" / f"accel{i}").mkdir(parents=True)
+    (dev / "accel1").touch()
+    assert probe._tpu_on_pci_bus(str(v4), str(dev)).device_count == 1
+
+
 def test_no_tpu_without_libtpu_or_chips(tmp_path, monkeypatch, libtpu_installed):
     assert probe._tpu_on_pci_bus(str(tmp_path)) is None  # no chips
     _pci_device(tmp_path, "0000:00:04.0", "0x1ae0", "0x0063")

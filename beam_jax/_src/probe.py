@@ -7,7 +7,7 @@ answers from what is already known, while the device opens in the background:
 1. JAX's backends, where they are already open (free);
 2. ``JAX_PLATFORMS`` / ``jax_platforms``, where it names the platform JAX will take first;
 3. the TPU chips on this machine's PCI bus (the same reading JAX's own TPU set-up makes),
-   where ``libtpu`` is installed;
+   as many as libtpu's variables let this process open, where ``libtpu`` is installed;
 4. otherwise JAX's backends, opened here (CPUs open in milliseconds; a GPU where the TPU
    reading found nothing).
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import importlib.util
+import math
 import os
 import threading
 from pathlib import Path
@@ -45,6 +46,9 @@ _TPU_CHIPS = {
     "0x0076": ("TPU7x", 1),
 }
 _PCI_DEVICES = "/sys/bus/pci/devices"
+# What libtpu reads to open a subset of the host's chips in this process.
+_CHIPS_PER_PROCESS = "TPU_CHIPS_PER_PROCESS_BOUNDS"
+_VISIBLE_CHIPS = "TPU_VISIBLE_CHIPS"
 
 # The host buffer a TPU runtime maps for its transfers as it opens: beam_jax's, libtpu's.
 TPU_HOST_BUFFER_BYTES = 256 * 2**20
@@ -231,9 +235,16 @@ def _first_of(platforms: str) -> str | None:
     return {"cuda": "gpu", "rocm": "gpu"}.get(names[0], names[0])
 
 
-def _tpu_on_pci_bus(root: str = _PCI_DEVICES) -> LocalPlatform | None:
-    """The TPU chips on the PCI bus, as JAX's TPU set-up counts them, where ``libtpu`` is
-    installed; ``None`` where there are none."""
+def _tpu_on_pci_bus(root: str = _PCI_DEVICES, dev: str = "/dev") -> LocalPlatform | None:
+    """The TPU chips on the PCI bus that this process opens, where ``libtpu`` is installed;
+    ``None`` where there are none.
+
+    JAX's TPU set-up counts the chips on the bus; a host whose chips are shared out among
+    processes or containers gives each only some of them to open: a chip counts where this
+    process may open its device node (``/dev/vfio/GROUP`` of a v5e or later, ``/dev/accelN``
+    before) or the host shows none, and ``TPU_CHIPS_PER_PROCESS_BOUNDS`` or
+    ``TPU_VISIBLE_CHIPS`` limit them further.
+    """
     if importlib.util.find_spec("libtpu") is None:
         return None
     chips: list[tuple[str, int]] = []
@@ -244,9 +255,34 @@ def _tpu_on_pci_bus(root: str = _PCI_DEVICES) -> LocalPlatform | None:
             device = Path(vendor).with_name("device").read_text().strip()
         except OSError:
             continue
-        if device in _TPU_CHIPS:
+        if device in _TPU_CHIPS and _may_open(Path(vendor).parent, Path(dev)):
             chips.append(_TPU_CHIPS[device])
     if not chips:
         return None
     kind, per_chip = chips[0]
-    return LocalPlatform("tpu", device_count=per_chip * len(chips), kind=kind, opened=False)
+    count = _visible_chips(len(chips))
+    return LocalPlatform("tpu", device_count=per_chip * count, kind=kind, opened=False)
+
+
+def _may_open(chip: Path, dev: Path) -> bool:
+    """Whether this process may open the chip at PCI address ``chip``: read and write its
+    VFIO group's node, or its accel node; ``True`` where the host shows neither."""
+    group, vfio = chip / "iommu_group", dev / "vfio"
+    if group.exists() and vfio.is_dir():
+        return os.access(vfio / Path(os.path.realpath(group)).name, os.R_OK | os.W_OK)
+    accel = chip / "accel"
+    if accel.is_dir():
+        return any(os.access(dev / name, os.R_OK | os.W_OK) for name in os.listdir(accel))
+    return True
+
+
+def _visible_chips(on_bus: int) -> int:
+    """Of the ``on_bus`` chips, those libtpu opens in this process: the product of
+    ``TPU_CHIPS_PER_PROCESS_BOUNDS`` (``"1,1,1"``: one chip), else as many as
+    ``TPU_VISIBLE_CHIPS`` lists, else all of them (a host shared by several processes
+    gives each a subset so)."""
+    bounds = os.environ.get(_CHIPS_PER_PROCESS, "").replace(" ", "")
+    if bounds and all(b.isdigit() for b in bounds.split(",")):
+        return max(1, min(on_bus, math.prod(int(b) for b in bounds.split(","))))
+    visible = [c for c in os.environ.get(_VISIBLE_CHIPS, "").split(",") if c.strip()]
+    return max(1, min(on_bus, len(visible))) if visible else on_bus
