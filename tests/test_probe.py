@@ -112,6 +112,8 @@ def test_only_chips_whose_device_node_this_process_may_open_are_counted(tmp_path
         _pci_device(v4, f"0000:00:0{4 + i}.0", "0x1ae0", "0x005e")
         (v4 / f"0000:00:0{4 + i}.0" / "accel" / f"accel{i}").mkdir(parents=True)
     (dev / "accel1").touch()
+    # The accel node decides for a chip its accel driver holds, whatever /dev/vfio holds.
+    (v4 / "0000:00:04.0" / "iommu_group").symlink_to(tmp_path / "groups" / "0")
     assert probe._tpu_on_pci_bus(str(v4), str(dev)).device_count == 1
 
 

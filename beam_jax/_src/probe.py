@@ -266,13 +266,14 @@ def _tpu_on_pci_bus(root: str = _PCI_DEVICES, dev: str = "/dev") -> LocalPlatfor
 
 def _may_open(chip: Path, dev: Path) -> bool:
     """Whether this process may open the chip at PCI address ``chip``: read and write its
-    VFIO group's node, or its accel node; ``True`` where the host shows neither."""
-    group, vfio = chip / "iommu_group", dev / "vfio"
-    if group.exists() and vfio.is_dir():
-        return os.access(vfio / Path(os.path.realpath(group)).name, os.R_OK | os.W_OK)
+    accel node (a chip its accel driver holds), else its VFIO group's node; ``True`` where
+    the host shows neither."""
     accel = chip / "accel"
     if accel.is_dir():
         return any(os.access(dev / name, os.R_OK | os.W_OK) for name in os.listdir(accel))
+    group, vfio = chip / "iommu_group", dev / "vfio"
+    if group.exists() and vfio.is_dir():
+        return os.access(vfio / Path(os.path.realpath(group)).name, os.R_OK | os.W_OK)
     return True
 
 
