@@ -34,6 +34,7 @@ from beam_jax._src.engine.options import KernelOptions as KernelOptions
 from beam_jax._src.errors import BeamJaxError as BeamJaxError
 from beam_jax._src.errors import CompileError as CompileError
 from beam_jax._src.errors import DeadLetterThresholdError as DeadLetterThresholdError
+from beam_jax._src.errors import DeviceUnavailableError as DeviceUnavailableError
 from beam_jax._src.errors import ElementTooLargeError as ElementTooLargeError
 from beam_jax._src.errors import InferenceBatchError as InferenceBatchError
 from beam_jax._src.errors import InputFileError as InputFileError
@@ -68,6 +69,7 @@ __all__ = [
     "CrossBundle",
     "DEAD_LETTERS",
     "DeadLetterThresholdError",
+    "DeviceUnavailableError",
     "ElementTooLargeError",
     "FailedElement",
     "FailedInferences",

@@ -158,6 +158,65 @@ def test_asking_the_local_platform_writes_nothing(monkeypatch):
     assert dict(os.environ) == before
 
 
+class _Cpu:
+    platform = "cpu"
+
+
+class _Tpu:
+    platform = "tpu"
+
+
+@pytest.fixture
+def tpu_held_elsewhere(monkeypatch):
+    """This machine, taken for a TPU host whose chip another process holds: the PCI reading
+    finds one, JAX_PLATFORMS leaves the choice to JAX, and JAX opened the CPU."""
+    tpu = LocalPlatform("tpu", device_count=1, kind="TPU v5 lite", opened=False)
+    monkeypatch.setattr(probe, "_tpu_on_pci_bus", lambda: tpu)
+    monkeypatch.setattr(probe, "_first_platform_asked", lambda: None)
+
+
+def test_a_cpu_where_a_tpu_may_open_is_refused(tpu_held_elsewhere, monkeypatch):
+    with pytest.raises(
+        bj.DeviceUnavailableError,
+        match=r"JAX opened only the CPU, but this machine has 1 TPU v5 lite",
+    ) as e:
+        probe.check_no_tpu_left_behind([_Cpu()])
+    assert "another process most likely holds them" in str(e.value)
+    assert "--direct_num_workers=N without --direct_running_mode=multi_processing" in str(e.value)
+    probe.check_no_tpu_left_behind([_Tpu()])  # the chip opened
+    monkeypatch.setattr(probe, "_first_platform_asked", lambda: "cpu")
+    probe.check_no_tpu_left_behind([_Cpu()])  # JAX_PLATFORMS=cpu: the CPU on purpose
+    monkeypatch.setattr(probe, "_first_platform_asked", lambda: None)
+    monkeypatch.setattr(probe, "_tpu_on_pci_bus", lambda: None)
+    probe.check_no_tpu_left_behind([_Cpu()])  # no chip this process may open
+
+
+def test_a_pipeline_whose_worker_gets_the_cpu_where_a_tpu_is_held_fails_saying_why(
+    tpu_held_elsewhere,
+):
+    spec = {"x": bj.ArraySpec(("L",), np.float32)}
+
+    def total(params, element, lengths):
+        return element["x"].sum()
+
+    elements = [{"x": np.ones(3, np.float32)}]
+    bucketing = bj.Bucketing(boundaries={"L": 8}, batch_size=2)
+    p = pipeline()
+    _ = p | beam.Create(elements) | bj.RunKernel(total, spec=spec, bucketing=bucketing)
+    with pytest.raises(Exception, match="another process most likely holds them"):
+        run(p)
+    # Asked for the CPU by name, the same worker runs there.
+    p = pipeline()
+    out = (
+        p
+        | beam.Create(elements)
+        | bj.RunKernel(total, spec=spec, bucketing=bucketing, devices="cpu")
+        | beam.Map(float)
+    )
+    assert_that(out, equal_to([3.0]))
+    run(p)
+
+
 def test_a_local_platform_is_validated():
     with pytest.raises(ValueError, match="got 'cuda'.*JAX names CUDA and ROCm devices 'gpu'"):
         LocalPlatform("cuda", 1, "H100", opened=False)
@@ -173,12 +232,15 @@ _LAUNCH = textwrap.dedent(
     from jax._src import xla_bridge
 
     from beam_jax._src import probe
+    from beam_jax._src.kernel import devices
     from beam_jax._src.probe import LocalPlatform
     from beam_jax.text import Tokenizer
     from pipelines.embed import job
 
-    # This machine, taken for a one-chip TPU host: the PCI reading says so.
+    # This machine, taken for a one-chip TPU host: the PCI reading says so, and its CPU
+    # plays the chip (the worker's check for a TPU left unopened is off).
     probe._tpu_on_pci_bus = lambda *a: LocalPlatform("tpu", 1, "TPU v5 lite", opened=False)
+    devices.check_no_tpu_left_behind = lambda opened: None
     events = []
     backends = xla_bridge.backends
 

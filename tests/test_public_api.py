@@ -70,6 +70,7 @@ TOP_LEVEL = {
     "KernelError",
     "CompileError",
     "DeadLetterThresholdError",
+    "DeviceUnavailableError",
     "InferenceBatchError",
 }
 

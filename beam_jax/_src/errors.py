@@ -81,6 +81,13 @@ class CompileError(KernelError):
     """
 
 
+class DeviceUnavailableError(BeamJaxError, RuntimeError):
+    """JAX opened only the CPU in a process that may open TPU chips: most often another
+    process holds them (one process per TPU), else JAX's TPU backend failed to start.
+    Raised where a worker would otherwise run its kernel on the CPU without a word.
+    """
+
+
 class InferenceBatchError(BeamJaxError, RuntimeError):
     """Elements of one ``RunInference`` batch failed in a beam_jax model handler.
 

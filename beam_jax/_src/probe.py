@@ -22,12 +22,16 @@ import importlib.util
 import math
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from beam_jax._src.compat.jax import backends_opened
+from beam_jax._src.errors import DeviceUnavailableError
 
 __all__ = [
     "TPU_HOST_BUFFER_BYTES",
+    "check_no_tpu_left_behind",
     "LocalPlatform",
     "local_platform",
     "open_local_devices",
@@ -189,6 +193,34 @@ def tpu_host_buffer_advice(largest_transfer: int) -> str | None:
         f"{_HOST_BUFFER} and {_HOST_BUFFER_THRESHOLD} to at least {largest_transfer} in the "
         "worker's environment, before its TPU opens, or make the batches smaller "
         "(Bucketing(batch_size=..., max_padded_size=...))."
+    )
+
+
+def check_no_tpu_left_behind(devices: Sequence[Any]) -> None:
+    """Raise where JAX's default backend gave ``devices`` on the CPU while this process may
+    open TPU chips (``JAX_PLATFORMS`` unset, or naming ``tpu`` first).
+
+    A TPU opens in one process at a time. Where another holds it (a second worker process
+    on the host: ``multi_processing``, Dask workers), JAX warns that it is "falling back
+    to cpu" and runs everything there, many times slower. A worker refuses to start so.
+
+    Raises:
+        DeviceUnavailableError: the chips, where they are and how to go on.
+    """
+    if any(d.platform != "cpu" for d in devices) or _first_platform_asked() not in (None, "tpu"):
+        return
+    tpu = _tpu_on_pci_bus()
+    if tpu is None:
+        return
+    raise DeviceUnavailableError(
+        f"JAX opened only the CPU, but this machine has {tpu.device_count} {tpu.kind} "
+        "device(s) this process may open: another process most likely holds them (a TPU "
+        "opens in one process at a time), else JAX's TPU backend failed to start (its "
+        "warning above says why). Run one worker process per TPU host: on the local "
+        "runners, --direct_num_workers=N without --direct_running_mode=multi_processing "
+        "runs N bundles in threads that share the chips. Or give each process its own chips "
+        "(TPU_VISIBLE_CHIPS and TPU_CHIPS_PER_PROCESS_BOUNDS), or set JAX_PLATFORMS=cpu "
+        "(or devices='cpu') to run on the CPU on purpose."
     )
 
 

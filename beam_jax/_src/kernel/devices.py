@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from beam_jax._src.errors import SpecError
-from beam_jax._src.probe import size_tpu_host_buffer
+from beam_jax._src.probe import check_no_tpu_left_behind, size_tpu_host_buffer
 
 
 def select_devices(devices: Sequence[jax.Device] | str | None = None) -> tuple[jax.Device, ...]:
@@ -22,10 +22,16 @@ def select_devices(devices: Sequence[jax.Device] | str | None = None) -> tuple[j
             are what a pipeline ships to its workers: device objects cannot be pickled).
 
     Where this opens a TPU, its host buffer is sized first (:func:`size_tpu_host_buffer`).
+
+    Raises:
+        DeviceUnavailableError: ``devices`` is ``None`` and JAX opened only the CPU where
+            this process may open TPU chips (another process holds them).
     """
     size_tpu_host_buffer()
     if devices is None:
-        return tuple(jax.local_devices())
+        local = tuple(jax.local_devices())
+        check_no_tpu_left_behind(local)
+        return local
     if isinstance(devices, str):
         try:
             return tuple(jax.local_devices(backend=devices))
