@@ -31,8 +31,8 @@ from beam_jax._src.errors import DeviceUnavailableError
 
 __all__ = [
     "TPU_HOST_BUFFER_BYTES",
-    "check_no_tpu_left_behind",
     "LocalPlatform",
+    "check_no_tpu_left_behind",
     "local_platform",
     "open_local_devices",
     "size_tpu_host_buffer",
@@ -202,7 +202,7 @@ def check_no_tpu_left_behind(devices: Sequence[Any]) -> None:
 
     A TPU opens in one process at a time. Where another holds it (a second worker process
     on the host: ``multi_processing``, Dask workers), JAX warns that it is "falling back
-    to cpu" and runs everything there, many times slower. A worker refuses to start so.
+    to cpu" and runs everything there, many times slower. A worker refuses to start on them instead.
 
     Raises:
         DeviceUnavailableError: the chips, where they are and how to go on.
