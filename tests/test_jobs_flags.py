@@ -92,6 +92,35 @@ def test_a_flag_neither_the_job_nor_beam_knows_stops_the_launch(argv, message, c
     assert re.search(message, capsys.readouterr().err)
 
 
+def test_worker_processes_that_would_share_a_tpu_stop_the_launch(monkeypatch, capsys):
+    """On a TPU host (the PCI reading says so; JAX_PLATFORMS leaves the choice to JAX),
+    several multi_processing workers would each open the chip: refused at launch."""
+    from beam_jax._src import probe
+
+    tpu = probe.LocalPlatform("tpu", device_count=4, kind="TPU v5 lite", opened=False)
+    monkeypatch.setattr(probe, "_tpu_on_pci_bus", lambda: tpu)
+    monkeypatch.setattr(probe, "_first_platform_asked", lambda: None)
+    shared = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+    with pytest.raises(SystemExit):
+        jobs.parse_job_args(_parser(), shared)
+    err = capsys.readouterr().err
+    assert "starts 2 worker processes, but this machine's 4 TPU v5 lite device(s)" in err
+    assert "--direct_num_workers=N then runs N bundles in threads" in err
+    # One worker process, threads, or another runner: nothing shares the chips.
+    for argv in (
+        ["--direct_running_mode=multi_processing", "--direct_num_workers=1"],
+        ["--direct_running_mode=multi_threading", "--direct_num_workers=2"],
+        ["--direct_num_workers=2"],
+        ["--runner=DataflowRunner", *shared],
+    ):
+        jobs.parse_job_args(_parser(), argv)
+    monkeypatch.setattr(probe, "_first_platform_asked", lambda: "cpu")  # JAX_PLATFORMS=cpu
+    jobs.parse_job_args(_parser(), shared)
+    monkeypatch.setattr(probe, "_first_platform_asked", lambda: None)
+    monkeypatch.setattr(probe, "_tpu_on_pci_bus", lambda: None)  # no TPU here
+    jobs.parse_job_args(_parser(), shared)
+
+
 def _dashed_parser() -> argparse.ArgumentParser:
     parser = _parser()
     parser.add_argument("--id_column", default="id")

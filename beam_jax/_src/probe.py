@@ -35,6 +35,7 @@ __all__ = [
     "check_no_tpu_left_behind",
     "local_platform",
     "open_local_devices",
+    "tpu_to_open",
     "size_tpu_host_buffer",
     "tpu_host_buffer_advice",
 ]
@@ -196,6 +197,15 @@ def tpu_host_buffer_advice(largest_transfer: int) -> str | None:
     )
 
 
+def tpu_to_open() -> LocalPlatform | None:
+    """The TPU chips this process may open where JAX would take them (``JAX_PLATFORMS``
+    unset, or naming ``tpu`` first), read off the PCI bus without opening anything;
+    ``None`` elsewhere."""
+    if _first_platform_asked() not in (None, "tpu"):
+        return None
+    return _tpu_on_pci_bus()
+
+
 def check_no_tpu_left_behind(devices: Sequence[Any]) -> None:
     """Raise where JAX's default backend gave ``devices`` on the CPU while this process may
     open TPU chips (``JAX_PLATFORMS`` unset, or naming ``tpu`` first).
@@ -207,9 +217,9 @@ def check_no_tpu_left_behind(devices: Sequence[Any]) -> None:
     Raises:
         DeviceUnavailableError: the chips, where they are and how to go on.
     """
-    if any(d.platform != "cpu" for d in devices) or _first_platform_asked() not in (None, "tpu"):
+    if any(d.platform != "cpu" for d in devices):
         return
-    tpu = _tpu_on_pci_bus()
+    tpu = tpu_to_open()
     if tpu is None:
         return
     raise DeviceUnavailableError(

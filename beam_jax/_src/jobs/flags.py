@@ -35,6 +35,7 @@ from apache_beam.options.pipeline_options import (
 from beam_jax._src.jobs import flag_names
 from beam_jax._src.jobs.console import is_local
 from beam_jax._src.jobs.images import ALLOW_MISMATCH_FLAG, beam_version_mismatch
+from beam_jax._src.jobs.runner_here import tpu_shared_by_processes
 
 __all__ = [
     "DEFAULT_COMPILATION_CACHE",
@@ -212,7 +213,9 @@ def parse_job_args(
     ``default_runner``; ``--dry_run`` is accepted only with the DataflowRunner (other
     runners ignore it and would run the whole job); a job whose workers' image holds
     another Beam than the one installed here is refused (``--allow_beam_version_mismatch``
-    launches it anyway; :func:`~beam_jax._src.jobs.images.beam_version_mismatch`); a
+    launches it anyway; :func:`~beam_jax._src.jobs.images.beam_version_mismatch`); so is
+    a local ``multi_processing`` run of several workers on a TPU host
+    (:func:`~beam_jax._src.jobs.runner_here.tpu_shared_by_processes`); a
     ``--compilation_cache_dir`` flag
     (:func:`add_compilation_cache_flag`) is resolved; ``save_main_session`` is off (workers
     import the job's code from its package); ``--version`` prints the versions and exits.
@@ -220,7 +223,7 @@ def parse_job_args(
 
     Raises:
         SystemExit: On a flag that neither ``parser`` nor Beam knows, a worker image on
-            another Beam, or a bad value
+            another Beam, worker processes that would share a TPU, or a bad value
             (after printing the usage and the reason, as argparse does).
     """
     if ALLOW_MISMATCH_FLAG not in parser._option_string_actions:
@@ -248,6 +251,8 @@ def parse_job_args(
     mismatch = beam_version_mismatch(options)
     if mismatch and not args.allow_beam_version_mismatch:
         parser.error(mismatch)
+    if shared := tpu_shared_by_processes(options):
+        parser.error(shared)
     if hasattr(args, "compilation_cache_dir"):
         if args.compilation_cache_dir in ("none", ""):
             args.compilation_cache_dir = None

@@ -19,13 +19,14 @@ from typing import Any
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from beam_jax._src.jobs.console import is_local
-from beam_jax._src.probe import local_platform
+from beam_jax._src.probe import local_platform, tpu_to_open
 
 __all__ = [
     "accelerator_workers",
     "bundle_workers",
     "devices_per_worker",
     "single_worker_here",
+    "tpu_shared_by_processes",
     "workers_here",
 ]
 
@@ -68,3 +69,28 @@ def accelerator_workers(accelerator: str | None, options: PipelineOptions) -> bo
     if accelerator or not is_local(options.view_as(StandardOptions).runner):
         return bool(accelerator)
     return local_platform().accelerator
+
+
+def tpu_shared_by_processes(options: PipelineOptions) -> str | None:
+    """Why the local runner's worker processes cannot run on this machine's TPU, or ``None``.
+
+    With ``--direct_running_mode=multi_processing`` and more than one worker, each worker
+    process would open the same chips; a TPU opens in one process at a time, so all but
+    one would get the CPU (and stop with ``DeviceUnavailableError``). Read without opening
+    the TPU: its chips on the PCI bus (``beam_jax.jobs.local_platform``'s reading)."""
+    runner: Any = options.view_as(StandardOptions).runner
+    name = (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1]
+    mode = options.view_as(DirectOptions).direct_running_mode
+    if name not in _IN_PROCESS or mode != "multi_processing" or bundle_workers(options) < 2:
+        return None
+    tpu = tpu_to_open()
+    if tpu is None:
+        return None
+    return (
+        f"--direct_running_mode=multi_processing starts {bundle_workers(options)} worker "
+        f"processes, but this machine's {tpu.device_count} {tpu.kind} device(s) open in one "
+        "process at a time: the others would get the CPU. Drop "
+        "--direct_running_mode=multi_processing: --direct_num_workers=N then runs N bundles "
+        "in threads of this process that share the chips (or set JAX_PLATFORMS=cpu to run "
+        "the workers on the CPU)."
+    )
