@@ -35,9 +35,9 @@ __all__ = [
     "check_no_tpu_left_behind",
     "local_platform",
     "open_local_devices",
-    "tpu_to_open",
     "size_tpu_host_buffer",
     "tpu_host_buffer_advice",
+    "tpu_to_open",
 ]
 
 _GOOGLE_PCI_VENDOR = "0x1ae0"
@@ -102,12 +102,8 @@ def local_platform() -> LocalPlatform:
     opened = _from_open_backends()
     if opened is not None:
         return opened
-    first = _first_platform_asked()
-    if first in (None, "tpu"):
-        tpu = _tpu_on_pci_bus()
-        if tpu is not None:
-            return tpu
-    return _open()
+    tpu = tpu_to_open()
+    return tpu if tpu is not None else _open()
 
 
 def open_local_devices() -> threading.Thread:
@@ -212,7 +208,7 @@ def check_no_tpu_left_behind(devices: Sequence[Any]) -> None:
 
     A TPU opens in one process at a time. Where another holds it (a second worker process
     on the host: ``multi_processing``, Dask workers), JAX warns that it is "falling back
-    to cpu" and runs everything there, many times slower. A worker refuses to start on them instead.
+    to cpu" and runs everything there, many times slower. A worker refuses those devices.
 
     Raises:
         DeviceUnavailableError: the chips, where they are and how to go on.

@@ -36,10 +36,16 @@ _IN_PROCESS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner")
 def workers_here(options: PipelineOptions) -> bool:
     """Whether the runner runs the job's workers in this process (the FnApiRunner in memory
     or in threads), so a worker built here is the one the job uses."""
+    mode = options.view_as(DirectOptions).direct_running_mode or "in_memory"
+    return _in_process_runner(options) and mode in ("in_memory", "multi_threading")
+
+
+def _in_process_runner(options: PipelineOptions) -> bool:
+    """Whether the runner is one of the local runners that run in this process (the
+    FnApiRunner, by that name or as the DirectRunner), in whatever running mode."""
     runner: Any = options.view_as(StandardOptions).runner
     name = (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1]
-    mode = options.view_as(DirectOptions).direct_running_mode or "in_memory"
-    return name in _IN_PROCESS and mode in ("in_memory", "multi_threading")
+    return name in _IN_PROCESS
 
 
 def bundle_workers(options: PipelineOptions) -> int:
@@ -78,16 +84,15 @@ def tpu_shared_by_processes(options: PipelineOptions) -> str | None:
     process would open the same chips; a TPU opens in one process at a time, so all but
     one would get the CPU (and stop with ``DeviceUnavailableError``). Read without opening
     the TPU: its chips on the PCI bus (``beam_jax.jobs.local_platform``'s reading)."""
-    runner: Any = options.view_as(StandardOptions).runner
-    name = (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1]
     mode = options.view_as(DirectOptions).direct_running_mode
-    if name not in _IN_PROCESS or mode != "multi_processing" or bundle_workers(options) < 2:
+    workers = bundle_workers(options)
+    if not _in_process_runner(options) or mode != "multi_processing" or workers < 2:
         return None
     tpu = tpu_to_open()
     if tpu is None:
         return None
     return (
-        f"--direct_running_mode=multi_processing starts {bundle_workers(options)} worker "
+        f"--direct_running_mode=multi_processing starts {workers} worker "
         f"processes, but this machine's {tpu.device_count} {tpu.kind} device(s) open in one "
         "process at a time: the others would get the CPU. Drop "
         "--direct_running_mode=multi_processing: --direct_num_workers=N then runs N bundles "
