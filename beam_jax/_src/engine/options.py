@@ -19,6 +19,7 @@ from beam_jax._src.engine.metrics import NAMESPACE
 from beam_jax._src.errors import SpecError
 from beam_jax._src.kernel.compiled import Kernel
 from beam_jax._src.kernel.devices import device_indices, select_devices
+from beam_jax._src.kernel.stored import ProgramStore
 from beam_jax._src.kernel.wrappers import SegmentKernel
 
 
@@ -49,6 +50,12 @@ class KernelOptions:
             threads; a batch whose shape is still compiling waits while others run.
         compilation_cache_dir: enables JAX's persistent compilation cache there (refused
             if other users can write to it: the cache runs code from that directory).
+        program_key: what ``fn`` computes, as a string to key its compiled programs by:
+            with a local ``compilation_cache_dir``, each compiled shape is also stored
+            whole there, and a later worker loads it without tracing ``fn`` (JAX's cache
+            traces every shape first to find its entry). Give a new key whenever ``fn`` or
+            what it closes over changes; beam_jax adds the shapes, the devices and the
+            versions of JAX and of itself. Default ``None``: JAX's cache alone.
         metrics_namespace: the Beam metrics namespace.
         fit_to_memory: per bucket, the largest allowed batch size whose compiled program
             fits a memory budget (``FitToMemory``), chosen at worker start; default off.
@@ -68,6 +75,7 @@ class KernelOptions:
     devices: Sequence[Any] | str | None = None
     precompile: bool = False
     compilation_cache_dir: str | None = None
+    program_key: str | None = None
     metrics_namespace: str = NAMESPACE
     fit_to_memory: FitToMemory | None = None
     packing: Packing | PackingChoice | None = None
@@ -95,6 +103,13 @@ class KernelOptions:
         if not isinstance(self.metrics_namespace, str) or not self.metrics_namespace:
             raise SpecError(
                 f"metrics_namespace must be a non-empty str, got {self.metrics_namespace!r}."
+            )
+        if self.program_key is not None and (
+            not isinstance(self.program_key, str) or not self.program_key
+        ):
+            raise SpecError(
+                f"program_key must be a non-empty str or None, got {self.program_key!r}; "
+                "e.g. program_key='my-model-v3', changed whenever the kernel's code changes."
             )
         if self.packing is not None:
             self._check_packing()
@@ -138,6 +153,7 @@ class KernelOptionsKwargs(TypedDict, total=False):
     devices: Sequence[Any] | str | None
     precompile: bool
     compilation_cache_dir: str | None
+    program_key: str | None
     metrics_namespace: str
     fit_to_memory: FitToMemory | None
     packing: Packing | PackingChoice | None
@@ -185,11 +201,15 @@ def make_kernel(fn: Callable[..., Any], spec: Any, options: KernelOptions):
         fn = SegmentKernel(fn)  # the kernel gets (element, SegmentInfo) per packed row
     devices = select_devices(options.devices)
     plan = make_plan(spec, options, len(devices))
+    store = None
+    if ProgramStore.usable(options.compilation_cache_dir, options.program_key):
+        store = ProgramStore(options.compilation_cache_dir, options.program_key)
     kernel = Kernel(
         fn,
         batched=options.batched,
         devices=devices,
         chunk_rows=chunk_rows_for(plan, options.chunk_units),
+        store=store,
     )
     return kernel, plan
 

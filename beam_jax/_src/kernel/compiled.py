@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from beam_jax._src.core.plan import PaddedBatch
 from beam_jax._src.errors import CompileError
 from beam_jax._src.kernel.devices import select_devices
+from beam_jax._src.kernel.stored import ProgramStore
 
 _OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM when allocating")
 
@@ -96,6 +97,8 @@ class Kernel:
         chunk_rows: ``chunk_rows(row_shapes)``: the most rows ``fn`` runs at once for rows
             of these leaf shapes, or ``None`` for all; a larger batch runs as chunks inside
             one call (``in_chunks``), so activations stay cache-sized on a CPU.
+        store: where each compiled shape is stored whole and loaded from without tracing
+            ``fn`` (a ``ProgramStore``), or ``None``.
     """
 
     def __init__(
@@ -105,9 +108,12 @@ class Kernel:
         batched: bool = False,
         devices: Sequence[jax.Device] | str | None = None,
         chunk_rows: Callable[[Sequence[tuple[int, ...]]], int | None] | None = None,
+        store: ProgramStore | None = None,
     ):
         self.fn = fn
         self.batched = batched
+        self.store = store
+        self._chunk_rows = chunk_rows
         self.devices = select_devices(devices)
         self.mesh = Mesh(np.asarray(self.devices), ("batch",))
         self._shard = NamedSharding(self.mesh, PartitionSpec("batch"))
@@ -119,16 +125,17 @@ class Kernel:
         # independent (``sums_per_shard``: ReduceKernel's sums, one per shard, which the
         # host adds): a sum across devices is a collective, and a host callback raising on
         # one device leaves the others waiting in it until XLA aborts the process.
-        if not batched or getattr(fn, "sums_per_shard", False):
-            if len(self.devices) > 1:
-                # Each device runs its own shard, with no collective to hang on.
-                batched_fn = jax.shard_map(
-                    batched_fn,
-                    mesh=self.mesh,
-                    in_specs=(PartitionSpec(), PartitionSpec("batch"), PartitionSpec("batch")),
-                    out_specs=PartitionSpec("batch"),
-                    check_vma=False,
-                )
+        per_shard = not batched or getattr(fn, "sums_per_shard", False)
+        self._per_shard = per_shard and len(self.devices) > 1
+        if self._per_shard:
+            # Each device runs its own shard, with no collective to hang on.
+            batched_fn = jax.shard_map(
+                batched_fn,
+                mesh=self.mesh,
+                in_specs=(PartitionSpec(), PartitionSpec("batch"), PartitionSpec("batch")),
+                out_specs=PartitionSpec("batch"),
+                check_vma=False,
+            )
         self._jitted = jax.jit(batched_fn)
         self._compiled: dict[Any, Any] = {}
         # The same executables keyed by what a batch's leaves give at no cost (their shapes
@@ -241,12 +248,16 @@ class Kernel:
         start = time.perf_counter()
         error, traced = None, 0.0
         try:
-            with self._lowering:
-                lowering = time.perf_counter()
-                lowered = self._jitted.lower(params, element, lengths)
-                traced = time.perf_counter() - lowering
-            # XLA releases the GIL while it compiles, so compiles in threads overlap.
-            exe = lowered.compile()
+            exe, stored_as = self._load(params, element, lengths, leaf_shapes)
+            if exe is None:
+                with self._lowering:
+                    lowering = time.perf_counter()
+                    lowered = self._jitted.lower(params, element, lengths)
+                    traced = time.perf_counter() - lowering
+                # XLA releases the GIL while it compiles, so compiles in threads overlap.
+                exe = lowered.compile()
+                if stored_as is not None:
+                    self.store.save(stored_as, exe)
         except Exception as e:  # noqa: BLE001 - any trace/compile failure is per shape
             error = e
         with self._lock:
@@ -262,6 +273,24 @@ class Kernel:
         if error is not None:
             raise CompileError(f"{type(error).__name__}: {error}") from error
         return exe
+
+    def _load(self, params, element, lengths, leaf_shapes):
+        """``(program, key)``: the shape's program loaded from the store (or ``None``), and
+        the key to store it under once compiled (``None`` without a store)."""
+        if self.store is None:
+            return None, None
+        rows = self._chunk_rows and self._chunk_rows([tuple(s[1:]) for s, _ in leaf_shapes])
+        fn = getattr(self.fn, "fn", None)  # a library wrapper names the function it wraps
+        kernel = (
+            type(self.fn).__qualname__ if fn is not None else None,
+            getattr(fn or self.fn, "__qualname__", type(fn or self.fn).__qualname__),
+            self.batched,
+            self._per_shard,
+            rows,
+        )
+        abstract = (params, element, lengths)
+        key = self.store.key(self.devices, abstract, kernel)
+        return self.store.load(key, self.devices, abstract), key
 
     def call(
         self,

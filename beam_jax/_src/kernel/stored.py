@@ -1,0 +1,202 @@
+"""Compiled programs stored whole, so a warm worker runs its shapes without tracing them.
+
+JAX's persistent compilation cache skips XLA's compile, not the tracing and lowering
+before it: its key is the lowered program. For a large model that tracing is most of a
+warm worker's start (for MiniLM with its Pallas layers on a TPU, 1.2-1.4 s per shape, all
+holding the interpreter lock while the worker reads and tokenizes). A ``ProgramStore``
+keeps each compiled shape as JAX's serialized executable, keyed by what decides the
+program without tracing it: the caller's ``program_key`` (what the function computes),
+the kernel's input structure and shapes, its devices, the versions of JAX, its backend
+and beam_jax's own source, and the flags that steer XLA. A later process with the same
+key loads the executable and skips the tracing too.
+
+The key cannot see inside the function: whoever names a ``program_key`` promises that
+the same key means the same function. The library's own encoders derive theirs from
+their configuration; anything else is left to JAX's cache, which checks the program.
+
+The programs sit under the compilation cache directory, which ``check_cache_dir`` keeps
+to its owner: loading a program runs it, as JAX's cache does. Only a local directory
+holds them; a remote cache keeps JAX's own entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pathlib
+import pickle
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jaxlib
+
+_LOG = logging.getLogger(__name__)
+
+# Raised where the stored format changes: older files then miss instead of misloading.
+_FORMAT = 1
+SUBDIR = "beam_jax_programs"
+# Environment variables that change what XLA builds from the same program.
+_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "TPU_ACCELERATOR_TYPE")
+# JAX settings that change tracing or XLA's build and are plain values; the cache's own
+# settings and logging are left out (they do not change the program).
+_CONFIG_SKIPPED = ("cache", "log", "explain", "profil", "traceback", "platforms")
+
+_SOURCE_DIGEST: str | None = None
+
+
+def source_digest() -> str:
+    """A digest of beam_jax's own Python sources, read once per process: a program built
+    by one revision of the library is never loaded by another."""
+    global _SOURCE_DIGEST
+    if _SOURCE_DIGEST is None:
+        root = pathlib.Path(__file__).resolve().parents[2]
+        digest = hashlib.sha256()
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+        _SOURCE_DIGEST = digest.hexdigest()
+    return _SOURCE_DIGEST
+
+
+def _settings() -> list[tuple[str, str]]:
+    values = getattr(jax.config, "values", {})
+    return sorted(
+        (name, repr(value))
+        for name, value in values.items()
+        if isinstance(value, bool | int | float | str | type(None))
+        and not any(part in name for part in _CONFIG_SKIPPED)
+    )
+
+
+def _describe(abstract: Any) -> str:
+    """The shapes, dtypes and shardings of the abstract arguments, with their structure."""
+    leaves, treedef = jax.tree_util.tree_flatten(abstract)
+    parts = [str(treedef)]
+    for leaf in leaves:
+        sharding = getattr(leaf, "sharding", None)
+        spec = getattr(sharding, "spec", None)
+        parts.append(f"{tuple(leaf.shape)}:{leaf.dtype}:{spec}")
+    return "\n".join(parts)
+
+
+class ProgramStore:
+    """Compiled programs of one function, stored in ``directory`` under keys that decide
+    the program without tracing it.
+
+    Example:
+        >>> store = ProgramStore("/tmp/cache", "my-model-v3")  # doctest: +SKIP
+        >>> key = store.key(devices, abstract_args, ("chunk rows", None))  # doctest: +SKIP
+
+    Args:
+        directory: the compilation cache directory (local, checked by the caller); the
+            programs go in its ``beam_jax_programs`` folder.
+        program_key: what the function computes; the same key must mean the same
+            function and everything it closes over.
+    """
+
+    def __init__(self, directory: str, program_key: str):
+        self.directory = pathlib.Path(directory) / SUBDIR
+        self.program_key = program_key
+        self.loaded = 0
+        self.stored = 0
+        self._warned = False
+
+    @staticmethod
+    def usable(directory: str | None, program_key: str | None) -> bool:
+        """Whether programs can be stored: a key, and a local cache directory."""
+        return bool(program_key) and bool(directory) and "://" not in str(directory)
+
+    def key(self, devices: Sequence[jax.Device], abstract: Any, extra: Any = ()) -> str:
+        """The file name of one program: a digest of everything that decides it.
+
+        Args:
+            devices: the devices it runs on, in the order of its mesh.
+            abstract: its arguments as ``jax.ShapeDtypeStruct`` with shardings.
+            extra: anything else of the kernel that changes the program (its wrappers).
+        """
+        backend = devices[0].client
+        material = "\n".join(
+            [
+                f"format {_FORMAT}",
+                f"program {self.program_key}",
+                f"beam_jax {source_digest()}",
+                f"jax {jax.__version__} jaxlib {jaxlib.__version__}",
+                f"backend {backend.platform} {backend.platform_version}",
+                f"default backend {jax.default_backend()}",
+                "devices " + ";".join(f"{d.id}:{d.device_kind}:{d.process_index}" for d in devices),
+                "env " + repr([(name, os.environ.get(name)) for name in _ENV]),
+                "config " + repr(_settings()),
+                f"kernel {extra!r}",
+                _describe(abstract),
+            ]
+        )
+        return hashlib.sha256(material.encode()).hexdigest()
+
+    def load(self, key: str, devices: Sequence[jax.Device], abstract: Any) -> Any | None:
+        """The program stored under ``key``, loaded onto ``devices``; ``None`` if there is
+        none, or it no longer loads (then it is logged once and left to be replaced)."""
+        path = self.directory / f"{key}.program"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self._warn(f"could not read {path}: {e}")
+            return None
+        try:
+            from jax.experimental import serialize_executable
+
+            stored = pickle.loads(data)
+            in_tree = jax.tree_util.tree_structure((abstract, {}))
+            if stored["format"] != _FORMAT or stored["in_tree"] != in_tree:
+                return None
+            program = serialize_executable.deserialize_and_load(
+                stored["executable"],
+                stored["in_tree"],
+                stored["out_tree"],
+                backend=devices[0].client,
+                execution_devices=list(devices),
+            )
+        except Exception as e:  # noqa: BLE001 - a program that no longer loads is a miss
+            self._warn(f"could not load {path} ({type(e).__name__}: {e}); compiling anew")
+            return None
+        self.loaded += 1
+        return program
+
+    def save(self, key: str, program: Any) -> None:
+        """Store ``program`` under ``key``, whole or not at all (written aside, then
+        renamed); a program that cannot be serialized is logged once and skipped."""
+        try:
+            from jax.experimental import serialize_executable
+
+            executable, in_tree, out_tree = serialize_executable.serialize(program)
+            data = pickle.dumps(
+                {
+                    "format": _FORMAT,
+                    "executable": executable,
+                    "in_tree": in_tree,
+                    "out_tree": out_tree,
+                },
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".partial")
+            try:
+                with os.fdopen(handle, "wb") as out:
+                    out.write(data)
+                os.replace(temporary, self.directory / f"{key}.program")
+            except BaseException:
+                os.unlink(temporary)
+                raise
+        except Exception as e:  # noqa: BLE001 - storing is an optimisation, never a failure
+            self._warn(f"could not store a compiled program ({type(e).__name__}: {e})")
+            return
+        self.stored += 1
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            _LOG.warning("beam_jax: %s", message)
