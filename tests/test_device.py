@@ -472,3 +472,37 @@ def test_other_families_with_the_default_layers_match_float32_on_the_cpu(tmp_pat
     want = cpu_embeddings(dataclasses.replace(encoder, layer_kernel="xla"), texts)
     plan = bj.Packing(row_lengths=(128,), rows_per_batch=4, max_segments=8)
     embeds_like(encoder, texts, plan, want, 0.9999, family)
+
+
+def test_the_flagship_encoder_stored_whole_loads_on_the_device_untraced(minilm, tmp_path):
+    """The encoder's programs (Pallas layers on a TPU), stored by one pipeline in its
+    compilation cache, run untraced in the next with the same vectors, bit for bit."""
+    from beam_jax.text import EmbedText, SentenceEncoder
+
+    path, texts = minilm
+    encoder = SentenceEncoder.from_dir(path, matmuls="bfloat16")
+    plan = bj.Packing(row_lengths=(128, 256), rows_per_batch=8, max_segments=8)
+    batch = pa.record_batch({"doc": list(range(len(texts))), "body": texts})
+
+    def embed(name: str) -> tuple[bj.Summary, np.ndarray]:
+        p = pipeline()
+        vectors, _ = p | beam.Create([batch]) | EmbedText(
+            encoder, text_column="body", id_column="doc", batching=plan,
+            compilation_cache_dir=str(tmp_path / "cache"),
+        )  # fmt: skip
+        saved = tmp_path / f"{name}.npy"
+
+        def save(batches):  # run from a pickled copy: the test reads the file back
+            table = pa.Table.from_batches(batches).sort_by("doc")
+            assert table.column("doc").to_pylist() == list(range(len(texts)))
+            np.save(saved, np.array(table.column("embedding").to_pylist(), np.float32))
+
+        assert_that(vectors, save)
+        return bj.summarize(run(p)), np.load(saved)
+
+    cold, first = embed("cold")
+    warm, again = embed("warm")
+    assert cold.compile_trace_seconds > 0 and warm.compile_trace_seconds == 0
+    assert warm.compiles == cold.compiles >= 1
+    assert first.shape == (len(texts), encoder.dim)
+    np.testing.assert_array_equal(again, first)

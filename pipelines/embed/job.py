@@ -128,6 +128,10 @@ def embed_kernel(
         packing=launch.packing,
         load_params=encoder.load_params or model.load_params,
         compilation_cache_dir=args.compilation_cache_dir,
+        # The model's own kernel is stored whole in the cache; a replacement is not.
+        program_key=model.program_key(packed)
+        if fn in (model.packed_fn, model.element_fn)
+        else None,
         precompile=launch.planned,
         chunk_units=args.tokens_per_chunk or None,
     ).with_exception_handling()

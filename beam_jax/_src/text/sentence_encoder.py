@@ -206,6 +206,17 @@ class SentenceEncoder:
         encoder would be traced now (``fused.resolve``)."""
         return fused.resolve(self.layer_kernel)
 
+    def program_key(self, packed: bool) -> str:
+        """What :meth:`packed_fn` (or :meth:`element_fn`) computes, as
+        ``KernelOptions.program_key``: the encoder's shape, pooling, normalization and
+        layer kernel. The matmuls' precision shows in the weights' dtypes, which key the
+        programs too; the model directory and its weights' values do not change them."""
+        fn = "packed_fn" if packed else "element_fn"
+        return (
+            f"beam_jax.text.SentenceEncoder.{fn} {self.config!r} pooling={self.pooling} "
+            f"normalize={self.normalize} layer_kernel={self.layer_kernel}"
+        )
+
     def tokenizer(self) -> Tokenizer:
         """The model's tokenizer, truncating to ``max_length`` as sentence-transformers does.
 

@@ -217,6 +217,7 @@ class EmbedText(beam.PTransform):
             packing=batching if packed else None,
             load_params=encoder.load_params,
             compilation_cache_dir=compilation_cache_dir,
+            program_key=encoder.program_key(packed) if hasattr(encoder, "program_key") else None,
             precompile=precompile,
         ).with_exception_handling()
 
