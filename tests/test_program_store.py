@@ -15,6 +15,7 @@ from apache_beam.testing.util import assert_that
 import beam_jax as bj
 from beam_jax import ArraySpec, Bucketing
 from beam_jax._src.engine.options import KernelOptions, make_kernel
+from beam_jax._src.kernel import stored
 from beam_jax._src.kernel.stored import SUBDIR, ProgramStore
 from beam_jax.internal import Kernel
 from tests import flagship as ft
@@ -87,6 +88,8 @@ def test_the_key_follows_xla_flags_and_jax_settings(tmp_path, monkeypatch):
     with jax.default_matmul_precision("highest"):
         assert store.key(devices, abstract) != base
     assert store.key(devices, abstract) == base
+    monkeypatch.setattr(stored, "_host_cpu", lambda: "x86_64 another CPU's flags")
+    assert store.key(devices, abstract) != base  # a CPU program is built for its CPU
 
 
 def test_a_damaged_program_is_logged_compiled_anew_and_replaced(tmp_path, caplog):

@@ -26,6 +26,7 @@ import logging
 import os
 import pathlib
 import pickle
+import platform
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -69,6 +70,18 @@ def _settings() -> list[tuple[str, str]]:
         if isinstance(value, bool | int | float | str | type(None))
         and not any(part in name for part in _CONFIG_SKIPPED)
     )
+
+
+def _host_cpu() -> str:
+    """The host's CPU architecture and feature flags: XLA builds a CPU program for the
+    features of the CPU it compiles on, so a cache shared between machines keeps them apart."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            flags = next((line for line in info if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()} {hashlib.sha256(flags.encode()).hexdigest()}"
 
 
 def _describe(abstract: Any) -> str:
@@ -125,6 +138,7 @@ class ProgramStore:
                 f"beam_jax {source_digest()}",
                 f"jax {jax.__version__} jaxlib {jaxlib.__version__}",
                 f"backend {backend.platform} {backend.platform_version}",
+                f"host cpu {_host_cpu() if backend.platform == 'cpu' else '-'}",
                 f"default backend {jax.default_backend()}",
                 "devices " + ";".join(f"{d.id}:{d.device_kind}:{d.process_index}" for d in devices),
                 "env " + repr([(name, os.environ.get(name)) for name in _ENV]),
