@@ -209,7 +209,9 @@ def test_plan_with_a_kernel_lists_each_shape_s_analysed_bytes_and_the_batch_limi
 def test_a_run_s_metrics_file_feeds_the_report_and_its_plot(tmp_path, capsys):
     rows = [{"id": i, "text": t} for i, t in enumerate(ft.texts(12))] + [{"id": 99, "text": None}]
     out = tmp_path / "out"
-    summary = ft.run(ft.write_json_lines(tmp_path / "in.jsonl", rows), out, "--no-progress")
+    # A cache of its own: the programs other tests stored would load untraced.
+    cache = ("--compilation_cache_dir", str(tmp_path / "cache"))
+    summary = ft.run(ft.write_json_lines(tmp_path / "in.jsonl", rows), out, "--no-progress", *cache)
     capsys.readouterr()
     record = json.loads((out / "_metrics.json").read_text())
     assert record["pipeline"] == "embed_text" and record["summary"]["results"] == 12

@@ -247,7 +247,8 @@ def test_a_pipeline_embeds_packed_rows_with_the_kernel_and_keeps_dead_letters(tm
 def test_the_flagship_runs_the_kernel_with_layer_kernel_pallas(tmp_path, monkeypatch):
     from tests import flagship as ft
 
-    traced = []  # the layers traced through the kernel, every compiled shape's
+    traced = []  # the layers traced through the kernel, every compiled shape's (its own
+    # cache below: a program stored whole by another test would load untraced)
     kernel = fused.layer
     monkeypatch.setattr(fused, "layer", lambda *a: traced.append(a[0].shape) or kernel(*a))
 
@@ -257,7 +258,8 @@ def test_the_flagship_runs_the_kernel_with_layer_kernel_pallas(tmp_path, monkeyp
     rows = [{"id": i, "text": t} for i, t in enumerate(texts)] + [{"id": 99, "text": None}]
     source = ft.write_json_lines(tmp_path / "in.jsonl", rows)
     flags = ("--model_dir", str(model), "--layer_kernel", "pallas", "--matmuls", "float32",
-             "--batching", "buckets", "--buckets", str(ROW))  # fmt: skip
+             "--batching", "buckets", "--buckets", str(ROW),
+             "--compilation_cache_dir", str(tmp_path / "cache"))  # fmt: skip
     ft.run(source, tmp_path / "out", *flags, "--no-progress")
     table, failed = ft.read_outputs(tmp_path / "out")
     assert [d["id"] for d in failed] == [99]
