@@ -23,6 +23,7 @@ import beam_jax as bj
 from beam_jax.text import MAX_TOKENIZED_CHARS
 from pipelines.embed import job as embed_text
 from tests import flagship as ft
+from tests.processes import free_port, port_open, process_group
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Parts of 4 rows; float32 matmuls, as these runs are compared to 1e-5 and batched
@@ -161,11 +162,17 @@ def test_on_prism_the_accelerator_hint_writes_the_same_bytes(source, reference, 
         pytest.skip("Prism is not built here: `make runners` (tools/runners.sh) builds it")
     # Prism bundles the parts as it likes (batches of other sizes round otherwise in the
     # last bits, as on any runner): its runs with and without the hint are compared byte
-    # for byte, and with the FnApiRunner's run part by part.
-    flags = ["--runner=PrismRunner", f"--prism_location={prism}", NO_SPLIT]
-
-    ft.run(source, tmp_path / "plain", *PARTS, *flags)
-    ft.run(source, tmp_path / "hinted", *PARTS, *flags, "--accelerator", T4)
+    # for byte, and with the FnApiRunner's run part by part. The test starts and stops its
+    # own Prism: the one PrismRunner starts lives until this process exits, and is left
+    # behind when a test worker is made to exit without its exit handlers.
+    port = free_port()
+    cmd = [prism, f"--job_port={port}", "--serve_http=false", "--log_kind=text"]
+    ready = lambda _: f"localhost:{port}" if port_open(port) else None  # noqa: E731
+    with process_group(cmd, str(tmp_path / "prism.log"), ready, timeout_s=120) as endpoint:
+        flags = ["--runner=PortableRunner", f"--job_endpoint={endpoint}",
+                 "--environment_type=LOOPBACK", NO_SPLIT]  # fmt: skip
+        ft.run(source, tmp_path / "plain", *PARTS, *flags)
+        ft.run(source, tmp_path / "hinted", *PARTS, *flags, "--accelerator", T4)
 
     assert _files(tmp_path / "hinted") == _files(tmp_path / "plain")
     _assert_same_embeddings(tmp_path / "hinted", reference)
