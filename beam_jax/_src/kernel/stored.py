@@ -28,6 +28,7 @@ import pathlib
 import pickle
 import platform
 import tempfile
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -116,6 +117,7 @@ class ProgramStore:
         self.loaded = 0
         self.stored = 0
         self._warned = False
+        self._lock = threading.Lock()  # a kernel's compile threads share the store
 
     @staticmethod
     def usable(directory: str | None, program_key: str | None) -> bool:
@@ -177,7 +179,8 @@ class ProgramStore:
         except Exception as e:  # noqa: BLE001 - a program that no longer loads is a miss
             self._warn(f"could not load {path} ({type(e).__name__}: {e}); compiling anew")
             return None
-        self.loaded += 1
+        with self._lock:
+            self.loaded += 1
         return program
 
     def save(self, key: str, program: Any) -> None:
@@ -208,9 +211,11 @@ class ProgramStore:
         except Exception as e:  # noqa: BLE001 - storing is an optimisation, never a failure
             self._warn(f"could not store a compiled program ({type(e).__name__}: {e})")
             return
-        self.stored += 1
+        with self._lock:
+            self.stored += 1
 
     def _warn(self, message: str) -> None:
-        if not self._warned:
-            self._warned = True
+        with self._lock:
+            first, self._warned = not self._warned, True
+        if first:
             _LOG.warning("beam_jax: %s", message)
