@@ -11,11 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that
+from jax.experimental.compilation_cache import compilation_cache
 
 import beam_jax as bj
 from beam_jax import ArraySpec, Bucketing
 from beam_jax._src.engine.options import KernelOptions, make_kernel
 from beam_jax._src.kernel import stored
+from beam_jax._src.kernel.cache import enable_compilation_cache
 from beam_jax._src.kernel.stored import SUBDIR, ProgramStore
 from beam_jax.internal import Kernel
 from tests import flagship as ft
@@ -23,6 +25,18 @@ from tests import kernels
 from tests.beam_helpers import pipeline
 
 TREE = jax.tree_util.tree_structure({"x": 0})
+
+
+@pytest.fixture(autouse=True)
+def jax_cache():
+    """JAX's own cache off for each test (an earlier test in this process may have turned it
+    on, and its programs are not stored here on a CPU), and back as it was after."""
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()
+    yield
+    jax.config.update("jax_compilation_cache_dir", before)
+    compilation_cache.reset_cache()
 
 
 class Traced:
@@ -103,6 +117,21 @@ def test_a_damaged_program_is_logged_compiled_anew_and_replaced(tmp_path, caplog
     np.testing.assert_array_equal(again, first)
     _, _, store, fn = run_once(tmp_path, "attention-v1")
     assert (store.loaded, fn.traces) == (1, 0)
+
+
+def test_a_cpu_program_jax_loaded_from_its_cache_is_not_stored(tmp_path):
+    # Re-serialized, such a program has lost its compiled functions: it would load, then
+    # fail every batch ("NOT_FOUND: Function ... not found"). XLA's own builds are stored.
+    enable_compilation_cache(str(tmp_path / "jax"))
+    first, _, store, _ = run_once(tmp_path / "built", "k")
+    assert (store.stored, store.skipped) == (1, 0)
+    _, _, store, fn = run_once(tmp_path / "from-jax", "k")  # JAX's cache has it now
+    assert (store.stored, store.skipped, fn.traces) == (0, 1, 1)  # the event was seen
+    again, _, store, fn = run_once(tmp_path / "from-jax", "k")
+    assert (store.loaded, fn.traces) == (0, 1)
+    _, _, store, fn = run_once(tmp_path / "built", "k")
+    assert (store.loaded, fn.traces) == (1, 0)
+    np.testing.assert_array_equal(again, first)
 
 
 def test_programs_are_stored_only_with_a_key_and_a_local_directory(tmp_path):

@@ -255,9 +255,10 @@ class Kernel:
                     lowered = self._jitted.lower(params, element, lengths)
                     traced = time.perf_counter() - lowering
                 # XLA releases the GIL while it compiles, so compiles in threads overlap.
-                exe = lowered.compile()
-                if stored_as is not None:
-                    self.store.save(stored_as, exe)
+                if stored_as is None:
+                    exe = lowered.compile()
+                else:
+                    exe = self.store.compile(stored_as, lowered, self.platform)
         except Exception as e:  # noqa: BLE001 - any trace/compile failure is per shape
             error = e
         with self._lock:

@@ -48,6 +48,29 @@ _CONFIG_SKIPPED = ("cache", "log", "explain", "profil", "traceback", "platforms"
 
 _SOURCE_DIGEST: str | None = None
 
+# JAX records this event in the compiling thread when its persistent cache returns a
+# program. Such a program is stored only on a TPU: re-serialized, a CPU program loaded from
+# JAX's cache has lost its compiled functions, and runs fail ("NOT_FOUND: Function
+# maximum_divide_fusion not found"); a TPU's stored this way ran a million-text job.
+# tests/test_program_store.py fails loudly if the event is renamed.
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+_HITS = threading.local()
+_LISTENING = threading.Lock()
+_listening = False
+
+
+def _count_cache_hit(event: str, **_: Any) -> None:
+    if event == CACHE_HIT_EVENT:
+        _HITS.count = getattr(_HITS, "count", 0) + 1
+
+
+def _listen_for_cache_hits() -> None:
+    global _listening
+    with _LISTENING:
+        if not _listening:
+            jax.monitoring.register_event_listener(_count_cache_hit)
+            _listening = True
+
 
 def source_digest() -> str:
     """A digest of beam_jax's own Python sources, read once per process: a program built
@@ -116,6 +139,7 @@ class ProgramStore:
         self.program_key = program_key
         self.loaded = 0
         self.stored = 0
+        self.skipped = 0  # compiled programs not stored (CPU programs from JAX's cache)
         self._warned = False
         self._lock = threading.Lock()  # a kernel's compile threads share the store
 
@@ -150,6 +174,20 @@ class ProgramStore:
             ]
         )
         return hashlib.sha256(material.encode()).hexdigest()
+
+    def compile(self, key: str, lowered: Any, platform: str) -> Any:
+        """``lowered`` compiled for ``platform``, and stored under ``key`` if XLA built it
+        here (or, on a TPU, JAX loaded it from its cache: see ``CACHE_HIT_EVENT``)."""
+        _listen_for_cache_hits()
+        before = getattr(_HITS, "count", 0)
+        program = lowered.compile()
+        from_jax_cache = getattr(_HITS, "count", 0) != before
+        if not from_jax_cache or platform == "tpu":
+            self.save(key, program)
+        else:
+            with self._lock:
+                self.skipped += 1
+        return program
 
     def load(self, key: str, devices: Sequence[jax.Device], abstract: Any) -> Any | None:
         """The program stored under ``key``, loaded onto ``devices``; ``None`` if there is
