@@ -2,8 +2,8 @@
 
 JAX's persistent compilation cache skips XLA's compile, not the tracing and lowering
 before it: its key is the lowered program. For a large model that tracing is most of a
-warm worker's start (for MiniLM with its Pallas layers on a TPU, 1.2-1.4 s per shape, all
-holding the interpreter lock while the worker reads and tokenizes). A ``ProgramStore``
+warm worker's start, and it holds the interpreter lock while the worker reads and
+tokenizes (bench/RESULTS.md, 2026-12-07, "Programs stored whole"). A ``ProgramStore``
 keeps each compiled shape as JAX's serialized executable, keyed by what decides the
 program without tracing it: the caller's ``program_key`` (what the function computes),
 the kernel's input structure and shapes, its devices, the versions of JAX, its backend
@@ -12,7 +12,8 @@ key loads the executable and skips the tracing too.
 
 The key cannot see inside the function: whoever names a ``program_key`` promises that
 the same key means the same function. The library's own encoders derive theirs from
-their configuration; anything else is left to JAX's cache, which checks the program.
+their configuration; a kernel without a key is left to JAX's cache, which checks the
+program.
 
 The programs sit under the compilation cache directory, which ``check_cache_dir`` keeps
 to its owner: loading a program runs it, as JAX's cache does. Only a local directory
@@ -51,7 +52,7 @@ _SOURCE_DIGEST: str | None = None
 # JAX records this event in the compiling thread when its persistent cache returns a
 # program. Such a program is stored only on a TPU: re-serialized, a CPU program loaded from
 # JAX's cache has lost its compiled functions, and runs fail ("NOT_FOUND: Function
-# maximum_divide_fusion not found"); a TPU's stored this way ran a million-text job.
+# maximum_divide_fusion not found"); a TPU's, stored this way, ran a million-text job.
 # tests/test_program_store.py fails loudly if the event is renamed.
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _HITS = threading.local()
@@ -175,14 +176,14 @@ class ProgramStore:
         )
         return hashlib.sha256(material.encode()).hexdigest()
 
-    def compile(self, key: str, lowered: Any, platform: str) -> Any:
-        """``lowered`` compiled for ``platform``, and stored under ``key`` if XLA built it
-        here (or, on a TPU, JAX loaded it from its cache: see ``CACHE_HIT_EVENT``)."""
+    def compile(self, key: str, lowered: Any, device_platform: str) -> Any:
+        """``lowered`` compiled for ``device_platform``, and stored under ``key`` if XLA
+        built it here (or, on a TPU, JAX loaded it from its cache: see ``CACHE_HIT_EVENT``)."""
         _listen_for_cache_hits()
         before = getattr(_HITS, "count", 0)
         program = lowered.compile()
         from_jax_cache = getattr(_HITS, "count", 0) != before
-        if not from_jax_cache or platform == "tpu":
+        if not from_jax_cache or device_platform == "tpu":
             self.save(key, program)
         else:
             with self._lock:
