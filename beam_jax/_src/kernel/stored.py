@@ -22,6 +22,7 @@ holds them; a remote cache keeps JAX's own entries.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -35,6 +36,8 @@ from typing import Any
 
 import jax
 import jaxlib
+
+from beam_jax._src.cores import cpuinfo_field
 
 _LOG = logging.getLogger(__name__)
 
@@ -97,15 +100,11 @@ def _settings() -> list[tuple[str, str]]:
     )
 
 
+@functools.cache
 def _host_cpu() -> str:
     """The host's CPU architecture and feature flags: XLA builds a CPU program for the
     features of the CPU it compiles on, so a cache shared between machines keeps them apart."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            flags = next((line for line in info if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
+    flags = cpuinfo_field("flags") or cpuinfo_field("Features")  # x86, ARM
     return f"{platform.machine()} {hashlib.sha256(flags.encode()).hexdigest()}"
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from beam_jax._src.cores import CPUINFO, cpuinfo_field
 from beam_jax._src.probe import local_platform
 
 __all__ = ["MATMULS", "cast_dense", "has_bfloat16_units", "resolve"]
@@ -30,7 +31,7 @@ MATMULS = ("float32", "bfloat16", "auto")
 """The choices: exact float32; bfloat16 inputs with float32 sums; bfloat16 where the device
 has bfloat16 matrix units, else float32 (:func:`has_bfloat16_units`)."""
 _DENSE = ("query", "key", "value", "attention_out", "intermediate", "output")
-_CPUINFO = "/proc/cpuinfo"
+_CPUINFO = CPUINFO  # a test points it at a file of its own
 _log = logging.getLogger(__name__)
 
 
@@ -99,29 +100,16 @@ def _cpu_bfloat16_units(flags: frozenset[str], vendor: str) -> tuple[bool, str]:
     return False, "CPU without bfloat16 matrix units (no amx_bf16 or avx512_bf16)"
 
 
-def _cpuinfo_field(name: str) -> str:
-    """The first ``name : value`` line's value in ``/proc/cpuinfo`` ("" where there is none)."""
-    try:
-        with open(_CPUINFO, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == name:
-                    return value.strip()
-    except OSError:
-        pass
-    return ""
-
-
 @functools.cache
 def _cpu_flags() -> frozenset[str]:
     """This machine's CPU feature flags (Linux; empty where ``/proc/cpuinfo`` is not)."""
-    return frozenset(_cpuinfo_field("flags").split())
+    return frozenset(cpuinfo_field("flags", _CPUINFO).split())
 
 
 @functools.cache
 def _cpu_vendor() -> str:
     """This machine's CPU vendor (``GenuineIntel``, ``AuthenticAMD``; "" where unknown)."""
-    return _cpuinfo_field("vendor_id")
+    return cpuinfo_field("vendor_id", _CPUINFO)
 
 
 def cast_dense(params: dict[str, Any], matmuls: str) -> dict[str, Any]:
