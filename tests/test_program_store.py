@@ -134,6 +134,63 @@ def test_a_cpu_program_jax_loaded_from_its_cache_is_not_stored(tmp_path):
     np.testing.assert_array_equal(again, first)
 
 
+def _store_from_jax_cache_as_on_a_tpu(monkeypatch):
+    """Programs JAX's cache gives are stored here as on a TPU: on a CPU such a stored program
+    loads and then fails every run, a real broken program for the tests below."""
+    compile_ = ProgramStore.compile
+    monkeypatch.setattr(
+        ProgramStore, "compile", lambda self, key, lowered, _: compile_(self, key, lowered, "tpu")
+    )
+    return lambda: monkeypatch.setattr(ProgramStore, "compile", compile_)
+
+
+def test_a_loaded_program_that_fails_at_run_time_is_compiled_anew(tmp_path, monkeypatch, caplog):
+    enable_compilation_cache(str(tmp_path / "jax"))
+    first, *_ = run_once(tmp_path / "built", "k")
+    restore = _store_from_jax_cache_as_on_a_tpu(monkeypatch)
+    _, _, store, _ = run_once(tmp_path / "broken", "k")  # from JAX's cache: stored broken
+    restore()
+    assert store.stored == 1
+    store, fn = ProgramStore(str(tmp_path / "broken"), "k"), Traced()
+    kernel = Kernel(fn, store=store)
+    placed = kernel.put_params(kernels.attention_params())
+    leaves, lengths = batch()
+    with pytest.raises(Exception, match="NOT_FOUND") as failed:
+        kernel.call(placed, leaves, lengths, treedef=TREE)
+    assert (store.loaded, fn.traces) == (1, 0)
+    with caplog.at_level(logging.WARNING):
+        assert kernel.forget_loaded(leaves, ("L",), TREE, failed.value)
+    assert "failed at run time" in caplog.text and "NOT_FOUND" in caplog.text
+    assert store.discarded == 1 and not list(store.directory.glob("*.program"))
+    again = kernel.call(placed, leaves, lengths, treedef=TREE)  # compiled anew
+    np.testing.assert_array_equal(again, first)
+    assert fn.traces == 1 and not kernel.forget_loaded(leaves, ("L",), TREE, failed.value)
+    # JAX's cache gave the new program too: after a failure it is not stored, even on a TPU.
+    assert store.stored == 0 and store.skipped == 1
+
+
+def test_a_pipeline_whose_stored_programs_fail_runs_them_compiled_anew(tmp_path, monkeypatch):
+    rng = np.random.default_rng(5)
+    elements = [
+        {"x": rng.standard_normal((n, kernels.D)).astype(np.float32)} for n in (3, 5, 9, 16, 2)
+    ]
+    _, first = _summary_of_a_run(tmp_path, "built", elements)  # JAX's cache holds them now
+    for program in (tmp_path / "cache" / SUBDIR).glob("*.program"):
+        program.unlink()
+    restore = _store_from_jax_cache_as_on_a_tpu(monkeypatch)
+    stored_broken, _ = _summary_of_a_run(tmp_path, "stored", elements)
+    restore()
+    assert stored_broken.compile_trace_seconds > 0
+    broken = sorted((tmp_path / "cache" / SUBDIR).glob("*.program"))
+    assert len(broken) == stored_broken.compiles >= 2
+    # Without handling, a failing record would fail this pipeline: none does.
+    summary, again = _summary_of_a_run(tmp_path, "loaded", elements)
+    assert summary.results == len(elements) and summary.dead_letters == 0
+    assert summary.kernel_retries >= 1
+    np.testing.assert_array_equal(again, first)
+    assert not any(path.exists() for path in broken)  # the broken files are gone
+
+
 def test_programs_are_stored_only_with_a_key_and_a_local_directory(tmp_path):
     assert ProgramStore.usable(str(tmp_path), "k")
     assert not ProgramStore.usable("gs://bucket/cache", "k")

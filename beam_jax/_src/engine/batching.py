@@ -279,7 +279,8 @@ class BatchEngine:
             error = e
         while len(self._inflight) >= self._max_in_flight:
             yield from self._land()
-        if error is None:
+        ran = error is None
+        if ran:
             started = time.perf_counter()
             self._metrics.kernel_calls.inc()
             try:
@@ -290,7 +291,10 @@ class BatchEngine:
         if error is not None:
             # Bisect outside the except block: an error raised while another is being
             # handled would chain (and repeat) every earlier error's text.
-            yield from self._failed(error, buffer, np.arange(buffer.size))
+            if ran and self._compiled_anew(error, batch):
+                yield from self._run(buffer, np.arange(buffer.size))
+            else:
+                yield from self._failed(error, buffer, np.arange(buffer.size))
             self._front.release(buffer)
             return
         self._inflight.append(_InFlight(buffer, batch, outputs, started))
@@ -318,7 +322,10 @@ class BatchEngine:
             error = e
         self._metrics.result_wait_us.inc(int((time.perf_counter() - waited) * 1e6))
         if error is not None:
-            yield from self._failed(error, inflight.buffer, rows)
+            if self._compiled_anew(error, inflight.batch):
+                yield from self._run(inflight.buffer, rows)
+            else:
+                yield from self._failed(error, inflight.buffer, rows)
         else:
             yield from self._succeeded(
                 inflight.buffer, rows, inflight.batch, outputs, inflight.started
@@ -345,7 +352,7 @@ class BatchEngine:
         Returns (as the generator's value) whether this chunk's own call ran out of memory.
         """
         started = time.perf_counter()
-        error = None
+        error, batch = None, None
         try:
             batch = buffer.padded(None if len(rows) == buffer.size else rows)
             self._metrics.kernel_calls.inc()
@@ -354,9 +361,22 @@ class BatchEngine:
             error = e
         self._report_compiles()
         if error is not None:
+            if batch is not None and self._compiled_anew(error, batch):
+                return (yield from self._run(buffer, rows))
             return (yield from self._failed(error, buffer, rows))
         yield from self._succeeded(buffer, rows, batch, outputs, started)
         return False
+
+    def _compiled_anew(self, error: BaseException, batch: PaddedBatch) -> bool:
+        """Whether ``batch`` failed in a program loaded from the kernel's store, dropped now
+        to be compiled anew (``Kernel.forget_loaded``): the batch then runs again whole."""
+        if is_out_of_memory(error) or isinstance(error, CompileError):
+            return False
+        kernel, names = self._worker.kernel, tuple(sorted(batch.lengths))
+        if not kernel.forget_loaded(batch.leaves, names, self._plan.kernel_treedef, error):
+            return False
+        self._metrics.kernel_retries.inc()
+        return True
 
     def _failed(
         self, error: BaseException, buffer: Buffer, rows: np.ndarray, stage: str | None = None

@@ -208,7 +208,8 @@ class Summary:
         out_of_memory: kernel calls that ran out of memory.
         batch_limit_lowered: times a bucket's batch limit was lowered after out of memory.
         kernel_calls: kernel calls, including failed ones and bisection retries.
-        kernel_retries: times a failed batch was split in two and retried.
+        kernel_retries: times a failed batch was split in two and retried, or run again
+            whole once a program loaded from the store failed (``Kernel.forget_loaded``).
         mean_batch_latency_ms: mean time from a batch's launch to its results.
         fit_out_of_memory: out-of-memory failures at a batch size ``FitToMemory`` chose.
         fit_missed_by_pct: over those, the least percent by which the memory analysis was

@@ -143,6 +143,10 @@ class Kernel:
         # executable up without building the normalised key of ``_compiled``.
         self._by_leaves: dict[Any, Any] = {}
         self._failed: dict[Any, BaseException] = {}
+        # Shapes whose program was loaded from ``store``, each with its key there. One that
+        # fails at run time makes the kernel stop loading (``forget_loaded``).
+        self._loaded: dict[Any, str] = {}
+        self._loading = store is not None
         # Shapes being compiled now, each with the event its compile sets when done: a
         # caller of one shape waits for that shape only, while others compile in parallel.
         self._compiling: dict[Any, threading.Event] = {}
@@ -196,8 +200,11 @@ class Kernel:
         key = (treedef, names, *[(x.shape, x.dtype) for x in leaves])
         exe = self._by_leaves.get(key)
         if exe is None:
-            exe = self.executable(params, [(x.shape, x.dtype) for x in leaves], names, treedef)
-            self._by_leaves[key] = exe
+            shapes = [(x.shape, x.dtype) for x in leaves]
+            exe = self.executable(params, shapes, names, treedef)
+            with self._lock:  # not a program ``forget_loaded`` dropped meanwhile
+                if self._compiled.get(self._key(shapes, names, treedef)) is exe:
+                    self._by_leaves[key] = exe
         return exe
 
     @staticmethod
@@ -249,6 +256,7 @@ class Kernel:
         error, traced = None, 0.0
         try:
             exe, stored_as = self._load(params, element, lengths, leaf_shapes)
+            loaded = exe is not None
             if exe is None:
                 with self._lowering:
                     lowering = time.perf_counter()
@@ -267,6 +275,8 @@ class Kernel:
                 self.trace_seconds += traced
                 self.compiles += 1
                 self._compiled[key] = exe
+                if loaded:
+                    self._loaded[key] = stored_as
             else:
                 self._failed[key] = error
             del self._compiling[key]
@@ -291,7 +301,33 @@ class Kernel:
         )
         abstract = (params, element, lengths)
         key = self.store.key(self.devices, abstract, kernel)
+        if not self._loading:
+            return None, key
         return self.store.load(key, self.devices, abstract), key
+
+    def forget_loaded(
+        self, leaves: Sequence[np.ndarray], names: tuple[str, ...], treedef: Any, error: Any
+    ) -> bool:
+        """Called when a batch of ``leaves`` failed at run time with ``error``: whether its
+        program had been loaded from the store. If so, the caller runs the batch again.
+
+        A stored program can load and still fail every run (the stored form of a program
+        JAX's own cache gave on a CPU did: "NOT_FOUND: Function ... not found"). So the
+        first such failure drops every program this kernel loaded, removes their files and
+        loads no more: each shape compiles anew (and is stored again), and no record is
+        dead-lettered for a broken file. The failure is logged.
+        """
+        key = self._key([(x.shape, x.dtype) for x in leaves], names, treedef)
+        with self._lock:
+            if key not in self._loaded:
+                return False
+            dropped = {id(self._compiled.pop(k)) for k in self._loaded}
+            self._by_leaves = {k: v for k, v in self._by_leaves.items() if id(v) not in dropped}
+            files = list(self._loaded.values())
+            self._loaded.clear()
+            self._loading = False
+        self.store.discard(files, error)
+        return True
 
     def call(
         self,

@@ -140,6 +140,7 @@ class ProgramStore:
         self.loaded = 0
         self.stored = 0
         self.skipped = 0  # compiled programs not stored (CPU programs from JAX's cache)
+        self.discarded = 0  # loaded programs that failed at run time, their files removed
         self._warned = False
         self._lock = threading.Lock()  # a kernel's compile threads share the store
 
@@ -182,7 +183,8 @@ class ProgramStore:
         before = getattr(_HITS, "count", 0)
         program = lowered.compile()
         from_jax_cache = getattr(_HITS, "count", 0) != before
-        if not from_jax_cache or device_platform == "tpu":
+        # Once a loaded program failed (``discard``), JAX's cache is not trusted either.
+        if not from_jax_cache or (device_platform == "tpu" and not self.discarded):
             self.save(key, program)
         else:
             with self._lock:
@@ -251,6 +253,25 @@ class ProgramStore:
             return
         with self._lock:
             self.stored += 1
+
+    def discard(self, keys: Sequence[str], error: Any) -> None:
+        """Remove the programs stored under ``keys``: one of them loaded, then failed at
+        run time with ``error``."""
+        for key in keys:
+            try:
+                (self.directory / f"{key}.program").unlink(missing_ok=True)
+            except OSError as e:
+                _LOG.warning("beam_jax: could not remove a failed stored program: %s", e)
+        with self._lock:
+            self.discarded += len(keys)
+        _LOG.warning(
+            "beam_jax: a program loaded from %s failed at run time (%s: %s); the %d programs "
+            "loaded from there are compiled anew, and the batch runs again",
+            self.directory,
+            type(error).__name__,
+            str(error)[:500],
+            len(keys),
+        )
 
     def _warn(self, message: str) -> None:
         with self._lock:
