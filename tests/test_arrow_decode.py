@@ -170,6 +170,19 @@ def test_binary_rows_through_a_pipeline_dead_letter_only_the_wrong_rows(tmp_path
         )
 
 
+def test_a_value_a_cast_would_wrap_fails_its_row_alone_with_the_element_message():
+    spec = ArraySpec(("L",), np.int32)
+    column = pa.array([[1, 2], [3, -(2**40), 5], [6]], pa.list_(pa.int64()))
+    decoded = _decode(column, spec)
+    assert decoded.failed.tolist() == [False, True, False]
+    plan = Plan({"x": spec}, Bucketing(boundaries={"L": (MAX_LEN,)}, batch_size=4))
+    with pytest.raises(bj.InvalidElementError) as caught:
+        plan.validate({"x": np.array([3, -(2**40), 5])})
+    got = str(decoded.describe_failure(1)).replace("row 1 (id 1), column 'x'", "?")
+    assert "-1099511627776, outside int32's range" in got
+    assert got == str(caught.value).replace("at ['x']", "?")
+
+
 def test_a_column_and_an_element_with_the_same_fault_get_the_same_message():
     """The Arrow decoder stays apart from ``validate`` (docs/architecture.md says why) but
     words each fault as it does: only where the fault is differs."""

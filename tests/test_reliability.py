@@ -135,6 +135,16 @@ def bad_inputs():
         ),
         ("float_ids", with_(3, ["ids"], np.ones(3)), "dtype float64 cannot be cast to int32"),
         (
+            "ids_that_would_wrap",  # in range once wrapped: 2**32 + 5 is 5 as int32
+            with_(3, ["ids"], np.array([1, 2**32 + 5, 2], np.int64)),
+            "received the value 4294967301, outside int32's range",
+        ),
+        (
+            "finite_values_that_would_overflow",
+            with_(2, ["dense", "x"], np.full((2, D), 1e300)),
+            "received the value 1e+300, outside float32's range",
+        ),
+        (
             "complex_x",
             with_(3, ["dense", "x"], np.ones((3, D), np.complex64)),
             "dtype complex64 cannot be cast to float32",

@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import beam_jax as bj
 from beam_jax import ArraySpec, Bucketing, Validation
@@ -88,6 +90,40 @@ def test_casting_rules():
     assert item.leaves[1].dtype == np.float32  # leaves are in jax's sorted-key order
     with pytest.raises(bj.InvalidElementError, match="casting='safe'"):
         plan(casting="safe").validate({"x": np.ones((2, 3), np.float64), "ids": np.arange(2)})
+
+
+def test_a_cast_that_would_wrap_or_overflow_is_refused_with_the_values():
+    wide = {"x": np.ones((3, 3)), "ids": np.array([1, 2**32 + 5, 3], np.int64)}
+    with pytest.raises(bj.InvalidElementError) as caught:
+        plan().validate(wide)
+    assert str(caught.value) == (
+        "at ['ids']: received the value 4294967301, outside int32's range (-2147483648 to "
+        "2147483647); a cast to int32 would wrap it around. Fix the data, or give the spec a "
+        "wider dtype."
+    )
+    huge = {"x": np.array([[1.0, -1e300, 2.0]] * 2), "ids": np.arange(2)}
+    with pytest.raises(bj.InvalidElementError, match="-1e.300, outside float32's .* infinite"):
+        plan().validate(huge)  # finite, so not a nonfinite input: it would become one
+    # Values that fit pass as before; infinities stay infinities.
+    fits = plan().validate({"x": np.full((2, 3), np.inf), "ids": np.array([-5, 2**31 - 1])})
+    assert fits.leaves[0].tolist() == [-5, 2**31 - 1]
+
+
+@settings(deadline=None)
+@given(
+    values=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=6),
+    want=st.sampled_from([np.int8, np.int16, np.int32, np.int64]),  # same_kind from int64
+)
+def test_a_validated_integer_is_the_value_given_or_the_element_is_refused(values, want):
+    spec = {"ids": ArraySpec(("L",), want)}
+    element = {"ids": np.array(values, np.int64)}
+    try:
+        got = Plan(spec, Bucketing(boundaries={"L": (8,)})).validate(element).leaves[0]
+    except bj.InvalidElementError as e:
+        info = np.iinfo(want)
+        assert any(not info.min <= v <= info.max for v in values) and "range" in str(e)
+    else:
+        assert got.dtype == want and got.tolist() == values
 
 
 def test_nonfinite_inputs_pass_or_are_rejected():

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from beam_jax._src.core import messages
 from beam_jax._src.core.spec import ArraySpec, Layout
+from beam_jax._src.core.validation import lost_in_cast
 from beam_jax._src.errors import InvalidElementError, SpecError
 
 
@@ -161,7 +162,16 @@ def decode_leaf(
         zeros = np.zeros(n, np.int64)
         return ColumnLeaf(np.zeros(0, spec.dtype), zeros, item), zeros
     values, lo, hi, count = decoded
-    values = values.astype(spec.dtype, copy=False)
+    with np.errstate(over="ignore"):  # an overflow is a row's fault below, not a warning
+        given, values = values, values.astype(spec.dtype, copy=False)
+    lost = lost_in_cast(given, values)
+    if lost is not None and lost.any():
+        checks.add(
+            _range_any(lost, lo, hi),
+            lambda r: messages.does_not_fit(
+                f"{ids(r)}, column {name!r}", given[lo[r] : hi[r]][lost[lo[r] : hi[r]]], spec.dtype
+            ),
+        )
     if rank and not isinstance(spec.shape[0], str):
         checks.add(count != spec.shape[0], _fixed(name, ids, spec.shape, count))
     if nonfinite == "reject" and values.dtype.kind in "fc":

@@ -63,6 +63,24 @@ def nonfinite(where: str) -> InvalidElementError:
     )
 
 
+def does_not_fit(where: str, lost: np.ndarray | None, want: Any) -> InvalidElementError:
+    """Values (``lost``, when known) that casting to ``want`` would wrap or overflow."""
+    want = np.dtype(want)
+    info = np.iinfo(want) if want.kind in "iu" else np.finfo(want)
+    number = str if want.kind in "iu" else "{:g}".format
+    if lost is None or lost.min() != lost.max():
+        shown = "" if lost is None else f" from {lost.min()} to {lost.max()}"
+        received, them = f"values{shown}", "them"
+    else:
+        received, them = f"the value {lost.min()}", "it"
+    effect = f"wrap {them} around" if want.kind in "iu" else f"make {them} infinite"
+    return InvalidElementError(
+        f"{where}: received {received}, outside {want}'s range ({number(info.min)} to "
+        f"{number(info.max)}); a cast to {want} would {effect}. Fix the data, or give the "
+        "spec a wider dtype."
+    )
+
+
 def out_of_range(where: str, low: Any, high: Any, seen: tuple | None = None) -> InvalidElementError:
     received = f", received values from {seen[0]} to {seen[1]}" if seen else ""
     return InvalidElementError(

@@ -237,7 +237,11 @@ def validate(
                 slice(0, lengths[d]) if isinstance(d, str) else slice(None) for d in spec.shape
             )
             value = value[index]
-        cast = value.astype(spec.dtype, copy=False)
+        with np.errstate(over="ignore"):  # an overflow is reported below, not warned
+            cast = value.astype(spec.dtype, copy=False)
+        lost = lost_in_cast(value, cast)
+        if lost is not None and lost.any():
+            raise messages.does_not_fit(f"at {layout.names[i]}", value[lost], cast.dtype)
         if validation.nonfinite == "reject" and cast.dtype.kind in "fc":
             if not np.isfinite(cast).all():
                 raise messages.nonfinite(f"at {layout.names[i]}")
@@ -251,6 +255,28 @@ def validate(
     if validation.max_element_bytes is not None and nbytes > validation.max_element_bytes:
         raise messages.too_many_bytes("at <element>", nbytes, validation.max_element_bytes)
     return Validated(tuple(leaves), tuple(lengths[n] for n in layout.axis_names))
+
+
+def lost_in_cast(values: np.ndarray, cast: np.ndarray) -> np.ndarray | None:
+    """Where casting ``values`` to ``cast`` (their copy in the spec's dtype) lost a value
+    rather than rounding it: an integer outside a narrower integer type (it would wrap
+    around), a finite number that overflowed to infinity. ``None`` where the cast cannot
+    lose one (a safe cast).
+
+    Example:
+        >>> values = np.array([1, 2**32 + 5], np.int64)
+        >>> lost_in_cast(values, values.astype(np.int32)).tolist()
+        [False, True]
+    """
+    got, want = values.dtype, cast.dtype
+    if np.can_cast(got, want, "safe"):
+        return None
+    if got.kind in "iu" and want.kind in "iu":
+        info = np.iinfo(want)
+        return (values < info.min) | (values > info.max)
+    if got.kind in "iuf" and want.kind == "f":
+        return np.isinf(cast) & ~np.isinf(values)
+    return None
 
 
 _ARRAYS = (np.ndarray, np.generic)
