@@ -1,5 +1,7 @@
 """The compiled kernel: padding invariance, compile counting, batched kernels (no Beam)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 
 import beam_jax as bj
 from beam_jax import ArraySpec, Bucketing
-from beam_jax._src.kernel.cache import enable_compilation_cache
+from beam_jax._src.kernel.cache import check_cache_dir, enable_compilation_cache
 from beam_jax._src.kernel.compiled import is_out_of_memory
 from beam_jax.internal import Kernel, Plan
 from tests import kernels
@@ -161,6 +163,16 @@ def test_a_compilation_cache_others_can_write_is_refused(tmp_path):
     private = tmp_path / "private-cache"
     enable_compilation_cache(str(private))  # created 0700 and accepted
     assert (private.stat().st_mode & 0o077) == 0
+    # A shared sticky directory such as /tmp may hold a cache of one's own, not be one.
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    with pytest.raises(bj.SpecError, match=re.escape(f"inside it (e.g. {sticky}/jax_cache)")):
+        enable_compilation_cache(str(sticky))
+    with pytest.raises(bj.SpecError, match="/tmp is writable by other users"):
+        check_cache_dir("/tmp")
+    enable_compilation_cache(str(sticky / "mine" / "jax"))
+    assert (sticky / "mine" / "jax").stat().st_mode & 0o077 == 0
 
 
 def test_a_compilation_cache_owned_by_another_user_is_refused(tmp_path, monkeypatch):
