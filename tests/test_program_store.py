@@ -119,6 +119,20 @@ def test_a_damaged_program_is_logged_compiled_anew_and_replaced(tmp_path, caplog
     assert (store.loaded, fn.traces) == (1, 0)
 
 
+def test_a_damaged_program_is_removed_where_jax_cache_gives_its_shape(tmp_path, caplog):
+    enable_compilation_cache(str(tmp_path / "jax"))
+    run_once(tmp_path / "store", "k")
+    (path,) = (tmp_path / "store" / SUBDIR).glob("*.program")
+    path.write_bytes(path.read_bytes()[:100])  # cut short
+    with caplog.at_level(logging.WARNING):
+        _, _, store, _ = run_once(tmp_path / "store", "k")
+    assert "could not load" in caplog.text and (store.stored, store.skipped) == (0, 1)
+    assert not path.exists()  # not read and logged again by every later worker
+    caplog.clear()
+    _, _, store, fn = run_once(tmp_path / "store", "k")
+    assert "could not load" not in caplog.text and fn.traces == 1
+
+
 def test_a_cpu_program_jax_loaded_from_its_cache_is_not_stored(tmp_path):
     # Re-serialized, such a program has lost its compiled functions: it would load, then
     # fail every batch ("NOT_FOUND: Function ... not found"). XLA's own builds are stored.

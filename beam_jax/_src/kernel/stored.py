@@ -193,7 +193,7 @@ class ProgramStore:
 
     def load(self, key: str, devices: Sequence[jax.Device], abstract: Any) -> Any | None:
         """The program stored under ``key``, loaded onto ``devices``; ``None`` if there is
-        none, or it no longer loads (then it is logged once and left to be replaced)."""
+        none, or it no longer loads (then it is logged once and its file removed)."""
         path = self.directory / f"{key}.program"
         try:
             data = path.read_bytes()
@@ -218,6 +218,9 @@ class ProgramStore:
             )
         except Exception as e:  # noqa: BLE001 - a program that no longer loads is a miss
             self._warn(f"could not load {path} ({type(e).__name__}: {e}); compiling anew")
+            # Removed, so it is not read again where its shape's new program is not stored
+            # (on a CPU, when JAX's cache gives it).
+            path.unlink(missing_ok=True)
             return None
         with self._lock:
             self.loaded += 1
