@@ -269,7 +269,7 @@ def lost_in_cast(values: np.ndarray, cast: np.ndarray) -> np.ndarray | None:
         [False, True]
     """
     got, want = values.dtype, cast.dtype
-    if np.can_cast(got, want, "safe"):
+    if got == want or np.can_cast(got, want, "safe"):
         return None
     if got.kind in "iu" and want.kind in "iu":
         info = np.iinfo(want)
