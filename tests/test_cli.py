@@ -154,6 +154,14 @@ def test_plan_of_json_lines_chars_and_a_wrong_column_or_measure(tmp_path, capsys
         cli.main(["plan", "--input", str(source), "--column", "txt"])
     with pytest.raises(SystemExit, match="--measure list needs a list column"):
         cli.main(["plan", "--input", str(source), "--column", "text", "--measure", "list"])
+    for measure in ("auto", "chars", "list"):
+        with pytest.raises(SystemExit) as raised:
+            cli.main(["plan", "--input", str(source), "--column", "id", "--measure", measure])
+        assert str(raised.value) == (
+            "beam-jax plan: the column is int64, which has no lengths to measure: plan "
+            "measures a list column (--measure list: its lists' lengths) or a string column "
+            "(--measure chars, bytes or tokens: its texts'); pass such a column with --column"
+        )
     with pytest.raises(SystemExit, match="matches no file"):
         cli.main(["plan", "--input", str(tmp_path / "none-*.parquet"), "--column", "text"])
 
