@@ -249,6 +249,14 @@ def test_a_run_s_metrics_file_feeds_the_report_and_its_plot(tmp_path, capsys):
     )
     with pytest.raises(SystemExit, match="not a run's metrics file"):
         cli.main(["report", str(out / "_embed_text.json")])
+    lines = ft.write_json_lines(tmp_path / "rows.jsonl", [{"id": 1}, {"id": 2}])
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["report", str(lines)])
+    assert str(raised.value) == (
+        f"beam-jax report: {lines} is not a run's metrics file: it does not read as one JSON "
+        "object (Extra data: line 2 column 1 (char 10)). Give the OUTPUT directory of a "
+        "finished run, or its OUTPUT/_metrics.json"
+    )
     assert "none" not in [t.get_text() for t in fig.axes[4].texts]
 
     # A run without dead letters: the panel says so, as the text report does.
