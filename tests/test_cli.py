@@ -154,6 +154,14 @@ def test_plan_of_json_lines_chars_and_a_wrong_column_or_measure(tmp_path, capsys
         cli.main(["plan", "--input", str(source), "--column", "txt"])
     with pytest.raises(SystemExit, match="--measure list needs a list column"):
         cli.main(["plan", "--input", str(source), "--column", "text", "--measure", "list"])
+    for measure in ("auto", "chars", "list"):
+        with pytest.raises(SystemExit) as raised:
+            cli.main(["plan", "--input", str(source), "--column", "id", "--measure", measure])
+        assert str(raised.value) == (
+            "beam-jax plan: the column is int64, which has no lengths to measure: plan "
+            "measures a list column (--measure list: its lists' lengths) or a string column "
+            "(--measure chars, bytes or tokens: its texts'); pass such a column with --column"
+        )
     with pytest.raises(SystemExit, match="matches no file"):
         cli.main(["plan", "--input", str(tmp_path / "none-*.parquet"), "--column", "text"])
 
@@ -241,6 +249,14 @@ def test_a_run_s_metrics_file_feeds_the_report_and_its_plot(tmp_path, capsys):
     )
     with pytest.raises(SystemExit, match="not a run's metrics file"):
         cli.main(["report", str(out / "_embed_text.json")])
+    lines = ft.write_json_lines(tmp_path / "rows.jsonl", [{"id": 1}, {"id": 2}])
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["report", str(lines)])
+    assert str(raised.value) == (
+        f"beam-jax report: {lines} is not a run's metrics file: it does not read as one JSON "
+        "object (Extra data: line 2 column 1 (char 10)). Give the OUTPUT directory of a "
+        "finished run, or its OUTPUT/_metrics.json"
+    )
     assert "none" not in [t.get_text() for t in fig.axes[4].texts]
 
     # A run without dead letters: the panel says so, as the text report does.

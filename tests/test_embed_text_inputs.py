@@ -368,3 +368,31 @@ def test_the_same_name_for_both_columns_is_refused():
 
     with pytest.raises(SystemExit):
         parse_args(["--id_column", "x", "--text_column", "x"])
+
+
+def test_an_id_type_the_input_does_not_have_fails_the_launch(tmp_path):
+    parquet = _parquet(tmp_path / "ints.parquet", [0, 1], ft.texts(2), id=pa.int64())
+    with pytest.raises(ValueError, match=r"ints.parquet's id column 'id' is int64.*--id_type int"):
+        ft.run(parquet, tmp_path / "a", "--id_type", "string")
+    lines = ft.write_json_lines(tmp_path / "ints.jsonl", [{"id": 0, "text": "Zero."}])
+    with pytest.raises(ValueError, match=r"all integers \(the first: 0 on line 1 of .*ints.jsonl"):
+        ft.run(lines, tmp_path / "b", "--id_type", "string")
+    with pytest.raises(ValueError, match="built-in corpus's ids are integers"):
+        argv = ["--builtin_texts", "5", "--output", str(tmp_path / "c"), "--id_type", "string"]
+        ft.embed_text.run([*argv, "--runner=FnApiRunner"])
+
+    summary = ft.run(parquet, tmp_path / "d", "--id_type", "int", "--no-progress")
+    assert sorted(ft.ids(ft.read_outputs(tmp_path / "d")[0])) == [0, 1] and not summary.dead_letters
+
+
+def test_json_line_whose_id_is_not_of_the_id_type_advises_the_other_type(tmp_path):
+    rows = [{"id": "a", "text": "First."}, {"id": 7, "text": "Second."}, {"id": "b", "text": "3."}]
+    path = ft.write_json_lines(tmp_path / "mixed.jsonl", rows)
+
+    ft.run(path, tmp_path / "out", "--id_type", "string", "--no-progress")
+
+    table, failed = ft.read_outputs(tmp_path / "out")
+    assert sorted(ft.ids(table)) == ["a", "b"]
+    d = _only(failed, id=7, row=1, stage="read")
+    assert "'id' holds a number where the column is string" in d["message"]
+    assert d["message"].endswith("or pass --id_type int if the ids are integers"), d["message"]

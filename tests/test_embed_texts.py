@@ -115,3 +115,25 @@ def test_a_bad_configuration_is_refused():
         EmbedTexts(max_batch_size=0)
     with pytest.raises(bj.SpecError, match="batching must be"):
         EmbedTexts(batching="packed")
+
+
+def test_a_text_that_is_no_string_is_told_how_to_become_one():
+    elements = ["fine", b"caf\xc3\xa9", None, ("pair", None), 42]
+    with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
+        _, failed = p | beam.Create(elements) | EmbedTexts().with_exception_handling()
+        takes = "EmbedTexts takes strings or (id, text) pairs of a string."
+        assert_that(
+            failed | beam.Map(lambda r: (r.key, r.message)),
+            equal_to(
+                [
+                    (
+                        "café",  # a bytes key, as a dead letter holds it (key_type "bytes")
+                        f"the text is bytes; {takes} Decode it first (text.decode('utf-8'), "
+                        "or the text's own encoding) or drop it",
+                    ),
+                    (None, f"the text is None; {takes} Give the element a text or drop it"),
+                    ("pair", f"the text is None; {takes} Give the element a text or drop it"),
+                    (42, f"the text is an int; {takes} Convert it with str() first or drop it"),
+                ]
+            ),
+        )

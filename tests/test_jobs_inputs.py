@@ -49,6 +49,23 @@ def test_the_id_type_is_the_first_usable_files(tmp_path):
     assert jobs.id_type_of([str(tmp_path / "e.jsonl")], "id", "text") == pa.int64()
 
 
+def test_a_given_id_type_is_checked_against_the_input(tmp_path):
+    pq.write_table(pa.table({"id": pa.array([1], pa.int32()), "text": ["x"]}), tmp_path / "a.pq")
+    parquet = [str(tmp_path / "a.pq")]
+    assert jobs.id_type_of(parquet, "id", "text", given=pa.int64()) == pa.int64()
+    with pytest.raises(ValueError, match=r"a.pq's id column 'id' is int32.*Pass --id_type int"):
+        jobs.id_type_of(parquet, "id", "text", given=pa.string())
+
+    (tmp_path / "b.jsonl").write_bytes(b'{"id": 7}\nnot json\n{"id": "x"}\n')
+    mixed = [str(tmp_path / "b.jsonl")]
+    assert jobs.id_type_of(mixed, "id", "text", given=pa.string()) == pa.string()
+    assert jobs.id_type_of(mixed, "id", "text", given=pa.int64()) == pa.int64()
+    (tmp_path / "c.jsonl").write_bytes(b'{"id": "x"}\n{"id": "y"}\n')
+    strings = [str(tmp_path / "c.jsonl")]
+    with pytest.raises(ValueError, match=r"2 lines are all strings \(the first: 'x' on line 1"):
+        jobs.id_type_of(strings, "id", "text", given=pa.int64())
+
+
 def test_a_text_sample_is_a_files_first_strings_with_its_row_count(tmp_path):
     texts = [f"text {i}" for i in range(30)]
     column = pa.array([*texts[:4], None, *texts[4:]], pa.string())  # a null: left out

@@ -162,7 +162,9 @@ def _parser() -> argparse.ArgumentParser:
         "--id_type",
         choices=("auto", "int", "string"),
         default="auto",
-        help="JSON lines only: the ids' type; 'auto' (default) takes the first row's",
+        help="the ids' type: 'auto' (default) takes the Parquet id column's, or the first "
+        "JSON line's id's; with 'int' or 'string', JSON lines' ids are read as that type (a "
+        "line whose id is not is a dead letter), and a Parquet id column must be of it",
     )
     add(
         "--model_dir",

@@ -166,12 +166,17 @@ def _build(
 
 
 def _id_type(args, inputs: Inputs) -> pa.DataType:
-    """``--id_type``, or the input's (the built-in corpus: int64)."""
-    if args.id_type != "auto":
-        return {"int": pa.int64(), "string": pa.string()}[args.id_type]
+    """``--id_type`` (checked against the input), or the input's (the built-in corpus: int64)."""
+    given = {"int": pa.int64(), "string": pa.string()}.get(args.id_type)
     if inputs.format == "builtin":
+        if given == pa.string():
+            raise ValueError(
+                "the ids were given as strings (--id_type string), but the built-in corpus's "
+                "ids are integers (int64), so every row would be a dead letter; pass "
+                "--id_type int or leave --id_type out"
+            )
         return pa.int64()
-    return jobs.id_type_of([f.path for f in inputs.files], *inputs.columns)
+    return jobs.id_type_of([f.path for f in inputs.files], *inputs.columns, given=given)
 
 
 def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSummary:
@@ -232,7 +237,8 @@ def run(
     Raises:
         SystemExit: On an unknown flag or a bad value.
         FileNotFoundError: If ``--input`` matches no file.
-        ValueError: If no Parquet input file has the columns.
+        ValueError: If no Parquet input file has the columns, or ``--id_type`` does not
+            fit the input's ids (every row would be a dead letter).
         beam_jax.jobs.OutputExistsError: If ``--output`` holds files and no
             ``--overwrite`` was given.
         beam_jax.DeadLetterThresholdError: If more rows or files failed than

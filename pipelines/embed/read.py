@@ -114,7 +114,9 @@ class ReadParts(beam.PTransform):
                 key=id_column if json_lines else None,
                 spread=spread,
                 type_fix={
-                    id_column: "pass --id_type string if the ids are strings",
+                    id_column: "pass --id_type string if the ids are strings"
+                    if pa.types.is_integer(self._id_type)
+                    else "pass --id_type int if the ids are integers",
                     text_column: "name the field of the texts with --text_column",
                 },
                 bad_lines="in_batches",  # a bad line in its part, with the rows around it

@@ -183,7 +183,8 @@ def column_lengths(
         tokenizer: See :func:`tokenizer_counts`.
 
     Raises:
-        ValueError: If the measure does not fit the column's type.
+        ValueError: If the column is neither a list nor a string column, or the measure
+            does not fit its type.
     """
     if measure not in MEASURES:
         raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
@@ -191,6 +192,12 @@ def column_lengths(
     is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
     is_list = is_list or pa.types.is_fixed_size_list(kind)
     is_text = is_text_type(kind)  # strings, or bytes holding UTF-8
+    if not is_list and not is_text:
+        raise ValueError(
+            f"the column is {kind}, which has no lengths to measure: plan measures a list "
+            "column (--measure list: its lists' lengths) or a string column (--measure "
+            "chars, bytes or tokens: its texts'); pass such a column with --column"
+        )
     if measure == "auto":
         measure = "list" if is_list else ("tokens" if tokenizer else "chars")
     if measure == "tokens" and tokenizer is None:

@@ -49,8 +49,14 @@ def load_metrics(path: str) -> dict[str, Any]:
                 "one's own through beam_jax.jobs.write_metrics); give the OUTPUT of a "
                 "finished run, or rerun the job"
             )
-    with open(path) as f:
-        record = json.load(f)
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except ValueError as e:  # not JSON, or not text (JSONDecodeError, UnicodeDecodeError)
+        raise ValueError(
+            f"{path} is not a run's metrics file: it does not read as one JSON object ({e}). "
+            f"Give the OUTPUT directory of a finished run, or its OUTPUT/{METRICS}"
+        ) from e
     if not isinstance(record, dict) or "summary" not in record or "buckets" not in record:
         raise ValueError(
             f"{path} is not a run's metrics file (expected the keys 'summary' and 'buckets', "

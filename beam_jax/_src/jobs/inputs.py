@@ -136,11 +136,28 @@ def _usable(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
-def id_type_of(paths: Sequence[str], id_column: str, text_column: str) -> pa.DataType:
+def _kind(t: pa.DataType) -> str:
+    return "integers" if pa.types.is_integer(t) else "strings"
+
+
+def _flag(t: pa.DataType) -> str:
+    """The ``--id_type`` of ``t``."""
+    return "int" if pa.types.is_integer(t) else "string"
+
+
+def id_type_of(
+    paths: Sequence[str], id_column: str, text_column: str, *, given: pa.DataType | None = None
+) -> pa.DataType:
     """The type of the id column: integers or strings, as the first usable file says.
 
     Parquet: the first file with both columns and an integer or string id says. JSON lines:
     the first integer or string id in the first 1,000 lines (int64 if none).
+
+    With ``given`` (a job's ``--id_type``), the input is checked against it instead, and
+    ``given`` is returned: a Parquet file's ids keep their column's type, so that column
+    must hold the same kind (integers or strings); JSON lines are read with ``given``, so
+    at least one of the sampled ids must be of that kind (a line whose id is not is then
+    that line's dead letter).
 
     Example:
         >>> id_type_of(["in/a.parquet", "in/b.parquet"], "id", "text")  # doctest: +SKIP
@@ -148,10 +165,11 @@ def id_type_of(paths: Sequence[str], id_column: str, text_column: str) -> pa.Dat
 
     Raises:
         ValueError: If no Parquet file has both columns with an integer or string id (each
-            file's problem is named).
+            file's problem is named), or the input's ids are not of ``given``'s kind (every
+            row would be a dead letter).
     """
     if paths and all(input_format(p) == "jsonl" for p in paths):
-        return _json_lines_id_type(paths, id_column)
+        return _json_lines_id_type(paths, id_column, given)
     problems = []
     for path in paths:
         try:
@@ -166,7 +184,15 @@ def id_type_of(paths: Sequence[str], id_column: str, text_column: str) -> pa.Dat
         elif not _usable(schema.field(id_column).type):
             problems.append(f"{path}: its {id_column!r} is {schema.field(id_column).type}")
         else:
-            return schema.field(id_column).type
+            found = schema.field(id_column).type
+            if given is not None and _kind(given) != _kind(found):
+                raise ValueError(
+                    f"the ids were given as {_kind(given)} (--id_type {_flag(given)}), but "
+                    f"{path}'s id column {id_column!r} is {found}: a Parquet input's ids keep "
+                    f"their column's type, so every row would be a dead letter. Pass "
+                    f"--id_type {_flag(found)} or leave --id_type out (the column's type)"
+                )
+            return found if given is None else given
     shown = "; ".join(problems[:5]) + (f"; {len(problems) - 5} more" if problems[5:] else "")
     raise ValueError(
         f"no input file has both columns {id_column!r} and {text_column!r} with a usable id "
@@ -200,27 +226,54 @@ def column_types(paths: Sequence[str], columns: Sequence[str]) -> pa.Schema:
     return pa.schema([(c, pa.string()) for c in columns])
 
 
-def _json_lines_id_type(paths: Sequence[str], id_column: str) -> pa.DataType:
+def _json_lines_id_type(
+    paths: Sequence[str], id_column: str, given: pa.DataType | None
+) -> pa.DataType:
+    wanted = None if given is None else pa.int64() if pa.types.is_integer(given) else pa.string()
+    first, lines = _first_json_ids(paths, id_column, wanted)
+    if given is None:
+        return next(iter(first), pa.int64())
+    if first and wanted not in first:
+        [(found, (path, line, value))] = first.items()
+        raise ValueError(
+            f"the ids were given as {_kind(given)} (--id_type {_flag(given)}), but the ids "
+            f"in the input's first {counted(lines, 'line')} are all {_kind(found)} (the "
+            f"first: {value!r} on line {line} of {path}): JSON lines are read with the ids' "
+            f"type, so every line would be a dead letter. Pass --id_type {_flag(found)} or "
+            f"leave --id_type out (the first id's type), or write the ids as JSON {_kind(given)}"
+        )
+    return given
+
+
+def _first_json_ids(
+    paths: Sequence[str], id_column: str, wanted: pa.DataType | None
+) -> tuple[dict[pa.DataType, tuple], int]:
+    """The first integer and string ids (by type, int64 or string, in the order found: each
+    one's file, line from 1 and value) in the first 1,000 lines, and the lines read; up to
+    the first id of type ``wanted`` (``None``: the first id)."""
+    first: dict[pa.DataType, tuple] = {}
     lines = 0
     for path in paths:
         try:
             with contextlib.ExitStack() as stack:
                 stream = open_stream(path, stack)
-                for raw in iter(stream.readline, b""):
+                for line, raw in enumerate(iter(stream.readline, b""), start=1):
+                    if lines == SAMPLE_LINES:
+                        return first, lines
                     lines += 1
-                    if lines > SAMPLE_LINES:
-                        return pa.int64()
                     try:
                         value = json.loads(raw.removeprefix(BOM)).get(id_column)
                     except (ValueError, AttributeError):
                         continue
                     if isinstance(value, str):
-                        return pa.string()
-                    if isinstance(value, int) and not isinstance(value, bool):
-                        return pa.int64()
+                        first.setdefault(pa.string(), (path, line, value))
+                    elif isinstance(value, int) and not isinstance(value, bool):
+                        first.setdefault(pa.int64(), (path, line, value))
+                    if wanted in first or (wanted is None and first):
+                        return first, lines
         except Exception:  # noqa: BLE001, S112 - its reading will dead-letter it
             continue
-    return pa.int64()
+    return first, lines
 
 
 def text_sample(

@@ -27,6 +27,7 @@ from beam_jax._src.core.dead_letter import (
     FailedElement,
     encodable_key,
 )
+from beam_jax._src.core.wording import article
 from beam_jax._src.errors import InvalidElementError, SpecError
 from beam_jax._src.runners.dask_refusals import refuse_beams_dask_runner
 from beam_jax._src.text.sentence_encoder import SentenceEncoder
@@ -59,26 +60,45 @@ def _split(element: Any) -> tuple[Any, Any]:
     return element, element
 
 
+def _text_problem(text: Any) -> str | None:
+    """Why ``text`` is not a text EmbedTexts can embed, in the words of its elements."""
+    if isinstance(text, str):
+        return None
+    if text is None:
+        return (
+            "the text is None; EmbedTexts takes strings or (id, text) pairs of a string. "
+            "Give the element a text or drop it"
+        )
+    got = type(text).__name__
+    if isinstance(text, bytes | bytearray):
+        return (
+            f"the text is {got}; EmbedTexts takes strings or (id, text) pairs of a string. "
+            "Decode it first (text.decode('utf-8'), or the text's own encoding) or drop it"
+        )
+    return (
+        f"the text is {article(got)} {got}; EmbedTexts takes strings or (id, text) pairs of "
+        "a string. Convert it with str() first or drop it"
+    )
+
+
 class _ToRecordBatch(beam.DoFn):
-    """A list of elements in; one record batch of the string (or null) texts out, and one
-    dead letter per text that is neither."""
+    """A list of elements in; one record batch of the string texts out, and one dead letter
+    per text that is not a string."""
 
     def process(self, elements: list[Any]) -> Iterator[Any]:
         ids, texts = [], []
         for element in elements:
             key, text = _split(element)
-            if text is not None and not isinstance(text, str):
-                error = InvalidElementError(
-                    f"the text is a {type(text).__name__}; EmbedTexts takes strings or "
-                    "(id, text) pairs of a string. Convert it with str() first or drop it"
-                )
+            problem = _text_problem(text)
+            if problem is not None:
+                error = InvalidElementError(problem)
                 yield beam.pvalue.TaggedOutput(
                     DEAD_LETTERS,
                     FailedElement.from_exception(error, stage=VALIDATION, element=text, key=key),
                 )
                 continue
             ids.append(_encode_id(key))
-            texts.append(text)  # a null text becomes EmbedText's validation dead letter
+            texts.append(text)
         if ids:
             yield pa.RecordBatch.from_arrays(
                 [pa.array(ids, pa.string()), pa.array(texts, pa.string())], names=[_ID, _TEXT]
