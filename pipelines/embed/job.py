@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -83,12 +84,14 @@ class EmbedTextSummary:
         n = jobs.counted
         files = f", {n(self.unreadable_files, 'unreadable file')}" if self.unreadable_files else ""
         resumed = f"; resumed after {n(self.parts_reused, 'part')}" if self.parts_reused else ""
+        # No batch, no ratio (NaN): "padding -", as beam-jax report shows a missing figure.
+        padding = f"{self.padding_ratio:.2f}x" if math.isfinite(self.padding_ratio) else "-"
         return (
             f"embed_text: {n(self.rows, 'row')} -> {n(self.results, 'embedding')}, "
             f"{n(self.dead_letters, 'dead letter')}{f' ({stages})' if stages else ''}{files}"
             f"{resumed}; "
             f"{'packed' if self.batching == 'packed' else 'bucketed'}, padding "
-            f"{self.padding_ratio:.2f}x over {n(self.batches, 'batch')}; "
+            f"{padding} over {n(self.batches, 'batch')}; "
             f"{n(self.compiles, 'compile')} ({self.compile_seconds:.1f} s, "
             f"{self.kernel.compile_trace_seconds:.1f} s of it tracing, "
             f"{self.compile_wait_seconds:.1f} s waited for); "
@@ -310,6 +313,8 @@ def run(
     rows = (summary.dead_letters + dead, summary.rows + results + dead)
     files = (summary.unreadable_files, len(inputs.files))
     output.check_threshold({"rows": rows, "files": files}, args.threshold)
+    if not output.staged_parts():  # no row was read (an empty or unreadable input)
+        write.write_no_rows(output.staging, inputs, id_type)
     output.publish({"job": job, "summary": str(summary), "batching": launch.describe()})
     jobs.write_metrics(jobs.metrics_record("embed_text", summary, result), output.path)
     return summary
