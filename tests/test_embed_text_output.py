@@ -2,8 +2,9 @@
 
 Earlier output is replaced only by a run that succeeded; a run that fails (at run time, or
 over ``--threshold``) leaves it intact and says where its dead letters are; a misspelled
-flag stops the launch; and a run killed part-way resumes from the parts it wrote, ending
-with the same files as a run that was never interrupted.
+flag stops the launch; a run killed part-way resumes from the parts it wrote, ending
+with the same files as a run that was never interrupted; and one killed while publishing is
+finished by the same command, which computes nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import functools
 import glob
 import json
 import pathlib
+import subprocess
+import sys
 
 import hypothesis
 import hypothesis.strategies as st
@@ -20,12 +23,16 @@ import pytest
 
 import beam_jax as bj
 from beam_jax import jobs
+from beam_jax._src.cli.report import load_metrics
 from beam_jax._src.text import matmuls as matmuls_module
 from beam_jax.text import SentenceEncoder
 from pipelines.embed import job as embed_text
 from pipelines.embed import write as text_parts
 from tests import flagship as ft
+from tests import kill_while_publishing, processes
 from tests.kill_after_parts import KillAfterParts
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _files(out: pathlib.Path) -> dict[str, bytes]:
@@ -161,6 +168,50 @@ def test_a_publish_cut_short_is_finished_by_the_next_run(tmp_path):
     expected = [*new, "_embed_text.json", "_unfinished/_job.json"]
     assert sorted(_files(tmp_path / "out")) == sorted(expected)
     assert all(_files(tmp_path / "out")[n] == n.encode() for n in new)
+
+
+def _recomputes(*args, **kwargs):
+    raise AssertionError("the rerun built the job's pipeline again")
+
+
+@pytest.mark.parametrize(
+    "point, earlier",
+    [*((p, True) for p in kill_while_publishing.POINTS), ("all_moved", False)],
+)
+def test_a_run_killed_while_publishing_is_finished_by_the_same_command(
+    tmp_path, monkeypatch, capsys, point, earlier
+):
+    out = tmp_path / "out"
+    flags = ["--builtin_texts", "60", "--rows_per_part", "20", "--output", str(out)]
+    flags += ["--runner=FnApiRunner", "--no-progress", *(["--overwrite"] if earlier else [])]
+    if earlier:  # an earlier run's output, which the killed one was replacing
+        out.mkdir()
+        for name in ("embeddings-old-000000000000-000000000009.parquet", "_metrics.json"):
+            (out / name).write_bytes(b"earlier")
+        (out / "notes.txt").write_text("not the job's")
+    killed = subprocess.run(
+        [sys.executable, "-m", "tests.kill_while_publishing", point, *flags],
+        capture_output=True, text=True, cwd=ROOT, env=processes.worker_env(), timeout=600,
+    )  # fmt: skip
+    assert killed.returncode == kill_while_publishing.KILLED, killed.stderr[-3000:]
+    assert (out / "_unfinished" / "_publishing.json").exists()
+    monkeypatch.setattr(embed_text, "_build", _recomputes)
+
+    summary = embed_text.run(flags)  # the same command again: no error, nothing computed
+
+    assert "finished publishing the earlier run of this job" in capsys.readouterr().out
+    parts = [f"embeddings-builtin-{s:012d}-{s + 20:012d}.parquet" for s in (0, 20, 40)]
+    kept = ["notes.txt"] if earlier else []
+    assert sorted(_files(out)) == sorted([*parts, "_embed_text.json", "_metrics.json", *kept])
+    table, failed = ft.read_outputs(out)
+    assert sorted(ft.ids(table)) == list(range(60)) and not failed
+    # The killed run's summary, in its record and its metrics (what beam-jax report reads).
+    record = json.loads((out / "_embed_text.json").read_text())
+    assert record["summary"] == str(summary)
+    assert summary.rows == summary.results == 60 and summary.parts_written == 3
+    assert load_metrics(str(out))["summary"]["results"] == 60
+    with pytest.raises(jobs.OutputExistsError, match="already holds"):
+        embed_text.run([f for f in flags if f != "--overwrite"])  # now a finished output
 
 
 def test_a_killed_multiprocess_run_resumes_to_the_output_of_an_uninterrupted_one(

@@ -1,6 +1,7 @@
 """The flagship's parts through the real command: one dead-letter file per part, a JSON line
 that is no row filed in its part (not a part of its own), and an embeddings file for every
-part, even one whose rows all failed or that holds only bad lines."""
+part, even one whose rows all failed or that holds only bad lines; an input of no rows gets
+one embeddings file of none."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import pathlib
 import subprocess
 import sys
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from beam_jax import jobs
 from pipelines.embed import write
+from tests import flagship as ft
 from tests import processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -61,3 +64,32 @@ def test_each_part_has_one_embeddings_file_and_at_most_one_dead_letter_file(tmp_
         (dead,) = [f for f in failed if f.startswith(f"failed-{stem}-")]
         records = list(jobs.read_dead_letters(str(out / write.DEAD_LETTER_DIR / dead)))
         assert len(records) == 3 and {r.stage for r in records} == {stage}, records
+
+
+def test_an_input_of_no_rows_reads_back_as_a_dataset_of_no_embeddings(tmp_path, capsys):
+    empty = {"id": pa.array([], pa.int64()), "text": pa.array([], pa.string())}
+    pq.write_table(pa.table(empty), tmp_path / "empty.parquet")
+    out = tmp_path / "out"
+
+    summary = ft.run(tmp_path / "empty.parquet", out)
+
+    assert (summary.rows, summary.batches) == (0, 0)
+    assert "bucketed, padding - over 0 batches;" in capsys.readouterr().out  # not "nanx"
+    table = pq.read_table(out)  # OUTPUT as a dataset, as docs/embed_text.md reads it
+    assert table.num_rows == 0
+    assert table.schema == jobs.embeddings_schema(pa.int64())
+    (part,) = _names(out)[0]
+    assert part.startswith("embeddings-empty-") and part.endswith(
+        "-000000000000-000000000000.parquet"
+    )
+
+
+def test_a_run_whose_rows_all_fail_prints_no_padding_ratio(tmp_path, capsys):
+    rows = [{"id": i, "text": None} for i in range(3)]
+    source = ft.write_json_lines(tmp_path / "nulls.jsonl", rows)
+
+    summary = ft.run(source, tmp_path / "out")
+
+    assert (summary.dead_letters, summary.batches) == (3, 0)
+    assert "bucketed, padding - over 0 batches;" in capsys.readouterr().out
+    assert pq.read_table(tmp_path / "out").schema == jobs.embeddings_schema(pa.int64())

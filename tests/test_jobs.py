@@ -17,6 +17,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 import beam_jax as bj
 from beam_jax import jobs
+from beam_jax._src.jobs import output_dir
 from beam_jax._src.jobs.console import verbose_requested
 from beam_jax._src.jobs.flags import reject_unknown_flags
 
@@ -81,6 +82,38 @@ def test_publishing_replaces_only_the_job_s_files_and_resumes_the_same_job(tmp_p
     assert _tree(root)["part-0.txt"] == b"zero"  # kept until the run succeeds
     output.publish({"rows": 1})
     assert sorted(_tree(root)) == ["_my_job.json", "notes.txt", "part-7.txt"]
+
+
+class _Killed(BaseException):
+    """The process killed (nothing after it runs, as with ``os._exit``)."""
+
+
+def test_a_publish_cut_short_is_finished_with_its_metrics_for_the_same_job(tmp_path, monkeypatch):
+    root = tmp_path / "out"
+    output = jobs.OutputDir(str(root), layout=LAYOUT)
+    output.prepare({"inputs": ["a"]}, overwrite=False)
+    _stage(output, "part-0.txt", b"zero")
+    jobs.write_metrics({"summary": {"rows": 1}, "buckets": {}}, output.staging)
+    write = output_dir.write_atomically
+
+    def killed_at_the_record(path, data):
+        if path.endswith("/_my_job.json"):
+            raise _Killed
+        write(path, data)
+
+    monkeypatch.setattr(output_dir, "write_atomically", killed_at_the_record)
+    with pytest.raises(_Killed):
+        output.publish({"rows": 1})
+    monkeypatch.undo()
+    cut = _tree(root)
+    assert "part-0.txt" in cut and "_metrics.json" in cut and "_my_job.json" not in cut
+
+    assert output.finish_publishing({"inputs": ["b"]}) is None  # another job's publish
+    assert _tree(root) == cut
+    assert output.finish_publishing({"inputs": ["a"]}) == {"rows": 1}
+    assert sorted(_tree(root)) == ["_metrics.json", "_my_job.json", "part-0.txt"]
+    assert json.loads(_tree(root)["_metrics.json"])["summary"] == {"rows": 1}
+    assert output.finish_publishing({"inputs": ["a"]}) is None  # finished: nothing left
 
 
 def test_a_file_opened_atomically_appears_whole_or_not_at_all(tmp_path):

@@ -10,12 +10,15 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import StandardOptions
 
 import beam_jax as bj
@@ -83,12 +86,14 @@ class EmbedTextSummary:
         n = jobs.counted
         files = f", {n(self.unreadable_files, 'unreadable file')}" if self.unreadable_files else ""
         resumed = f"; resumed after {n(self.parts_reused, 'part')}" if self.parts_reused else ""
+        # No batch, no ratio (NaN): "padding -", as beam-jax report shows a missing figure.
+        padding = f"{self.padding_ratio:.2f}x" if math.isfinite(self.padding_ratio) else "-"
         return (
             f"embed_text: {n(self.rows, 'row')} -> {n(self.results, 'embedding')}, "
             f"{n(self.dead_letters, 'dead letter')}{f' ({stages})' if stages else ''}{files}"
             f"{resumed}; "
             f"{'packed' if self.batching == 'packed' else 'bucketed'}, padding "
-            f"{self.padding_ratio:.2f}x over {n(self.batches, 'batch')}; "
+            f"{padding} over {n(self.batches, 'batch')}; "
             f"{n(self.compiles, 'compile')} ({self.compile_seconds:.1f} s, "
             f"{self.kernel.compile_trace_seconds:.1f} s of it tracing, "
             f"{self.compile_wait_seconds:.1f} s waited for); "
@@ -208,6 +213,28 @@ def _summarize(result, wall_seconds: float, parts_reused: int) -> EmbedTextSumma
     )
 
 
+def _published_summary(output: str) -> EmbedTextSummary:
+    """The summary of the run published to ``output``, read back from its ``_metrics.json``
+    (``jobs.metrics_record``: the kernel's ``beam_jax.Summary`` apart, NaN written as null)."""
+    with FileSystems.open(f"{output}/_metrics.json", compression_type="uncompressed") as f:
+        record = json.load(f)
+    kernel = record["kernel"]
+    if kernel.get("buffering") is not None:
+        kernel["buffering"] = _restored(bj.BufferingSummary, kernel["buffering"])
+    return _restored(
+        EmbedTextSummary, {**record["summary"], "kernel": _restored(bj.Summary, kernel)}
+    )
+
+
+def _restored(cls, values: dict[str, Any]):
+    """A ``cls`` of its fields in ``values`` (other keys, its properties, left out)."""
+    fields = {f.name: f.type for f in dataclasses.fields(cls) if f.name in values}
+    nan = float("nan")  # a float written as null
+    return cls(
+        **{n: nan if t == "float" and values[n] is None else values[n] for n, t in fields.items()}
+    )
+
+
 def _dry_run(args, options, model, inputs: Inputs, id_type, output: OutputDir) -> None:
     """Builds the job for its runner without running it (Beam's ``--dry_run=True``)."""
     launch = launch_plan.plan_for(args, inputs, jobs.devices_per_worker(options), model)
@@ -232,7 +259,9 @@ def run(
     Returns:
         The run's counts, padding, compiles and throughput; ``None`` with Beam's
         ``--dry_run=True``, which builds the job for its runner (and writes
-        ``--dataflow_job_file``, if given) without running or submitting anything.
+        ``--dataflow_job_file``, if given) without running or submitting anything. Where
+        the same job succeeded before and was killed while publishing, the run finishes
+        that publish, computes nothing and returns that run's summary.
 
     Raises:
         SystemExit: On an unknown flag or a bad value.
@@ -277,6 +306,14 @@ def run(
     }
     if jobs.is_dry_run(options):
         return _dry_run(args, options, model, inputs, id_type, output)
+    published = output.finish_publishing(job)
+    if published is not None:  # this job succeeded, and was killed while publishing
+        print(
+            f"embed_text: finished publishing the earlier run of this job, cut short, to "
+            f"{output.path}; nothing left to compute. That run:\n{published['summary']}",
+            flush=True,
+        )
+        return _published_summary(output.path)
     reused = output.prepare(job, overwrite=args.overwrite)
     launch = launch_plan.plan_for(args, inputs, jobs.devices_per_worker(options), model)
     source = inputs.pattern or "the built-in corpus"
@@ -316,8 +353,11 @@ def run(
     rows = (summary.dead_letters + dead, summary.rows + results + dead)
     files = (summary.unreadable_files, len(inputs.files))
     output.check_threshold({"rows": rows, "files": files}, args.threshold)
+    if not output.staged_parts():  # no row was read (an empty or unreadable input)
+        write.write_no_rows(output.staging, inputs, id_type)
+    # Staged, the metrics are published with the parts: a publish cut short keeps them.
+    jobs.write_metrics(jobs.metrics_record("embed_text", summary, result), output.staging)
     output.publish({"job": job, "summary": str(summary), "batching": launch.describe()})
-    jobs.write_metrics(jobs.metrics_record("embed_text", summary, result), output.path)
     return summary
 
 

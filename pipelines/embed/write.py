@@ -5,7 +5,9 @@ dead letters to ``_failed/failed-SOURCE-START-END.jsonl`` (if any), then its emb
 ``embeddings-SOURCE-START-END.parquet``, which marks the part done (``SOURCE``: the file's
 stem and a hash of its path). Each file is written whole under a temporary name and
 renamed, and writing a part twice rewrites the same file: no id is written twice. What
-could not be read is written by :class:`WriteUnreadable`.
+could not be read is written by :class:`WriteUnreadable`. A run that reads no row has no
+part: :func:`write_no_rows` writes it one embeddings file of no rows, so ``OUTPUT`` still
+reads as a dataset of the job's columns.
 
 Example:
     >>> embeddings_name("in-1a2b3c4d", 0, 1024)
@@ -52,6 +54,7 @@ __all__ = [
     "embeddings_table",
     "part_counts",
     "write_embeddings",
+    "write_no_rows",
 ]
 
 EMBEDDINGS = re.compile(r"^embeddings-(?P<source>.+)-(?P<start>\d{12})-(?P<end>\d{12})\.parquet$")
@@ -77,6 +80,16 @@ LAYOUT = OutputLayout(
 
 def embeddings_name(source: str, start: int, end: int) -> str:
     return f"embeddings-{source}-{start:012d}-{end:012d}.parquet"
+
+
+def write_no_rows(directory: str, inputs: Inputs, id_type: pa.DataType) -> str:
+    """Writes the embeddings file of rows 0 to 0 of the first input file, with no rows and
+    the job's columns; returns its name. For a run that read no row (an empty or unreadable
+    input), which has no part of its own."""
+    name = embeddings_name(inputs.source(0), 0, 0)
+    table = embeddings_schema(id_type, inputs.carried).empty_table()
+    write_embeddings(table, f"{directory}/{name}")
+    return name
 
 
 def failed_name(source: str, start: int, end: int) -> str:

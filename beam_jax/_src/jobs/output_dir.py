@@ -4,7 +4,8 @@ A run writes to ``OUTPUT/_unfinished/`` and moves its files into ``OUTPUT`` only
 whole job has succeeded, so a failed run never costs the earlier output. A rerun of the same
 job (equal ``job`` record) resumes from the staged parts when its :class:`OutputLayout` is
 resumable. Publishing writes its list of moves first (``_unfinished/_publishing.json``), so
-the next run finishes a publish cut short. Files not the job's (:class:`OutputLayout`) are
+the next run finishes a publish cut short; a rerun of the same job then has nothing left to
+compute (:meth:`OutputDir.finish_publishing`). Files not the job's (:class:`OutputLayout`) are
 left alone; every path goes through Beam's ``FileSystems`` (local or ``gs://``).
 
 Example:
@@ -33,7 +34,7 @@ __all__ = ["OutputLayout", "OutputDir", "OutputExistsError", "open_atomically", 
 STAGING = "_unfinished"
 JOB = "_job.json"
 PUBLISHING = "_publishing.json"
-METRICS = "_metrics.json"  # written by write_metrics after publishing
+METRICS = "_metrics.json"  # staged by write_metrics, published with the parts
 DEAD_LETTERS = "dead_letters.jsonl"
 
 
@@ -221,13 +222,44 @@ class OutputDir:
     def publish(self, record: dict[str, Any]) -> list[str]:
         """Moves the staged parts into ``path``, replacing this job's earlier files there.
 
+        The list of moves is written first, so the next run finishes a publish cut short
+        (:meth:`finish_publishing`); ``record`` is written last, to ``layout.record``. A
+        ``_metrics.json`` in the staging directory (``write_metrics(..., output.staging)``)
+        is published with the parts, so a publish cut short keeps it too.
+
         Returns:
             The published files, relative to ``path``.
         """
-        new = sorted(n for n in self._list(self.staging) if self.layout.published.match(n))
-        plan = {"files": new, "record": record}
+        staged = self._list(self.staging)
+        new = sorted(n for n in staged if self.layout.published.match(n) or n == METRICS)
+        job = self._read_json(f"{self.staging}/{JOB}")
+        plan = {"files": new, "record": record, "job": job}
         write_atomically(f"{self.staging}/{PUBLISHING}", json.dumps(plan).encode())
         return self._finish_publishing()
+
+    def finish_publishing(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        """Finishes publishing a run of ``job`` that succeeded but was cut short while
+        publishing (the process killed after :meth:`publish` began).
+
+        Call it before :meth:`prepare`: a rerun of the same job has nothing left to compute
+        once its publish is finished.
+
+        Example:
+            >>> output.finish_publishing({"input": "a.txt"}) is None  # doctest: +SKIP
+            True
+
+        Args:
+            job: What the run computes, as given to :meth:`prepare`.
+
+        Returns:
+            The ``record`` that run gave :meth:`publish`, now published; ``None`` if no
+            publish of ``job`` was cut short (one of another job is left to :meth:`prepare`).
+        """
+        plan = self._read_json(f"{self.staging}/{PUBLISHING}")
+        if not isinstance(plan, dict) or plan.get("job") != job:
+            return None
+        self._finish_publishing()
+        return plan["record"]
 
     def _finish_publishing(self) -> list[str]:
         plan = self._read_json(f"{self.staging}/{PUBLISHING}")
@@ -253,6 +285,10 @@ class OutputDir:
         if old:
             FileSystems.delete([f"{self.path}/{n}" for n in old])
         write_atomically(record, json.dumps(plan["record"], indent=1).encode())
+        # The list of moves goes last: while any staged file is left, a rerun finishes this.
+        rest = [f"{self.staging}/{n}" for n in self._list(self.staging) if n != PUBLISHING]
+        if rest:
+            FileSystems.delete(rest)
         FileSystems.delete([self._tree(self.staging)])
         return sorted(new)
 
