@@ -12,6 +12,8 @@ import glob
 import json
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import apache_beam as beam
 import jax
@@ -24,12 +26,17 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 import beam_jax as bj
 from beam_jax import jobs
+from beam_jax._src.cli.report import load_metrics
 from beam_jax.text import labelled_corpus
 from pipelines import curate
+from pipelines.curate import job as curate_job
 from pipelines.curate import model as cm
 from pipelines.curate import passes as cp
 from pipelines.curate import read as cr
 from pipelines.curate import report
+from tests import kill_while_publishing, processes
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 MAX_RELATIVE_ERROR = 1e-5
 
@@ -450,6 +457,31 @@ def test_the_command_line_says_why_a_second_run_is_refused(own_data_run, capsys)
     rows, out, _ = own_data_run
     with pytest.raises(SystemExit, match="OutputExistsError.*--overwrite"):
         curate.main(["--input", str(rows), "--output", str(out)])
+
+
+def test_a_run_killed_while_publishing_is_finished_with_its_metrics_by_the_same_command(
+    tmp_path, monkeypatch, capsys
+):
+    rows = _labelled_rows(tmp_path / "rows.jsonl", n=45)
+    out = tmp_path / "out"
+    flags = ["--input", str(rows), "--output", str(out), "--passes", "1", "--runner=FnApiRunner"]
+    killed = subprocess.run(
+        [sys.executable, "-m", "tests.kill_while_publishing", "curate", "all_moved", *flags],
+        capture_output=True, text=True, cwd=ROOT, env=processes.worker_env(), timeout=600,
+    )  # fmt: skip
+    assert killed.returncode == kill_while_publishing.KILLED, killed.stderr[-3000:]
+    assert not (out / "_curate.json").exists() and (out / "summary.json").exists()
+    monkeypatch.setattr(curate_job, "prepare", lambda *a: pytest.fail("computed again"))
+
+    summary = curate.run(flags)  # the same command again: no error, nothing computed
+
+    assert "finished publishing the earlier run of this job" in capsys.readouterr().out
+    assert json.loads((out / "_curate.json").read_text())["summary"] == str(summary)
+    assert summary.records == 45 and len(summary.passes) == 1
+    assert load_metrics(str(out))["summary"]["results"] == 45  # what beam-jax report reads
+    assert not (out / "_unfinished").exists()
+    with pytest.raises(jobs.OutputExistsError, match="already holds"):
+        curate.run(flags)  # now a finished output
 
 
 def test_overwrite_replaces_this_jobs_files_only(tmp_path):

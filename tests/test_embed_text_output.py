@@ -190,7 +190,7 @@ def test_a_run_killed_while_publishing_is_finished_by_the_same_command(
             (out / name).write_bytes(b"earlier")
         (out / "notes.txt").write_text("not the job's")
     killed = subprocess.run(
-        [sys.executable, "-m", "tests.kill_while_publishing", point, *flags],
+        [sys.executable, "-m", "tests.kill_while_publishing", "embed", point, *flags],
         capture_output=True, text=True, cwd=ROOT, env=processes.worker_env(), timeout=600,
     )  # fmt: skip
     assert killed.returncode == kill_while_publishing.KILLED, killed.stderr[-3000:]

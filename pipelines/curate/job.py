@@ -35,8 +35,7 @@ _FILES = (
 RECORD = "_curate.json"
 LAYOUT = jobs.OutputLayout(
     published=re.compile(rf"^({_FILES})$"),
-    # failed/*.jsonl and _run.log: where dead letters and the log went before; the metrics
-    # file is written after publishing.
+    # failed/*.jsonl and _run.log: where dead letters and the log went before.
     ours=re.compile(rf"^({_FILES}|{RECORD}|_metrics\.json|failed/[\w-]+\.jsonl|_run\.log)$"),
     record=RECORD,
     resumable=False,  # each stage reads the one before: a rerun starts afresh
@@ -133,6 +132,15 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     schema = read.input_schema(args.input, args.format, args.columns)
     output = jobs.OutputDir(args.output, layout=LAYOUT)
     record = {n: getattr(args, n) for n in _JOB_FLAGS}
+    if output.finish_publishing(record) is not None:  # this job succeeded, then was killed
+        with FileSystems.open(FileSystems.join(output.path, "summary.json")) as f:
+            summary = report.CurateSummary.from_json(json.load(f))
+        print(
+            f"curate: finished publishing the earlier run of this job, cut short, to "
+            f"{output.path}; nothing left to compute. That run:\n{summary}",
+            flush=True,
+        )
+        return summary
     output.prepare(record, overwrite=args.overwrite)
     work = output.staging
 
@@ -215,8 +223,8 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     )
     named = {"GraNd": scores["grand"], "EL2N": scores["el2n"]}
     report.plot(FileSystems.join(work, "curate.png"), summary.losses, named, flipped, title=title)
-    output.publish({"job": record, "summary": str(summary)})
-    # beam-jax report OUTPUT reads the scoring run's kernel metrics beside the job's figures.
+    # beam-jax report OUTPUT reads the scoring run's kernel metrics beside the job's figures;
+    # staged, they are published with the rest (and kept by a publish cut short).
     metrics = _Metrics(
         summary.rows,
         kernel.results,
@@ -225,7 +233,8 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
         summary.auroc,
         kernel,
     )
-    jobs.write_metrics(jobs.metrics_record("curate", metrics, scored), output.path)
+    jobs.write_metrics(jobs.metrics_record("curate", metrics, scored), work)
+    output.publish({"job": record, "summary": str(summary)})
     print(summary, flush=True)
     return summary
 

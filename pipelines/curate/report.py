@@ -66,6 +66,14 @@ class CurateSummary:
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "losses": self.losses}
 
+    @classmethod
+    def from_json(cls, record: Mapping) -> CurateSummary:
+        """The summary :meth:`to_json` gave (``summary.json``)."""
+        values = {f.name: record[f.name] for f in dataclasses.fields(cls)}
+        passes = tuple(PassStats(**p) for p in values.pop("passes"))
+        tuples = {n: tuple(values.pop(n)) for n in ("classes", "boundaries")}
+        return cls(**values, **tuples, passes=passes)
+
     def __str__(self) -> str:
         found = ", ".join(
             f"{s} AUROC {self.auroc[s]:.3f} / P@10% {self.precision_at_top[s]:.2f}"

@@ -146,6 +146,11 @@ class OutputExistsError(BeamJaxError, FileExistsError):
     """
 
 
+def _as_stored(job: dict[str, Any]) -> Any:
+    """``job`` as read back from its JSON file (tuples as lists), to compare with one read."""
+    return json.loads(json.dumps(job))
+
+
 @dataclasses.dataclass(frozen=True)
 class OutputDir:
     """``path``, where a job's finished output goes, and its staging directory.
@@ -193,6 +198,7 @@ class OutputDir:
             OutputExistsError: If ``path`` holds files and not ``overwrite``, or staging
                 holds another job's parts and not ``overwrite``.
         """
+        job = _as_stored(job)
         if FileSystems.exists(f"{self.staging}/{PUBLISHING}"):
             self._finish_publishing()  # an earlier run succeeded; its publish was cut short
         existing = [n for n in self._list(self.path) if not n.startswith(f"{STAGING}/")]
@@ -256,7 +262,7 @@ class OutputDir:
             publish of ``job`` was cut short (one of another job is left to :meth:`prepare`).
         """
         plan = self._read_json(f"{self.staging}/{PUBLISHING}")
-        if not isinstance(plan, dict) or plan.get("job") != job:
+        if not isinstance(plan, dict) or plan.get("job") != _as_stored(job):
             return None
         self._finish_publishing()
         return plan["record"]
