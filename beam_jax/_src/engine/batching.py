@@ -291,10 +291,9 @@ class BatchEngine:
         if error is not None:
             # Bisect outside the except block: an error raised while another is being
             # handled would chain (and repeat) every earlier error's text.
-            if ran and self._compiled_anew(error, batch):
-                yield from self._run(buffer, np.arange(buffer.size))
-            else:
-                yield from self._failed(error, buffer, np.arange(buffer.size))
+            yield from self._failed(
+                error, buffer, np.arange(buffer.size), ran=batch if ran else None
+            )
             self._front.release(buffer)
             return
         self._inflight.append(_InFlight(buffer, batch, outputs, started))
@@ -322,10 +321,7 @@ class BatchEngine:
             error = e
         self._metrics.result_wait_us.inc(int((time.perf_counter() - waited) * 1e6))
         if error is not None:
-            if self._compiled_anew(error, inflight.batch):
-                yield from self._run(inflight.buffer, rows)
-            else:
-                yield from self._failed(error, inflight.buffer, rows)
+            yield from self._failed(error, inflight.buffer, rows, ran=inflight.batch)
         else:
             yield from self._succeeded(
                 inflight.buffer, rows, inflight.batch, outputs, inflight.started
@@ -361,36 +357,36 @@ class BatchEngine:
             error = e
         self._report_compiles()
         if error is not None:
-            if batch is not None and self._compiled_anew(error, batch):
-                return (yield from self._run(buffer, rows))
-            return (yield from self._failed(error, buffer, rows))
+            return (yield from self._failed(error, buffer, rows, ran=batch))
         yield from self._succeeded(buffer, rows, batch, outputs, started)
         return False
 
-    def _compiled_anew(self, error: BaseException, batch: PaddedBatch) -> bool:
-        """Whether ``batch`` failed in a program loaded from the kernel's store, dropped now
-        to be compiled anew (``Kernel.forget_loaded``): the batch then runs again whole."""
-        if is_out_of_memory(error) or isinstance(error, CompileError):
-            return False
-        kernel, names = self._worker.kernel, tuple(sorted(batch.lengths))
-        if not kernel.forget_loaded(batch.leaves, names, self._plan.kernel_treedef, error):
-            return False
-        self._metrics.kernel_retries.inc()
-        return True
-
     def _failed(
-        self, error: BaseException, buffer: Buffer, rows: np.ndarray, stage: str | None = None
+        self,
+        error: BaseException,
+        buffer: Buffer,
+        rows: np.ndarray,
+        stage: str | None = None,
+        ran: PaddedBatch | None = None,
     ) -> Iterator[Any]:
         """Dead-letter one failed row, or split failed rows in two and run each half.
 
         Out of memory lowers the bucket's batch limit only when both halves then fit, i.e.
-        when the batch size, not one element, was too big.
+        when the batch size, not one element, was too big. Where the kernel ``ran`` a batch
+        whose program it had loaded from its store and that program failed, the program is
+        compiled anew (``Kernel.forget_loaded``) and the rows run again whole, unbisected.
 
         Returns (as the generator's value) whether the failure was out of memory.
         """
+        oom = is_out_of_memory(error)
+        if ran is not None and not oom and not isinstance(error, CompileError):
+            names = tuple(sorted(ran.lengths))
+            treedef = self._plan.kernel_treedef
+            if self._worker.kernel.forget_loaded(ran.leaves, names, treedef, error):
+                self._metrics.kernel_retries.inc()
+                return (yield from self._run(buffer, rows))
         if not self._handle_errors:
             raise error
-        oom = is_out_of_memory(error)
         if oom:
             self._metrics.out_of_memory.inc()
             n = min(self._rows.units(buffer, rows), self._plan.max_batch(buffer.bucket))

@@ -314,8 +314,9 @@ class Kernel:
         A stored program can load and still fail every run (the stored form of a program
         JAX's own cache gave on a CPU did: "NOT_FOUND: Function ... not found"). So the
         first such failure drops every program this kernel loaded, removes their files and
-        loads no more: each shape compiles anew (and is stored again), and no record is
-        dead-lettered for a broken file. The failure is logged.
+        loads no more: each shape compiles anew (stored again where XLA builds it, not
+        where JAX's cache gives it), and no record is dead-lettered for a broken file. The
+        failure is logged.
         """
         key = self._key([(x.shape, x.dtype) for x in leaves], names, treedef)
         with self._lock:
