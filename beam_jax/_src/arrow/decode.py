@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from beam_jax._src.core import messages
 from beam_jax._src.core.spec import ArraySpec, Layout
-from beam_jax._src.core.validation import lost_in_cast
+from beam_jax._src.core.validation import cast_checked
 from beam_jax._src.errors import InvalidElementError, SpecError
 
 
@@ -161,10 +161,8 @@ def decode_leaf(
     if decoded is None:  # the column's type cannot hold this leaf: every row fails
         zeros = np.zeros(n, np.int64)
         return ColumnLeaf(np.zeros(0, spec.dtype), zeros, item), zeros
-    values, lo, hi, count = decoded
-    with np.errstate(over="ignore"):  # an overflow is a row's fault below, not a warning
-        given, values = values, values.astype(spec.dtype, copy=False)
-    lost = lost_in_cast(given, values)
+    given, lo, hi, count = decoded
+    values, lost = cast_checked(given, spec.dtype)
     if lost is not None and lost.any():
         checks.add(
             _range_any(lost, lo, hi),

@@ -237,9 +237,7 @@ def validate(
                 slice(0, lengths[d]) if isinstance(d, str) else slice(None) for d in spec.shape
             )
             value = value[index]
-        with np.errstate(over="ignore"):  # an overflow is reported below, not warned
-            cast = value.astype(spec.dtype, copy=False)
-        lost = lost_in_cast(value, cast)
+        cast, lost = cast_checked(value, spec.dtype)
         if lost is not None and lost.any():
             raise messages.does_not_fit(f"at {layout.names[i]}", value[lost], cast.dtype)
         if validation.nonfinite == "reject" and cast.dtype.kind in "fc":
@@ -257,26 +255,28 @@ def validate(
     return Validated(tuple(leaves), tuple(lengths[n] for n in layout.axis_names))
 
 
-def lost_in_cast(values: np.ndarray, cast: np.ndarray) -> np.ndarray | None:
-    """Where casting ``values`` to ``cast`` (their copy in the spec's dtype) lost a value
-    rather than rounding it: an integer outside a narrower integer type (it would wrap
-    around), a finite number that overflowed to infinity. ``None`` where the cast cannot
-    lose one (a safe cast).
+def cast_checked(values: np.ndarray, dtype: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(cast, lost)``: ``values`` in ``dtype`` (no copy where they already are), and where
+    the cast lost a value rather than rounding it: an integer outside a narrower integer
+    type (it wrapped around), a finite number that overflowed to infinity. ``lost`` is
+    ``None`` where the cast cannot lose one (a safe cast); an overflow is not warned of.
 
     Example:
-        >>> values = np.array([1, 2**32 + 5], np.int64)
-        >>> lost_in_cast(values, values.astype(np.int32)).tolist()
-        [False, True]
+        >>> cast, lost = cast_checked(np.array([1, 2**32 + 5], np.int64), np.int32)
+        >>> cast.tolist(), lost.tolist()
+        ([1, 5], [False, True])
     """
+    with np.errstate(over="ignore"):  # the caller reports it, with the values
+        cast = values.astype(dtype, copy=False)
     got, want = values.dtype, cast.dtype
     if got == want or np.can_cast(got, want, "safe"):
-        return None
+        return cast, None
     if got.kind in "iu" and want.kind in "iu":
         info = np.iinfo(want)
-        return (values < info.min) | (values > info.max)
+        return cast, (values < info.min) | (values > info.max)
     if got.kind in "iuf" and want.kind == "f":
-        return np.isinf(cast) & ~np.isinf(values)
-    return None
+        return cast, np.isinf(cast) & ~np.isinf(values)
+    return cast, None
 
 
 _ARRAYS = (np.ndarray, np.generic)
