@@ -20,6 +20,7 @@ from beam_jax._src.core.spec import Layout
 from beam_jax.internal import Plan
 from beam_jax.testing import assert_conserved
 from tests import kernels
+from tests.beam_helpers import run
 
 D = kernels.D
 SPEC = {"x": ArraySpec(("L", D), np.float32)}
@@ -288,6 +289,29 @@ def test_arrow_coder_round_trips_and_estimates_without_encoding():
     assert coder.decode(coder.encode(table)).equals(table)
     assert coder.decode(coder.encode(batch)).equals(batch)
     assert coder.estimate_size(table) == table.nbytes
+
+
+def test_a_kernel_that_returns_none_dead_letters_its_rows():
+    """A kernel without its `return` gave record batches of ids and no output column."""
+    batch = pa.record_batch({"id": [7, 8], "x": nested([[[1.0] * D], [[2.0] * D] * 3])})
+    p = pipeline()
+    results, dead = (
+        p
+        | beam.Create([batch])
+        | bj.RunKernelOnArrow(
+            lambda params, element, lengths: None,
+            spec=SPEC,
+            columns=ArrowColumns(leaves={"x": "x"}, id="id"),
+            bucketing=BUCKETING,
+        ).with_exception_handling()
+    )
+    assert_that(results | beam.Map(lambda b: b.num_rows), equal_to([]), label="Results")
+    assert_that(
+        dead | beam.Map(lambda f: (f.key, f.stage, "holds no array" in f.message)),
+        equal_to([(7, "output", True), (8, "output", True)]),
+        label="Dead",
+    )
+    assert_conserved(run(p))
 
 
 def test_configuration_errors_name_the_fix():

@@ -122,3 +122,27 @@ def test_one_reduction_per_window():
 
 def test_public_names_include_reductions():
     assert bj.ReduceKernel is ReduceKernel and bj.Reduction
+
+
+def test_a_kernel_that_returns_none_is_summed_over_no_element():
+    """A gradient function without its `return` gave Reduction(total=None, count=n), as if
+    n elements had been summed."""
+    keyed = [(f"g{i}", e) for i, e in enumerate(examples(5, seed=4))]
+    p = pipeline()
+    total, dead = (
+        p
+        | beam.Create(keyed)
+        | ReduceKernel(
+            lambda params, element, lengths: None,
+            spec=SPEC,
+            keyed=True,
+            bucketing=Bucketing(boundaries={"L": (32,)}, batch_size=8),
+        ).with_exception_handling()
+    )
+    assert_that(total | beam.Map(lambda r: (r.total, r.count)), equal_to([(None, 0)]))
+    assert_that(
+        dead | beam.Map(lambda r: (r.key, r.stage, "holds no array" in r.message)),
+        equal_to([(k, "output", True) for k, _ in keyed]),
+        label="Dead",
+    )
+    assert_conserved(run(p))

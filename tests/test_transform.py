@@ -294,3 +294,27 @@ def test_unkeyed_and_batched_kernel():
     summary = assert_conserved(run(p))
     # precompile compiled the whole listed set (2 buckets x sizes {4, 8}) and nothing else.
     assert summary.compiles == 4
+
+
+@pytest.mark.parametrize("returned", [None, {}, ()], ids=["None", "empty-dict", "empty-tuple"])
+def test_a_kernel_that_returns_no_array_dead_letters_each_element_saying_so(returned):
+    """A kernel without its `return` gave None: the bundle failed on a zip of results."""
+    elements = [(f"e{n}", {"x": np.ones((n, D), np.float32)}) for n in (3, 5, 12)]
+    p = pipeline()
+    results, dead = (
+        p
+        | beam.Create(elements)
+        | RunKernel(
+            lambda params, element, lengths: returned,
+            spec=mean_spec(),
+            keyed=True,
+            bucketing=Bucketing(boundaries={"L": (8, 16)}, batch_size=4),
+        ).with_exception_handling()
+    )
+    assert_that(results, equal_to([]), label="Results")
+    assert_that(
+        dead | beam.Map(lambda r: (r.key, r.stage, "holds no array" in r.message)),
+        equal_to([(k, "output", True) for k, _ in elements]),
+        label="Dead",
+    )
+    assert_conserved(run(p))

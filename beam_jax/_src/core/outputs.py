@@ -48,10 +48,11 @@ def check_outputs(
         axis_names: the input's ragged axis names, in plan order.
 
     Raises:
-        KernelError: a leaf lacks the batch axis, or the structure differs from
-            ``output_spec``.
+        KernelError: the outputs hold no array, a leaf lacks the batch axis, or the
+            structure differs from ``output_spec``.
     """
     with_path, treedef = jax.tree_util.tree_flatten_with_path(outputs)
+    require_arrays(outputs, with_path)
     leaves = tuple(np.asarray(leaf) for _, leaf in with_path)
     for leaf in leaves:
         if leaf.ndim == 0 or leaf.shape[0] != size:
@@ -76,6 +77,21 @@ def check_outputs(
                 )
             cuts[i] = tuple((a, index[name]) for a, name in spec.ragged_axes)
     return BatchOutputs(leaves, tuple(p for p, _ in with_path), treedef, tuple(cuts))
+
+
+def require_arrays(outputs: Any, leaves: Any = None) -> None:
+    """Refuse kernel outputs without a single array (``None``, ``{}``, ``()``): no element
+    would get a result, and a sum of them would count elements it never summed.
+
+    Raises:
+        KernelError: ``outputs`` has no leaves (``leaves``, where the caller has them).
+    """
+    if not (leaves if leaves is not None else jax.tree_util.tree_leaves(outputs)):
+        raise KernelError(
+            f"the kernel returned {outputs!r}, which holds no array; expected an array or a "
+            "pytree of arrays for each element. Return the result (a missing `return` "
+            "gives None)."
+        )
 
 
 def real_positions(leaf: np.ndarray, cut, lengths: np.ndarray) -> np.ndarray | None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from beam_jax._src.bucketing.rule import Bucket
 from beam_jax._src.core.dead_letter import COMPILE, KERNEL, OUTPUT
-from beam_jax._src.core.outputs import all_finite, nonfinite_rows
+from beam_jax._src.core.outputs import all_finite, nonfinite_rows, require_arrays
 from beam_jax._src.core.plan import PaddedBatch, Plan
 from beam_jax._src.engine.fit import record_fit_miss
 from beam_jax._src.engine.worker import Worker
@@ -106,7 +106,8 @@ def check_row_outputs(plan: Plan, outputs: Any, batch: PaddedBatch) -> tuple[Any
 
 
 def check_summed_outputs(plan: Plan, outputs: Any, batch: PaddedBatch) -> tuple[Any, bool]:
-    """The output check of a batch summed on the device: finiteness of the sum."""
+    """The output check of a batch summed on the device: some array, finiteness of the sum."""
+    require_arrays(outputs)
     return outputs, plan.validation.check_outputs_finite and not all_finite(outputs)
 
 
