@@ -149,3 +149,28 @@ def test_a_nonfinite_output_mid_batch_is_dead_lettered_and_its_batch_mates_keep_
     stages = dead | beam.Map(lambda r: (r.key, r.stage))
     assert_that(stages, equal_to([(1, "output")]), label="Dead")
     run(p)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
+def test_a_nonfinite_output_of_jax_s_own_float_types_is_caught_too(dtype):
+    """bfloat16 and float8 outputs (numpy's kind "V") passed check_outputs_finite unchecked:
+    a NaN came out as a result."""
+    values = [2.0, -1.0, 3.0]
+    p = pipeline()
+    results, dead = (
+        p
+        | beam.Create([(i, {"x": np.full(2, v, np.float32)}) for i, v in enumerate(values)])
+        | bj.RunKernel(
+            lambda params, element, lengths: _log(params, element, lengths).astype(dtype),
+            spec=SPEC,
+            keyed=True,
+            bucketing=BUCKETING,
+            load_params=lambda: np.float32(1.0),
+            validation=bj.Validation(check_outputs_finite=True),
+        ).with_exception_handling()
+    )
+    assert_that(results | beam.Keys(), equal_to([0, 2]), label="Results")
+    assert_that(
+        dead | beam.Map(lambda r: (r.key, r.stage)), equal_to([(1, "output")]), label="Dead"
+    )
+    run(p)

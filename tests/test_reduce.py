@@ -146,3 +146,26 @@ def test_a_kernel_that_returns_none_is_summed_over_no_element():
         label="Dead",
     )
     assert_conserved(run(p))
+
+
+def test_bfloat16_outputs_are_summed_in_float64():
+    """bfloat16 partial sums were added in bfloat16: 5,000 ones summed to 2,048, where a
+    further 8 rounds back to 2,048. Now the total is 5,000 rounded once to bfloat16."""
+    import jax.numpy as jnp
+
+    p = pipeline()
+    total = (
+        p
+        | beam.Create([np.ones(3, np.float32)] * 5_000)
+        | ReduceKernel(
+            lambda params, element, lengths: element[0].astype(jnp.bfloat16),
+            spec=ArraySpec(("L",)),
+            bucketing=Bucketing(boundaries={"L": (4,)}, batch_size=8),
+        )
+    )
+    want = float(np.asarray(5_000.0, jnp.bfloat16))  # 4,992: bfloat16's nearest
+    assert_that(
+        total | beam.Map(lambda r: (str(r.total.dtype), float(r.total))),
+        equal_to([("bfloat16", want)]),
+    )
+    run(p)

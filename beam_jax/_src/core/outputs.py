@@ -120,7 +120,7 @@ def nonfinite_rows(outputs: BatchOutputs, lengths: np.ndarray) -> np.ndarray:
     n = len(lengths)
     bad = np.zeros(n, bool)
     for leaf, cut in zip(outputs.leaves, outputs.cuts, strict=True):
-        if leaf.dtype.kind not in "fc":
+        if not is_inexact(leaf.dtype):
             continue
         nonfinite = ~np.isfinite(leaf[:n])
         real = real_positions(leaf, cut, lengths)
@@ -135,8 +135,14 @@ def all_finite(tree: Any) -> bool:
     return all(
         np.isfinite(leaf).all()
         for leaf in jax.tree_util.tree_leaves(tree)
-        if np.asarray(leaf).dtype.kind in "fc"
+        if is_inexact(np.asarray(leaf).dtype)
     )
+
+
+def is_inexact(dtype: Any) -> bool:
+    """Whether ``dtype`` holds floating or complex numbers, JAX's own included (bfloat16,
+    the float8 types), which numpy files under kind ``"V"``."""
+    return jax.dtypes.issubdtype(dtype, np.inexact)
 
 
 def split_rows(

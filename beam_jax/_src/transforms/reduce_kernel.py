@@ -46,11 +46,13 @@ class Reduction:
 
 
 def _to_accumulator(tree: Any) -> Any:
-    # Float leaves are summed in float64 and remember their dtype, so billions of float32
-    # partial sums lose no precision before the one cast at the end.
+    # Float leaves (bfloat16 too) are summed in float64 and remember their dtype, so billions
+    # of float32 partial sums lose no precision before the one cast at the end.
     return jax.tree_util.tree_map(
         lambda x: (
-            np.asarray(x, np.float64) if np.asarray(x).dtype.kind == "f" else np.asarray(x),
+            np.asarray(x, np.float64)
+            if jax.dtypes.issubdtype(np.asarray(x).dtype, np.floating)
+            else np.asarray(x),
             str(np.asarray(x).dtype),
         ),
         tree,
