@@ -35,6 +35,24 @@ def test_bucketing_rejects_bad_configuration():
         ArraySpec((3,), np.str_)
 
 
+def test_numpy_sizes_and_bare_one_axis_keys_give_the_python_bucketing():
+    """Sizes computed with numpy (``int(lengths.max())`` left out) and ``{8: 4}`` for the
+    bucket ``(8,)`` raised TypeErrors, or "batch_size must be a positive int, got 64"."""
+    want = Bucketing(
+        boundaries={"L": 64},
+        batch_size={(16,): 4, (32,): 2, (64,): 1},
+        batch_sizes={(16,): (2, 4), (32,): (2,), (64,): (1,)},
+    )
+    got = Bucketing(
+        boundaries={"L": np.int64(64)},
+        batch_size={16: np.int64(4), 32: 2, 64: 1},
+        batch_sizes={16: (2, 4), 32: (2,), 64: (1,)},
+    )
+    assert got == want
+    assert Bucketing(batch_size=np.int32(8)) == Bucketing(batch_size=8)
+    assert Plan(ArraySpec(("L",)), got).shapes() == Plan(ArraySpec(("L",)), want).shapes()
+
+
 def test_smallest_bucket_that_fits_on_every_axis():
     plan = Plan(
         {"img": ArraySpec(("H", "W", 3))},

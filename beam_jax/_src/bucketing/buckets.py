@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import numpy as np
+
 from beam_jax._src.bucketing.boundaries import plan_boundaries
 from beam_jax._src.bucketing.rule import Bucket, default_boundaries
 from beam_jax._src.errors import SpecError
@@ -28,7 +30,8 @@ class Bucketing:
         boundaries: per ragged-axis name, either a strictly increasing sequence of
             boundaries or one ``int`` maximum, expanded with ``default_boundaries``.
         batch_size: the most elements in one batch; an ``int`` for every bucket, or a mapping
-            from bucket (a tuple with one boundary per axis, in spec order) to ``int``.
+            from bucket (a tuple with one boundary per axis, in spec order; a bare boundary
+            for one axis) to ``int``.
         max_padded_size: optional budget on batch rows x padded bucket volume (e.g. padded
             tokens per batch), so long buckets get smaller batches.
         batch_sizes: the allowed sizes of the padded batch dimension; default powers of two up
@@ -52,8 +55,8 @@ class Bucketing:
             )
         norm = {}
         for name, value in self.boundaries.items():
-            if isinstance(value, int) and not isinstance(value, bool):
-                value = default_boundaries(value)
+            if isinstance(value, int | np.integer) and not isinstance(value, bool):
+                value = default_boundaries(int(value))
             value = tuple(int(v) for v in value)
             if not value or value[0] < 1 or list(value) != sorted(set(value)):
                 raise SpecError(
@@ -66,19 +69,21 @@ class Bucketing:
             self.batch_size.values() if isinstance(self.batch_size, Mapping) else [self.batch_size]
         )
         for s in sizes:
-            if not isinstance(s, int) or isinstance(s, bool) or s < 1:
+            if not isinstance(s, int | np.integer) or isinstance(s, bool) or s < 1:
                 raise SpecError(f"batch_size must be a positive int, got {s!r}.")
         if isinstance(self.batch_size, Mapping):
             object.__setattr__(
-                self, "batch_size", {tuple(k): int(v) for k, v in self.batch_size.items()}
+                self, "batch_size", {_bucket(k): int(v) for k, v in self.batch_size.items()}
             )
+        else:
+            object.__setattr__(self, "batch_size", int(self.batch_size))
         if self.max_padded_size is not None and self.max_padded_size < 1:
             raise SpecError(f"max_padded_size must be positive, got {self.max_padded_size}.")
         if isinstance(self.batch_sizes, Mapping):
             object.__setattr__(
                 self,
                 "batch_sizes",
-                {tuple(k): _sizes(v, k) for k, v in self.batch_sizes.items()},
+                {_bucket(k): _sizes(v, _bucket(k)) for k, v in self.batch_sizes.items()},
             )
         elif self.batch_sizes is not None:
             object.__setattr__(self, "batch_sizes", _sizes(self.batch_sizes))
@@ -143,6 +148,11 @@ class Bucketing:
                 )
             return self.batch_size[bucket]
         return self.batch_size
+
+
+def _bucket(key: Any) -> Bucket:
+    """A bucket key as a tuple: a bare boundary (``{64: 32}``) names a one-axis bucket."""
+    return tuple(key) if isinstance(key, tuple) else (key,)
 
 
 def _sizes(sizes, bucket=None) -> tuple[int, ...]:
