@@ -2,6 +2,7 @@
 
 import apache_beam as beam
 import numpy as np
+import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
@@ -169,3 +170,21 @@ def test_bfloat16_outputs_are_summed_in_float64():
         equal_to([("bfloat16", want)]),
     )
     run(p)
+
+
+@pytest.mark.parametrize("boundaries", [(8, 16), (1, 16)])
+def test_outputs_whose_shape_follows_the_bucket_fail_the_job_saying_why(boundaries):
+    """An output per padded position has one shape per bucket: numpy failed to add (8,) to
+    (16,) without saying why, and added (1,) to (16,) by broadcasting, a wrong sum."""
+    p = pipeline()
+    _ = (
+        p
+        | beam.Create([np.ones(1, np.float32), np.ones(12, np.float32)])
+        | ReduceKernel(
+            lambda params, element, lengths: element,
+            spec=ArraySpec(("L",)),
+            bucketing=Bucketing(boundaries={"L": boundaries}, batch_size=4),
+        )
+    )
+    with pytest.raises(Exception, match="ReduceKernel sums outputs of one shape"):
+        run(p)

@@ -16,7 +16,7 @@ from beam_jax._src.core.dead_letter import DEAD_LETTERS
 from beam_jax._src.core.plan import Plan
 from beam_jax._src.engine.batching import check_summed_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
-from beam_jax._src.errors import SpecError
+from beam_jax._src.errors import KernelError, SpecError
 from beam_jax._src.kernel.wrappers import SumRows, SumSegments
 from beam_jax._src.runners.dask_refusals import refuse_beams_dask_runner
 from beam_jax._src.transforms.base import KernelTransform
@@ -68,7 +68,19 @@ def _add(a: Any, b: Any) -> Any:
         return b
     if b is None:
         return a
-    return jax.tree_util.tree_map(lambda x, y: (x[0] + y[0], x[1]), a, b, is_leaf=_is_pair)
+    return jax.tree_util.tree_map(_add_leaf, a, b, is_leaf=_is_pair)
+
+
+def _add_leaf(x: tuple, y: tuple) -> tuple:
+    if x[0].shape != y[0].shape:  # numpy would broadcast, or fail without saying why
+        raise KernelError(
+            f"ReduceKernel sums outputs of one shape, but the kernel returned {x[0].shape} for "
+            f"some elements and {y[0].shape} for others: an output that follows the bucket's "
+            "padded length (one value per padded position) cannot be summed across buckets. "
+            "Reduce over the ragged axis in the kernel (masked with length_mask), or use "
+            "RunKernel with an output_spec for per-position outputs."
+        )
+    return (x[0] + y[0], x[1])
 
 
 def _finish(acc: Any) -> Any:
