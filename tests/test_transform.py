@@ -318,3 +318,23 @@ def test_a_kernel_that_returns_no_array_dead_letters_each_element_saying_so(retu
         label="Dead",
     )
     assert_conserved(run(p))
+
+
+def test_params_with_a_str_leaf_fail_naming_the_leaf_and_the_fix():
+    """A setting kept in params (a str) failed with JAX's "Argument 'model' of type <class
+    'str'> is not a valid JAX type", which names neither params nor where it was."""
+    p = pipeline()
+    _ = (
+        p
+        | beam.Create([{"x": np.ones((3, D), np.float32)}])
+        | RunKernel(
+            lambda params, element, lengths: element["x"].sum() * params["scale"],
+            spec=mean_spec(),
+            bucketing=Bucketing(boundaries={"L": (4,)}, batch_size=4),
+            load_params=lambda: {"scale": np.float32(2.0), "config": {"name": "model"}},
+        )
+    )
+    with pytest.raises(
+        Exception, match=r"load_params returned a str at params\['config'\]\['name'\]"
+    ):
+        run(p)

@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from beam_jax._src.core.plan import PaddedBatch
-from beam_jax._src.errors import CompileError
+from beam_jax._src.errors import CompileError, SpecError
 from beam_jax._src.kernel.devices import select_devices
 from beam_jax._src.kernel.stored import ProgramStore
 
@@ -181,7 +181,19 @@ class Kernel:
         return str(self.devices[0].platform)
 
     def put_params(self, params: Any) -> Any:
-        """Place ``params`` on every device (replicated); do this once per process."""
+        """Place ``params`` on every device (replicated); do this once per process.
+
+        Raises:
+            SpecError: a leaf of ``params`` is not an array or a number (a str, say).
+        """
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+            if not (hasattr(leaf, "__array__") or isinstance(leaf, int | float | complex)):
+                raise SpecError(
+                    f"load_params returned a {type(leaf).__name__} at "
+                    f"params{jax.tree_util.keystr(path)}; expected arrays or numbers at every "
+                    "leaf, since params go to the devices. Keep other settings out of params: "
+                    "close over them in the kernel (e.g. functools.partial(fn, name=...))."
+                )
         return jax.device_put(params, self._replicate)
 
     def _sharding(self, size: int):
