@@ -53,6 +53,29 @@ def test_numpy_sizes_and_bare_one_axis_keys_give_the_python_bucketing():
     assert Plan(ArraySpec(("L",)), got).shapes() == Plan(ArraySpec(("L",)), want).shapes()
 
 
+@given(
+    dtype=st.sampled_from([np.int8, np.uint8, np.int16, np.uint16, np.int32, np.bool_]),
+    value=st.one_of(st.integers(-(2**40), 2**40), st.sampled_from([0.5, -1.5, np.nan])),
+)
+def test_an_integer_spec_pads_with_its_pad_value_or_refuses_it(dtype, value):
+    """np.int64(-1) padded uint8 leaves with 255, 0.5 an int32 leaf with 0, 2 a bool leaf
+    with True; a Python int out of range raised numpy's OverflowError."""
+    try:
+        spec = ArraySpec(("L",), dtype, pad_value=value)
+    except bj.SpecError:
+        return
+    assert np.asarray(spec.pad_value).astype(dtype) == value
+
+
+def test_a_float_pad_value_may_round_but_not_overflow():
+    assert ArraySpec(("L",), np.float16, pad_value=0.1).pad_value == 0.1
+    assert ArraySpec(("L",), np.float32, pad_value=-np.inf).pad_value == -np.inf
+    with pytest.raises(bj.SpecError, match="cannot be represented as float16: it would pad"):
+        ArraySpec(("L",), np.float16, pad_value=1e10)
+    with pytest.raises(bj.SpecError, match="cannot be represented as uint8: it would pad"):
+        ArraySpec(("L",), np.uint8, pad_value=np.int64(-1))
+
+
 def test_smallest_bucket_that_fits_on_every_axis():
     plan = Plan(
         {"img": ArraySpec(("H", "W", 3))},

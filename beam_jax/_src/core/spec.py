@@ -70,11 +70,27 @@ class ArraySpec:
                 )
             object.__setattr__(self, "dtype", dtype)
             try:
-                np.asarray(self.pad_value, dtype=dtype)
-            except (TypeError, ValueError) as e:
+                given = np.asarray(self.pad_value)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    pad = given.astype(dtype)
+            except (TypeError, ValueError, OverflowError) as e:
                 raise SpecError(
                     f"pad_value {self.pad_value!r} cannot be represented as {dtype}."
                 ) from e
+            # Rounding a float is fine; an integer cut, wrapped or turned to bool, or a
+            # float overflowed to infinity, would pad with another value than the one given.
+            if given.dtype.kind not in "biufc":
+                lost = False
+            elif dtype.kind in "biu":
+                lost = np.any(pad != given)
+            else:
+                lost = np.any(np.isinf(pad) & ~np.isinf(given))
+            if lost:
+                raise SpecError(
+                    f"pad_value {self.pad_value!r} cannot be represented as {dtype}: it would "
+                    f"pad with {pad.tolist()!r}. Give a value of the dtype's range (and an "
+                    "integer for an integer dtype)."
+                )
 
         if self.valid_range is not None:
             ok = (
