@@ -365,6 +365,11 @@ def test_bad_rows_are_dead_lettered(tmp_path):
     # JSON, not an object) are dead letters of the read.
     want += [("5", "read"), ("None", "read"), ("None", "read")]
     assert got == sorted(want)
+    # A field of the wrong type is told the fix a command-line user has.
+    said = {d.key: d.message for d in failed}
+    assert "write each label as a JSON string" in said["int-label"], said["int-label"]
+    assert "write every id as a string" in said[5], said[5]
+    assert not any("schema argument" in m for m in said.values()), said
     assert summary.rows == len(lines) - 1 == summary.records + summary.dead_letters
     assert summary.records == len(good) and summary.classes == classes
     assert summary.dead_letters_by_stage == {
@@ -399,7 +404,7 @@ def test_parquet_rows_keep_their_id_type_and_bad_rows_are_dead_lettered(tmp_path
     assert sorted(scores.column("id").to_pylist()) == ids[:40]
     bad = tmp_path / "bad.parquet"
     pq.write_table(table.set_column(2, "label", pa.array(range(43))), bad)
-    with pytest.raises(ValueError, match="'label' of .* is int64; expected strings"):
+    with pytest.raises(ValueError, match="'label' of .* is int64; expected strings.*--label_"):
         curate.run(["--input", str(bad), "--output", str(tmp_path / "bad")])
 
 
