@@ -408,6 +408,19 @@ def test_parquet_rows_keep_their_id_type_and_bad_rows_are_dead_lettered(tmp_path
         curate.run(["--input", str(bad), "--output", str(tmp_path / "bad")])
 
 
+def test_an_input_of_one_label_is_refused_saying_so(tmp_path):
+    # No flips asked for: the message spoke of classes "to flip between".
+    _, rows = labelled_corpus(3)
+    lines = [
+        json.dumps({"id": i, "text": t, "label": "spam"}) for i, (_, t, _) in enumerate(rows[:20])
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"one label, 'spam'.*at least 2.*--label_column") as e:
+        curate.run(["--input", str(path), "--output", str(tmp_path / "out"), "--passes", "1"])
+    assert "flip" not in str(e.value)
+
+
 # ---------------------------------------------------------------- a user's own data
 
 
