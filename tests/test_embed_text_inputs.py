@@ -240,18 +240,21 @@ def test_enormous_text_is_embedded_from_its_first_characters(tmp_path):
     prose = "The quick brown fox jumps over the lazy dog near the river bank. "
     huge = prose * (100 * 2**20 // len(prose))  # 100 MB
     head = huge[:3000].rsplit(" ", 1)[0]  # far more than 256 tokens
-    spaces = " " * 200_000 + "word"  # no 256 tokens in the first 65,536 characters
-    path = _parquet(tmp_path / "in.parquet", [1, 2, 3], [huge, head, spaces])
+    spaces = "word " + " " * 200_000 + "word"  # no 256 tokens in the first 65,536 characters
+    # Whitespace at the ends is no text: its tokens are all in the first characters.
+    edged = " " * 200_000 + "word" + "\n" * 200_000
+    path = _parquet(tmp_path / "in.parquet", [1, 2, 3, 4, 5], [huge, head, spaces, edged, "word"])
     del huge
 
     ft.run(path, tmp_path / "out")
 
     table, failed = ft.read_outputs(tmp_path / "out")
-    assert sorted(ft.ids(table)) == [1, 2]
+    assert sorted(ft.ids(table)) == [1, 2, 4, 5]
     vectors = dict(zip(ft.ids(table), table.column("embedding").to_pylist(), strict=True))
     np.testing.assert_allclose(vectors[1], vectors[2], atol=1e-6)  # the same first 256 tokens
+    np.testing.assert_allclose(vectors[4], vectors[5], atol=1e-6)
     d = _only(failed, id=3, stage="tokenize", error_type="TextTooLongError")
-    assert "200,004 characters" in d["error"] and len(d["element"]) <= 1000
+    assert "200,009 characters" in d["error"] and len(d["element"]) <= 1000
 
 
 def test_empty_json_lines_file_has_no_rows(tmp_path):
