@@ -257,6 +257,30 @@ def test_enormous_text_is_embedded_from_its_first_characters(tmp_path):
     assert "200,009 characters" in d["error"] and len(d["element"]) <= 1000
 
 
+def test_a_file_whose_name_holds_glob_characters_is_read_by_its_name(tmp_path):
+    # "data [v1].parquet" as a glob matches "data v.parquet" and the like, not itself: the
+    # launch said the --input it was given "matches no file".
+    path = _parquet(tmp_path / "data [v1].parquet", [1, 2], ft.texts(2))
+
+    summary = ft.run(path, tmp_path / "out", "--buckets", "16,256")
+
+    table, failed = ft.read_outputs(tmp_path / "out")
+    assert sorted(ft.ids(table)) == [1, 2] and not failed and summary.rows == 2
+
+
+def test_a_glob_in_the_current_directory_matches_its_files(tmp_path, monkeypatch):
+    # Beam lists the directory before a glob's first wildcard, "" for "in-*.parquet": the
+    # launch said it matched no file.
+    _parquet(tmp_path / "in-1.parquet", [1, 2], ft.texts(2))
+    _parquet(tmp_path / "in-2.parquet", [3], ft.texts(1))
+    monkeypatch.chdir(tmp_path)
+
+    summary = ft.run("in-*.parquet", tmp_path / "out", "--buckets", "16,256")
+
+    table, failed = ft.read_outputs(tmp_path / "out")
+    assert sorted(ft.ids(table)) == [1, 2, 3] and not failed and summary.rows == 3
+
+
 def test_empty_json_lines_file_has_no_rows(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(b"")
     ft.write_json_lines(tmp_path / "b.jsonl", [{"id": 1, "text": "Fine."}])
