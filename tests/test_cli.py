@@ -144,6 +144,13 @@ def test_plan_of_json_lines_texts_in_tokens_draws_one_line_per_boundary(tmp_path
     assert list(curve.lines[0].get_xdata()) == [1, 2, 3, 4]
 
 
+def test_plan_reads_a_file_whose_name_holds_glob_characters(tmp_path, capsys):
+    source = tmp_path / "texts [v1].jsonl"
+    source.write_text('{"text": "abc"}\n{"text": "abcdef"}\n')
+    assert cli.main(["plan", "--input", str(source), "--column", "text"]) == 0
+    assert "text: 2 values" in capsys.readouterr().out
+
+
 def test_plan_of_json_lines_chars_and_a_wrong_column_or_measure(tmp_path, capsys):
     source = ft.write_json_lines(tmp_path / "rows.jsonl",
                                  [{"id": i, "text": "x" * (i + 1)} for i in range(20)])  # fmt: skip

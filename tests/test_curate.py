@@ -365,6 +365,11 @@ def test_bad_rows_are_dead_lettered(tmp_path):
     # JSON, not an object) are dead letters of the read.
     want += [("5", "read"), ("None", "read"), ("None", "read")]
     assert got == sorted(want)
+    # A field of the wrong type is told the fix a command-line user has.
+    said = {d.key: d.message for d in failed}
+    assert "write each label as a JSON string" in said["int-label"], said["int-label"]
+    assert "write every id as a string" in said[5], said[5]
+    assert not any("schema argument" in m for m in said.values()), said
     assert summary.rows == len(lines) - 1 == summary.records + summary.dead_letters
     assert summary.records == len(good) and summary.classes == classes
     assert summary.dead_letters_by_stage == {
@@ -399,8 +404,21 @@ def test_parquet_rows_keep_their_id_type_and_bad_rows_are_dead_lettered(tmp_path
     assert sorted(scores.column("id").to_pylist()) == ids[:40]
     bad = tmp_path / "bad.parquet"
     pq.write_table(table.set_column(2, "label", pa.array(range(43))), bad)
-    with pytest.raises(ValueError, match="'label' of .* is int64; expected strings"):
+    with pytest.raises(ValueError, match="'label' of .* is int64; expected strings.*--label_"):
         curate.run(["--input", str(bad), "--output", str(tmp_path / "bad")])
+
+
+def test_an_input_of_one_label_is_refused_saying_so(tmp_path):
+    # No flips asked for: the message spoke of classes "to flip between".
+    _, rows = labelled_corpus(3)
+    lines = [
+        json.dumps({"id": i, "text": t, "label": "spam"}) for i, (_, t, _) in enumerate(rows[:20])
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"one label, 'spam'.*at least 2.*--label_column") as e:
+        curate.run(["--input", str(path), "--output", str(tmp_path / "out"), "--passes", "1"])
+    assert "flip" not in str(e.value)
 
 
 # ---------------------------------------------------------------- a user's own data

@@ -240,18 +240,45 @@ def test_enormous_text_is_embedded_from_its_first_characters(tmp_path):
     prose = "The quick brown fox jumps over the lazy dog near the river bank. "
     huge = prose * (100 * 2**20 // len(prose))  # 100 MB
     head = huge[:3000].rsplit(" ", 1)[0]  # far more than 256 tokens
-    spaces = " " * 200_000 + "word"  # no 256 tokens in the first 65,536 characters
-    path = _parquet(tmp_path / "in.parquet", [1, 2, 3], [huge, head, spaces])
+    spaces = "word " + " " * 200_000 + "word"  # no 256 tokens in the first 65,536 characters
+    # Whitespace at the ends is no text: its tokens are all in the first characters.
+    edged = " " * 200_000 + "word" + "\n" * 200_000
+    path = _parquet(tmp_path / "in.parquet", [1, 2, 3, 4, 5], [huge, head, spaces, edged, "word"])
     del huge
 
     ft.run(path, tmp_path / "out")
 
     table, failed = ft.read_outputs(tmp_path / "out")
-    assert sorted(ft.ids(table)) == [1, 2]
+    assert sorted(ft.ids(table)) == [1, 2, 4, 5]
     vectors = dict(zip(ft.ids(table), table.column("embedding").to_pylist(), strict=True))
     np.testing.assert_allclose(vectors[1], vectors[2], atol=1e-6)  # the same first 256 tokens
+    np.testing.assert_allclose(vectors[4], vectors[5], atol=1e-6)
     d = _only(failed, id=3, stage="tokenize", error_type="TextTooLongError")
-    assert "200,004 characters" in d["error"] and len(d["element"]) <= 1000
+    assert "200,009 characters" in d["error"] and len(d["element"]) <= 1000
+
+
+def test_a_file_whose_name_holds_glob_characters_is_read_by_its_name(tmp_path):
+    # "data [v1].parquet" as a glob matches "data v.parquet" and the like, not itself: the
+    # launch said the --input it was given "matches no file".
+    path = _parquet(tmp_path / "data [v1].parquet", [1, 2], ft.texts(2))
+
+    summary = ft.run(path, tmp_path / "out", "--buckets", "16,256")
+
+    table, failed = ft.read_outputs(tmp_path / "out")
+    assert sorted(ft.ids(table)) == [1, 2] and not failed and summary.rows == 2
+
+
+def test_a_glob_in_the_current_directory_matches_its_files(tmp_path, monkeypatch):
+    # Beam lists the directory before a glob's first wildcard, "" for "in-*.parquet": the
+    # launch said it matched no file.
+    _parquet(tmp_path / "in-1.parquet", [1, 2], ft.texts(2))
+    _parquet(tmp_path / "in-2.parquet", [3], ft.texts(1))
+    monkeypatch.chdir(tmp_path)
+
+    summary = ft.run("in-*.parquet", tmp_path / "out", "--buckets", "16,256")
+
+    table, failed = ft.read_outputs(tmp_path / "out")
+    assert sorted(ft.ids(table)) == [1, 2, 3] and not failed and summary.rows == 3
 
 
 def test_empty_json_lines_file_has_no_rows(tmp_path):

@@ -333,3 +333,20 @@ def test_keep_columns_from_json_lines_take_the_types_of_the_first_lines(tmp_path
         table.schema.field("n").type == pa.int64() and table.schema.field("url").type == pa.string()
     )
     assert table.column("n").to_pylist() == [r["n"] for r in rows]
+
+
+def test_keep_columns_carries_the_text_column_and_a_column_named_key(tmp_path):
+    # "text" and "key" are also the names the job gives its own columns on the way: carried
+    # under them, the run failed in its embedding step ('Field "text" exists 2 times').
+    rows = [{"id": i, "text": f"text {i}", "key": f"k{i}"} for i in range(4)]
+    parquet, jsonl = tmp_path / "mine.parquet", tmp_path / "mine.jsonl"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for source in (parquet, jsonl):
+        out = tmp_path / f"out-{source.suffix[1:]}"
+        embed_job.run(["--input", str(source), "--output", str(out), "--keep_columns",
+                       "text,key", "--buckets", "16,256", "--no-progress"])  # fmt: skip
+        table = pq.read_table(out).sort_by("id")
+        assert table.column_names == ["id", "embedding", "text", "key"], source
+        assert table.column("text").to_pylist() == [r["text"] for r in rows], source
+        assert table.column("key").to_pylist() == [r["key"] for r in rows], source

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import beam_jax as bj
+from beam_jax import jobs
 from beam_jax._src.arrow.origin import carry_origin, file_rows, row_origin
 from beam_jax._src.arrow.read_files import ReadRowGroup
 from beam_jax.internal import origin_of, with_origin
@@ -84,6 +85,23 @@ def test_an_empty_glob_fails_the_launch_naming_the_pattern(tmp_path):
     p = pipeline()
     with pytest.raises(bj.InputFileError, match="no files match .*nothing-here"):
         _ = p | bj.ReadArrowBatches(str(tmp_path / "nothing-here" / "*.parquet"))
+
+
+def test_a_file_named_like_a_glob_that_matches_nothing_is_that_file(tmp_path):
+    path = tmp_path / "rows [v1].parquet"
+    pq.write_table(pa.table({"id": [1, 2], "x": [[1.0], [2.0]]}), path)
+    assert bj.ReadArrowBatches(str(path)).files() == [str(path)]
+    assert jobs.match_inputs(str(path))[0].path == str(path)
+    (tmp_path / "rows v.parquet").write_bytes(b"")  # what the glob matches wins
+    assert bj.ReadArrowBatches(str(path)).files() == [str(tmp_path / "rows v.parquet")]
+
+
+def test_a_relative_glob_without_a_directory_matches_the_current_one(tmp_path, monkeypatch):
+    for name in ("a.parquet", "b.parquet"):
+        pq.write_table(pa.table({"id": [1], "x": [[1.0]]}), tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    assert bj.ReadArrowBatches("*.parquet").files() == ["a.parquet", "b.parquet"]
+    assert [f.path for f in jobs.match_inputs("b*.parquet")] == ["b.parquet"]
 
 
 def test_an_unreadable_row_group_is_one_dead_letter(files):

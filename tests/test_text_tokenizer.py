@@ -96,6 +96,15 @@ def test_long_texts_are_tokenized_from_their_start(tokenizer, texts):
     assert "hold only 1 tokens, fewer than the 254 embedded" in str(failures[1])
 
 
+def test_whitespace_at_a_long_text_s_ends_is_not_counted_against_it(tokenizer):
+    # Its first characters were all whitespace: "its first 7 hold only 2 tokens".
+    edged = [" " * (text.MAX_TOKENIZED_CHARS + 10) + "the end", "the end" + "\n" * 70_000]
+    ids, failures = tokenizer.encode_arrow(pa.array(edged))
+    want = tokenizer.encode("the end").tolist()
+    assert not failures and _lists(ids) == [want, want]
+    assert tokenizer.count_tokens(edged).tolist() == [len(want)] * 2
+
+
 def test_a_text_the_tokenizer_rejects_fails_alone(tokenizer, monkeypatch):
     real = tokenizer._fast
 

@@ -159,6 +159,13 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
         if records == 0:
             raise ValueError(f"no usable rows; see the dead letters in {work}/_failed/")
         classes = tuple(sorted(stats["labels"]))
+        if len(classes) < 2:
+            raise ValueError(
+                f"the input's {jobs.counted(records, 'record')} hold one label, {classes[0]!r}; "
+                "curate trains a classifier over the labels it finds and needs at least 2. "
+                "Give rows of other labels too, or name the input's label column with "
+                "--label_column"
+            )
         job = passes.Job(
             output=work,
             noise=passes.LabelNoise(classes, args.flip_fraction, args.seed),

@@ -59,12 +59,12 @@ def input_schema(
         return pa.schema([("id", pa.int64()), ("text", pa.string()), ("label", pa.string())])
     id_column, text_column, _ = columns
     first = bj.ReadArrowBatches(pattern, columns=[id_column], format=format).files()[0]
+    flags = ("--id_column", "--text_column", "--label_column")
     if format == "jsonl":
         types = {id_column: jobs.id_type_of([first], id_column, text_column)}  # the first id's
     else:
         with FileSystems.open(first) as f:
             schema = pq.read_schema(f)
-        flags = ("--id_column", "--text_column", "--label_column")
         for name, flag in zip(columns, flags, strict=True):
             if name not in schema.names:
                 raise ValueError(
@@ -76,7 +76,11 @@ def input_schema(
         text = pa.types.is_string(t) or pa.types.is_large_string(t)
         if not text and not (name == id_column and pa.types.is_integer(t)):
             kind = "integers or strings" if name == id_column else "strings"
-            raise ValueError(f"the {name!r} of {first} is {t}; expected {kind}")
+            flag = flags[columns.index(name)]
+            raise ValueError(
+                f"the {name!r} of {first} is {t}; expected {kind}. Write the column as "
+                f"{kind}, or name the input's column that holds them with {flag}"
+            )
     id_type = types[id_column]
     return pa.schema([(id_column, id_type), (columns[1], pa.string()), (columns[2], pa.string())])
 
@@ -92,7 +96,15 @@ def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
             | "Spread" >> beam.Reshuffle()
         )
         return rows, pipeline | "NoDeadLetters" >> beam.Create([])
-    typed = {"format": args.format, "schema": schema, "key": schema.names[0]}
+    id_column, text_column, label_column = schema.names
+    id_kind = "an integer" if pa.types.is_integer(schema.field(0).type) else "a string"
+    type_fix = {  # what a JSON line whose field has another type is told
+        id_column: f"write every id as {id_kind}, as the input's first ids are",
+        text_column: "name the field of the texts with --text_column",
+        label_column: 'write each label as a JSON string ("3", not 3), or name the field of '
+        "the labels with --label_column",
+    }
+    typed = {"format": args.format, "schema": schema, "key": id_column, "type_fix": type_fix}
     read = bj.ReadArrowBatches(pattern, columns=schema.names, max_rows=_ROWS_PER_BATCH, **typed)
     return pipeline | "Read" >> read.with_exception_handling()
 

@@ -20,11 +20,14 @@ import numpy as np
 import pyarrow as pa
 
 from beam_jax import jobs
-from beam_jax.internal import ROW_COLUMN, bad_lines_of
+from beam_jax.internal import bad_lines_of
 
-__all__ = ["KEY", "METRICS_NAMESPACE", "ROW_BITS", "Inputs", "Part", "split_keys"]
+__all__ = ["CARRIED", "KEY", "METRICS_NAMESPACE", "ROW_BITS", "Inputs", "Part", "split_keys"]
 
 KEY = "key"
+# Before a carried column's name on the way, so that an input column named "key" or "text"
+# is carried beside the job's own columns of those names.
+CARRIED = "embed_text.carried."
 PART_FILE = b"embed_text.file"  # a part's file index (a part may hold no row, only bad lines)
 METRICS_NAMESPACE = "embed_text"  # the job's own counters (rows, parts, dead letters)
 ROW_BITS = 40  # rows per file < 2**40; files < 2**23
@@ -124,8 +127,9 @@ class Part:
         files, positions = split_keys(batch.column(KEY).to_numpy())
         meta = batch.schema.metadata or {}
         file_index = int(meta[PART_FILE]) if PART_FILE in meta else int(files[0])
-        extra = [c for c in batch.schema.names if c not in (KEY, "id", "text", ROW_COLUMN)]
-        carried = batch.select(extra) if extra else None
+        extra = [c for c in batch.schema.names if c.startswith(CARRIED)]
+        names = [c.removeprefix(CARRIED) for c in extra]
+        carried = batch.select(extra).rename_columns(names) if extra else None
         return cls(file_index, positions, batch.column("id"), carried, tuple(bad_lines_of(batch)))
 
     @property

@@ -20,7 +20,7 @@ import pyarrow as pa
 import beam_jax as bj
 from beam_jax.internal import ROW_COLUMN, bad_lines_of, row_origin, with_origin
 from beam_jax.text import builtin_corpus
-from pipelines.embed.parts import BUILTIN_NAME, KEY, PART_FILE, ROW_BITS, Inputs
+from pipelines.embed.parts import BUILTIN_NAME, CARRIED, KEY, PART_FILE, ROW_BITS, Inputs
 
 __all__ = ["KeyBatches", "ReadParts"]
 
@@ -50,7 +50,7 @@ class KeyBatches(beam.DoFn):
         lines = [ROW_COLUMN] if ROW_COLUMN in batch.schema.names else []  # rows skip lines
         keys = pa.array(rows.astype(np.int64) | (file_index << ROW_BITS), pa.int64())
         columns = [keys, *(batch.column(c) for c in [*self._columns, *lines])]
-        names = [KEY, "id", "text", *self._carried, *lines]
+        names = [KEY, "id", "text", *(CARRIED + c for c in self._carried), *lines]
         meta = {**batch.schema.metadata, PART_FILE: str(file_index).encode()}
         yield pa.RecordBatch.from_arrays(columns, names=names).replace_schema_metadata(meta)
 
@@ -104,13 +104,15 @@ class ReadParts(beam.PTransform):
         else:
             id_column, text_column = inputs.columns
             json_lines = inputs.format == "jsonl"
-            fields = [(id_column, self._id_type), (text_column, pa.string()), *inputs.carried]
+            # Each column read once: the text column may also be carried.
+            fields = {id_column: self._id_type, text_column: pa.string()}
+            fields |= {f.name: f.type for f in inputs.carried if f.name not in fields}
             read = bj.ReadArrowBatches(
                 inputs.pattern,
-                columns=[*inputs.columns, *inputs.carried.names],
+                columns=list(fields),
                 max_rows=self._part_rows,
                 format=inputs.format,
-                schema=pa.schema(fields) if json_lines else None,
+                schema=pa.schema(list(fields.items())) if json_lines else None,
                 key=id_column if json_lines else None,
                 spread=spread,
                 type_fix={

@@ -8,14 +8,13 @@ from typing import NamedTuple
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
 from beam_jax._src.arrow import coder  # noqa: F401 - registers ArrowCoder for record batches
 from beam_jax._src.arrow.json_lines import infer_schema, is_json_lines
 from beam_jax._src.arrow.read_files import ListRowGroups, ReadJsonLines, ReadRowGroup
 from beam_jax._src.core.dead_letter import DEAD_LETTERS
 from beam_jax._src.errors import InputFileError, SpecError
-from beam_jax._src.files import dangling_links
+from beam_jax._src.files import dangling_links, match_files
 from beam_jax._src.runners.dask_refusals import refuse_beams_dask_runner
 
 
@@ -143,7 +142,7 @@ class ReadArrowBatches(beam.PTransform):
             InputFileError: nothing matches.
         """
         try:
-            matched = FileSystems.match([self.file_pattern])[0].metadata_list
+            matched = match_files(self.file_pattern)
         except Exception as e:  # noqa: BLE001 - Beam raises for a missing directory too
             matched, cause = [], e
         else:

@@ -50,6 +50,7 @@ def _paths(pattern: str) -> list[str]:
     if os.path.isdir(pattern):
         return [pattern]
     paths = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    paths = paths or glob.glob(glob.escape(pattern))  # a name such as 'a [v1].jsonl'
     if not paths or not all(os.path.exists(p) for p in paths):
         raise FileNotFoundError(f"--input {pattern!r} matches no file; give a path or a glob")
     return paths

@@ -33,7 +33,7 @@ from beam_jax._src.arrow.json_lines import (
 )
 from beam_jax._src.arrow.texts import is_text_type, utf8_texts
 from beam_jax._src.core.wording import counted
-from beam_jax._src.files import dangling_links
+from beam_jax._src.files import dangling_links, match_files
 
 __all__ = [
     "InputFile",
@@ -88,7 +88,7 @@ def match_inputs(pattern: str) -> tuple[InputFile, ...]:
     """
     found = {
         m.path: InputFile(m.path, m.size_in_bytes, m.last_updated_in_seconds)
-        for m in FileSystems.match([pattern])[0].metadata_list
+        for m in match_files(pattern)
     }
     for path in dangling_links(pattern):
         found.setdefault(path, InputFile(path, None, None))

@@ -41,7 +41,11 @@ class TextTooLongError(InvalidElementError):
 
 
 def _prefix(text: str, max_chars: int) -> str:
-    """``text``'s first ``max_chars`` characters, cut back to a whitespace."""
+    """``text``'s first ``max_chars`` characters after its leading whitespace (no tokens),
+    cut back to a whitespace; the text itself if it is no longer."""
+    text = text.lstrip()
+    if len(text) <= max_chars:
+        return text
     head = text[:max_chars]
     space = _LAST_SPACE.search(head)
     return head[: space.start()] if space else head
@@ -259,7 +263,8 @@ class Tokenizer:
                 )
         values = self._python_texts(texts, failures, name)
         chars = pc.utf8_length(texts).to_numpy(zero_copy_only=False) if n else np.zeros(0)
-        long = [r for r in np.flatnonzero(chars > self.max_chars).tolist() if r not in failures]
+        long = np.flatnonzero(chars > self.max_chars).tolist()  # then trimmed: no tokens
+        long = [r for r in long if r not in failures and len(values[r]) > self.max_chars]
         for row in long:
             values[row] = _prefix(values[row], self.max_chars)
         good = [r for r in range(n) if r not in failures] if failures else range(n)
