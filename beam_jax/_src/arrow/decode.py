@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from beam_jax._src.core import messages
+from beam_jax._src.core.dtypes import can_cast, kind
 from beam_jax._src.core.spec import ArraySpec, Layout
 from beam_jax._src.core.validation import cast_checked
 from beam_jax._src.errors import InvalidElementError, SpecError
@@ -172,7 +173,7 @@ def decode_leaf(
         )
     if rank and not isinstance(spec.shape[0], str):
         checks.add(count != spec.shape[0], _fixed(name, ids, spec.shape, count))
-    if nonfinite == "reject" and values.dtype.kind in "fc":
+    if nonfinite == "reject" and kind(values.dtype) in "fc":
         checks.add(
             _range_any(~np.isfinite(values), lo, hi),
             lambda r: messages.nonfinite(f"{ids(r)}, column {name!r}"),
@@ -180,7 +181,7 @@ def decode_leaf(
     if spec.valid_range is not None and len(values):
         low, high = spec.valid_range
         outside = (values < low) | (values >= high)
-        if values.dtype.kind == "f":
+        if kind(values.dtype) == "f":
             outside |= np.isnan(values)
         checks.add(
             _range_any(outside, lo, hi),
@@ -246,7 +247,7 @@ def _list_layout(column, spec, name, checks, ids, item, casting):
     if array.null_count:
         null_values = ~np.asarray(array.is_valid().to_numpy(zero_copy_only=False), bool)
         checks.add(_range_any(null_values, lo, hi), _null_values(name, ids))
-    if values.dtype.kind in "OUSV" or not np.can_cast(values.dtype, spec.dtype, casting=casting):
+    if not can_cast(values.dtype, spec.dtype, casting):
         checks.add(
             np.ones(len(column), bool),
             lambda r: messages.cannot_cast(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from beam_jax._src.errors import ElementTooLargeError, InvalidElementError
@@ -66,13 +67,14 @@ def nonfinite(where: str) -> InvalidElementError:
 def does_not_fit(where: str, lost: np.ndarray | None, want: Any) -> InvalidElementError:
     """Values (``lost``, when known) that casting to ``want`` would wrap or overflow."""
     want = np.dtype(want)
-    info = np.iinfo(want) if want.kind in "iu" else np.finfo(want)
+    info = np.iinfo(want) if want.kind in "iu" else ml_dtypes.finfo(want)
     number = str if want.kind in "iu" else "{:g}".format
     if lost is None or lost.min() != lost.max():
-        shown = "" if lost is None else f" from {lost.min()} to {lost.max()}"
+        # str, as f"{x}" prints a float32 3.4e+38 as 3.3999999521443642e+38
+        shown = "" if lost is None else f" from {lost.min()!s} to {lost.max()!s}"
         received, them = f"values{shown}", "them"
     else:
-        received, them = f"the value {lost.min()}", "it"
+        received, them = f"the value {lost.min()!s}", "it"
     effect = f"wrap {them} around" if want.kind in "iu" else f"make {them} infinite"
     return InvalidElementError(
         f"{where}: received {received}, outside {want}'s range ({number(info.min)} to "

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from beam_jax._src.core.dtypes import kind
 from beam_jax._src.errors import SpecError
 
 Dim = int | str
@@ -29,7 +30,8 @@ class ArraySpec:
 
     Args:
         shape: one entry per axis: an ``int`` for a fixed size, a name for a ragged axis.
-        dtype: the dtype the kernel receives; inputs are cast to it (see ``casting``).
+        dtype: the dtype the kernel receives (numeric, bool, or a JAX float type such as
+            ``jnp.bfloat16``); inputs are cast to it (see ``casting``).
             ``None`` is allowed only in output specs, where it means "any".
         pad_value: the value written into padding.
         valid_range: optional ``(low, high)``; every value must satisfy ``low <= v < high``
@@ -63,10 +65,11 @@ class ArraySpec:
                 dtype = np.dtype(self.dtype)
             except TypeError as e:
                 raise SpecError(f"ArraySpec.dtype {self.dtype!r} is not a numpy dtype.") from e
-            if dtype.kind in "OUSV":
+            if kind(dtype) in "OUSV":
                 raise SpecError(
-                    f"ArraySpec.dtype must be numeric or bool, got {dtype}; encode strings as "
-                    "ids before the kernel."
+                    f"ArraySpec.dtype must be numeric or bool (bfloat16 and float8 included), "
+                    f"got {dtype}; encode strings as integer ids before the kernel, and give "
+                    "each field of a record its own leaf."
                 )
             object.__setattr__(self, "dtype", dtype)
             try:
@@ -78,13 +81,14 @@ class ArraySpec:
                     f"pad_value {self.pad_value!r} cannot be represented as {dtype}."
                 ) from e
             # Rounding a float is fine; an integer cut, wrapped or turned to bool, or a
-            # float overflowed to infinity, would pad with another value than the one given.
-            if given.dtype.kind not in "biufc":
+            # float overflowed to infinity (NaN in float8 types without one), would pad with
+            # another value than the one given.
+            if kind(given.dtype) not in "biufc":
                 lost = False
-            elif dtype.kind in "biu":
+            elif kind(dtype) in "biu":
                 lost = np.any(pad != given)
             else:
-                lost = np.any(np.isinf(pad) & ~np.isinf(given))
+                lost = np.any(~np.isfinite(pad) & np.isfinite(given))
             if lost:
                 raise SpecError(
                     f"pad_value {self.pad_value!r} cannot be represented as {dtype}: it would "

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import numpy as np
 
 from beam_jax._src.core import messages
+from beam_jax._src.core.dtypes import can_cast, kind
 from beam_jax._src.core.spec import ArraySpec, Layout, path_str
 from beam_jax._src.errors import InvalidElementError, SpecError
 
@@ -26,8 +27,8 @@ class Validation:
 
     Args:
         casting: numpy casting rule from the element's dtype to the spec's dtype. The default
-            ``"same_kind"`` accepts float64 for a float32 spec but rejects strings, objects
-            and complex numbers for a real spec.
+            ``"same_kind"`` accepts float64 for a float32 spec (and float32 for a bfloat16
+            one), rounding, but rejects strings, objects and complex numbers for a real spec.
         nonfinite: ``"pass"`` lets NaN/Inf inputs through; ``"reject"`` dead-letters them.
         allow_empty: whether a ragged axis may have length 0.
         max_element_bytes: reject elements larger than this many bytes (after casting).
@@ -199,7 +200,7 @@ def validate(
                 "pass numpy (or jax) arrays, e.g. np.asarray(x, np.float32)."
             )
         value = value if type(value) is np.ndarray else _plain_array(value, f"at {where}")
-        if not _castable(value.dtype, spec.dtype, validation.casting):
+        if not can_cast(value.dtype, spec.dtype, validation.casting):
             raise messages.cannot_cast(f"at {where}", value.dtype, spec.dtype, validation.casting)
         if value.ndim != len(spec.shape):
             raise InvalidElementError(
@@ -240,13 +241,13 @@ def validate(
         cast, lost = cast_checked(value, spec.dtype)
         if lost is not None and lost.any():
             raise messages.does_not_fit(f"at {layout.names[i]}", value[lost], cast.dtype)
-        if validation.nonfinite == "reject" and cast.dtype.kind in "fc":
+        if validation.nonfinite == "reject" and kind(cast.dtype) in "fc":
             if not np.isfinite(cast).all():
                 raise messages.nonfinite(f"at {layout.names[i]}")
         if spec.valid_range is not None and cast.size:
             low, high = spec.valid_range
             lo, hi = cast.min(), cast.max()
-            if lo < low or hi >= high or (cast.dtype.kind == "f" and np.isnan(cast).any()):
+            if lo < low or hi >= high or (kind(cast.dtype) == "f" and np.isnan(cast).any()):
                 raise messages.out_of_range(f"at {layout.names[i]}", low, high, (lo, hi))
         nbytes += cast.nbytes
         leaves.append(cast)
@@ -258,8 +259,9 @@ def validate(
 def cast_checked(values: np.ndarray, dtype: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """``(cast, lost)``: ``values`` in ``dtype`` (no copy where they already are), and where
     the cast lost a value rather than rounding it: an integer outside a narrower integer
-    type (it wrapped around), a finite number that overflowed to infinity. ``lost`` is
-    ``None`` where the cast cannot lose one (a safe cast); an overflow is not warned of.
+    type (it wrapped around), a finite number that overflowed to infinity (NaN in float8
+    types without one). ``lost`` is ``None`` where the cast cannot lose one (a safe cast);
+    an overflow is not warned of.
 
     Example:
         >>> cast, lost = cast_checked(np.array([1, 2**32 + 5], np.int64), np.int32)
@@ -269,29 +271,17 @@ def cast_checked(values: np.ndarray, dtype: Any) -> tuple[np.ndarray, np.ndarray
     with np.errstate(over="ignore"):  # the caller reports it, with the values
         cast = values.astype(dtype, copy=False)
     got, want = values.dtype, cast.dtype
-    if got == want or np.can_cast(got, want, "safe"):
+    if got == want or can_cast(got, want, "safe"):
         return cast, None
-    if got.kind in "iu" and want.kind in "iu":
+    if kind(got) in "iu" and kind(want) in "iu":
         info = np.iinfo(want)
         return cast, (values < info.min) | (values > info.max)
-    if got.kind in "iuf" and want.kind == "f":
-        return cast, np.isinf(cast) & ~np.isinf(values)
+    if kind(got) in "iuf" and kind(want) == "f":
+        return cast, ~np.isfinite(cast) & np.isfinite(values)
     return cast, None
 
 
 _ARRAYS = (np.ndarray, np.generic)
-_CASTABLE: dict[tuple[np.dtype, np.dtype, str], bool] = {}
-
-
-def _castable(got: np.dtype, want: np.dtype, casting: str) -> bool:
-    """Whether ``got`` may become ``want`` (numeric data only), memoised: the per-element
-    path asks the same question for every element."""
-    key = (got, want, casting)
-    ok = _CASTABLE.get(key)
-    if ok is None:
-        ok = got.kind not in "OUSV" and bool(np.can_cast(got, want, casting=casting))
-        _CASTABLE[key] = ok
-    return ok
 
 
 def _plain_array(value: Any, where: str) -> np.ndarray:
