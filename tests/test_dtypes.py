@@ -94,6 +94,8 @@ def test_bfloat16_casts_follow_numpy_s_float32_rules():
         plan(casting="safe").validate({"x": np.ones(2, np.float32)})
     with pytest.raises(bj.InvalidElementError, match="3.4e.38, outside bfloat16's range"):
         plan().validate({"x": np.array([1.0, 3.4e38], np.float32)})  # it would become inf
+    with pytest.raises(bj.InvalidElementError, match="float8_e4m3fn would make it NaN"):
+        plan(ml_dtypes.float8_e4m3fn).validate({"x": np.array([1.0, 1e5], np.float32)})
     refused = {
         "dtype complex64 cannot be cast to bfloat16": np.ones(2, np.complex64),
         "dtype <U1 cannot be cast to bfloat16": np.array(["a"]),
