@@ -24,14 +24,13 @@ from apache_beam.options.pipeline_options import StandardOptions
 import beam_jax as bj
 from beam_jax import jobs
 from beam_jax.jobs import OutputDir, RunConsole, on_accelerator
-from beam_jax.text import MAX_TOKENIZED_CHARS, SentenceEncoder
+from beam_jax.text import INPUT_IDS, MAX_TOKENIZED_CHARS, TOKENIZE, SentenceEncoder
 from pipelines.embed import plan as launch_plan
 from pipelines.embed import write
-from pipelines.embed.embed_parts import EmbedParts
+from pipelines.embed.embed_parts import EmbedParts, tokenize_parts
 from pipelines.embed.flags import DEFAULT_OUTPUT, parse_args
-from pipelines.embed.parts import KEY, Inputs
+from pipelines.embed.parts import KEY, METRICS_NAMESPACE, Inputs
 from pipelines.embed.read import ReadParts
-from pipelines.embed.tokenize import INPUT_IDS, METRICS_NAMESPACE, TOKENIZE, tokenize_parts
 
 __all__ = ["DEFAULT_OUTPUT", "EmbedTextSummary", "Encoder", "embed_kernel", "run"]
 
