@@ -160,8 +160,9 @@ def _build(
     # A consumer across a shuffle: the local FnApiRunner then fails when a worker dies
     # there instead of waiting forever (a SIGKILL in the writing step hung it, Beam 2.77).
     _ = names | "KeyPartNames" >> beam.WithKeys(None) | "GatherPartNames" >> beam.GroupByKey()
-    unreadable_writer = write.WriteUnreadable(staging, inputs, progress)
-    _ = unreadable | "WriteUnreadable" >> beam.ParDo(unreadable_writer)
+    written = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
+    if progress is not None:  # counted by the workers, printed by the driver
+        _ = written | "CountUnreadable" >> beam.ParDo(jobs.CountProgress(progress, "unreadable"))
     if launch.planned and not jobs.workers_here(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the
         # first stage; where the workers run in this process, run() starts it).

@@ -284,22 +284,14 @@ def _in_row_order(results) -> tuple[np.ndarray, np.ndarray]:
 
 class WriteUnreadable(beam.DoFn):
     """A read step's dead letter in (a file or row group that cannot be read, counted as
-    ``files_unreadable``), written to its own file under ``_failed/``."""
+    ``files_unreadable``), written to its own file under ``_failed/``; the file's name out."""
 
-    def __init__(self, directory: str, inputs: Inputs, progress: str | None = None):
+    def __init__(self, directory: str, inputs: Inputs):
         self._directory = directory
         self._inputs = inputs
-        self._progress = progress  # the driver's progress directory, if any
 
     def setup(self):
         self._files = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "files_unreadable")
-        self._count = jobs.CountProgress(self._progress, "unreadable") if self._progress else None
-        if self._count is not None:
-            self._count.setup()
-
-    def finish_bundle(self):
-        if self._count is not None:
-            self._count.finish_bundle()
 
     def process(self, record: bj.FailedElement) -> Iterator[str]:
         paths = [self._inputs.file_name(i) for i in range(len(self._inputs.files))]
@@ -309,8 +301,6 @@ class WriteUnreadable(beam.DoFn):
                 f"job's input files as matched at launch ({len(paths)}: {paths[:3]}...)"
             )
         self._files.inc()
-        if self._count is not None:
-            self._count.process(record)
         name = unreadable_name(self._inputs.source(paths.index(record.source)), record.row or 0)
         write_atomically(f"{self._directory}/{name}", f"{dead_letter_json(record)}\n".encode())
         yield name
