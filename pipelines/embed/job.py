@@ -235,15 +235,6 @@ def _restored(cls, values: dict[str, Any]):
     )
 
 
-def _dry_run(args, options, model, inputs: Inputs, id_type, output: OutputDir) -> None:
-    """Builds the job for its runner without running it (Beam's ``--dry_run=True``)."""
-    launch = launch_plan.plan_for(args, inputs, jobs.devices_per_worker(options), model)
-    print(launch, flush=True)
-    pipeline = beam.Pipeline(options=options)  # validates the options for the runner
-    _build(pipeline, args, model, inputs, id_type, output.staging, frozenset(), launch)
-    jobs.run_dry(pipeline, "embed_text", output.path)
-
-
 @jobs.freeze_startup_objects()
 @jobs.prompt_bundle_ends()
 def run(
@@ -304,8 +295,12 @@ def run(
         "max_tokenized_chars": MAX_TOKENIZED_CHARS,
         "matmuls": model.matmuls,
     }
-    if jobs.is_dry_run(options):
-        return _dry_run(args, options, model, inputs, id_type, output)
+    if jobs.is_dry_run(options):  # Beam's --dry_run=True: the job built for its runner, not run
+        launch = launch_plan.plan_for(args, inputs, jobs.devices_per_worker(options), model)
+        print(launch, flush=True)
+        pipeline = beam.Pipeline(options=options)  # validates the options for the runner
+        _build(pipeline, args, model, inputs, id_type, output.staging, frozenset(), launch)
+        return jobs.run_dry(pipeline, "embed_text", output.path)
     published = output.finish_publishing(job)
     if published is not None:  # this job succeeded, and was killed while publishing
         print(
