@@ -22,8 +22,6 @@ from beam_jax.text import EmbedBatches, IdType, TokenizeBatches
 from pipelines.embed.parts import KEY, METRICS_NAMESPACE, Part
 from pipelines.embed.write import PartWriter
 
-__all__ = ["EmbedParts", "tokenize_parts"]
-
 _WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 
 

@@ -17,8 +17,6 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from beam_jax import jobs, text
 from beam_jax.jobs import DefaultsHelpFormatter, int_list, positive_int
 
-__all__ = ["DEFAULT_BUCKETS", "DEFAULT_OUTPUT", "buckets_problem", "parse_args"]
-
 # Token-length buckets up to the model's 256-token window (docs/embed_text.md); the
 # launch-time planner's costs: one MiniLM shape compiles in the time 2 cores embed ~2,000 tokens.
 DEFAULT_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256)

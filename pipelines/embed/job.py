@@ -154,7 +154,7 @@ def _build(
     parts, unreadable = pipeline | "Read" >> read
     embed = embed_kernel(args, model, launch, encoder or Encoder())
     tokenize = tokenize_parts(id_type, model, inputs.text_column)
-    writer = write.PartWriter(staging, inputs, write.embeddings_schema(id_type, inputs.carried))
+    writer = write.PartWriter(staging, inputs, jobs.embeddings_schema(id_type, inputs.carried))
     step = beam.ParDo(EmbedParts(tokenize, embed, writer, progress))
     names = parts | "Embed" >> on_accelerator(step, args.accelerator)
     # A consumer across a shuffle: the local FnApiRunner then fails when a worker dies

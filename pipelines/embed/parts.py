@@ -22,8 +22,6 @@ import pyarrow as pa
 from beam_jax import jobs
 from beam_jax.internal import ROW_COLUMN, bad_lines_of
 
-__all__ = ["KEY", "METRICS_NAMESPACE", "ROW_BITS", "Inputs", "Part", "split_keys"]
-
 KEY = "key"
 PART_FILE = b"embed_text.file"  # a part's file index (a part may hold no row, only bad lines)
 METRICS_NAMESPACE = "embed_text"  # the job's own counters (rows, parts, dead letters)

@@ -23,8 +23,6 @@ from beam_jax import jobs, text
 from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import Inputs
 
-__all__ = ["LaunchPlan", "plan_for", "sample_texts", "token_lengths"]
-
 
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:

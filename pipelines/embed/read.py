@@ -22,8 +22,6 @@ from beam_jax.internal import ROW_COLUMN, bad_lines_of, row_origin, with_origin
 from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import BUILTIN_NAME, KEY, PART_FILE, ROW_BITS, Inputs
 
-__all__ = ["KeyBatches", "ReadParts"]
-
 
 class KeyBatches(beam.DoFn):
     """A record batch ``ReadArrowBatches`` read in; its rows with their keys out, the columns

@@ -30,32 +30,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
 from beam_jax import jobs
-from beam_jax.jobs import (
-    OutputLayout,
-    dead_letter_json,
-    embeddings_schema,
-    embeddings_table,
-    write_atomically,
-    write_embeddings,
-)
 from pipelines.embed.parts import KEY, METRICS_NAMESPACE, Inputs, Part, split_keys
-
-__all__ = [
-    "DEAD_LETTER_DIR",
-    "EMBEDDINGS",
-    "FAILED",
-    "LAYOUT",
-    "RECORD",
-    "PartWriter",
-    "WriteUnreadable",
-    "done_parts",
-    "embeddings_name",
-    "embeddings_schema",
-    "embeddings_table",
-    "part_counts",
-    "write_embeddings",
-    "write_no_rows",
-]
 
 EMBEDDINGS = re.compile(r"^embeddings-(?P<source>.+)-(?P<start>\d{12})-(?P<end>\d{12})\.parquet$")
 # Dead letters sit in "_failed/": dataset readers (pyarrow, pandas, DuckDB globs of
@@ -65,7 +40,7 @@ FAILED = re.compile(rf"^{DEAD_LETTER_DIR}/failed-.+\.jsonl$")
 RECORD = "_embed_text.json"  # the published run's record, written last
 # The flagship's files in OUTPUT; failed/...: where dead letters were published before
 # they moved to _failed/. A rerun of the same job resumes from the staged embeddings.
-LAYOUT = OutputLayout(
+LAYOUT = jobs.OutputLayout(
     published=re.compile(rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]})$"),
     ours=re.compile(
         rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}|failed/failed-.+\.jsonl"
@@ -87,8 +62,8 @@ def write_no_rows(directory: str, inputs: Inputs, id_type: pa.DataType) -> str:
     the job's columns; returns its name. For a run that read no row (an empty or unreadable
     input), which has no part of its own."""
     name = embeddings_name(inputs.source(0), 0, 0)
-    table = embeddings_schema(id_type, inputs.carried).empty_table()
-    write_embeddings(table, f"{directory}/{name}")
+    table = jobs.embeddings_schema(id_type, inputs.carried).empty_table()
+    jobs.write_embeddings(table, f"{directory}/{name}")
     return name
 
 
@@ -112,7 +87,6 @@ def done_parts(names: Iterable[str], inputs: Inputs) -> frozenset[tuple[int, int
 
 
 OUTPUT = "output"  # RunKernelOnArrow's column for a kernel returning one array
-_WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 
 
 class _Open:
@@ -249,12 +223,12 @@ class PartWriter:
         """Writes a whole part's dead letters (if any), then its embeddings, in row order;
         returns its name and counts."""
         part = collected.part
-        positions = part.positions
         table = self._schema.empty_table()
         done, vectors = _in_row_order(collected.results)
         if len(done):
-            rows = pa.array(np.searchsorted(positions, done))
-            table = embeddings_table(part.ids.take(rows), vectors, self._schema, part.kept(rows))
+            rows = pa.array(np.searchsorted(part.positions, done))
+            kept = part.kept(rows)
+            table = jobs.embeddings_table(part.ids.take(rows), vectors, self._schema, kept)
         dead = sorted(collected.dead, key=lambda d: d[0])
         if table.num_rows + len(dead) != part.size:
             raise RuntimeError(
@@ -263,11 +237,11 @@ class PartWriter:
             )
         source = self._inputs.source(part.file_index)
         if dead:
-            lines = "".join(f"{dead_letter_json(r)}\n" for _, r in dead)
+            lines = "".join(f"{jobs.dead_letter_json(r)}\n" for _, r in dead)
             name = failed_name(source, part.start, part.end)
-            write_atomically(f"{self._directory}/{name}", lines.encode("utf-8"))
+            jobs.write_atomically(f"{self._directory}/{name}", lines.encode("utf-8"))
         name = embeddings_name(source, part.start, part.end)
-        write_embeddings(table, f"{self._directory}/{name}")
+        jobs.write_embeddings(table, f"{self._directory}/{name}")
         return name, table.num_rows, len(dead)
 
 
@@ -302,7 +276,8 @@ class WriteUnreadable(beam.DoFn):
             )
         self._files.inc()
         name = unreadable_name(self._inputs.source(paths.index(record.source)), record.row or 0)
-        write_atomically(f"{self._directory}/{name}", f"{dead_letter_json(record)}\n".encode())
+        line = f"{jobs.dead_letter_json(record)}\n"
+        jobs.write_atomically(f"{self._directory}/{name}", line.encode())
         yield name
 
 
