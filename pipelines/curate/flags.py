@@ -29,7 +29,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         epilog="Beam's flags (--runner, --direct_num_workers, --project, ...) pass through, "
         "for every pipeline run; any other flag is an error. See docs/curate.md.",
         formatter_class=jobs.DefaultsHelpFormatter,
-        allow_abbrev=False,  # a prefix must not take a Beam flag's value
     )
     add = parser.add_argument
     positive = jobs.positive_int

@@ -55,7 +55,6 @@ def _parser() -> argparse.ArgumentParser:
         "write 'id' and 'embedding' to Parquet and failed rows to OUTPUT/_failed/*.jsonl.",
         epilog="Beam's flags (--runner, --project, --region, --temp_location, ...) pass "
         "through; any other flag is an error. See docs/embed_text.md.",
-        allow_abbrev=False,  # a prefix must not take a Beam flag's value
     )
     add = parser.add_argument
     add(
@@ -117,14 +116,13 @@ def _parser() -> argparse.ArgumentParser:
         "--batch_size",
         type=positive_int,
         default=DEFAULT_BATCH_SIZE,
-        help="the largest padded batch of texts (or packed rows) per kernel call "
-        f"(default: {DEFAULT_BATCH_SIZE})",
+        help="the largest padded batch of texts (or packed rows) per kernel call",
     )
     add(
         "--max_tokens_per_batch",
         type=positive_int,
         default=DEFAULT_MAX_TOKENS,
-        help=f"cap on batch rows x bucket length (default: {DEFAULT_MAX_TOKENS})",
+        help="cap on batch rows x bucket length",
     )
     add(
         "--tokens_per_chunk",
