@@ -131,10 +131,6 @@ class Part:
         """Its rows and its bad lines: each ends as an embedding or a dead letter."""
         return len(self.positions) + len(self.bad_lines)
 
-    def kept(self, rows: pa.Array) -> pa.RecordBatch | None:
-        """The carried columns of rows ``rows`` (indexes into the part), if any."""
-        return None if self.carried is None else self.carried.take(rows)
-
     @property
     def start(self) -> int:
         return min([*self.positions[:1].tolist(), *(d.row for d in self.bad_lines)])
@@ -142,7 +138,3 @@ class Part:
     @property
     def end(self) -> int:
         return max([*self.positions[-1:].tolist(), *(d.row for d in self.bad_lines)]) + 1
-
-    def id_of(self, index: int) -> Any:
-        """The id of row ``index`` of the part, for a dead letter of the kernel."""
-        return self.ids[index].as_py()

@@ -174,7 +174,7 @@ class PartWriter:
         (file_index,), (row,) = split_keys(np.array([record.key]))
         file_index, row = int(file_index), int(row)
         part = self._find(file_index, row)
-        key = part.part.id_of(int(np.searchsorted(part.part.positions, row)))
+        key = part.part.ids[int(np.searchsorted(part.part.positions, row))].as_py()
         source = self._inputs.file_name(file_index)
         part.add_dead(row, dataclasses.replace(record, key=key, source=source, row=row))
         yield from self._flush(file_index, where)
@@ -227,7 +227,7 @@ class PartWriter:
         done, vectors = _in_row_order(collected.results)
         if len(done):
             rows = pa.array(np.searchsorted(part.positions, done))
-            kept = part.kept(rows)
+            kept = None if part.carried is None else part.carried.take(rows)  # the columns carried
             table = jobs.embeddings_table(part.ids.take(rows), vectors, self._schema, kept)
         dead = sorted(collected.dead, key=lambda d: d[0])
         if table.num_rows + len(dead) != part.size:
