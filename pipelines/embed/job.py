@@ -119,11 +119,8 @@ def embed_kernel(
     """The embedding step: ``key`` and ``input_ids`` in, ``key`` and ``output`` out,
     bucketed or packed as ``launch`` says."""
     packed = launch.packing is not None
-    fn = (
-        (encoder.packed_fn or model.packed_fn)
-        if packed
-        else (encoder.element_fn or model.element_fn)
-    )
+    name = "packed_fn" if packed else "element_fn"
+    fn = getattr(encoder, name) or getattr(model, name)
     return bj.RunKernelOnArrow(
         fn,
         spec=model.spec,
@@ -133,9 +130,7 @@ def embed_kernel(
         load_params=encoder.load_params or model.load_params,
         compilation_cache_dir=args.compilation_cache_dir,
         # The model's own kernel is stored whole in the cache; a replacement is not.
-        program_key=model.program_key(packed)
-        if fn in (model.packed_fn, model.element_fn)
-        else None,
+        program_key=model.program_key(packed) if fn == getattr(model, name) else None,
         precompile=launch.planned,
         chunk_units=args.tokens_per_chunk or None,
     ).with_exception_handling()
