@@ -226,12 +226,7 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     # beam-jax report OUTPUT reads the scoring run's kernel metrics beside the job's figures;
     # staged, they are published with the rest (and kept by a publish cut short).
     metrics = _Metrics(
-        summary.rows,
-        kernel.results,
-        summary.dead_letters,
-        summary.seconds["total"],
-        summary.auroc,
-        kernel,
+        rows, kernel.results, summary.dead_letters, finished - started, auroc, kernel
     )
     jobs.write_metrics(jobs.metrics_record("curate", metrics, scored), work)
     output.publish({"job": record, "summary": str(summary)})
