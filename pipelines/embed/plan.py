@@ -139,7 +139,6 @@ def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None)
         layer_kernel=args.layer_kernel,
     )
     texts, rows = sample_texts(inputs, args.plan_sample)
-    total = max(rows.rows or len(texts), 1)
     choice = text.plan_batching(
         token_lengths(texts, model),
         model,
@@ -149,7 +148,7 @@ def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None)
         max_batch_size=args.batch_size,
         max_tokens_per_batch=args.max_tokens_per_batch,
         buffer_size=args.rows_per_part,
-        total=total,
+        total=max(rows.rows or len(texts), 1),  # counted or estimated, else those sampled
         num_devices=num_devices,
     )
     return LaunchPlan(choice, sample=len(texts), rows=rows)
