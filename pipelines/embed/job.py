@@ -139,11 +139,8 @@ def embed_kernel(
 def _build(
     pipeline, args, model, inputs, id_type, staging, done, launch, progress=None, encoder=None
 ):
-    """Adds the job to ``pipeline``; returns its embedding transform (to start its worker).
-
-    read parts (those not in ``done``) -> spread (unless one worker runs here) -> tokenize,
-    embed and write each part in one step (``EmbedParts``, on the accelerator if asked for).
-    """
+    """Adds the job (the route in the package docstring) to ``pipeline``, skipping the parts
+    in ``done``; returns its embedding transform (to start its worker)."""
     spread = not jobs.single_worker_here(pipeline.options)
     read = ReadParts(inputs, args.rows_per_part, done, id_type, spread=spread)
     parts, unreadable = pipeline | "Read" >> read
