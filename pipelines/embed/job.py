@@ -316,10 +316,9 @@ def run(
     if args.verbose:
         print(described, flush=True)
     pipeline = beam.Pipeline(options=options)
-    results, dead = write.part_counts(output.staging, reused)  # parts of earlier runs
+    done, results, dead = write.reused_parts(output.staging, reused, inputs)
     total = launch.rows.less(results + dead)
     console = RunConsole("embed_text", args, options, output.path, total=total)
-    done = write.done_parts(reused, inputs)
     where = (output.staging, done, launch, console.progress_dir, encoder)
     embed = _build(pipeline, args, model, inputs, id_type, *where)
     try:

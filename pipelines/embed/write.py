@@ -75,17 +75,6 @@ def unreadable_name(source: str, after_row: int) -> str:
     return f"{DEAD_LETTER_DIR}/failed-{source}-unreadable-{after_row:012d}.jsonl"
 
 
-def done_parts(names: Iterable[str], inputs: Inputs) -> frozenset[tuple[int, int]]:
-    """``(file_index, start)`` of the parts whose embeddings file is among ``names``."""
-    index = {inputs.source(i): i for i in range(len(inputs.files))}
-    done = set()
-    for name in names:
-        match = EMBEDDINGS.match(name)
-        if match and match["source"] in index:
-            done.add((index[match["source"]], int(match["start"])))
-    return frozenset(done)
-
-
 OUTPUT = "output"  # RunKernelOnArrow's column for a kernel returning one array
 
 
@@ -281,11 +270,17 @@ class WriteUnreadable(beam.DoFn):
         yield name
 
 
-def part_counts(directory: str, names: Iterable[str]) -> tuple[int, int]:
-    """Embeddings and dead letters in the parts ``names`` (embeddings files) already written."""
-    results = dead = 0
+def reused_parts(
+    directory: str, names: Iterable[str], inputs: Inputs
+) -> tuple[frozenset[tuple[int, int]], int, int]:
+    """The parts already written (``names``, their embeddings files): their ``(file_index,
+    start)``, and the embeddings and dead letters they hold."""
+    index = {inputs.source(i): i for i in range(len(inputs.files))}
+    done, results, dead = set(), 0, 0
     for name in names:
         match = EMBEDDINGS.match(name)
+        if match["source"] in index:
+            done.add((index[match["source"]], int(match["start"])))
         with FileSystems.open(f"{directory}/{name}", compression_type="uncompressed") as f:
             results += pq.ParquetFile(f).metadata.num_rows
         part = failed_name(match["source"], int(match["start"]), int(match["end"]))
@@ -293,4 +288,4 @@ def part_counts(directory: str, names: Iterable[str]) -> tuple[int, int]:
         if FileSystems.exists(failed):
             with FileSystems.open(failed, compression_type="uncompressed") as f:
                 dead += sum(1 for line in f if line.strip())
-    return results, dead
+    return frozenset(done), results, dead
