@@ -77,8 +77,7 @@ def input_schema(
         if not text and not (name == id_column and pa.types.is_integer(t)):
             kind = "integers or strings" if name == id_column else "strings"
             raise ValueError(f"the {name!r} of {first} is {t}; expected {kind}")
-    id_type = types[id_column]
-    return pa.schema([(id_column, id_type), (columns[1], pa.string()), (columns[2], pa.string())])
+    return pa.schema([(id_column, types[id_column]), *((c, pa.string()) for c in columns[1:])])
 
 
 def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
@@ -100,15 +99,8 @@ def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
 def records_schema(id_type: pa.DataType) -> pa.Schema:
     """``id``, ``label``, ``tokens`` (``list<int32>``), and where the row was read from
     (``source``, ``row``), so a pass's dead letter names the input row."""
-    return pa.schema(
-        [
-            ("id", id_type),
-            ("label", pa.string()),
-            ("tokens", pa.list_(pa.int32())),
-            ("source", pa.string()),
-            ("row", pa.int64()),
-        ]
-    )
+    record = [("id", id_type), ("label", pa.string()), ("tokens", pa.list_(pa.int32()))]
+    return pa.schema([*record, ("source", pa.string()), ("row", pa.int64())])
 
 
 class ToRecords(beam.DoFn):
