@@ -1,5 +1,4 @@
-"""The curation job's command line: its flags (docs/curate.md, "Flags"), and Beam's beside
-them for every pipeline run."""
+"""The curation job's flags (docs/curate.md, "Flags"), and Beam's for every pipeline run."""
 
 from __future__ import annotations
 

@@ -40,9 +40,8 @@ class EmbedTextSummary:
     """What a finished run did: rows read (blank JSON lines are not rows), embeddings and
     dead letters written (total and per stage), padding (padded / real tokens), compiles
     (per worker process, summed) and their seconds, kernel calls, wall seconds, the
-    embedding step's ``beam_jax.Summary``, unreadable files, parts written and reused from an
-    earlier unfinished run, and how the batches were shaped (``"packed"`` or ``"buckets"``)
-    and why."""
+    embedding step's ``beam_jax.Summary``, unreadable files, parts written and reused from
+    an earlier unfinished run, how the batches were shaped (packed or buckets) and why."""
 
     rows: int
     results: int

@@ -117,8 +117,7 @@ class Part:
 
     @classmethod
     def of(cls, batch: pa.RecordBatch) -> Part:
-        """The part a record batch of ``key``, ``id``, ``text`` and the columns it carries
-        holds."""
+        """The part in a record batch of ``key``, ``id``, ``text`` and the columns carried."""
         files, positions = split_keys(batch.column(KEY).to_numpy())
         meta = batch.schema.metadata or {}
         file_index = int(meta[PART_FILE]) if PART_FILE in meta else int(files[0])

@@ -158,8 +158,7 @@ class PartWriter:
         yield from self._flush(file_index, where)
 
     def add_kernel_dead(self, record: bj.FailedElement, where: tuple) -> Iterator[Any]:
-        """A row's dead letter from the kernel, keyed by the row's key: written with the
-        row's id, file and row."""
+        """A row's dead letter from the kernel, keyed by its key: written with its id, file, row."""
         (file_index,), (row,) = split_keys(np.array([record.key]))
         file_index, row = int(file_index), int(row)
         part = self._find(file_index, row)
