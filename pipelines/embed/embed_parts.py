@@ -58,10 +58,9 @@ class EmbedParts(EmbedBatches):
         super().setup()
         self._writer.setup()
         self._bad_lines = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "lines_unreadable")
-        self._counts = []
-        if self._progress is not None:  # counted by the workers, printed by the driver
-            fields = ("done", "dead")
-            self._counts = [jobs.CountProgress(self._progress, f, size=int) for f in fields]
+        # Rows done and dead, counted by the workers, printed by the driver.
+        fields = ("done", "dead") if self._progress is not None else ()
+        self._counts = [jobs.CountProgress(self._progress, f, size=int) for f in fields]
         for count in self._counts:
             count.setup()
 
