@@ -40,12 +40,10 @@ FAILED = re.compile(rf"^{DEAD_LETTER_DIR}/failed-.+\.jsonl$")
 RECORD = "_embed_text.json"  # the published run's record, written last
 # The flagship's files in OUTPUT; failed/...: where dead letters were published before
 # they moved to _failed/. A rerun of the same job resumes from the staged embeddings.
+_PUBLISHED = rf"{EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}"
 LAYOUT = jobs.OutputLayout(
-    published=re.compile(rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]})$"),
-    ours=re.compile(
-        rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}|failed/failed-.+\.jsonl"
-        rf"|{RECORD}|_metrics\.json)$"
-    ),
+    published=re.compile(rf"^({_PUBLISHED})$"),
+    ours=re.compile(rf"^({_PUBLISHED}|failed/failed-.+\.jsonl|{RECORD}|_metrics\.json)$"),
     record=RECORD,
     resumable=True,
     parts=EMBEDDINGS,
@@ -59,8 +57,7 @@ def embeddings_name(source: str, start: int, end: int) -> str:
 
 def write_no_rows(directory: str, inputs: Inputs, id_type: pa.DataType) -> str:
     """Writes the embeddings file of rows 0 to 0 of the first input file, with no rows and
-    the job's columns; returns its name. For a run that read no row (an empty or unreadable
-    input), which has no part of its own."""
+    the job's columns (for a run that read no row); returns its name."""
     name = embeddings_name(inputs.source(0), 0, 0)
     table = jobs.embeddings_schema(id_type, inputs.carried).empty_table()
     jobs.write_embeddings(table, f"{directory}/{name}")
