@@ -19,8 +19,7 @@ DEFAULT_NUM_BUCKETS = 6
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PipelineOptions]:
-    """Splits ``argv`` into this job's flags and Beam's ``PipelineOptions``
-    (``beam_jax.jobs.parse_job_args``)."""
+    """Splits ``argv`` into the job's flags and Beam's ``PipelineOptions`` (``parse_job_args``)."""
     parser = argparse.ArgumentParser(
         prog=jobs.prog("pipelines.curate", "curate"),
         description="Train a small text classifier by full-batch passes (ReduceKernel), then "

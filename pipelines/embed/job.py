@@ -89,8 +89,7 @@ class EmbedTextSummary:
         return (
             f"embed_text: {n(self.rows, 'row')} -> {n(self.results, 'embedding')}, "
             f"{n(self.dead_letters, 'dead letter')}{f' ({stages})' if stages else ''}{files}"
-            f"{resumed}; "
-            f"{'packed' if self.batching == 'packed' else 'bucketed'}, padding "
+            f"{resumed}; {'packed' if self.batching == 'packed' else 'bucketed'}, padding "
             f"{padding} over {n(self.batches, 'batch')}; "
             f"{n(self.compiles, 'compile')} ({self.compile_seconds:.1f} s, "
             f"{self.kernel.compile_trace_seconds:.1f} s of it tracing, "
