@@ -5,7 +5,7 @@ letter, stage ``read``); the built-in corpus is made here. ``key`` is ``file_ind
 row`` (:mod:`pipelines.embed.parts`); a part already written by an earlier run is dropped.
 
 Example:
-    >>> read = ReadParts(inputs, 8192, done, pa.int64())  # doctest: +SKIP
+    >>> read = ReadParts(inputs, 8192, done, pa.int64(), spread=True)  # doctest: +SKIP
     >>> batches, unreadable = pipeline | read  # doctest: +SKIP
 """
 
@@ -77,12 +77,7 @@ class ReadParts(beam.PTransform):
     """
 
     def __init__(
-        self,
-        inputs: Inputs,
-        part_rows: int,
-        done: frozenset,
-        id_type: pa.DataType,
-        spread: bool = True,
+        self, inputs: Inputs, part_rows: int, done: frozenset, id_type: pa.DataType, spread: bool
     ):
         super().__init__()
         self._inputs, self._part_rows, self._done, self._id_type = inputs, part_rows, done, id_type
