@@ -20,7 +20,6 @@ import pyarrow as pa
 
 import beam_jax as bj
 from beam_jax import jobs, text
-from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import Inputs
 
 
@@ -101,7 +100,7 @@ def sample_texts(inputs: Inputs, n: int) -> tuple[pa.Array, jobs.RowCount]:
     """Up to ``n`` texts from the input (a ``large_string`` array), spread over its files
     (``beam_jax.jobs.sample_texts``), and its rows, counted or estimated."""
     if inputs.format == "builtin":
-        rows = builtin_corpus(inputs.builtin_texts)
+        rows = text.builtin_corpus(inputs.builtin_texts)
         return pa.array([t for _, t in rows[:n]], pa.large_string()), jobs.RowCount(len(rows), True)
     return jobs.sample_texts(inputs.files, inputs.text_column, n, inputs.format)
 
