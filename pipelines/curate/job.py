@@ -19,11 +19,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.parquetio import WriteToParquetBatched
 
 import beam_jax as bj
-import pipelines.curate.model as model
-import pipelines.curate.passes as passes
-import pipelines.curate.read as read
-import pipelines.curate.report as report
 from beam_jax import jobs
+from pipelines.curate import model, passes, read, report
 from pipelines.curate.flags import parse_args
 
 # The files of a run, under OUTPUT (and staged under OUTPUT/_unfinished/).
