@@ -191,14 +191,11 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     scores, flipped = _read_scores(work)
     auroc, precision = report.found(scores, flipped)
     finished = time.perf_counter()
+    by_stage = {**dead, "train": sum(p.dead_letters for p in trained), "score": kernel.dead_letters}
     summary = report.CurateSummary(
         rows=rows,
         records=records,
-        dead_letters_by_stage={
-            **dead,
-            "train": sum(p.dead_letters for p in trained),
-            "score": kernel.dead_letters,
-        },
+        dead_letters_by_stage=by_stage,
         classes=classes,
         flipped=int(flipped.sum()),
         boundaries=job.bucketing.boundaries["L"],
