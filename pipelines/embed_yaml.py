@@ -37,7 +37,7 @@ def _row_problem(id_type: IdType, key: Any, text: Any) -> str | None:
     if problem is None and not isinstance(text, str):
         got = f"text of type {type(text).__name__}" if text is not None else "a null text"
         problem = f"expected a string 'text', got {got}"
-    return problem
+    return problem or unicode_problem(text, "text")  # no problem yet: the text is a str
 
 
 def _entry(row: Any, id_field: str, text_field: str, origin: OriginFields | None) -> tuple:
@@ -67,8 +67,6 @@ def _to_batch(entries: list[tuple], id_type: IdType) -> Iterator[Any]:
     good = []
     for key, text, source, at in entries:
         problem = _row_problem(id_type, key, text)
-        if problem is None and isinstance(text, str):
-            problem = unicode_problem(text, "text")
         if problem is None:
             good.append((key, text, source, at))
             continue

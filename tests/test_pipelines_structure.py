@@ -1,4 +1,4 @@
-"""The example pipelines stay thin: at most 3,000 lines, no import cycles among the modules
+"""The example pipelines stay thin: at most 2,900 lines, no import cycles among the modules
 of ``pipelines/``, and at most five levels of imports (a module that imports none of them is
 level 1)."""
 
@@ -75,7 +75,9 @@ def _chain(graph: dict[str, set[str]], levels: dict[str, int], node: str) -> lis
     return chain
 
 
-MAX_LINES = 3000
+# As ruff formats them: 2,813 today. The headroom takes a flag or a small step; a helper copied
+# from one pipeline into another (which belongs in the library) soon meets the limit.
+MAX_LINES = 2900
 
 
 def _formatted_lines(path: pathlib.Path) -> int:
@@ -91,7 +93,7 @@ def _formatted_lines(path: pathlib.Path) -> int:
     return len(proc.stdout.splitlines())
 
 
-def test_pipelines_stay_under_three_thousand_lines_as_ruff_formats_them():
+def test_pipelines_stay_under_max_lines_as_ruff_formats_them():
     """What a second pipeline would copy belongs in the library, not in the examples.
 
     Counted as the formatter writes each file, and no line may keep it from doing so

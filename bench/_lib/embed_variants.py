@@ -151,9 +151,9 @@ def runinference(cfg: dict) -> dict:
         RunInference,
     )
 
+    from beam_jax.jobs import embeddings_schema, embeddings_table
     from beam_jax.text import SentenceEncoder
     from pipelines.embed.flags import DEFAULT_BUCKETS
-    from pipelines.embed.write import embeddings_schema, embeddings_table
 
     bounds = tuple(DEFAULT_BUCKETS)
 

@@ -1,5 +1,4 @@
-"""The curation job's command line: its flags (docs/curate.md, "Flags"), and Beam's beside
-them for every pipeline run."""
+"""The curation job's flags (docs/curate.md, "Flags"), and Beam's for every pipeline run."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ DEFAULT_NUM_BUCKETS = 6
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PipelineOptions]:
-    """Splits ``argv`` into this job's flags and Beam's ``PipelineOptions``
-    (``beam_jax.jobs.parse_job_args``)."""
+    """Splits ``argv`` into the job's flags and Beam's ``PipelineOptions`` (``parse_job_args``)."""
     parser = argparse.ArgumentParser(
         prog=jobs.prog("pipelines.curate", "curate"),
         description="Train a small text classifier by full-batch passes (ReduceKernel), then "
@@ -29,7 +27,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
         epilog="Beam's flags (--runner, --direct_num_workers, --project, ...) pass through, "
         "for every pipeline run; any other flag is an error. See docs/curate.md.",
         formatter_class=jobs.DefaultsHelpFormatter,
-        allow_abbrev=False,  # a prefix must not take a Beam flag's value
     )
     add = parser.add_argument
     positive = jobs.positive_int

@@ -19,11 +19,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.parquetio import WriteToParquetBatched
 
 import beam_jax as bj
-import pipelines.curate.model as model
-import pipelines.curate.passes as passes
-import pipelines.curate.read as read
-import pipelines.curate.report as report
 from beam_jax import jobs
+from pipelines.curate import model, passes, read, report
 from pipelines.curate.flags import parse_args
 
 # The files of a run, under OUTPUT (and staged under OUTPUT/_unfinished/).
@@ -201,14 +198,11 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     scores, flipped = _read_scores(work)
     auroc, precision = report.found(scores, flipped)
     finished = time.perf_counter()
+    by_stage = {**dead, "train": sum(p.dead_letters for p in trained), "score": kernel.dead_letters}
     summary = report.CurateSummary(
         rows=rows,
         records=records,
-        dead_letters_by_stage={
-            **dead,
-            "train": sum(p.dead_letters for p in trained),
-            "score": kernel.dead_letters,
-        },
+        dead_letters_by_stage=by_stage,
         classes=classes,
         flipped=int(flipped.sum()),
         boundaries=job.bucketing.boundaries["L"],
@@ -233,12 +227,7 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
     # beam-jax report OUTPUT reads the scoring run's kernel metrics beside the job's figures;
     # staged, they are published with the rest (and kept by a publish cut short).
     metrics = _Metrics(
-        summary.rows,
-        kernel.results,
-        summary.dead_letters,
-        summary.seconds["total"],
-        summary.auroc,
-        kernel,
+        rows, kernel.results, summary.dead_letters, finished - started, auroc, kernel
     )
     jobs.write_metrics(jobs.metrics_record("curate", metrics, scored), work)
     output.publish({"job": record, "summary": str(summary)})

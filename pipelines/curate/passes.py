@@ -46,13 +46,9 @@ class LabelNoise:
         if not 0 <= self.fraction < 1:
             raise ValueError(f"fraction must be within [0, 1), got {self.fraction}.")
 
-    @functools.cached_property
-    def _index(self) -> dict[str, int]:
-        return {c: i for i, c in enumerate(self.classes)}
-
     def observe(self, key: Any, label: str) -> tuple[int, int]:
         """``(true, observed)`` class indices of the record with id ``key`` and ``label``."""
-        true = self._index[label]
+        true = self.classes.index(label)
         digest = hashlib.blake2b(repr((self.seed, key)).encode(), digest_size=16).digest()
         if int.from_bytes(digest[:8], "little") / 2**64 >= self.fraction:
             return true, true

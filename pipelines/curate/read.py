@@ -81,8 +81,7 @@ def input_schema(
                 f"the {name!r} of {first} is {t}; expected {kind}. Write the column as "
                 f"{kind}, or name the input's column that holds them with {flag}"
             )
-    id_type = types[id_column]
-    return pa.schema([(id_column, id_type), (columns[1], pa.string()), (columns[2], pa.string())])
+    return pa.schema([(id_column, types[id_column]), *((c, pa.string()) for c in columns[1:])])
 
 
 def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
@@ -112,15 +111,8 @@ def read_rows(pipeline: beam.Pipeline, args, schema: pa.Schema):
 def records_schema(id_type: pa.DataType) -> pa.Schema:
     """``id``, ``label``, ``tokens`` (``list<int32>``), and where the row was read from
     (``source``, ``row``), so a pass's dead letter names the input row."""
-    return pa.schema(
-        [
-            ("id", id_type),
-            ("label", pa.string()),
-            ("tokens", pa.list_(pa.int32())),
-            ("source", pa.string()),
-            ("row", pa.int64()),
-        ]
-    )
+    record = [("id", id_type), ("label", pa.string()), ("tokens", pa.list_(pa.int32()))]
+    return pa.schema([*record, ("source", pa.string()), ("row", pa.int64())])
 
 
 class ToRecords(beam.DoFn):

@@ -154,13 +154,11 @@ def plot(
 ) -> None:
     """Write a PNG to ``path`` (any Beam file system): the loss per pass, and each score's
     distribution, clean vs flipped."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no backend chosen for the process
 
     flipped = np.asarray(flipped, bool)
-    fig, axes = plt.subplots(1, 1 + len(scores), figsize=(4.2 * (1 + len(scores)), 3.6))
+    fig = Figure(figsize=(4.2 * (1 + len(scores)), 3.6))
+    axes = fig.subplots(1, 1 + len(scores))
     ax = axes[0]
     ax.plot(range(len(losses)), losses, marker="o", markersize=3)
     ax.set(xlabel="full-batch pass", ylabel="mean cross-entropy", title="training loss")
@@ -180,4 +178,3 @@ def plot(
     fig.tight_layout()
     with open_atomically(path) as png:
         fig.savefig(png, format="png", dpi=110)
-    plt.close(fig)

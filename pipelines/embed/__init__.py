@@ -9,7 +9,7 @@ One route for every input, each step a module::
                     (Parquet, JSON lines: beam_jax.ReadArrowBatches; the built-in corpus)
                    -> Reshuffle (spread the parts over the workers)
     embed_parts.py -> one step per part (the accelerator's, if any):
-    tokenize.py       one tokenizer call per part (beam_jax.text.TokenizeBatches)
+                      one tokenizer call per part (beam_jax.text.TokenizeBatches)
                       -> beam_jax.RunKernelOnArrow (MiniLM in JAX, bucketed or packed)
     write.py          -> the part written once all its rows have a result or a dead letter
     job.py         the graph above, the run: resume, staged publishing, threshold, summary

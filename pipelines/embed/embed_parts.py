@@ -1,5 +1,5 @@
 """The job's one step per part: tokenize, embed and write it (``beam_jax.text.EmbedBatches``
-with a :class:`~pipelines.embed.write.PartWriter`).
+with :func:`tokenize_parts` and a :class:`~pipelines.embed.write.PartWriter`).
 
 One DoFn makes the job correct however a runner fuses steps: a part's rows, results and
 dead letters meet in the instance that opened it. The ``accelerator`` hint goes on this step.
@@ -18,13 +18,24 @@ import apache_beam as beam
 import pyarrow as pa
 
 from beam_jax import jobs
-from beam_jax.text import EmbedBatches
-from pipelines.embed.parts import METRICS_NAMESPACE, Part
+from beam_jax.text import EmbedBatches, IdType, TokenizeBatches
+from pipelines.embed.parts import KEY, METRICS_NAMESPACE, Part
 from pipelines.embed.write import PartWriter
 
-__all__ = ["EmbedParts"]
-
 _WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
+
+
+def tokenize_parts(id_type: pa.DataType, model, text_column: str = "text") -> TokenizeBatches:
+    """The tokenize step, one tokenizer call per part: ``key`` and ``input_ids`` out; ids
+    checked against the run's type; dead letters keyed by the id, with file and row;
+    ``rows`` and dead letters counted in the job's metrics."""
+    return TokenizeBatches(
+        model,
+        id_type=IdType(id_type),
+        carry=KEY,
+        metrics_namespace=METRICS_NAMESPACE,
+        text_name=text_column,  # the read step names the input's text column "text"
+    )
 
 
 class EmbedParts(EmbedBatches):
@@ -32,7 +43,7 @@ class EmbedParts(EmbedBatches):
     files written once every row of it has an embedding or a dead letter; its name out.
 
     Args:
-        tokenize: The tokenize step (``pipelines.embed.tokenize.tokenize_parts``).
+        tokenize: The tokenize step (:func:`tokenize_parts`).
         kernel: The embedding step (``pipelines.embed.job.embed_kernel``).
         writer: Writes the parts.
         progress: The driver's progress directory (rows done and dead), if any.
@@ -47,10 +58,9 @@ class EmbedParts(EmbedBatches):
         super().setup()
         self._writer.setup()
         self._bad_lines = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "lines_unreadable")
-        self._counts = []
-        if self._progress is not None:  # counted by the workers, printed by the driver
-            fields = ("done", "dead")
-            self._counts = [jobs.CountProgress(self._progress, f, size=int) for f in fields]
+        # Rows done and dead, counted by the workers, printed by the driver.
+        fields = ("done", "dead") if self._progress is not None else ()
+        self._counts = [jobs.CountProgress(self._progress, f, size=int) for f in fields]
         for count in self._counts:
             count.setup()
 

@@ -15,9 +15,6 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions  # noqa: F401
 
 from beam_jax import jobs, text
-from beam_jax.jobs import DefaultsHelpFormatter, int_list, positive_int
-
-__all__ = ["DEFAULT_BUCKETS", "DEFAULT_OUTPUT", "buckets_problem", "parse_args"]
 
 # Token-length buckets up to the model's 256-token window (docs/embed_text.md); the
 # launch-time planner's costs: one MiniLM shape compiles in the time 2 cores embed ~2,000 tokens.
@@ -46,18 +43,17 @@ def _non_negative_int(text: str) -> int:
 
 
 def _buckets(text: str) -> str | tuple[int, ...]:
-    return "auto" if text.strip() == "auto" else int_list(text)
+    return "auto" if text.strip() == "auto" else jobs.int_list(text)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=jobs.prog("pipelines.embed", "embed"),
-        formatter_class=DefaultsHelpFormatter,
+        formatter_class=jobs.DefaultsHelpFormatter,
         description="Embed the 'text' of every row with a sentence-transformers model (JAX); "
         "write 'id' and 'embedding' to Parquet and failed rows to OUTPUT/_failed/*.jsonl.",
         epilog="Beam's flags (--runner, --project, --region, --temp_location, ...) pass "
         "through; any other flag is an error. See docs/embed_text.md.",
-        allow_abbrev=False,  # a prefix must not take a Beam flag's value
     )
     add = parser.add_argument
     add(
@@ -80,13 +76,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     add(
         "--rows_per_part",
-        type=positive_int,
+        type=jobs.positive_int,
         default=DEFAULT_ROWS_PER_PART,
         help="rows per output part (a rerun does not redo finished parts)",
     )
     add(
         "--builtin_texts",
-        type=positive_int,
+        type=jobs.positive_int,
         help="without --input: the first N built-in texts (default: all of them)",
     )
     add(
@@ -99,13 +95,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     add(
         "--compile_budget",
-        type=positive_int,
+        type=jobs.positive_int,
         default=DEFAULT_COMPILE_BUDGET,
         help="--buckets auto: the most compiled shapes",
     )
     add(
         "--plan_sample",
-        type=positive_int,
+        type=jobs.positive_int,
         default=DEFAULT_PLAN_SAMPLE,
         help="--buckets auto: texts tokenized at launch to plan",
     )
@@ -117,16 +113,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     add(
         "--batch_size",
-        type=positive_int,
+        type=jobs.positive_int,
         default=DEFAULT_BATCH_SIZE,
-        help="the largest padded batch of texts (or packed rows) per kernel call "
-        f"(default: {DEFAULT_BATCH_SIZE})",
+        help="the largest padded batch of texts (or packed rows) per kernel call",
     )
     add(
         "--max_tokens_per_batch",
-        type=positive_int,
+        type=jobs.positive_int,
         default=DEFAULT_MAX_TOKENS,
-        help=f"cap on batch rows x bucket length (default: {DEFAULT_MAX_TOKENS})",
+        help="cap on batch rows x bucket length",
     )
     add(
         "--tokens_per_chunk",
@@ -138,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add(
         "--batch_sizes",
-        type=int_list,
+        type=jobs.int_list,
         help="the padded batch sizes allowed, e.g. 8,64 (default: powers of two up to "
         "--batch_size)",
     )

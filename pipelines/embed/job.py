@@ -24,14 +24,13 @@ from apache_beam.options.pipeline_options import StandardOptions
 import beam_jax as bj
 from beam_jax import jobs
 from beam_jax.jobs import OutputDir, RunConsole, on_accelerator
-from beam_jax.text import MAX_TOKENIZED_CHARS, SentenceEncoder
+from beam_jax.text import INPUT_IDS, MAX_TOKENIZED_CHARS, TOKENIZE, SentenceEncoder
 from pipelines.embed import plan as launch_plan
 from pipelines.embed import write
-from pipelines.embed.embed_parts import EmbedParts
+from pipelines.embed.embed_parts import EmbedParts, tokenize_parts
 from pipelines.embed.flags import DEFAULT_OUTPUT, parse_args
-from pipelines.embed.parts import KEY, Inputs
+from pipelines.embed.parts import KEY, METRICS_NAMESPACE, Inputs
 from pipelines.embed.read import ReadParts
-from pipelines.embed.tokenize import INPUT_IDS, METRICS_NAMESPACE, TOKENIZE, tokenize_parts
 
 __all__ = ["DEFAULT_OUTPUT", "EmbedTextSummary", "Encoder", "embed_kernel", "run"]
 
@@ -41,9 +40,8 @@ class EmbedTextSummary:
     """What a finished run did: rows read (blank JSON lines are not rows), embeddings and
     dead letters written (total and per stage), padding (padded / real tokens), compiles
     (per worker process, summed) and their seconds, kernel calls, wall seconds, the
-    embedding step's ``beam_jax.Summary``, unreadable files, parts written and reused from an
-    earlier unfinished run, and how the batches were shaped (``"packed"`` or ``"buckets"``)
-    and why."""
+    embedding step's ``beam_jax.Summary``, unreadable files, parts written and reused from
+    an earlier unfinished run, how the batches were shaped (packed or buckets) and why."""
 
     rows: int
     results: int
@@ -91,8 +89,7 @@ class EmbedTextSummary:
         return (
             f"embed_text: {n(self.rows, 'row')} -> {n(self.results, 'embedding')}, "
             f"{n(self.dead_letters, 'dead letter')}{f' ({stages})' if stages else ''}{files}"
-            f"{resumed}; "
-            f"{'packed' if self.batching == 'packed' else 'bucketed'}, padding "
+            f"{resumed}; {'packed' if self.batching == 'packed' else 'bucketed'}, padding "
             f"{padding} over {n(self.batches, 'batch')}; "
             f"{n(self.compiles, 'compile')} ({self.compile_seconds:.1f} s, "
             f"{self.kernel.compile_trace_seconds:.1f} s of it tracing, "
@@ -120,11 +117,8 @@ def embed_kernel(
     """The embedding step: ``key`` and ``input_ids`` in, ``key`` and ``output`` out,
     bucketed or packed as ``launch`` says."""
     packed = launch.packing is not None
-    fn = (
-        (encoder.packed_fn or model.packed_fn)
-        if packed
-        else (encoder.element_fn or model.element_fn)
-    )
+    name = "packed_fn" if packed else "element_fn"
+    fn = getattr(encoder, name) or getattr(model, name)
     return bj.RunKernelOnArrow(
         fn,
         spec=model.spec,
@@ -134,9 +128,7 @@ def embed_kernel(
         load_params=encoder.load_params or model.load_params,
         compilation_cache_dir=args.compilation_cache_dir,
         # The model's own kernel is stored whole in the cache; a replacement is not.
-        program_key=model.program_key(packed)
-        if fn in (model.packed_fn, model.element_fn)
-        else None,
+        program_key=model.program_key(packed) if fn == getattr(model, name) else None,
         precompile=launch.planned,
         chunk_units=args.tokens_per_chunk or None,
     ).with_exception_handling()
@@ -145,24 +137,22 @@ def embed_kernel(
 def _build(
     pipeline, args, model, inputs, id_type, staging, done, launch, progress=None, encoder=None
 ):
-    """Adds the job to ``pipeline``; returns its embedding transform (to start its worker).
-
-    read parts (those not in ``done``) -> spread (unless one worker runs here) -> tokenize,
-    embed and write each part in one step (``EmbedParts``, on the accelerator if asked for).
-    """
+    """Adds the job (the route in the package docstring) to ``pipeline``, skipping the parts
+    in ``done``; returns its embedding transform (to start its worker)."""
     spread = not jobs.single_worker_here(pipeline.options)
     read = ReadParts(inputs, args.rows_per_part, done, id_type, spread=spread)
     parts, unreadable = pipeline | "Read" >> read
     embed = embed_kernel(args, model, launch, encoder or Encoder())
     tokenize = tokenize_parts(id_type, model, inputs.text_column)
-    writer = write.PartWriter(staging, inputs, write.embeddings_schema(id_type, inputs.carried))
+    writer = write.PartWriter(staging, inputs, jobs.embeddings_schema(id_type, inputs.carried))
     step = beam.ParDo(EmbedParts(tokenize, embed, writer, progress))
     names = parts | "Embed" >> on_accelerator(step, args.accelerator)
     # A consumer across a shuffle: the local FnApiRunner then fails when a worker dies
     # there instead of waiting forever (a SIGKILL in the writing step hung it, Beam 2.77).
     _ = names | "KeyPartNames" >> beam.WithKeys(None) | "GatherPartNames" >> beam.GroupByKey()
-    unreadable_writer = write.WriteUnreadable(staging, inputs, progress)
-    _ = unreadable | "WriteUnreadable" >> beam.ParDo(unreadable_writer)
+    written = unreadable | "WriteUnreadable" >> beam.ParDo(write.WriteUnreadable(staging, inputs))
+    if progress is not None:  # counted by the workers, printed by the driver
+        _ = written | "CountUnreadable" >> beam.ParDo(jobs.CountProgress(progress, "unreadable"))
     if launch.planned and not jobs.workers_here(pipeline.options):
         # The model loads and the planned shapes compile while the input is read (in the
         # first stage; where the workers run in this process, run() starts it).
@@ -235,15 +225,6 @@ def _restored(cls, values: dict[str, Any]):
     )
 
 
-def _dry_run(args, options, model, inputs: Inputs, id_type, output: OutputDir) -> None:
-    """Builds the job for its runner without running it (Beam's ``--dry_run=True``)."""
-    launch = launch_plan.plan_for(args, inputs, jobs.devices_per_worker(options), model)
-    print(launch, flush=True)
-    pipeline = beam.Pipeline(options=options)  # validates the options for the runner
-    _build(pipeline, args, model, inputs, id_type, output.staging, frozenset(), launch)
-    jobs.run_dry(pipeline, "embed_text", output.path)
-
-
 @jobs.freeze_startup_objects()
 @jobs.prompt_bundle_ends()
 def run(
@@ -304,8 +285,12 @@ def run(
         "max_tokenized_chars": MAX_TOKENIZED_CHARS,
         "matmuls": model.matmuls,
     }
-    if jobs.is_dry_run(options):
-        return _dry_run(args, options, model, inputs, id_type, output)
+    if jobs.is_dry_run(options):  # Beam's --dry_run=True: the job built for its runner, not run
+        launch = launch_plan.plan_for(args, inputs, jobs.devices_per_worker(options), model)
+        print(launch, flush=True)
+        pipeline = beam.Pipeline(options=options)  # validates the options for the runner
+        _build(pipeline, args, model, inputs, id_type, output.staging, frozenset(), launch)
+        return jobs.run_dry(pipeline, "embed_text", output.path)
     published = output.finish_publishing(job)
     if published is not None:  # this job succeeded, and was killed while publishing
         print(
@@ -329,10 +314,9 @@ def run(
     if args.verbose:
         print(described, flush=True)
     pipeline = beam.Pipeline(options=options)
-    results, dead = write.part_counts(output.staging, reused)  # parts of earlier runs
+    done, results, dead = write.reused_parts(output.staging, reused, inputs)
     total = launch.rows.less(results + dead)
     console = RunConsole("embed_text", args, options, output.path, total=total)
-    done = write.done_parts(reused, inputs)
     where = (output.staging, done, launch, console.progress_dir, encoder)
     embed = _build(pipeline, args, model, inputs, id_type, *where)
     try:

@@ -22,8 +22,6 @@ import pyarrow as pa
 from beam_jax import jobs
 from beam_jax.internal import bad_lines_of
 
-__all__ = ["CARRIED", "KEY", "METRICS_NAMESPACE", "ROW_BITS", "Inputs", "Part", "split_keys"]
-
 KEY = "key"
 # Before a carried column's name on the way, so that an input column named "key" or "text"
 # is carried beside the job's own columns of those names.
@@ -122,8 +120,7 @@ class Part:
 
     @classmethod
     def of(cls, batch: pa.RecordBatch) -> Part:
-        """The part a record batch of ``key``, ``id``, ``text`` and the columns it carries
-        holds."""
+        """The part in a record batch of ``key``, ``id``, ``text`` and the columns carried."""
         files, positions = split_keys(batch.column(KEY).to_numpy())
         meta = batch.schema.metadata or {}
         file_index = int(meta[PART_FILE]) if PART_FILE in meta else int(files[0])
@@ -137,10 +134,6 @@ class Part:
         """Its rows and its bad lines: each ends as an embedding or a dead letter."""
         return len(self.positions) + len(self.bad_lines)
 
-    def kept(self, rows: pa.Array) -> pa.RecordBatch | None:
-        """The carried columns of rows ``rows`` (indexes into the part), if any."""
-        return None if self.carried is None else self.carried.take(rows)
-
     @property
     def start(self) -> int:
         return min([*self.positions[:1].tolist(), *(d.row for d in self.bad_lines)])
@@ -148,7 +141,3 @@ class Part:
     @property
     def end(self) -> int:
         return max([*self.positions[-1:].tolist(), *(d.row for d in self.bad_lines)]) + 1
-
-    def id_of(self, index: int) -> Any:
-        """The id of row ``index`` of the part, for a dead letter of the kernel."""
-        return self.ids[index].as_py()

@@ -20,10 +20,7 @@ import pyarrow as pa
 
 import beam_jax as bj
 from beam_jax import jobs, text
-from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import Inputs
-
-__all__ = ["LaunchPlan", "plan_for", "sample_texts", "token_lengths"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +100,7 @@ def sample_texts(inputs: Inputs, n: int) -> tuple[pa.Array, jobs.RowCount]:
     """Up to ``n`` texts from the input (a ``large_string`` array), spread over its files
     (``beam_jax.jobs.sample_texts``), and its rows, counted or estimated."""
     if inputs.format == "builtin":
-        rows = builtin_corpus(inputs.builtin_texts)
+        rows = text.builtin_corpus(inputs.builtin_texts)
         return pa.array([t for _, t in rows[:n]], pa.large_string()), jobs.RowCount(len(rows), True)
     return jobs.sample_texts(inputs.files, inputs.text_column, n, inputs.format)
 
@@ -141,7 +138,6 @@ def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None)
         layer_kernel=args.layer_kernel,
     )
     texts, rows = sample_texts(inputs, args.plan_sample)
-    total = max(rows.rows or len(texts), 1)
     choice = text.plan_batching(
         token_lengths(texts, model),
         model,
@@ -151,7 +147,7 @@ def plan_for(args: Any, inputs: Inputs, num_devices: int = 1, model: Any = None)
         max_batch_size=args.batch_size,
         max_tokens_per_batch=args.max_tokens_per_batch,
         buffer_size=args.rows_per_part,
-        total=total,
+        total=max(rows.rows or len(texts), 1),  # counted or estimated, else those sampled
         num_devices=num_devices,
     )
     return LaunchPlan(choice, sample=len(texts), rows=rows)

@@ -5,7 +5,7 @@ letter, stage ``read``); the built-in corpus is made here. ``key`` is ``file_ind
 row`` (:mod:`pipelines.embed.parts`); a part already written by an earlier run is dropped.
 
 Example:
-    >>> read = ReadParts(inputs, 8192, done, pa.int64())  # doctest: +SKIP
+    >>> read = ReadParts(inputs, 8192, done, pa.int64(), spread=True)  # doctest: +SKIP
     >>> batches, unreadable = pipeline | read  # doctest: +SKIP
 """
 
@@ -21,8 +21,6 @@ import beam_jax as bj
 from beam_jax.internal import ROW_COLUMN, bad_lines_of, row_origin, with_origin
 from beam_jax.text import builtin_corpus
 from pipelines.embed.parts import BUILTIN_NAME, CARRIED, KEY, PART_FILE, ROW_BITS, Inputs
-
-__all__ = ["KeyBatches", "ReadParts"]
 
 
 class KeyBatches(beam.DoFn):
@@ -79,12 +77,7 @@ class ReadParts(beam.PTransform):
     """
 
     def __init__(
-        self,
-        inputs: Inputs,
-        part_rows: int,
-        done: frozenset,
-        id_type: pa.DataType,
-        spread: bool = True,
+        self, inputs: Inputs, part_rows: int, done: frozenset, id_type: pa.DataType, spread: bool
     ):
         super().__init__()
         self._inputs, self._part_rows, self._done, self._id_type = inputs, part_rows, done, id_type

@@ -30,32 +30,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_jax as bj
 from beam_jax import jobs
-from beam_jax.jobs import (
-    OutputLayout,
-    dead_letter_json,
-    embeddings_schema,
-    embeddings_table,
-    write_atomically,
-    write_embeddings,
-)
 from pipelines.embed.parts import KEY, METRICS_NAMESPACE, Inputs, Part, split_keys
-
-__all__ = [
-    "DEAD_LETTER_DIR",
-    "EMBEDDINGS",
-    "FAILED",
-    "LAYOUT",
-    "RECORD",
-    "PartWriter",
-    "WriteUnreadable",
-    "done_parts",
-    "embeddings_name",
-    "embeddings_schema",
-    "embeddings_table",
-    "part_counts",
-    "write_embeddings",
-    "write_no_rows",
-]
 
 EMBEDDINGS = re.compile(r"^embeddings-(?P<source>.+)-(?P<start>\d{12})-(?P<end>\d{12})\.parquet$")
 # Dead letters sit in "_failed/": dataset readers (pyarrow, pandas, DuckDB globs of
@@ -65,12 +40,10 @@ FAILED = re.compile(rf"^{DEAD_LETTER_DIR}/failed-.+\.jsonl$")
 RECORD = "_embed_text.json"  # the published run's record, written last
 # The flagship's files in OUTPUT; failed/...: where dead letters were published before
 # they moved to _failed/. A rerun of the same job resumes from the staged embeddings.
-LAYOUT = OutputLayout(
-    published=re.compile(rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]})$"),
-    ours=re.compile(
-        rf"^({EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}|failed/failed-.+\.jsonl"
-        rf"|{RECORD}|_metrics\.json)$"
-    ),
+_PUBLISHED = rf"{EMBEDDINGS.pattern[1:-1]}|{FAILED.pattern[1:-1]}"
+LAYOUT = jobs.OutputLayout(
+    published=re.compile(rf"^({_PUBLISHED})$"),
+    ours=re.compile(rf"^({_PUBLISHED}|failed/failed-.+\.jsonl|{RECORD}|_metrics\.json)$"),
     record=RECORD,
     resumable=True,
     parts=EMBEDDINGS,
@@ -84,11 +57,10 @@ def embeddings_name(source: str, start: int, end: int) -> str:
 
 def write_no_rows(directory: str, inputs: Inputs, id_type: pa.DataType) -> str:
     """Writes the embeddings file of rows 0 to 0 of the first input file, with no rows and
-    the job's columns; returns its name. For a run that read no row (an empty or unreadable
-    input), which has no part of its own."""
+    the job's columns (for a run that read no row); returns its name."""
     name = embeddings_name(inputs.source(0), 0, 0)
-    table = embeddings_schema(id_type, inputs.carried).empty_table()
-    write_embeddings(table, f"{directory}/{name}")
+    table = jobs.embeddings_schema(id_type, inputs.carried).empty_table()
+    jobs.write_embeddings(table, f"{directory}/{name}")
     return name
 
 
@@ -100,19 +72,7 @@ def unreadable_name(source: str, after_row: int) -> str:
     return f"{DEAD_LETTER_DIR}/failed-{source}-unreadable-{after_row:012d}.jsonl"
 
 
-def done_parts(names: Iterable[str], inputs: Inputs) -> frozenset[tuple[int, int]]:
-    """``(file_index, start)`` of the parts whose embeddings file is among ``names``."""
-    index = {inputs.source(i): i for i in range(len(inputs.files))}
-    done = set()
-    for name in names:
-        match = EMBEDDINGS.match(name)
-        if match and match["source"] in index:
-            done.add((index[match["source"]], int(match["start"])))
-    return frozenset(done)
-
-
 OUTPUT = "output"  # RunKernelOnArrow's column for a kernel returning one array
-_WINDOW, _TIMESTAMP = beam.DoFn.WindowParam, beam.DoFn.TimestampParam
 
 
 class _Open:
@@ -195,12 +155,11 @@ class PartWriter:
         yield from self._flush(file_index, where)
 
     def add_kernel_dead(self, record: bj.FailedElement, where: tuple) -> Iterator[Any]:
-        """A row's dead letter from the kernel, keyed by the row's key: written with the
-        row's id, file and row."""
+        """A row's dead letter from the kernel, keyed by its key: written with its id, file, row."""
         (file_index,), (row,) = split_keys(np.array([record.key]))
         file_index, row = int(file_index), int(row)
         part = self._find(file_index, row)
-        key = part.part.id_of(int(np.searchsorted(part.part.positions, row)))
+        key = part.part.ids[int(np.searchsorted(part.part.positions, row))].as_py()
         source = self._inputs.file_name(file_index)
         part.add_dead(row, dataclasses.replace(record, key=key, source=source, row=row))
         yield from self._flush(file_index, where)
@@ -249,12 +208,12 @@ class PartWriter:
         """Writes a whole part's dead letters (if any), then its embeddings, in row order;
         returns its name and counts."""
         part = collected.part
-        positions = part.positions
         table = self._schema.empty_table()
         done, vectors = _in_row_order(collected.results)
         if len(done):
-            rows = pa.array(np.searchsorted(positions, done))
-            table = embeddings_table(part.ids.take(rows), vectors, self._schema, part.kept(rows))
+            rows = pa.array(np.searchsorted(part.positions, done))
+            kept = None if part.carried is None else part.carried.take(rows)  # the columns carried
+            table = jobs.embeddings_table(part.ids.take(rows), vectors, self._schema, kept)
         dead = sorted(collected.dead, key=lambda d: d[0])
         if table.num_rows + len(dead) != part.size:
             raise RuntimeError(
@@ -263,11 +222,11 @@ class PartWriter:
             )
         source = self._inputs.source(part.file_index)
         if dead:
-            lines = "".join(f"{dead_letter_json(r)}\n" for _, r in dead)
+            lines = "".join(f"{jobs.dead_letter_json(r)}\n" for _, r in dead)
             name = failed_name(source, part.start, part.end)
-            write_atomically(f"{self._directory}/{name}", lines.encode("utf-8"))
+            jobs.write_atomically(f"{self._directory}/{name}", lines.encode("utf-8"))
         name = embeddings_name(source, part.start, part.end)
-        write_embeddings(table, f"{self._directory}/{name}")
+        jobs.write_embeddings(table, f"{self._directory}/{name}")
         return name, table.num_rows, len(dead)
 
 
@@ -284,22 +243,14 @@ def _in_row_order(results) -> tuple[np.ndarray, np.ndarray]:
 
 class WriteUnreadable(beam.DoFn):
     """A read step's dead letter in (a file or row group that cannot be read, counted as
-    ``files_unreadable``), written to its own file under ``_failed/``."""
+    ``files_unreadable``), written to its own file under ``_failed/``; the file's name out."""
 
-    def __init__(self, directory: str, inputs: Inputs, progress: str | None = None):
+    def __init__(self, directory: str, inputs: Inputs):
         self._directory = directory
         self._inputs = inputs
-        self._progress = progress  # the driver's progress directory, if any
 
     def setup(self):
         self._files = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "files_unreadable")
-        self._count = jobs.CountProgress(self._progress, "unreadable") if self._progress else None
-        if self._count is not None:
-            self._count.setup()
-
-    def finish_bundle(self):
-        if self._count is not None:
-            self._count.finish_bundle()
 
     def process(self, record: bj.FailedElement) -> Iterator[str]:
         paths = [self._inputs.file_name(i) for i in range(len(self._inputs.files))]
@@ -309,18 +260,23 @@ class WriteUnreadable(beam.DoFn):
                 f"job's input files as matched at launch ({len(paths)}: {paths[:3]}...)"
             )
         self._files.inc()
-        if self._count is not None:
-            self._count.process(record)
         name = unreadable_name(self._inputs.source(paths.index(record.source)), record.row or 0)
-        write_atomically(f"{self._directory}/{name}", f"{dead_letter_json(record)}\n".encode())
+        line = f"{jobs.dead_letter_json(record)}\n"
+        jobs.write_atomically(f"{self._directory}/{name}", line.encode())
         yield name
 
 
-def part_counts(directory: str, names: Iterable[str]) -> tuple[int, int]:
-    """Embeddings and dead letters in the parts ``names`` (embeddings files) already written."""
-    results = dead = 0
+def reused_parts(
+    directory: str, names: Iterable[str], inputs: Inputs
+) -> tuple[frozenset[tuple[int, int]], int, int]:
+    """The parts already written (``names``, their embeddings files): their ``(file_index,
+    start)``, and the embeddings and dead letters they hold."""
+    index = {inputs.source(i): i for i in range(len(inputs.files))}
+    done, results, dead = set(), 0, 0
     for name in names:
         match = EMBEDDINGS.match(name)
+        if match["source"] in index:
+            done.add((index[match["source"]], int(match["start"])))
         with FileSystems.open(f"{directory}/{name}", compression_type="uncompressed") as f:
             results += pq.ParquetFile(f).metadata.num_rows
         part = failed_name(match["source"], int(match["start"]), int(match["end"]))
@@ -328,4 +284,4 @@ def part_counts(directory: str, names: Iterable[str]) -> tuple[int, int]:
         if FileSystems.exists(failed):
             with FileSystems.open(failed, compression_type="uncompressed") as f:
                 dead += sum(1 for line in f if line.strip())
-    return results, dead
+    return frozenset(done), results, dead
