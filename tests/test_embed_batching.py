@@ -134,7 +134,7 @@ def test_packed_rows_write_what_buckets_write(tmp_path):
     raw = [t.encode() for t in texts]
     raw[3] = b"caf\xe9 au lait"  # not UTF-8: this batch is checked value by value
     raw[4] = b""  # empty: embedded as [CLS] [SEP]
-    raw[5] = b" " * (MAX_TOKENIZED_CHARS + 10) + b"word"  # too long to be prose
+    raw[5] = b"word" + b" " * (MAX_TOKENIZED_CHARS + 10) + b"word"  # too long to be prose
     raw[6] = b"enormous prose " * (MAX_TOKENIZED_CHARS // 10)  # embedded from its start
     text = pa.array(raw, pa.binary()).view(pa.string())
     ids = pa.array([*range(25), None, *range(26, 30)], pa.int32())

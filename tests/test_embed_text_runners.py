@@ -54,7 +54,7 @@ def source(tmp_path_factory) -> pathlib.Path:
     rows = [{"id": i, "text": t} for i, t in enumerate(ft.texts(20))]
     rows[3] = {"id": 3}  # no text: validation
     rows[8] = {"id": 8, "text": 8}  # not a string: the reader's
-    rows[11] = {"id": 11, "text": " " * (MAX_TOKENIZED_CHARS + 10) + "word"}  # tokenize
+    rows[11] = {"id": 11, "text": "word" + " " * (MAX_TOKENIZED_CHARS + 10) + "word"}  # tokenize
     ft.write_json_lines(where / "a.jsonl", [*rows, b"not JSON"])  # a line that is no row
     other = [{"id": 100 + i, "text": t} for i, t in enumerate(ft.texts(7))]
     ft.write_json_lines(where / "b.jsonl", other)

@@ -308,7 +308,7 @@ def tiny_model(tmp_path_factory) -> str:
 def _texts() -> list[tuple[int, str | None]]:
     texts: list[Any] = list(enumerate(tiny_bert.sample_texts(10)))
     texts[3] = (3, None)  # validation
-    texts[6] = (6, " " * (MAX_TOKENIZED_CHARS + 10) + "word")  # tokenize
+    texts[6] = (6, "word" + " " * (MAX_TOKENIZED_CHARS + 10) + "word")  # tokenize
     return texts
 
 
