@@ -53,6 +53,21 @@ def test_numpy_sizes_and_bare_one_axis_keys_give_the_python_bucketing():
     assert Plan(ArraySpec(("L",)), got).shapes() == Plan(ArraySpec(("L",)), want).shapes()
 
 
+def test_batch_sizes_all_above_batch_size_are_refused_not_used():
+    """Bucketing(batch_size=8, batch_sizes=(16,)) planned batches of 16 rows."""
+    with pytest.raises(
+        bj.SpecError, match=r"batch_sizes are \(16,\), all larger than batch_size 8"
+    ):
+        Bucketing(boundaries={"L": (8, 16)}, batch_size=8, batch_sizes=(16,))
+    with pytest.raises(bj.SpecError, match=r"for bucket \(16,\) are \(8,\).*raise batch_size to 8"):
+        Bucketing(boundaries={"L": (8, 16)}, batch_size={8: 8, 16: 4}, batch_sizes=(8,))
+    with pytest.raises(bj.SpecError, match=r"for bucket \(16,\) are \(16, 32\)"):
+        Bucketing(boundaries={"L": (8, 16)}, batch_size=8, batch_sizes={8: (4,), 16: (16, 32)})
+    # One list for every bucket, each bucket keeping the sizes up to its own batch_size.
+    mixed = Bucketing(boundaries={"L": (8, 16)}, batch_size={8: 8, 16: 4}, batch_sizes=(4, 8))
+    assert Plan(ArraySpec(("L",)), mixed).shapes() == [((8,), 4), ((8,), 8), ((16,), 4)]
+
+
 @given(
     dtype=st.sampled_from([np.int8, np.uint8, np.int16, np.uint16, np.int32, np.bool_]),
     value=st.one_of(st.integers(-(2**40), 2**40), st.sampled_from([0.5, -1.5, np.nan])),

@@ -276,8 +276,6 @@ class Plan(PlanBase):
         top = self.bucketing.max_batch_size(bucket)
         base = self.bucketing.batch_sizes_for(bucket) or default_batch_sizes(top)
         sizes = sorted({round_up(s, self.num_devices) for s in base if s <= top})
-        if not sizes:
-            sizes = [round_up(base[0], self.num_devices)]
         if self.bucketing.max_padded_size is not None:
             volume = math.prod(bucket)
             fit = [s for s in sizes if s * volume <= self.bucketing.max_padded_size]
