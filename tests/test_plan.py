@@ -112,6 +112,22 @@ def test_budget_gives_long_buckets_smaller_batches():
     assert all(b * s <= 4096 for (b,), s in plan.shapes())
 
 
+def test_a_budget_below_one_element_of_a_bucket_is_refused_not_exceeded():
+    """max_padded_size=4 gave the bucket 8 batches of 1 row: 8 positions, over the budget."""
+    bucketing = Bucketing(boundaries={"L": (2, 8)}, batch_size=4, max_padded_size=4)
+    want = r"bucket \(8,\) pads each element to 8 positions, more than max_padded_size=4"
+    with pytest.raises(bj.SpecError, match=want + ".*raise max_padded_size to at least 8"):
+        Plan(ArraySpec(("L",)), bucketing)
+    with pytest.raises(bj.SpecError, match=r"bucket \(8,\)"):
+        bj.RunKernel(lambda p, x, lengths: x, spec=ArraySpec(("L",)), bucketing=bucketing)
+    image = Bucketing(boundaries={"H": (4,), "W": (4,)}, max_padded_size=15)
+    with pytest.raises(bj.SpecError, match=r"bucket \(4, 4\) pads each element to 16"):
+        Plan(ArraySpec(("H", "W")), image)
+    # One row fits: rounded up to the 4 devices, the smallest size still shards evenly.
+    shared = Bucketing(boundaries={"L": (8,)}, batch_size=4, max_padded_size=8)
+    assert Plan(ArraySpec(("L",)), shared, num_devices=4).batch_sizes((8,)) == (4,)
+
+
 def test_per_bucket_batch_size_and_device_rounding():
     plan = Plan(
         ArraySpec(("L",)),

@@ -276,10 +276,17 @@ class Plan(PlanBase):
         top = self.bucketing.max_batch_size(bucket)
         base = self.bucketing.batch_sizes_for(bucket) or default_batch_sizes(top)
         sizes = sorted({round_up(s, self.num_devices) for s in base if s <= top})
-        if self.bucketing.max_padded_size is not None:
+        budget = self.bucketing.max_padded_size
+        if budget is not None:
             volume = math.prod(bucket)
-            fit = [s for s in sizes if s * volume <= self.bucketing.max_padded_size]
-            sizes = fit or sizes[:1]
+            if volume > budget:
+                raise SpecError(
+                    f"bucket {bucket} pads each element to {volume} positions, more than "
+                    f"max_padded_size={budget} allows in a whole batch; raise max_padded_size to "
+                    f"at least {volume}, or lower the largest boundary."
+                )
+            # One row fits: the smallest size is over budget only rounded up to the devices.
+            sizes = [s for s in sizes if s * volume <= budget] or sizes[:1]
         return tuple(sizes)
 
     def batch_sizes(self, bucket: Bucket) -> tuple[int, ...]:
