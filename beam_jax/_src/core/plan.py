@@ -15,6 +15,7 @@ import numpy as np
 
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.rule import Bucket, bucket_index, default_batch_sizes, round_up
+from beam_jax._src.core import messages
 from beam_jax._src.core.batch_validation import validate_many
 from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
 from beam_jax._src.core.spec import Layout, as_layout
@@ -163,6 +164,7 @@ class PlanBase(abc.ABC):
     """What ``Plan`` and ``PackedPlan`` answer alike, from their ``layout``, ``validation``,
     ``max_sizes``, ``truncate`` and ``batch_sizes(bucket)``."""
 
+    too_long = staticmethod(messages.too_long)  # the error of an element over ``max_sizes``
     layout: Layout
     validation: Validation
     max_sizes: dict[str, int]
@@ -189,6 +191,7 @@ class PlanBase(abc.ABC):
             "validation": self.validation,
             "max_sizes": self.max_sizes,
             "truncate": self.truncate,
+            "too_long": self.too_long,
         }
 
     def validate(self, element: Any) -> Validated:
