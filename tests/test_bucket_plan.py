@@ -117,6 +117,8 @@ def test_a_bucket_the_sample_misses_still_takes_elements():
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"shape_cost": -1.0}, "shape_cost"),
         ({"total": 0}, "total"),
+        ({"max_padded_size": 0}, "max_padded_size=0 is below max_size=8"),
+        ({"max_padded_size": 4}, "Raise max_padded_size to at least 8, or lower max_size"),
     ],
 )
 def test_bad_limits_are_refused(kwargs, message):

@@ -126,8 +126,9 @@ def test_trace_failures_are_cached_per_shape():
     tree = jax.tree_util.tree_structure({"x": 0})
     x = np.ones((4, 2, kernels.D), np.float32)
     for _ in range(3):
-        with pytest.raises(bj.CompileError, match="dot_general|shapes|incompatible"):
+        with pytest.raises(bj.CompileError, match="dot_general|shapes|incompatible") as e:
             kernel.call(None, [x], {"L": np.ones(4, np.int32)}, treedef=tree)
+        assert "pass batched=True" in str(e.value)  # the cached failure's message too
     assert len(calls) == 1 and kernel.compiles == 0
 
 

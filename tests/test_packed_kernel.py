@@ -8,6 +8,7 @@ import math
 import apache_beam as beam
 import jax
 import numpy as np
+import pyarrow as pa
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import HealthCheck, given, settings
@@ -245,8 +246,16 @@ def test_precompile_compiles_exactly_the_listed_packed_shapes():
     assert summary.compiles == len(run_kernel.plan(len(jax.devices())).shapes())
 
 
+# Packing has no Bucketing, so the fix for a record too long is the packing's own.
+TOO_LONG = (
+    "exceeds the longest packed row (8); add a row length of at least 20 to "
+    "Packing(row_lengths=...) (with plan_packing, raise max_size), or cut such records "
+    "before the transform: packing does not truncate."
+)
+
+
 def test_records_too_long_or_misshapen_are_validation_dead_letters():
-    elements = [(0, np.ones(3, np.float32)), (1, np.ones(9, np.float32)), (2, np.ones((2, 2)))]
+    elements = [(0, np.ones(3, np.float32)), (1, np.ones(20, np.float32)), (2, np.ones((2, 2)))]
     p = pipeline()
     results, dead = (
         p
@@ -260,11 +269,41 @@ def test_records_too_long_or_misshapen_are_validation_dead_letters():
     )
     assert_that(results, equal_to([(0, np.float32(3.0))]))
     assert_that(
-        dead | beam.Map(lambda r: (r.key, r.stage)),
-        equal_to([(1, "validation"), (2, "validation")]),
+        dead | beam.Map(lambda r: (r.key, r.stage, r.message.endswith(TOO_LONG))),
+        equal_to([(1, "validation", True), (2, "validation", False)]),
         label="Dead",
     )
     assert_conserved(run(p))
+
+
+def test_a_record_too_long_to_pack_names_the_packing_fix_from_the_batch_and_arrow_checks():
+    """The message said to set Bucketing(oversize='truncate'), which packing cannot take."""
+    packing = Packing(row_lengths=8, rows_per_batch=4)
+    handler = bj.JaxModelHandler(
+        pk.failing_sum, spec=ArraySpec(("L",), np.float32), packing=packing
+    )
+    with pytest.raises(bj.InferenceBatchError) as info:  # RunInference's batch checks
+        handler.run_inference(
+            [np.ones(3, np.float32), np.ones(20, np.float32)], handler.load_model()
+        )
+    [failure] = info.value.failures
+    assert failure.error_type == "ElementTooLargeError" and failure.message.endswith(TOO_LONG)
+    batch = pa.record_batch({"id": [0, 1], "x": [[1.0] * 3, [1.0] * 20]})
+    p = pipeline()
+    _, dead = (
+        p
+        | beam.Create([batch])
+        | bj.RunKernelOnArrow(
+            pk.failing_sum,
+            spec=ArraySpec(("L",), np.float32),
+            columns=bj.ArrowColumns(leaves="x", id="id"),
+            packing=packing,
+        ).with_exception_handling()
+    )
+    assert_that(
+        dead | beam.Map(lambda f: (f.key, f.message.endswith(TOO_LONG))), equal_to([(1, True)])
+    )
+    run(p)
 
 
 def test_a_plan_packing_result_runs_and_lists_its_shapes():

@@ -161,7 +161,7 @@ def test_a_record_longer_than_the_longest_row_is_refused_alone():
     assert [r.index for r in result.refused] == [1]
     error = result.refused[0].error
     assert isinstance(error, bj.ElementTooLargeError)
-    assert "record 1 has length 9" in str(error) and "longest row (8)" in str(error)
+    assert "has length 9 at record 1" in str(error) and "longest packed row (8)" in str(error)
     assert sorted(i for b in result.batches for i in b.indices) == [0, 2]
     outputs = plan.unpack(result, [segment_sums(b) for b in result.batches])
     assert outputs[1] is None and outputs[0] is not None

@@ -53,6 +53,21 @@ def test_numpy_sizes_and_bare_one_axis_keys_give_the_python_bucketing():
     assert Plan(ArraySpec(("L",)), got).shapes() == Plan(ArraySpec(("L",)), want).shapes()
 
 
+def test_batch_sizes_all_above_batch_size_are_refused_not_used():
+    """Bucketing(batch_size=8, batch_sizes=(16,)) planned batches of 16 rows."""
+    with pytest.raises(
+        bj.SpecError, match=r"batch_sizes are \(16,\), all larger than batch_size 8"
+    ):
+        Bucketing(boundaries={"L": (8, 16)}, batch_size=8, batch_sizes=(16,))
+    with pytest.raises(bj.SpecError, match=r"for bucket \(16,\) are \(8,\).*raise batch_size to 8"):
+        Bucketing(boundaries={"L": (8, 16)}, batch_size={8: 8, 16: 4}, batch_sizes=(8,))
+    with pytest.raises(bj.SpecError, match=r"for bucket \(16,\) are \(16, 32\)"):
+        Bucketing(boundaries={"L": (8, 16)}, batch_size=8, batch_sizes={8: (4,), 16: (16, 32)})
+    # One list for every bucket, each bucket keeping the sizes up to its own batch_size.
+    mixed = Bucketing(boundaries={"L": (8, 16)}, batch_size={8: 8, 16: 4}, batch_sizes=(4, 8))
+    assert Plan(ArraySpec(("L",)), mixed).shapes() == [((8,), 4), ((8,), 8), ((16,), 4)]
+
+
 @given(
     dtype=st.sampled_from([np.int8, np.uint8, np.int16, np.uint16, np.int32, np.bool_]),
     value=st.one_of(st.integers(-(2**40), 2**40), st.sampled_from([0.5, -1.5, np.nan])),
@@ -95,6 +110,22 @@ def test_budget_gives_long_buckets_smaller_batches():
     assert plan.max_batch((128,)) == 32
     assert plan.max_batch((512,)) == 8
     assert all(b * s <= 4096 for (b,), s in plan.shapes())
+
+
+def test_a_budget_below_one_element_of_a_bucket_is_refused_not_exceeded():
+    """max_padded_size=4 gave the bucket 8 batches of 1 row: 8 positions, over the budget."""
+    bucketing = Bucketing(boundaries={"L": (2, 8)}, batch_size=4, max_padded_size=4)
+    want = r"bucket \(8,\) pads each element to 8 positions, more than max_padded_size=4"
+    with pytest.raises(bj.SpecError, match=want + ".*raise max_padded_size to at least 8"):
+        Plan(ArraySpec(("L",)), bucketing)
+    with pytest.raises(bj.SpecError, match=r"bucket \(8,\)"):
+        bj.RunKernel(lambda p, x, lengths: x, spec=ArraySpec(("L",)), bucketing=bucketing)
+    image = Bucketing(boundaries={"H": (4,), "W": (4,)}, max_padded_size=15)
+    with pytest.raises(bj.SpecError, match=r"bucket \(4, 4\) pads each element to 16"):
+        Plan(ArraySpec(("H", "W")), image)
+    # One row fits: rounded up to the 4 devices, the smallest size still shards evenly.
+    shared = Bucketing(boundaries={"L": (8,)}, batch_size=4, max_padded_size=8)
+    assert Plan(ArraySpec(("L",)), shared, num_devices=4).batch_sizes((8,)) == (4,)
 
 
 def test_per_bucket_batch_size_and_device_rounding():

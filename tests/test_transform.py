@@ -3,6 +3,7 @@
 import collections
 
 import apache_beam as beam
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
@@ -236,6 +237,48 @@ def test_shape_that_fails_to_compile_dead_letters_only_its_bucket():
         label="Dead",
     )
     assert_conserved(run(p))
+
+
+def batch_masked_sum(params, element, lengths):
+    """A kernel that takes a whole batch: ``x`` is ``[batch, L, D]``, ``lengths["L"]`` a vector."""
+    x = element["x"]
+    mask = jnp.arange(x.shape[1])[None, :] < lengths["L"][:, None]
+    return jnp.where(mask[:, :, None], x, jnp.zeros((), x.dtype)).sum(1)
+
+
+def test_a_batched_kernel_run_per_element_dead_letters_with_the_batched_hint():
+    elements = make_mean_elements(6, seed=7)
+    bucketing = Bucketing(boundaries={"L": 16})
+    p = pipeline()
+    results, dead = (
+        p
+        | "Create" >> beam.Create(elements)
+        | "PerElement"
+        >> RunKernel(
+            batch_masked_sum, spec=mean_spec(), keyed=True, bucketing=bucketing
+        ).with_exception_handling()
+    )
+
+    def check(records):
+        assert sorted(r.key for r in records) == sorted(k for k, _ in elements)
+        for r in records:
+            assert r.stage == "compile", r
+            assert "ONE element at a time under jax.vmap" in r.message, r.message
+            assert r.message.endswith("if fn already takes a whole batch, pass batched=True.")
+
+    assert_that(dead, check, label="Dead")
+    assert_that(results, equal_to([]), label="NoResults")
+    batched = (
+        p
+        | "Again" >> beam.Create(elements)
+        | "Batched"
+        >> RunKernel(
+            batch_masked_sum, spec=mean_spec(), keyed=True, bucketing=bucketing, batched=True
+        )
+    )
+    expected = [(k, v["x"].sum(0)) for k, v in elements]
+    assert_that(batched, close_to(expected), label="Batched")
+    run(p)
 
 
 def test_parameters_load_once_per_process_and_multiprocess_results_match(tmp_path):

@@ -29,10 +29,10 @@ class InvalidElementError(BeamJaxError, ValueError):
 
 
 class ElementTooLargeError(InvalidElementError):
-    """A ragged axis is longer than the largest bucket boundary.
+    """A ragged axis is longer than the largest bucket boundary (with packing, the longest row).
 
     Add a larger boundary, or set ``Bucketing(oversize="truncate")`` to cut such elements to
-    the largest bucket.
+    the largest bucket. With packing, add a longer row length, or cut such records first.
     """
 
 

@@ -369,6 +369,7 @@ def decode_batch(
     validation: Any,
     max_sizes: Mapping[str, int],
     truncate: bool,
+    too_long: Callable[..., Exception] = messages.too_long,
 ) -> DecodedBatch:
     """Decode and validate every row of ``batch`` against the element spec.
 
@@ -437,7 +438,7 @@ def decode_batch(
         else:
             checks.add(
                 col > top,
-                lambda r, a=axis, c=col, t=top: messages.too_long(
+                lambda r, a=axis, c=col, t=top: too_long(
                     a, int(c[r]), f"{where(r)}, column {first_seen[a]!r}", t
                 ),
             )

@@ -107,8 +107,12 @@ def plan_bucketing(
         num_devices=num_devices,
         max_size=max_size,
     )
-    if max_padded_size is not None and max_padded_size < 1:
-        raise SpecError(f"max_padded_size must be positive, got {max_padded_size!r}.")
+    if max_padded_size is not None and max_padded_size < max_size:
+        raise SpecError(
+            f"max_padded_size={max_padded_size} is below max_size={max_size}: one element of "
+            f"the largest bucket would exceed it. Raise max_padded_size to at least {max_size}, "
+            "or lower max_size."
+        )
     if shape_cost < 0:
         raise SpecError(f"shape_cost must be >= 0, got {shape_cost!r}.")
     sample = np.minimum(np.maximum(np.asarray(lengths), 1), max_size)

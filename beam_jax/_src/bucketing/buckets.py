@@ -36,7 +36,8 @@ class Bucketing:
             tokens per batch), so long buckets get smaller batches.
         batch_sizes: the allowed sizes of the padded batch dimension; default powers of two up
             to the largest batch size, then that size. A mapping from bucket to sizes gives
-            each bucket its own (as ``plan_bucketing`` does).
+            each bucket its own (as ``plan_bucketing`` does). Sizes above a bucket's
+            ``batch_size`` are left out; at least one must be at most it.
         oversize: what to do with an element longer than the largest boundary:
             ``"dead_letter"`` (default) or ``"truncate"`` to the largest boundary.
     """
@@ -87,6 +88,7 @@ class Bucketing:
             )
         elif self.batch_sizes is not None:
             object.__setattr__(self, "batch_sizes", _sizes(self.batch_sizes))
+        _check_sizes_fit(self.batch_size, self.batch_sizes)
         if self.oversize not in ("dead_letter", "truncate"):
             raise SpecError(f"oversize must be 'dead_letter' or 'truncate', got {self.oversize!r}.")
 
@@ -166,3 +168,19 @@ def _sizes(sizes, bucket=None) -> tuple[int, ...]:
             f"batch_sizes{where} must be positive and strictly increasing ints, got {sizes!r}."
         )
     return bs
+
+
+def _check_sizes_fit(batch_size, batch_sizes) -> None:
+    """Refuse ``batch_sizes`` of which no size fits a bucket's ``batch_size``: the smallest
+    would otherwise be used, more rows per batch than ``batch_size`` allows."""
+    keys = [k for m in (batch_size, batch_sizes) if isinstance(m, Mapping) for k in m]
+    for bucket in keys or [None]:
+        top = batch_size.get(bucket) if isinstance(batch_size, Mapping) else batch_size
+        sizes = batch_sizes.get(bucket) if isinstance(batch_sizes, Mapping) else batch_sizes
+        if top is not None and sizes is not None and sizes[0] > top:
+            where = "" if bucket is None else f" for bucket {bucket}"
+            raise SpecError(
+                f"batch_sizes{where} are {sizes}, all larger than batch_size {top} (the most "
+                f"elements in one batch); allow a size of at most {top}, or raise batch_size "
+                f"to {sizes[0]}."
+            )

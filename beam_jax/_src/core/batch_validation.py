@@ -15,12 +15,13 @@ Checks that read every value (``Validation(nonfinite="reject")``, an ``ArraySpec
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from beam_jax._src.core import messages
 from beam_jax._src.core.spec import ArraySpec, Layout
 from beam_jax._src.core.validation import Validated, Validation, validate
 
@@ -159,6 +160,7 @@ def validate_many(
     validation: Validation,
     max_sizes: Mapping[str, int],
     truncate: bool,
+    too_long: Callable[..., Exception] = messages.too_long,
 ) -> list[Validated | Exception]:
     """``validate`` of each element, checked a batch at once: per element its
     ``Validated``, or the exception ``validate`` raises for it.
@@ -174,7 +176,7 @@ def validate_many(
         ((3,), 'InvalidElementError')
 
     Args:
-        layout, validation, max_sizes, truncate: as for ``validate``.
+        layout, validation, max_sizes, truncate, too_long: as for ``validate``.
         elements: the elements, in order.
 
     Returns:
@@ -197,6 +199,7 @@ def validate_many(
                 validation=validation,
                 max_sizes=max_sizes,
                 truncate=truncate,
+                too_long=too_long,
             )
         except Exception as e:  # noqa: BLE001 - each invalid element is its caller's to report
             results[i] = e

@@ -166,13 +166,15 @@ class FailedElement:
         """The record of ``error``, raised for ``element`` at ``stage``.
 
         ``error_type`` and ``message`` are those of ``error.__cause__`` when it has one (the
-        original error under a wrapper such as ``CompileError``).
+        original error under a wrapper such as ``CompileError``, whose hint the message keeps).
         """
         cause = error.__cause__ if error.__cause__ is not None else error
         trace = "".join(tb.format_exception(type(error), error, error.__traceback__))
+        # CompileError's text is its cause's, after the cause's type name, then a hint.
+        named, text = f"{type(cause).__name__}: ", str(error)
         return cls.from_error(
             type(cause).__name__,
-            str(cause),
+            text.removeprefix(named) if text.startswith(named) else str(cause),
             stage=stage,
             element=describe(element),
             key=key,

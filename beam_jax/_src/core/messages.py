@@ -57,6 +57,16 @@ def too_long(axis: str, length: int, where: str, largest: int) -> ElementTooLarg
     )
 
 
+def too_long_to_pack(axis: str, length: int, where: str, largest: int) -> ElementTooLargeError:
+    """``too_long`` under packing, which has no buckets and never truncates."""
+    return ElementTooLargeError(
+        f"ragged axis {axis!r} has length {length} at {where}, which exceeds the longest "
+        f"packed row ({largest}); add a row length of at least {length} to "
+        "Packing(row_lengths=...) (with plan_packing, raise max_size), or cut such records "
+        "before the transform: packing does not truncate."
+    )
+
+
 def nonfinite(where: str) -> InvalidElementError:
     return InvalidElementError(
         f"{where}: received NaN or Inf values; expected finite inputs because "

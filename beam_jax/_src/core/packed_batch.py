@@ -36,8 +36,9 @@ import jax
 import numpy as np
 
 from beam_jax._src.bucketing.packing import Assignment, Packing, assign_rows, batch_rows
+from beam_jax._src.core.messages import too_long_to_pack
 from beam_jax._src.core.spec import as_layout
-from beam_jax._src.errors import ElementTooLargeError, InvalidElementError, KernelError, SpecError
+from beam_jax._src.errors import InvalidElementError, KernelError, SpecError
 
 
 class SegmentInfo(NamedTuple):
@@ -347,11 +348,7 @@ class Packer:
         top = self.packing.max_row_length
         for k in assignment.refused:
             i = int(ok[k])
-            refused[i] = ElementTooLargeError(
-                f"record {i} has length {int(lengths[i])} on the packed axis {self.axis!r}, "
-                f"more than the longest row ({top}); add a longer row length or truncate "
-                f"records to {top} before packing."
-            )
+            refused[i] = too_long_to_pack(self.axis, int(lengths[i]), f"record {i}", top)
         batches = []
         for length, size, members in batch_rows(assignment, self.packing):
             batches.append(self._fill(assignment, ok, lengths, records, length, size, members))

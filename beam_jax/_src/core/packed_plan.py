@@ -19,6 +19,7 @@ import numpy as np
 
 from beam_jax._src.bucketing.packing import Packing
 from beam_jax._src.bucketing.rule import Bucket, round_up
+from beam_jax._src.core import messages
 from beam_jax._src.core.outputs import BatchOutputs, check_outputs
 from beam_jax._src.core.packed_batch import PackedBatch, Packer, SegmentInfo, segment_outputs
 from beam_jax._src.core.plan import OwnRows, PlanBase, cut_batch_sizes
@@ -79,6 +80,7 @@ class PackedPlan(PlanBase):
 
     row_policy = SharedRows()
     truncate = False  # a record longer than the longest row is refused
+    too_long = staticmethod(messages.too_long_to_pack)
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ import numpy as np
 
 from beam_jax._src.bucketing.buckets import Bucketing
 from beam_jax._src.bucketing.rule import Bucket, bucket_index, default_batch_sizes, round_up
+from beam_jax._src.core import messages
 from beam_jax._src.core.batch_validation import validate_many
 from beam_jax._src.core.outputs import BatchOutputs, check_outputs, split_rows
 from beam_jax._src.core.spec import Layout, as_layout
@@ -163,6 +164,7 @@ class PlanBase(abc.ABC):
     """What ``Plan`` and ``PackedPlan`` answer alike, from their ``layout``, ``validation``,
     ``max_sizes``, ``truncate`` and ``batch_sizes(bucket)``."""
 
+    too_long = staticmethod(messages.too_long)  # the error of an element over ``max_sizes``
     layout: Layout
     validation: Validation
     max_sizes: dict[str, int]
@@ -189,6 +191,7 @@ class PlanBase(abc.ABC):
             "validation": self.validation,
             "max_sizes": self.max_sizes,
             "truncate": self.truncate,
+            "too_long": self.too_long,
         }
 
     def validate(self, element: Any) -> Validated:
@@ -276,12 +279,17 @@ class Plan(PlanBase):
         top = self.bucketing.max_batch_size(bucket)
         base = self.bucketing.batch_sizes_for(bucket) or default_batch_sizes(top)
         sizes = sorted({round_up(s, self.num_devices) for s in base if s <= top})
-        if not sizes:
-            sizes = [round_up(base[0], self.num_devices)]
-        if self.bucketing.max_padded_size is not None:
+        budget = self.bucketing.max_padded_size
+        if budget is not None:
             volume = math.prod(bucket)
-            fit = [s for s in sizes if s * volume <= self.bucketing.max_padded_size]
-            sizes = fit or sizes[:1]
+            if volume > budget:
+                raise SpecError(
+                    f"bucket {bucket} pads each element to {volume} positions, more than "
+                    f"max_padded_size={budget} allows in a whole batch; raise max_padded_size to "
+                    f"at least {volume}, or lower the largest boundary."
+                )
+            # One row fits: the smallest size is over budget only rounded up to the devices.
+            sizes = [s for s in sizes if s * volume <= budget] or sizes[:1]
         return tuple(sizes)
 
     def batch_sizes(self, bucket: Bucket) -> tuple[int, ...]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -167,6 +167,7 @@ def validate(
     validation: Validation,
     max_sizes: Mapping[str, int],
     truncate: bool,
+    too_long: Callable[..., Exception] = messages.too_long,
 ) -> Validated:
     """Check ``element`` against ``layout`` and return its cast leaves and ragged lengths.
 
@@ -176,6 +177,7 @@ def validate(
         validation: the checks to apply.
         max_sizes: the largest bucket boundary of each ragged axis.
         truncate: cut ragged axes longer than ``max_sizes`` instead of rejecting them.
+        too_long: the error of a longer one otherwise (``messages.too_long``'s arguments).
 
     Returns:
         The validated element.
@@ -226,7 +228,7 @@ def validate(
         if n == 0 and not validation.allow_empty:
             raise messages.empty_axis(name, first_seen[name])
         if n > max_sizes[name] and not truncate:
-            raise messages.too_long(name, n, first_seen[name], max_sizes[name])
+            raise too_long(name, n, first_seen[name], max_sizes[name])
     if truncate:
         lengths = {k: min(v, max_sizes[k]) for k, v in lengths.items()}
 

@@ -18,11 +18,11 @@ import numpy as np
 
 from beam_jax._src.bucketing.packing import assign_rows, batch_rows
 from beam_jax._src.core.dead_letter import VALIDATION
+from beam_jax._src.core.messages import too_long_to_pack
 from beam_jax._src.core.packed_batch import PackedBatch
 from beam_jax._src.core.packed_plan import PackedPlan
 from beam_jax._src.core.validation import Validated
 from beam_jax._src.engine.batching import RowBuffer
-from beam_jax._src.errors import ElementTooLargeError
 
 
 class ItemRecords:
@@ -240,9 +240,7 @@ class PackedStage:
         if len(assignment.refused):  # validation refuses these first; kept for safety
             top = self._plan.packing.max_row_length
             for i in assignment.refused:
-                error = ElementTooLargeError(
-                    f"record of length {int(lengths[i])} is longer than the longest row ({top})."
-                )
+                error = too_long_to_pack(self._plan.axis, int(lengths[i]), "a staged record", top)
                 yield from self._engine.reject(error, VALIDATION, [records.source(int(i))])
         batches, batch, within = _batches_of(assignment, self._plan.packing, carried)
         # Every placed record, ordered by batch, then row in it, then segment.

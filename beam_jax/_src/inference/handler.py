@@ -104,17 +104,18 @@ class JaxModelHandler(ModelHandler[Any, PredictionResult, Worker]):
     """Run a JAX function with ``RunInference``, batched the way ``RunKernel`` batches.
 
     Example:
-        >>> import numpy as np
+        >>> import jax, jax.numpy as jnp, numpy as np
         >>> import beam_jax as bj
-        >>> def mean(params, element, lengths):
-        ...     return element["x"].sum(0) / lengths["L"]  # padding is zeros
+        >>> def mean(params, element, lengths):  # padding is zeros; cast: no implicit promotion
+        ...     return element["x"].sum(0) / lengths["L"].astype(jnp.float32)
         >>> spec = {"x": bj.ArraySpec(("L", 64), np.float32)}
         >>> handler = bj.JaxModelHandler(
         ...     mean, spec=spec, bucketing=bj.Bucketing(boundaries={"L": 512}, batch_size=32)
         ... )
         >>> model = handler.load_model()  # what RunInference does once per process
         >>> batch = [{"x": np.ones((5, 64), np.float32)}, {"x": np.ones((9, 64), np.float32)}]
-        >>> results = handler.run_inference(batch, model)  # PredictionResults, in order
+        >>> with jax.numpy_dtype_promotion("strict"):  # as docs/testing.md recommends
+        ...     results = handler.run_inference(batch, model)  # PredictionResults, in order
         >>> [r.inference.shape for r in results], [float(r.inference[0]) for r in results]
         ([(64,), (64,)], [1.0, 1.0])
         >>> from apache_beam.ml.inference.base import RunInference

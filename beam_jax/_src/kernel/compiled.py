@@ -248,7 +248,7 @@ class Kernel:
                 if exe is not None:
                     return exe
                 if key in self._failed:
-                    raise CompileError(str(self._failed[key])) from self._failed[key]
+                    raise self._compile_error(self._failed[key]) from self._failed[key]
                 done = self._compiling.get(key)
                 if done is None:
                     done = self._compiling[key] = threading.Event()
@@ -294,8 +294,19 @@ class Kernel:
             del self._compiling[key]
         done.set()
         if error is not None:
-            raise CompileError(f"{type(error).__name__}: {error}") from error
+            raise self._compile_error(error) from error
         return exe
+
+    def _compile_error(self, error: BaseException) -> CompileError:
+        """The ``CompileError`` of a shape that failed with ``error``: its message, and a
+        hint where ``fn`` runs per element (the mistake of a batched fn run under vmap)."""
+        hint = ""
+        if not getattr(self.fn, "batched", self.batched):  # ReduceKernel's SumRows says
+            hint = (
+                "\nfn runs on ONE element at a time under jax.vmap (no batch axis); if fn "
+                "already takes a whole batch, pass batched=True."
+            )
+        return CompileError(f"{type(error).__name__}: {error}{hint}")
 
     def _load(self, params, element, lengths, leaf_shapes):
         """``(program, key)``: the shape's program loaded from the store (or ``None``), and

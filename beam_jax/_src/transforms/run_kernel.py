@@ -26,13 +26,17 @@ class RunKernel(KernelTransform):
     Beam state across bundles instead (see ``CrossBundle`` and docs/streaming.md).
 
     Examples:
-        >>> import numpy as np
+        >>> import apache_beam as beam, jax, jax.numpy as jnp, numpy as np
         >>> import beam_jax as bj
-        >>> spec = {"x": bj.ArraySpec(("L", 64), np.float32)}
-        >>> def mean(params, element, lengths):
+        >>> def mean(params, element, lengths):  # one element, padded to its bucket
         ...     mask = bj.length_mask(lengths["L"], element["x"].shape[0])
-        ...     return (element["x"] * mask[:, None]).sum(0) / lengths["L"]
-        >>> run = bj.RunKernel(mean, spec=spec, bucketing=bj.Bucketing(boundaries={"L": 512}))
+        ...     total = jnp.where(mask[:, None], element["x"], 0.0).sum(0)
+        ...     return total / lengths["L"].astype(total.dtype)  # no implicit promotion
+        >>> spec = {"x": bj.ArraySpec(("L", 2), np.float32)}
+        >>> run = bj.RunKernel(mean, spec=spec, bucketing=bj.Bucketing(boundaries={"L": 8}))
+        >>> with jax.numpy_dtype_promotion("strict"), beam.Pipeline("FnApiRunner") as p:
+        ...     _ = p | beam.Create([{"x": np.arange(6.0).reshape(3, 2)}]) | run | beam.Map(print)
+        [2. 3.]
 
     Args:
         fn: ``fn(params, element, lengths)`` for one element, or for a batch if

@@ -162,6 +162,7 @@ class _ArrowFrontEnd(WorkerDoFn):
                 validation=plan.validation,
                 max_sizes=plan.max_sizes,
                 truncate=plan.truncate,
+                too_long=plan.too_long,
             )
         except SpecError:
             raise  # a missing column: the pipeline is misconfigured, not the data
