@@ -471,6 +471,14 @@ def test_a_second_run_into_a_full_output_is_refused_and_leaves_it_intact(own_dat
     assert _files(out) == before
 
 
+def test_an_output_that_is_a_file_is_refused_saying_so(own_data_run, tmp_path):
+    rows, _, _ = own_data_run
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(jobs.OutputExistsError, match="afile is a file; expected a directory"):
+        curate.run(["--input", str(rows), "--output", str(tmp_path / "afile")])
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 def test_the_command_line_says_why_a_second_run_is_refused(own_data_run, capsys):
     rows, out, _ = own_data_run
     with pytest.raises(SystemExit, match="OutputExistsError.*--overwrite"):

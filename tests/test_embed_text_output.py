@@ -103,6 +103,15 @@ def test_overwrite_replaces_this_jobs_files_once_the_run_succeeds(tmp_path):
     assert record["summary"].startswith("embed_text: 5 rows -> 4 embeddings, 1 dead letter")
 
 
+def test_an_output_that_is_a_file_is_refused_saying_so(tmp_path):
+    """It failed with ``NotADirectoryError: ... 'afile/_unfinished'``."""
+    source = ft.write_json_lines(tmp_path / "first.jsonl", _rows(3))
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(jobs.OutputExistsError, match="afile is a file; expected a directory"):
+        ft.run(source, tmp_path / "afile")
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 def test_threshold_publishes_nothing_and_names_the_file_of_dead_letters(tmp_path):
     out, before = _good_output(tmp_path)
     source = ft.write_json_lines(tmp_path / "bad.jsonl", _rows(10, start=50, bad=range(50, 55)))

@@ -114,6 +114,13 @@ def test_a_run_with_planned_buckets_pads_as_planned_and_compiles_at_start(tmp_pa
     assert np.isfinite(summary.kernel.compile_overlapped_seconds)
 
 
+@pytest.mark.parametrize("budget, said", [("1", "1 length bucket,"), ("2", "2 length buckets,")])
+def test_the_launch_line_counts_the_buckets(budget, said):
+    flags = ("--builtin_texts", "120", "--compile_budget", budget, "--batching", "buckets")
+    plan = embed_text_plan.plan_for(_args(*flags), _builtin(120), 1)
+    assert plan.short().startswith(f"texts padded to {said}")
+
+
 def test_auto_packs_when_the_predicted_flops_say_so_and_says_why():
     inputs = _builtin(500)
     both = embed_text_plan.plan_for(_args(), inputs)

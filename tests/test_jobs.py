@@ -133,6 +133,14 @@ def test_a_file_opened_atomically_appears_whole_or_not_at_all(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["part.parquet"]
 
 
+def test_one_dead_letter_over_the_threshold_is_counted_in_the_singular(tmp_path):
+    output = jobs.OutputDir(str(tmp_path / "out"), layout=LAYOUT)
+    output.prepare({"inputs": ["a"]}, overwrite=False)
+    _stage(output, "_failed/f-0.jsonl", b'{"id": 1}\n')
+    with pytest.raises(bj.DeadLetterThresholdError, match="The 1 dead letter is in "):
+        output.check_threshold({"rows": (1, 10), "files": (0, 1)}, 0.01)
+
+
 def test_over_the_threshold_nothing_is_published_and_a_failure_says_what_is_kept(tmp_path):
     output = jobs.OutputDir(str(tmp_path / "out"), layout=LAYOUT)
     output.prepare({"inputs": ["a"]}, overwrite=False)

@@ -21,6 +21,14 @@ def test_the_format_comes_from_the_extension():
         jobs.input_format("data.csv")
 
 
+def test_a_directory_is_told_to_give_its_files_as_a_glob(tmp_path):
+    """It was told that its format cannot be told from its extension."""
+    for given in (str(tmp_path), f"{tmp_path}/", "gs://bucket/texts/"):
+        folder = given.rstrip("/")
+        with pytest.raises(ValueError, match=f"is a directory; .*'{folder}/\\*.parquet'"):
+            jobs.input_format(given)
+
+
 def test_matching_lists_sizes_times_and_links_to_nothing(tmp_path):
     (tmp_path / "b.jsonl").write_bytes(b"{}\n")
     (tmp_path / "a.jsonl").write_bytes(b"")

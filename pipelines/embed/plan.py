@@ -74,7 +74,8 @@ class LaunchPlan:
             lengths = ",".join(map(str, self.packing.packing.row_lengths))
             what = f"texts packed in rows of {lengths} tokens"
         else:
-            what = f"texts padded to {len(self.bucketing.boundaries['L'])} length buckets"
+            buckets = jobs.counted(len(self.bucketing.boundaries["L"]), "length bucket")
+            what = f"texts padded to {buckets}"
         return f"{what}, {shapes}, padding ~{self.choice.padding_ratio:.2f}x"
 
     def __str__(self) -> str:

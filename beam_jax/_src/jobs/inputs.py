@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -63,6 +64,12 @@ def input_format(pattern: str) -> str:
         return "parquet"
     if name.endswith(JSON_LINES_SUFFIXES):
         return "jsonl"
+    if pattern.endswith("/") or os.path.isdir(pattern):
+        folder = pattern.rstrip("/")
+        raise ValueError(
+            f"--input {pattern!r} is a directory; give its files as a glob, e.g. "
+            f"'{folder}/*.parquet' or '{folder}/*.jsonl'"
+        )
     raise ValueError(
         f"cannot tell the format of --input {pattern!r} from its extension; expected "
         "*.parquet (or .pq) for Parquet, *.jsonl (or .json, .ndjson, optionally compressed) "

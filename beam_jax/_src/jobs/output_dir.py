@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from typing import Any, BinaryIO
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_jax._src.core.wording import counted
 from beam_jax._src.errors import BeamJaxError, DeadLetterThresholdError
 
 __all__ = ["OutputLayout", "OutputDir", "OutputExistsError", "open_atomically", "write_atomically"]
@@ -139,7 +141,8 @@ class OutputLayout:
 
 
 class OutputExistsError(BeamJaxError, FileExistsError):
-    """The output directory holds files this run would replace, or another job's parts.
+    """The output directory holds files this run would replace, or another job's parts, or
+    is a file.
 
     Pass ``--overwrite`` (``overwrite=True``) to replace the earlier output once this run
     has succeeded, or choose an empty ``--output``.
@@ -195,9 +198,15 @@ class OutputDir:
                 succeeds) and discard another job's staged parts.
 
         Raises:
-            OutputExistsError: If ``path`` holds files and not ``overwrite``, or staging
-                holds another job's parts and not ``overwrite``.
+            OutputExistsError: If ``path`` holds files and not ``overwrite``, staging holds
+                another job's parts and not ``overwrite``, or ``path`` is a local file.
         """
+        if os.path.isfile(self.path):  # an object store's "directory" may share a name
+            raise OutputExistsError(
+                f"the output {self.path} is a file; expected a directory to write the job's "
+                f"files into (created if missing). Choose another --output, e.g. "
+                f"{self.path}.out/"
+            )
         job = _as_stored(job)
         if FileSystems.exists(f"{self.staging}/{PUBLISHING}"):
             self._finish_publishing()  # an earlier run succeeded; its publish was cut short
@@ -346,8 +355,9 @@ class OutputDir:
         kept = f" to publish the parts already written in {self.staging} without recomputing them"
         raise DeadLetterThresholdError(
             f"{' and '.join(over)}, more than --threshold {threshold:g}. Nothing was published: "
-            f"the earlier files in {self.path} (if any) are untouched. The {count} dead "
-            f"letters are in {path}. Fix the data and rerun with --overwrite, or rerun with a "
+            f"the earlier files in {self.path} (if any) are untouched. The "
+            f"{counted(count, 'dead letter')} {'is' if count == 1 else 'are'} in {path}. Fix "
+            "the data and rerun with --overwrite, or rerun with a "
             f"higher --threshold{kept if self.layout.resumable else ''}"
         )
 
