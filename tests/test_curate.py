@@ -333,6 +333,18 @@ def test_full_batch_gradient_is_the_gradient_of_the_unpadded_loss(
 BAD_LINES = ("not JSON", "[1]")
 
 
+def test_an_input_without_a_usable_row_is_refused_with_the_first_dead_letter(tmp_path):
+    """It said "no usable rows; see the dead letters in ..." without a word of why."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"id": "a", "text": "A sentence."}\n{"id": "b", "text": "Another."}\n')
+    why = "first of 2 dead letters failed its validation with InvalidElementError: expected"
+    with pytest.raises(ValueError, match=f"{why} a non-empty string 'label'"):
+        curate.run(["--input", str(path), "--output", str(tmp_path / "out")])
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no rows to curate: .*empty.jsonl holds none"):
+        curate.run(["--input", str(tmp_path / "empty.jsonl"), "--output", str(tmp_path / "e")])
+
+
 def test_bad_rows_are_dead_lettered(tmp_path):
     classes, rows = labelled_corpus(3)
     good = rows[:60]

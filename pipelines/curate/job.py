@@ -154,7 +154,14 @@ def run(argv: Sequence[str] | None = None) -> report.CurateSummary:
             f"{prepared - started:.1f} s"
         )
         if records == 0:
-            raise ValueError(f"no usable rows; see the dead letters in {work}/_failed/")
+            first = next(jobs.read_dead_letters(f"{work}/_failed/*.jsonl"), None)
+            if first is None:
+                raise ValueError(f"no rows to curate: {args.input or 'the input'} holds none")
+            raise ValueError(
+                f"no usable rows: the first of {jobs.counted(sum(dead.values()), 'dead letter')}"
+                f" failed its {first.stage} with {first.error_type}: {first.message} (all are "
+                f"in {work}/_failed/)"
+            )
         classes = tuple(sorted(stats["labels"]))
         if len(classes) < 2:
             raise ValueError(
