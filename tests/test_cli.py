@@ -218,6 +218,11 @@ def test_plan_with_a_kernel_lists_each_shape_s_analysed_bytes_and_the_batch_limi
         SystemExit, match=r"neither 'minilm', a model directory, a registered name \(none"
     ):
         cli.main(["plan", *argv[:-3], "nope", "--memory-budget-mib", "4"])
+    assert "warning" not in text  # every bucket's limit fits
+    assert cli.main(["plan", *argv[:-1], "0.0001"]) == 0  # not even one record fits
+    text = capsys.readouterr().out
+    buckets = ", ".join(map(str, memory["boundaries"]))
+    assert f"warning: the smallest batch of bucket(s) {buckets} does not fit the budget" in text
 
 
 @needs_matplotlib

@@ -177,4 +177,12 @@ def format_memory(memory: dict[str, Any]) -> str:
         f"{memory['compiles']} compiles in {memory['compile_seconds']:.1f} s"
     )
     limits = ", ".join(f"{b}: {v}" for b, v in memory["limits"].items())
-    return "\n".join([head, format_table(rows), f"batch limit per bucket: {limits}"])
+    lines = [head, format_table(rows), f"batch limit per bucket: {limits}"]
+    over = [str(r["bucket"][0]) for r in memory["rows"] if r["chosen"] and not r["fits"]]
+    if over:
+        lines.append(
+            f"warning: the smallest batch of bucket(s) {', '.join(over)} does not fit the "
+            "budget; workers run it anyway and may run out of memory. Raise "
+            "--memory_budget_mib, or lower the largest boundary."
+        )
+    return "\n".join(lines)
