@@ -381,3 +381,24 @@ def test_params_with_a_str_leaf_fail_naming_the_leaf_and_the_fix():
         Exception, match=r"load_params returned a str at params\['config'\]\['name'\]"
     ):
         run(p)
+
+
+def test_a_python_number_feeds_a_0_d_leaf_through_a_pipeline():
+    """``{"x": array, "w": 2.0}``: the weight of a weighted sum given as a Python float."""
+
+    def weighted_sum(params, element, lengths):
+        real = jnp.arange(element["x"].shape[0]) < lengths["L"]
+        return jnp.where(real, element["x"], 0.0).sum() * element["w"]
+
+    spec = {"x": ArraySpec(("L",), np.float32), "w": ArraySpec((), np.float32)}
+    p = pipeline()
+    out = (
+        p
+        | beam.Create(
+            [(0, {"x": np.ones(3, np.float32), "w": 2.0}), (1, {"x": np.ones(5), "w": 1})]
+        )
+        | RunKernel(weighted_sum, spec=spec, keyed=True, bucketing=Bucketing(boundaries={"L": 8}))
+        | beam.MapTuple(lambda k, v: (k, float(v)))
+    )
+    assert_that(out, equal_to([(0, 6.0), (1, 5.0)]))
+    run(p)

@@ -170,3 +170,20 @@ def test_array_likes_with_hidden_semantics_are_refused_by_name_or_honoured():
     objects[:] = [np.ones(3), np.ones(3)]
     with pytest.raises(bj.InvalidElementError, match="object array \\(e.g. of arrays"):
         plan().validate({"x": objects, "ids": np.arange(2)})
+
+
+def test_a_python_number_is_a_0_d_leaf():
+    """A Python float for a 0-d leaf was refused ("pass numpy (or jax) arrays") where
+    ``np.float64(2.0)`` passed; a number is a 0-d array, checked like any other."""
+    spec = {"x": ArraySpec(("L",), np.float32), "w": ArraySpec((), np.float32)}
+    scalar = Plan(spec, Bucketing(boundaries={"L": (4,)}))
+    for w in (2.5, 3, np.float64(2.5), True):
+        got = scalar.validate({"x": np.ones(2, np.float32), "w": w}).leaves
+        assert got[0].dtype == np.float32 and got[0].shape == () and got[0] == np.float32(w)  # w, x
+    with pytest.raises(bj.InvalidElementError, match="expected rank 1 .*received rank 0"):
+        scalar.validate({"x": 1.0, "w": 2.0})
+    ints = Plan({"n": ArraySpec((), np.int32)}, Bucketing(boundaries={}))
+    with pytest.raises(bj.InvalidElementError, match="float64 cannot be cast to int32"):
+        ints.validate({"n": 2.5})
+    with pytest.raises(bj.InvalidElementError, match="received list"):
+        scalar.validate({"x": [1.0, 2.0], "w": 2.0})

@@ -283,7 +283,7 @@ def cast_checked(values: np.ndarray, dtype: Any) -> tuple[np.ndarray, np.ndarray
     return cast, None
 
 
-_ARRAYS = (np.ndarray, np.generic)
+_ARRAYS = (np.ndarray, np.generic, int, float, complex)  # a Python number: a 0-d array
 
 
 def _plain_array(value: Any, where: str) -> np.ndarray:
