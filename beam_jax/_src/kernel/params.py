@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from beam_jax._src.core.dtypes import kind
+from beam_jax._src.core.tensor_file import read_safetensors, write_safetensors
 from beam_jax._src.errors import SpecError
 
 _SAFE_SUFFIXES = (".safetensors", ".npz")
@@ -52,7 +54,7 @@ def _flatten(tree: Mapping[str, Any], sep: str, prefix: str = "") -> dict[str, n
         else:
             # np.require keeps 0-d arrays 0-d (np.ascontiguousarray makes them 1-d).
             array = np.require(np.asarray(value), requirements="C")
-            if array.dtype.kind in "OV":
+            if kind(array.dtype) in "OV":
                 raise SpecError(
                     f"parameter {name!r} has dtype {array.dtype}; only numeric, bool and string "
                     "arrays can be saved without pickling."
@@ -83,9 +85,10 @@ def read_params(path: str, *, sep: str | None = ".") -> dict[str, Any]:
         SpecError: the file is neither ``.safetensors`` nor ``.npz``, or holds pickled objects.
     """
     if path.endswith(".safetensors"):
-        from safetensors.numpy import load
-
-        flat = load(_read_bytes(path))
+        try:
+            flat = read_safetensors(_read_bytes(path))
+        except ValueError as e:
+            raise SpecError(f"cannot read parameters from {path}: {e}") from e
     elif path.endswith(".npz"):
         try:
             with np.load(io.BytesIO(_read_bytes(path)), allow_pickle=False) as data:
@@ -108,10 +111,17 @@ def write_params(params: Mapping[str, Any], path: str, *, sep: str = ".") -> Non
     local path's missing directories are created."""
     flat = _flatten(params, sep)
     if path.endswith(".safetensors"):
-        from safetensors.numpy import save
-
-        data = save(flat)
+        try:
+            data = write_safetensors(flat)
+        except ValueError as e:
+            raise SpecError(f"cannot save parameters to {path}: {e}") from e
     elif path.endswith(".npz"):
+        extra = sorted(n for n, a in flat.items() if a.dtype.kind == "V")
+        if extra:  # .npz would store them as raw bytes, their dtype lost
+            raise SpecError(
+                f"parameters {extra} are of JAX's float types, which .npz cannot keep; save "
+                "them as .safetensors."
+            )
         buf = io.BytesIO()
         np.savez(buf, **flat)
         data = buf.getvalue()

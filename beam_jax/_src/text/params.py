@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from beam_jax._src.core.tensor_file import read_safetensors
 from beam_jax._src.text.config import BertConfig
 
 __all__ = ["Params", "read_weights"]
@@ -60,8 +61,6 @@ def read_weights(path: str | pathlib.Path, config: BertConfig) -> Params:
         KeyError: A weight the encoder needs is missing; the message lists what the file has.
         ValueError: A weight's shape disagrees with ``config``.
     """
-    import safetensors.numpy
-
     path = pathlib.Path(path)
     if not path.is_file():
         others = sorted(p.name for p in path.parent.glob("*.bin")) if path.parent.is_dir() else []
@@ -72,7 +71,7 @@ def read_weights(path: str | pathlib.Path, config: BertConfig) -> Params:
             else ""
         )
         raise FileNotFoundError(f"{path} does not exist; expected the model's weights.{hint}")
-    raw = safetensors.numpy.load_file(str(path))
+    raw = read_safetensors(path.read_bytes())  # bfloat16 too, which safetensors.numpy refuses
     prefix = _PREFIXES.get(config.model_type, "bert.")
     raw = {k.removeprefix(prefix): v for k, v in raw.items()}
 
