@@ -39,8 +39,9 @@ _DTYPES = {
 _NAMES = {np.dtype(t): name for name, t in _DTYPES.items()}
 
 
-def read_safetensors(data: bytes) -> dict[str, np.ndarray]:
-    """The tensors of a safetensors file's bytes, as read-only arrays over ``data``.
+def read_safetensors(data: bytes | bytearray) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file's bytes, as arrays over ``data`` (read-only over
+    ``bytes``, writable over a ``bytearray``).
 
     Raises:
         ValueError: ``data`` is not a safetensors file, or holds a dtype not listed here.

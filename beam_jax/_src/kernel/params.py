@@ -86,7 +86,7 @@ def read_params(path: str, *, sep: str | None = ".") -> dict[str, Any]:
     """
     if path.endswith(".safetensors"):
         try:
-            flat = read_safetensors(_read_bytes(path))
+            flat = read_safetensors(bytearray(_read_bytes(path)))  # writable, as from .npz
         except ValueError as e:
             raise SpecError(f"cannot read parameters from {path}: {e}") from e
     elif path.endswith(".npz"):
