@@ -85,10 +85,12 @@ def does_not_fit(where: str, lost: np.ndarray | None, want: Any) -> InvalidEleme
         received, them = f"values{shown}", "them"
     else:
         received, them = f"the value {lost.min()!s}", "it"
-    with np.errstate(all="ignore"):  # float8_e4m3fn has no infinity: it overflows to NaN
-        infinite = np.isinf(np.array(np.inf).astype(want).astype(np.float32))
-    effect = f"make {them} {'infinite' if infinite else 'NaN'}"
-    effect = f"wrap {them} around" if want.kind in "iu" else effect
+    if want.kind in "iu":
+        effect = f"wrap {them} around"
+    else:
+        with np.errstate(all="ignore"):  # float8_e4m3fn has no infinity: it overflows to NaN
+            infinite = np.isinf(np.array(np.inf).astype(want).astype(np.float32))
+        effect = f"make {them} {'infinite' if infinite else 'NaN'}"
     return InvalidElementError(
         f"{where}: received {received}, outside {want}'s range ({number(info.min)} to "
         f"{number(info.max)}); a cast to {want} would {effect}. Fix the data, or give the "

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from beam_jax._src.core.dtypes import kind
 from beam_jax._src.core.spec import Layout
 from beam_jax._src.errors import KernelError
 
@@ -120,7 +121,7 @@ def nonfinite_rows(outputs: BatchOutputs, lengths: np.ndarray) -> np.ndarray:
     n = len(lengths)
     bad = np.zeros(n, bool)
     for leaf, cut in zip(outputs.leaves, outputs.cuts, strict=True):
-        if not is_inexact(leaf.dtype):
+        if kind(leaf.dtype) not in "fc":
             continue
         nonfinite = ~np.isfinite(leaf[:n])
         real = real_positions(leaf, cut, lengths)
@@ -135,14 +136,8 @@ def all_finite(tree: Any) -> bool:
     return all(
         np.isfinite(leaf).all()
         for leaf in jax.tree_util.tree_leaves(tree)
-        if is_inexact(np.asarray(leaf).dtype)
+        if kind(np.asarray(leaf).dtype) in "fc"
     )
-
-
-def is_inexact(dtype: Any) -> bool:
-    """Whether ``dtype`` holds floating or complex numbers, JAX's own included (bfloat16,
-    the float8 types), which numpy files under kind ``"V"``."""
-    return jax.dtypes.issubdtype(dtype, np.inexact)
 
 
 def split_rows(

@@ -13,6 +13,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from typing_extensions import Unpack
 
 from beam_jax._src.core.dead_letter import DEAD_LETTERS
+from beam_jax._src.core.dtypes import kind
 from beam_jax._src.core.plan import Plan
 from beam_jax._src.engine.batching import check_summed_outputs
 from beam_jax._src.engine.options import KernelOptions, KernelOptionsKwargs
@@ -50,9 +51,7 @@ def _to_accumulator(tree: Any) -> Any:
     # of float32 partial sums lose no precision before the one cast at the end.
     return jax.tree_util.tree_map(
         lambda x: (
-            np.asarray(x, np.float64)
-            if jax.dtypes.issubdtype(np.asarray(x).dtype, np.floating)
-            else np.asarray(x),
+            np.asarray(x, np.float64) if kind(np.asarray(x).dtype) == "f" else np.asarray(x),
             str(np.asarray(x).dtype),
         ),
         tree,
