@@ -12,9 +12,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from beam_jax._src.jobs.console import failure_line, verbose_requested
@@ -44,15 +45,47 @@ def run_main(
         argv: The command-line flags; ``sys.argv[1:]`` when ``None``.
         user_errors: More exception types whose message is for the user as it is.
 
+    While ``run`` runs, a command is no IPython session, so ``import IPython`` fails unless
+    IPython was imported before (:func:`no_ipython`).
+
     Raises:
         SystemExit: When ``run`` raises (and no ``--verbose`` was asked for).
     """
     logging.getLogger().setLevel(logging.WARNING)
     try:
-        run(argv)
+        with no_ipython():
+            run(argv)
     except (OutputExistsError, *user_errors) as e:
         sys.exit(f"{name}: {type(e).__name__}: {e}")
     except Exception as e:
         if verbose_requested(argv):
             raise
         sys.exit(failure_line(name, e))
+
+
+@contextlib.contextmanager
+def no_ipython() -> Iterator[None]:
+    """Within it, ``import IPython`` fails, unless IPython was imported before it.
+
+    Beam asks whether it runs in an IPython session as each transform is applied and as
+    the pipeline runs, and asks by importing IPython: about 1 s of a job's launch wherever
+    IPython is installed, the session or not. Without IPython imported there is no session,
+    so Beam's answer is the same, without the import.
+
+    Example:
+        >>> with no_ipython():
+        ...     try:
+        ...         import IPython
+        ...     except ImportError:
+        ...         print("not imported")
+        not imported
+    """
+    if "IPython" in sys.modules:  # imported: maybe a session, which Beam must see
+        yield
+        return
+    sys.modules["IPython"] = None  # type: ignore[assignment]  # import halts: ImportError
+    try:
+        yield
+    finally:
+        if "IPython" in sys.modules and sys.modules["IPython"] is None:
+            del sys.modules["IPython"]
