@@ -13,8 +13,8 @@ What a job's ``run(argv)`` wraps around ``pipeline.run()``, for any pipeline aut
   neither knows or a worker image of another Beam (:data:`WORKER_IMAGE_BEAM`); the
   others (:func:`int_list`, :func:`ratio`, :class:`DefaultsHelpFormatter`...) help write them.
 - the inputs at launch: :func:`input_format`, :func:`match_inputs`, :func:`id_type_of`,
-  :func:`column_types`, and samples for a plan (:func:`text_sample`, :func:`sample_texts`
-  with a :class:`RowCount`).
+  :func:`column_types`, :func:`values_type` (a categorical column's), and samples for a
+  plan (:func:`text_sample`, :func:`sample_texts` with a :class:`RowCount`).
 - the results: :func:`embeddings_schema`, :func:`embeddings_table` and
   :func:`write_embeddings` write embeddings as Parquet; :func:`vectors_of` and
   :func:`gather_in_row_order` put a part's results in row order; :func:`dead_letter_json`,
@@ -77,6 +77,7 @@ from beam_jax._src.jobs.inputs import input_format as input_format
 from beam_jax._src.jobs.inputs import match_inputs as match_inputs
 from beam_jax._src.jobs.inputs import sample_texts as sample_texts
 from beam_jax._src.jobs.inputs import text_sample as text_sample
+from beam_jax._src.jobs.inputs import values_type as values_type
 from beam_jax._src.jobs.main import run_main as run_main
 from beam_jax._src.jobs.output_dir import OutputDir as OutputDir
 from beam_jax._src.jobs.output_dir import OutputExistsError as OutputExistsError
@@ -145,6 +146,7 @@ __all__ = [
     "sample_texts",
     "single_worker_here",
     "text_sample",
+    "values_type",
     "vectors_of",
     "workers_here",
     "write_atomically",

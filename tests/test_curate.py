@@ -420,6 +420,27 @@ def test_parquet_rows_keep_their_id_type_and_bad_rows_are_dead_lettered(tmp_path
         curate.run(["--input", str(bad), "--output", str(tmp_path / "bad")])
 
 
+def test_categorical_columns_are_read_as_their_values(tmp_path):
+    """pandas categoricals (dictionary-encoded in Parquet): the launch refused such ids as
+    neither integers nor strings, and the tokenizer refused such texts."""
+    _, rows = labelled_corpus(3)
+    plain = {"id": [f"r{i}" for i in range(30)], "text": [t for _, t, _ in rows[:30]],
+             "label": [lab for *_, lab in rows[:30]]}  # fmt: skip
+    scores = {}
+    for name, columns in [
+        ("plain", plain),
+        ("categorical", {k: pa.array(v).dictionary_encode() for k, v in plain.items()}),
+    ]:
+        pq.write_table(pa.table(columns), tmp_path / f"{name}.parquet")
+        out = tmp_path / name
+        summary = curate.run(["--input", str(tmp_path / f"{name}.parquet"), "--output", str(out),
+                              "--passes", "1"])  # fmt: skip
+        assert summary.records == 30 and summary.dead_letters == 0, summary
+        scores[name] = pq.read_table(next(out.glob("scores-*.parquet"))).sort_by("id")
+    assert scores["categorical"].schema.field("id").type == pa.string()
+    assert scores["categorical"].equals(scores["plain"])
+
+
 def test_an_input_of_one_label_is_refused_saying_so(tmp_path):
     # No flips asked for: the message spoke of classes "to flip between".
     _, rows = labelled_corpus(3)

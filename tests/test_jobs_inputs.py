@@ -57,6 +57,18 @@ def test_the_id_type_is_the_first_usable_files(tmp_path):
     assert jobs.id_type_of([str(tmp_path / "e.jsonl")], "id", "text") == pa.int64()
 
 
+def test_a_categorical_id_column_is_its_values_type(tmp_path):
+    """A pandas categorical column of ids (dictionary-encoded in Parquet) was refused as
+    having no usable id type, while the message asked for the strings it holds."""
+    ids = pa.array(["a", "b", "a"]).dictionary_encode()
+    pq.write_table(pa.table({"id": ids, "text": ["x", "y", "z"]}), tmp_path / "a.parquet")
+    paths = [str(tmp_path / "a.parquet")]
+    assert jobs.id_type_of(paths, "id", "text") == pa.string()
+    assert jobs.id_type_of(paths, "id", "text", given=pa.string()) == pa.string()
+    with pytest.raises(ValueError, match="'id' is string.*Pass --id_type string"):
+        jobs.id_type_of(paths, "id", "text", given=pa.int64())
+
+
 def test_a_given_id_type_is_checked_against_the_input(tmp_path):
     pq.write_table(pa.table({"id": pa.array([1], pa.int32()), "text": ["x"]}), tmp_path / "a.pq")
     parquet = [str(tmp_path / "a.pq")]

@@ -321,6 +321,31 @@ def test_keep_columns_carries_input_columns_to_the_output_with_their_types(tmp_p
         assert said in capsys.readouterr().err
 
 
+def test_categorical_columns_embed_as_their_values(tmp_path):
+    """pandas categoricals (dictionary-encoded in Parquet) as ids, texts and carried
+    columns: the run was refused at launch ("no usable id type"), and a categorical text
+    column was planned from no sample; now the output is the plain columns' own."""
+    texts = ["a first text", "the second", "a first text", None]  # row 3: a dead letter
+    plain = {"doc": ["d0", "d1", "d2", "d3"], "body": texts, "lang": ["en", "fr", "en", "de"]}
+    outputs = {}
+    for name, columns in [
+        ("plain", plain),
+        ("categorical", {k: pa.array(v).dictionary_encode() for k, v in plain.items()}),
+    ]:
+        source, out = tmp_path / f"{name}.parquet", tmp_path / name
+        pq.write_table(pa.table(columns), source)
+        summary = embed_job.run(["--input", str(source), "--output", str(out), "--id_column", "doc",
+                                 "--text_column", "body", "--keep_columns", "lang",
+                                 "--no-progress"])  # fmt: skip
+        assert (summary.rows, summary.results, summary.dead_letters) == (4, 3, 1), summary
+        outputs[name] = pq.read_table(out).sort_by("id")
+    assert outputs["categorical"].schema.field("id").type == pa.string()
+    assert outputs["categorical"].column("id").to_pylist() == ["d0", "d1", "d2"]
+    assert outputs["categorical"].column("lang").to_pylist() == ["en", "fr", "en"]
+    got, want = (np.array(outputs[n].column("embedding").to_pylist()) for n in outputs)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_keep_columns_from_json_lines_take_the_types_of_the_first_lines(tmp_path, capsys):
     rows = [{"id": i, "text": f"text {i}", "url": f"u{i}", "n": i * 2} for i in range(5)]
     source = tmp_path / "mine.jsonl"

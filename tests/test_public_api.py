@@ -169,6 +169,7 @@ JOBS = {
     "input_format",
     "match_inputs",
     "text_sample",
+    "values_type",
     "local_platform",
     "open_local_devices",
     "DefaultsHelpFormatter",

@@ -1,6 +1,7 @@
-"""Texts planned alike whatever holds them: a Parquet ``string``, ``large_string`` or
-``binary`` (UTF-8) column, or JSON lines; and ``beam-jax plan`` on JSON lines with bad lines
-skips and counts them as the jobs do, naming the first by its line number from 1."""
+"""Texts planned alike whatever holds them: a Parquet ``string``, ``large_string``,
+``binary`` (UTF-8) or dictionary (a pandas categorical) column, or JSON lines; and
+``beam-jax plan`` on JSON lines with bad lines skips and counts them as the jobs do, naming
+the first by its line number from 1."""
 
 from __future__ import annotations
 
@@ -23,7 +24,12 @@ from tests import processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEXTS = [t for _, t in builtin_corpus(120)] + ["café ünïcode ✓ " * 3, "x"]
-KINDS = {"string": pa.string(), "large_string": pa.large_string(), "binary": pa.binary()}
+KINDS = {
+    "string": pa.string(),
+    "large_string": pa.large_string(),
+    "binary": pa.binary(),
+    "dictionary": pa.dictionary(pa.int32(), pa.string()),
+}
 
 
 def _inputs(tmp_path: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -43,7 +49,8 @@ def _inputs(tmp_path: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 def test_utf8_texts_reads_strings_and_bytes_alike_and_leaves_out_invalid_bytes():
-    for kind in (pa.string(), pa.large_string(), pa.binary(), pa.large_binary()):
+    categorical = pa.dictionary(pa.int16(), pa.string())
+    for kind in (pa.string(), pa.large_string(), pa.binary(), pa.large_binary(), categorical):
         values = [t.encode() for t in TEXTS] if "binary" in str(kind) else TEXTS
         texts, invalid = utf8_texts(
             pa.chunked_array([pa.array(values[:5], kind), pa.array(values[5:], kind)])
@@ -61,7 +68,8 @@ def test_the_launch_plan_is_the_same_for_every_text_type(tmp_path):
         args, _ = embed_flags.parse_args(["--input", str(path), "--output", str(tmp_path / "o")])
         plan = embed_plan.plan_for(args, Inputs.from_args(args))
         plans[name] = (plan.sample, plan.describe())
-    assert plans["binary"][0] == len(TEXTS), plans["binary"]  # not planned from nothing
+    for name in ("binary", "dictionary"):  # not planned from nothing
+        assert plans[name][0] == len(TEXTS), plans[name]
     assert all(p == plans["string"] for p in plans.values()), plans
 
 

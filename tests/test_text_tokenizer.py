@@ -41,6 +41,12 @@ def test_encode_arrow_equals_encode_batch_on_real_text(tokenizer, texts):
     # large_string and chunked columns give the same.
     chunked = pa.chunked_array([texts[:10], texts[10:]], pa.large_string())
     assert _lists(tokenizer.encode_arrow(chunked)[0]) == _lists(ids)
+    # So does a categorical column (a dictionary of strings), whole or in chunks each with
+    # its own dictionary (row groups).
+    categorical = pa.array(texts).dictionary_encode()
+    assert _lists(tokenizer.encode_arrow(categorical)[0]) == _lists(ids)
+    chunks = pa.chunked_array([pa.array(t).dictionary_encode() for t in (texts[:10], texts[10:])])
+    assert _lists(tokenizer.encode_arrow(chunks)[0]) == _lists(ids)
     flat, lengths = tokenizer.encode_flat(texts)
     np.testing.assert_array_equal(flat, ids.values.to_numpy())
     np.testing.assert_array_equal(lengths, np.diff(ids.offsets.to_numpy()))

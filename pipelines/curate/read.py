@@ -71,7 +71,7 @@ def input_schema(
                     f"{first} has no column {name!r}; it has {schema.names}. Name the "
                     f"input's own with {flag}"
                 )
-        types = {name: schema.field(name).type for name in columns}
+        types = {name: jobs.values_type(schema.field(name).type) for name in columns}
     for name, t in types.items():
         text = pa.types.is_string(t) or pa.types.is_large_string(t)
         if not text and not (name == id_column and pa.types.is_integer(t)):

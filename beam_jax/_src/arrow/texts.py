@@ -19,7 +19,10 @@ __all__ = ["is_text_type", "utf8_texts"]
 
 
 def is_text_type(kind: pa.DataType) -> bool:
-    """Whether a column of ``kind`` can hold texts: a string or a binary type."""
+    """Whether a column of ``kind`` can hold texts: a string or a binary type, or a
+    dictionary of one (a pandas categorical written to Parquet)."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
     return any(
         check(kind)
         for check in (
@@ -41,6 +44,8 @@ def utf8_texts(column: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, int]:
     """
     if not is_text_type(column.type):
         raise TypeError(f"expected a string or binary column of texts, got {column.type}")
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks else pa.array([], column.type)
     values = column.drop_null()

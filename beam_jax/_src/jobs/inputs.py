@@ -45,6 +45,7 @@ __all__ = [
     "match_inputs",
     "sample_texts",
     "text_sample",
+    "values_type",
 ]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -139,6 +140,12 @@ class RowCount:
         return f"{'' if self.exact else '~'}{counted(self.rows, 'row')}"
 
 
+def values_type(t: pa.DataType) -> pa.DataType:
+    """The type of a column's values: a dictionary-encoded column's (a pandas categorical
+    written to Parquet) is its dictionary's; any other column's is its own."""
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
 def _usable(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
 
@@ -188,10 +195,10 @@ def id_type_of(
         missing = [c for c in (id_column, text_column) if c not in schema.names]
         if missing:
             problems.append(f"{path} has no column {missing}; it has {schema.names}")
-        elif not _usable(schema.field(id_column).type):
+        elif not _usable(values_type(schema.field(id_column).type)):
             problems.append(f"{path}: its {id_column!r} is {schema.field(id_column).type}")
         else:
-            found = schema.field(id_column).type
+            found = values_type(schema.field(id_column).type)
             if given is not None and _kind(given) != _kind(found):
                 raise ValueError(
                     f"the ids were given as {_kind(given)} (--id_type {_flag(given)}), but "

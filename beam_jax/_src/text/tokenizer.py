@@ -217,7 +217,8 @@ class Tokenizer:
             ([[101, 7592, 1010, 2088, 999, 102], None], [1])
 
         Args:
-            texts: A ``string`` or ``large_string`` array.
+            texts: A ``string`` or ``large_string`` array, or a dictionary of one (a
+                categorical column).
 
         Returns:
             ``(ids, failures)``: ``list<int32>`` ids per row, null for a failed row, and
@@ -227,6 +228,8 @@ class Tokenizer:
         Raises:
             TypeError: ``texts`` is not a string column.
         """
+        if isinstance(texts, (pa.Array, pa.ChunkedArray)) and pa.types.is_dictionary(texts.type):
+            texts = texts.cast(texts.type.value_type)  # a categorical column: its texts
         if isinstance(texts, pa.ChunkedArray):
             texts = texts.combine_chunks() if texts.num_chunks != 1 else texts.chunk(0)
         if not isinstance(texts, pa.Array) or not (
