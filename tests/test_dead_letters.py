@@ -91,6 +91,12 @@ def test_keys_json_cannot_hold_say_their_type():
         error, stage="kernel", element=1, key=("a", (np.int64(2), None))
     )
     assert (nested.key, nested.key_type) == (("a", (2, None)), None)
+    # JAX's float scalars are numbers as numpy's are (they were kept as their repr, "1.5").
+    for dtype in (jnp.bfloat16, np.float16, jnp.float8_e4m3fn):
+        scalar = np.array(1.5, dtype)[()]  # a numpy scalar, as an array's element is
+        keyed = bj.FailedElement.from_exception(error, stage="kernel", element=1, key=scalar)
+        assert (keyed.key, keyed.key_type) == (1.5, None), scalar.dtype
+        assert bj.FailedElement.from_dict(json.loads(keyed.to_json())) == keyed
     with pytest.raises(ValueError, match="unknown field"):
         bj.FailedElement.from_dict({**raw.to_dict(), "file": "x"})
 

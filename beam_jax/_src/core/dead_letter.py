@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from beam_jax._src.core import dtypes
+
 DEAD_LETTERS = "dead_letters"
 """The tag of the dead-letter output of every beam_jax transform."""
 
@@ -86,7 +88,7 @@ def _keyable(key: Any) -> Any:
     """``key`` as JSON/Parquet can hold it with its type, or raises ``TypeError``."""
     if key is None or isinstance(key, _SCALARS):
         return _truncate(key, MAX_ECHO_CHARS) if isinstance(key, str) else key
-    if isinstance(key, np.generic) and key.dtype.kind in "biuf":
+    if isinstance(key, np.generic) and dtypes.kind(key.dtype) in "biuf":  # bfloat16 too
         return key.item()
     if isinstance(key, tuple) and type(key) is tuple:
         return tuple(_keyable(k) for k in key)
