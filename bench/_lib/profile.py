@@ -6,8 +6,9 @@ flagship's defaults) on the benchmark's texts: a first one with an empty compila
 (``cold``), then ``--runs`` with the cache it filled (``warm``); each writes to an empty
 output. A run marks, in seconds from its process's start: ``jax`` imported,
 ``pipelines.embed`` imported (Beam, pyarrow, the tokenizer), ``run()`` called, the devices
-open (``beam_jax.jobs.open_local_devices``, started as ``run()`` is called, as ``run()``
-itself starts it), ``run()`` returned, the trace written and read back (the profile's own
+open (started as ``pipelines`` imports, as the command ``python -m pipelines.embed`` starts
+it: ``pipelines/_open_early.py``; marked as ``run()`` is called where they opened before),
+``run()`` returned, the trace written and read back (the profile's own
 cost: seconds on a TPU for a million texts, so a process's end here is not a job's) and
 the process ended. From the devices' opening to
 ``run()``'s end the process is traced with ``jax.profiler`` (its Python tracer off): from
@@ -54,15 +55,18 @@ def profiled_run(cfg: dict) -> dict:
     def mark(name: str) -> None:
         marks.setdefault(name, time.time() - t0)
 
+    argv = ["--input", cfg["parquet"], "--output", cfg["out"], "--runner=FnApiRunner",
+            "--compilation_cache_dir", cfg["cache_dir"], *cfg["pipeline_args"]]  # fmt: skip
+    # This process as the command's: importing `pipelines` starts opening the devices.
+    sys.orig_argv = [sys.executable, "-m", "pipelines.embed", *argv]
     import jax
 
     mark("jax")
+    import pipelines  # noqa: F401  # the opening starts, then Beam and beam_jax import
     from beam_jax import jobs
     from pipelines.embed import job
 
     mark("job")
-    argv = ["--input", cfg["parquet"], "--output", cfg["out"], "--runner=FnApiRunner",
-            "--compilation_cache_dir", cfg["cache_dir"], *cfg["pipeline_args"]]  # fmt: skip
     anchor: list[float] = []
 
     def trace_once_open(opening: threading.Thread) -> None:
