@@ -4,8 +4,10 @@ parent. ``bench/embed.py``'s docstring says what each measures."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -55,9 +57,19 @@ def _job_argv(cfg: dict, flags: list[str]) -> list[str]:
             "--compilation_cache_dir", cfg["cache_dir"], *cfg["pipeline_args"], *flags]  # fmt: skip
 
 
+def _start_as_the_command(cfg: dict, flags: list[str]) -> None:
+    """This process as ``python -m pipelines.embed``'s: its devices start opening as
+    ``pipelines`` imports, before Beam (``pipelines/_open_early.py``). First, before
+    anything imports ``pipelines``."""
+    if "pipelines" not in sys.modules:
+        sys.orig_argv = [sys.executable, "-m", "pipelines.embed", *_job_argv(cfg, flags)]
+        importlib.import_module("pipelines")
+
+
 def pipeline(cfg: dict, flags: list[str], encoder=None) -> dict:
     """``pipelines.embed`` on the FnApiRunner (with ``encoder`` in place of the model's, if
     given), timed from ``run()`` called to the job finished."""
+    _start_as_the_command(cfg, flags)
     from beam_jax.text import SentenceEncoder
     from pipelines.embed import job
     from pipelines.embed.flags import parse_args
@@ -107,6 +119,7 @@ def _no_params():
 
 def host_only(cfg: dict) -> dict:
     """The flagship with a kernel that takes no time (the job's ``Encoder`` hook)."""
+    _start_as_the_command(cfg, [])
     from pipelines.embed.job import Encoder
 
     return pipeline(cfg, [], Encoder(_trivial_kernel, _trivial_packed_kernel, _no_params))
