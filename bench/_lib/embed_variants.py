@@ -57,19 +57,9 @@ def _job_argv(cfg: dict, flags: list[str]) -> list[str]:
             "--compilation_cache_dir", cfg["cache_dir"], *cfg["pipeline_args"], *flags]  # fmt: skip
 
 
-def _start_as_the_command(cfg: dict, flags: list[str]) -> None:
-    """This process as ``python -m pipelines.embed``'s: its devices start opening as
-    ``pipelines`` imports, before Beam (``pipelines/_open_early.py``). First, before
-    anything imports ``pipelines``."""
-    if "pipelines" not in sys.modules:
-        sys.orig_argv = [sys.executable, "-m", "pipelines.embed", *_job_argv(cfg, flags)]
-        importlib.import_module("pipelines")
-
-
 def pipeline(cfg: dict, flags: list[str], encoder=None) -> dict:
     """``pipelines.embed`` on the FnApiRunner (with ``encoder`` in place of the model's, if
     given), timed from ``run()`` called to the job finished."""
-    _start_as_the_command(cfg, flags)
     from beam_jax.text import SentenceEncoder
     from pipelines.embed import job
     from pipelines.embed.flags import parse_args
@@ -119,7 +109,6 @@ def _no_params():
 
 def host_only(cfg: dict) -> dict:
     """The flagship with a kernel that takes no time (the job's ``Encoder`` hook)."""
-    _start_as_the_command(cfg, [])
     from pipelines.embed.job import Encoder
 
     return pipeline(cfg, [], Encoder(_trivial_kernel, _trivial_packed_kernel, _no_params))
@@ -236,6 +225,10 @@ def child(variant: str, cfg_path: str) -> None:
     """Runs ``variant`` on the config the parent wrote, pinned to its CPUs; emits its result."""
     cfg = json.loads(Path(cfg_path).read_text())
     harness.pin(cfg["threads"])
+    if variant in (*FLAGSHIPS, "host_only"):  # as the command's process: the devices open as
+        flags = _job_argv(cfg, FLAGSHIPS.get(variant, []))  # pipelines imports, before Beam
+        sys.orig_argv = [sys.executable, "-m", "pipelines.embed", *flags]
+        importlib.import_module("pipelines")
     if variant in LIMITS:
         from bench._lib.limit import run_limit
 

@@ -57,12 +57,11 @@ def profiled_run(cfg: dict) -> dict:
 
     argv = ["--input", cfg["parquet"], "--output", cfg["out"], "--runner=FnApiRunner",
             "--compilation_cache_dir", cfg["cache_dir"], *cfg["pipeline_args"]]  # fmt: skip
-    # This process as the command's: importing `pipelines` starts opening the devices.
-    sys.orig_argv = [sys.executable, "-m", "pipelines.embed", *argv]
+    sys.orig_argv = [sys.executable, "-m", "pipelines.embed", *argv]  # the command's process
     import jax
 
     mark("jax")
-    import pipelines  # noqa: F401  # the opening starts, then Beam and beam_jax import
+    import pipelines  # noqa: F401  # the devices start opening, then Beam imports
     from beam_jax import jobs
     from pipelines.embed import job
 
